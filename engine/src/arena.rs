@@ -1,0 +1,242 @@
+//! The arena: where a group member collects the payloads of one epoch from
+//! all upstream instances before it runs. Payloads are keyed by
+//! (qid, epoch); within a key each input edge (shuffle id) has a bitmap over
+//! (seq_num, fragment) so that a payload delivered twice is recognised and
+//! dropped, and the set is complete only when every upstream instance has
+//! delivered every fragment it announced.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use datafusion::arrow::record_batch::RecordBatch;
+
+use crate::error::{EngineError, Result};
+use crate::payload::{Payload, SourceOffset};
+
+/// What the arena says about one payload.
+#[derive(Debug)]
+pub enum Collected {
+    /// Already seen (or its epoch already ran): processed, nothing to do.
+    Duplicate,
+    /// Kept; more payloads are needed before the stage can run.
+    NotReady,
+    /// This payload completed its epoch: everything collected for it.
+    Complete(EpochInput),
+}
+
+/// All input of one epoch at one member.
+#[derive(Debug, Default)]
+pub struct EpochInput {
+    pub epoch: u64,
+    /// Batches per input edge.
+    pub edges: BTreeMap<u32, Vec<RecordBatch>>,
+    /// The lowest watermark among the senders: every one of them has passed it.
+    pub watermark: Option<i64>,
+    pub last: bool,
+    pub offsets: Vec<SourceOffset>,
+}
+
+#[derive(Debug, Default)]
+struct EdgeSlot {
+    seq_len: u32,
+    /// Per seq_num: the announced fragment count and which fragments arrived.
+    received: HashMap<u32, (u32, Vec<bool>)>,
+    batches: Vec<RecordBatch>,
+}
+
+impl EdgeSlot {
+    fn complete(&self) -> bool {
+        self.received.len() as u32 == self.seq_len
+            && self.received.values().all(|(_, bits)| bits.iter().all(|b| *b))
+    }
+
+    fn missing(&self) -> Vec<String> {
+        let mut out = vec![];
+        for s in 0..self.seq_len {
+            match self.received.get(&s) {
+                None => out.push(format!("seq {s}")),
+                Some((_, bits)) => out.extend(
+                    bits.iter()
+                        .enumerate()
+                        .filter(|(_, b)| !**b)
+                        .map(|(i, _)| format!("seq {s} fragment {i}")),
+                ),
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    edges: HashMap<u32, EdgeSlot>,
+    watermark: Option<i64>,
+    last: bool,
+    offsets: Vec<SourceOffset>,
+}
+
+#[derive(Debug)]
+pub struct Arena {
+    stage: String,
+    expected_edges: Vec<u32>,
+    slots: HashMap<(String, u64), Slot>,
+    finished: HashSet<(String, u64)>,
+}
+
+impl Arena {
+    /// An arena for a stage that reads the given input edges.
+    pub fn new(stage: impl Into<String>, expected_edges: Vec<u32>) -> Self {
+        Arena {
+            stage: stage.into(),
+            expected_edges,
+            slots: HashMap::new(),
+            finished: HashSet::new(),
+        }
+    }
+
+    /// Collect one payload; its batches are decoded by the caller so that a
+    /// corrupt payload is rejected before it touches the arena.
+    pub fn collect(&mut self, payload: &Payload, batches: Vec<RecordBatch>) -> Result<Collected> {
+        payload.validate(&self.stage)?;
+        if !self.expected_edges.contains(&payload.shuffle_id) {
+            return Err(EngineError::BadPayload {
+                uuid: payload.uuid_string(),
+                stage: self.stage.clone(),
+                reason: format!(
+                    "shuffle id {} is not an input of this stage (inputs {:?})",
+                    payload.shuffle_id, self.expected_edges
+                ),
+            });
+        }
+        let key = (payload.uuid.qid.clone(), payload.epoch);
+        if self.finished.contains(&key) {
+            return Ok(Collected::Duplicate);
+        }
+        let slot = self.slots.entry(key.clone()).or_default();
+        let edge = slot.edges.entry(payload.shuffle_id).or_default();
+        if edge.seq_len == 0 {
+            edge.seq_len = payload.uuid.seq_len;
+        } else if edge.seq_len != payload.uuid.seq_len {
+            return Err(EngineError::BadPayload {
+                uuid: payload.uuid_string(),
+                stage: self.stage.clone(),
+                reason: format!("seq_len {} disagrees with earlier {}", payload.uuid.seq_len, edge.seq_len),
+            });
+        }
+        let (count, bits) = edge
+            .received
+            .entry(payload.uuid.seq_num)
+            .or_insert_with(|| (payload.fragment.count, vec![false; payload.fragment.count as usize]));
+        if *count != payload.fragment.count {
+            return Err(EngineError::BadPayload {
+                uuid: payload.uuid_string(),
+                stage: self.stage.clone(),
+                reason: format!("fragment count {} disagrees with earlier {}", payload.fragment.count, count),
+            });
+        }
+        let bit = &mut bits[payload.fragment.index as usize];
+        if *bit {
+            return Ok(Collected::Duplicate);
+        }
+        *bit = true;
+        edge.batches.extend(batches);
+        slot.watermark = match (slot.watermark, payload.watermark) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        slot.last |= payload.last;
+        slot.offsets.extend(payload.offsets.iter().cloned());
+
+        let complete = self
+            .expected_edges
+            .iter()
+            .all(|e| slot.edges.get(e).is_some_and(EdgeSlot::complete));
+        if !complete {
+            return Ok(Collected::NotReady);
+        }
+        let slot = self.slots.remove(&key).expect("slot exists");
+        self.finished.insert(key.clone());
+        let edges = slot.edges.into_iter().map(|(id, e)| (id, e.batches)).collect();
+        Ok(Collected::Complete(EpochInput {
+            epoch: key.1,
+            edges,
+            watermark: slot.watermark,
+            last: slot.last,
+            offsets: slot.offsets,
+        }))
+    }
+
+    /// Human-readable list of what incomplete epochs still wait for.
+    pub fn pending(&self) -> Vec<String> {
+        let mut out = vec![];
+        for ((qid, epoch), slot) in &self.slots {
+            for e in &self.expected_edges {
+                let missing = match slot.edges.get(e) {
+                    None => vec!["every payload".to_string()],
+                    Some(edge) => edge.missing(),
+                };
+                if !missing.is_empty() {
+                    out.push(format!(
+                        "{}: qid {qid} epoch {epoch} edge {e} misses {}",
+                        self.stage,
+                        missing.join(", ")
+                    ));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{Encoding, Fragment, PayloadId};
+
+    fn payload(edge: u32, seq_num: u32, seq_len: u32, frag: (u32, u32), epoch: u64) -> Payload {
+        Payload {
+            uuid: PayloadId { qid: "q".into(), seq_num, seq_len },
+            fragment: Fragment { index: frag.0, count: frag.1 },
+            epoch,
+            shuffle_id: edge,
+            encoding: Encoding::None,
+            watermark: Some(100 + seq_num as i64),
+            last: false,
+            offsets: vec![],
+            data: String::new(),
+        }
+    }
+
+    #[test]
+    fn completes_only_when_every_fragment_of_every_edge_arrived() {
+        let mut a = Arena::new("s1", vec![1, 2]);
+        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 0), vec![]).unwrap(), Collected::NotReady));
+        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 2), 0), vec![]).unwrap(), Collected::NotReady));
+        assert!(matches!(a.collect(&payload(2, 0, 1, (0, 1), 0), vec![]).unwrap(), Collected::NotReady));
+        assert_eq!(a.pending().len(), 1, "{:?}", a.pending());
+        assert!(a.pending()[0].contains("seq 1 fragment 1"));
+        match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![]).unwrap() {
+            Collected::Complete(input) => assert_eq!(input.watermark, Some(100)),
+            other => panic!("{other:?}"),
+        }
+        assert!(a.pending().is_empty());
+    }
+
+    #[test]
+    fn duplicates_are_dropped_before_and_after_completion() {
+        let mut a = Arena::new("s1", vec![1]);
+        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(), Collected::NotReady));
+        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(), Collected::Duplicate));
+        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(), Collected::Complete(_)));
+        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(), Collected::Duplicate));
+    }
+
+    #[test]
+    fn bad_sequence_numbers_are_errors() {
+        let mut a = Arena::new("s1", vec![1]);
+        let err = a.collect(&payload(1, 3, 2, (0, 1), 0), vec![]).unwrap_err().to_string();
+        assert!(err.contains("seq_num 3") && err.contains("s1"), "{err}");
+        let err = a.collect(&payload(9, 0, 2, (0, 1), 0), vec![]).unwrap_err().to_string();
+        assert!(err.contains("shuffle id 9"), "{err}");
+    }
+}

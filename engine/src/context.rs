@@ -1,0 +1,218 @@
+//! The cloud context: everything one function needs to run its part of a
+//! query, carried in its environment. It is JSON, zstd-compressed and base64
+//! encoded. Lambda caps a function's whole environment at 4 KB, so a larger
+//! context is written to the object store under its content hash and the
+//! environment holds only a reference to it.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::path::Path as StorePath;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{EngineError, Result};
+use crate::payload::Encoding;
+use crate::sink::SinkConfig;
+use crate::source::SourceConfig;
+use crate::window::WindowColumn;
+
+/// The environment variable that holds the context (or its reference).
+pub const CONTEXT_ENV: &str = "SKEIN_CONTEXT";
+/// Lambda's limit on the total size of a function's environment variables.
+pub const LAMBDA_ENV_LIMIT: usize = 4096;
+/// Prefix of a context reference: `store:<key>`.
+const STORE_REF: &str = "store:";
+
+/// How a stage runs its epochs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageMode {
+    /// No state: runs every epoch on that epoch's input.
+    Stream,
+    /// The first stateful stage on a path: keeps its input across epochs and
+    /// runs on windows the watermark has closed (or on everything at the end).
+    Accumulate,
+    /// Stateful, fed by an accumulating stage that hands over whole windows.
+    Complete,
+}
+
+/// Where a stage's output goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NextHop {
+    /// Hash-partitioned over a group; partition i goes to ring member i.
+    Group { stage: u32, members: u32 },
+    /// Everything to one function.
+    Single { stage: u32 },
+    /// The query's sink.
+    Sink(SinkConfig),
+}
+
+/// One source table read by a source stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceBinding {
+    pub table: String,
+    pub config: SourceConfig,
+    /// The table's declared schema, as an Arrow IPC schema message.
+    #[serde(with = "b64_bytes")]
+    pub schema: Vec<u8>,
+}
+
+/// An input edge of a stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputEdge {
+    pub shuffle_id: u32,
+    /// How many upstream instances send on this edge (seq_len).
+    pub senders: u32,
+    /// Where the window of each row is, for stateful stages.
+    pub window: Option<WindowColumn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CloudContext {
+    /// Hash digest of the query text.
+    pub query_code: String,
+    pub stage: u32,
+    pub member: u32,
+    /// How many functions run this stage.
+    pub members: u32,
+    pub mode: StageMode,
+    /// The stage's sub-plan, serialized with datafusion-proto.
+    #[serde(with = "b64_bytes")]
+    pub plan: Vec<u8>,
+    pub inputs: Vec<InputEdge>,
+    pub sources: Vec<SourceBinding>,
+    pub next: NextHop,
+    pub encoding: Encoding,
+    /// Call the next hop asynchronously (Event) rather than synchronously.
+    pub invoke_async: bool,
+    /// Epochs of a bounded run, if any (sources slice their input by it).
+    pub epochs: Option<u64>,
+}
+
+pub fn function_name(query_code: &str, stage: u32, member: u32) -> String {
+    format!("{query_code}-{stage:02}-{member:02}")
+}
+
+impl CloudContext {
+    pub fn function_name(&self) -> String {
+        function_name(&self.query_code, self.stage, self.member)
+    }
+
+    pub fn stage_name(&self) -> String {
+        format!("{}-{:02}", self.query_code, self.stage)
+    }
+
+    /// JSON, zstd, base64: what the environment variable holds.
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("context serialises");
+        B64.encode(zstd::bulk::compress(&json, 9).expect("zstd of memory"))
+    }
+
+    pub fn decode(text: &str) -> Result<Self> {
+        let bad = |what: &str, e: String| EngineError::Context(format!("{what}: {e}"));
+        let bytes = B64.decode(text.trim()).map_err(|e| bad("not base64", e.to_string()))?;
+        let json = zstd::stream::decode_all(&bytes[..]).map_err(|e| bad("not a zstd frame", e.to_string()))?;
+        serde_json::from_slice(&json).map_err(|e| bad("not a context", e.to_string()))
+    }
+
+    /// The value for [`CONTEXT_ENV`]: the context itself, or a reference to
+    /// it in `store` when it would not fit Lambda's environment limit.
+    pub async fn to_env(&self, store: &Arc<dyn ObjectStore>) -> Result<String> {
+        let encoded = self.encode();
+        if encoded.len() + CONTEXT_ENV.len() < LAMBDA_ENV_LIMIT {
+            return Ok(encoded);
+        }
+        let key = format!("skein/contexts/{}", hex::encode(Sha256::digest(encoded.as_bytes())));
+        store.put(&StorePath::from(key.as_str()), encoded.into_bytes().into()).await?;
+        Ok(format!("{STORE_REF}{key}"))
+    }
+
+    /// Read the context from an environment value, following a reference.
+    pub async fn from_env(value: &str, store: Option<&Arc<dyn ObjectStore>>) -> Result<Self> {
+        match value.strip_prefix(STORE_REF) {
+            None => Self::decode(value),
+            Some(key) => {
+                let store = store.ok_or_else(|| {
+                    EngineError::Context(format!("context was spilled to {key} but no object store is configured"))
+                })?;
+                let bytes = store.get(&StorePath::from(key)).await?.bytes().await?;
+                let text = std::str::from_utf8(&bytes).map_err(|e| EngineError::Context(e.to_string()))?;
+                Self::decode(text)
+            }
+        }
+    }
+}
+
+mod b64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD as B64;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&B64.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        B64.decode(text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use rand::RngCore;
+
+    fn context(plan: Vec<u8>) -> CloudContext {
+        CloudContext {
+            query_code: "abc123".into(),
+            stage: 2,
+            member: 5,
+            members: 8,
+            mode: StageMode::Accumulate,
+            plan,
+            inputs: vec![InputEdge { shuffle_id: 1, senders: 2, window: None }],
+            sources: vec![],
+            next: NextHop::Single { stage: 3 },
+            encoding: Encoding::Zstd,
+            invoke_async: false,
+            epochs: Some(4),
+        }
+    }
+
+    #[tokio::test]
+    async fn small_context_stays_inline() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let ctx = context(vec![1, 2, 3]);
+        let env = ctx.to_env(&store).await.unwrap();
+        assert!(!env.starts_with(STORE_REF));
+        assert!(env.len() < LAMBDA_ENV_LIMIT);
+        assert_eq!(CloudContext::from_env(&env, None).await.unwrap(), ctx);
+        assert_eq!(ctx.function_name(), "abc123-02-05");
+    }
+
+    #[tokio::test]
+    async fn large_context_is_spilled_and_read_back() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mut plan = vec![0u8; 16 * 1024];
+        rand::rng().fill_bytes(&mut plan);
+        let ctx = context(plan);
+        let env = ctx.to_env(&store).await.unwrap();
+        assert!(env.starts_with(STORE_REF), "{}", &env[..40]);
+        assert!(env.len() < 200);
+        assert_eq!(CloudContext::from_env(&env, Some(&store)).await.unwrap(), ctx);
+        let err = CloudContext::from_env(&env, None).await.unwrap_err().to_string();
+        assert!(err.contains("spilled"), "{err}");
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert!(CloudContext::decode("%%%").is_err());
+        assert!(CloudContext::decode(&B64.encode(b"not zstd")).is_err());
+    }
+}

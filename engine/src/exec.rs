@@ -1,0 +1,276 @@
+//! Plan nodes of our own: the table that wraps a [`Source`], its scan, and
+//! the leaf that stands for a stage's input once the plan is cut.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
+use datafusion::datasource::TableType;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{CreateExternalTable, Expr};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::memory::MemoryStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use serde::{Deserialize, Serialize};
+
+use crate::source::{EpochSpec, Source, SourceConfig, SourceRegistry};
+
+/// Table options every source understands.
+pub const OPT_EVENT_TIME: &str = "event_time";
+pub const OPT_LATENESS_MS: &str = "lateness_ms";
+
+/// A streaming table: a declared schema and the source that fills it.
+#[derive(Debug)]
+pub struct SourceTable {
+    pub name: String,
+    pub config: SourceConfig,
+    pub source: Arc<dyn Source>,
+}
+
+impl SourceTable {
+    pub fn new(name: impl Into<String>, config: SourceConfig, source: Arc<dyn Source>) -> Self {
+        SourceTable { name: name.into(), config, source }
+    }
+}
+
+#[async_trait]
+impl TableProvider for SourceTable {
+    fn schema(&self) -> SchemaRef {
+        self.source.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(SourceScanExec::new(
+            self.name.clone(),
+            self.config.clone(),
+            self.source.clone(),
+            projection.cloned(),
+        )?))
+    }
+}
+
+/// `CREATE EXTERNAL TABLE t (...) STORED AS <KIND> LOCATION '...' OPTIONS (...)`
+/// for every kind in the registry.
+#[derive(Clone)]
+pub struct SourceTableFactory {
+    pub registry: SourceRegistry,
+}
+
+impl fmt::Debug for SourceTableFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SourceTableFactory({:?})", self.registry.kinds())
+    }
+}
+
+#[async_trait]
+impl TableProviderFactory for SourceTableFactory {
+    async fn create(&self, _state: &dyn Session, cmd: &CreateExternalTable) -> DfResult<Arc<dyn TableProvider>> {
+        let options: BTreeMap<String, String> = cmd
+            .options
+            .iter()
+            // DataFusion prefixes options it does not know with "format.".
+            .map(|(k, v)| (k.strip_prefix("format.").unwrap_or(k).to_string(), v.clone()))
+            .collect();
+        let config = SourceConfig {
+            kind: cmd.file_type.to_ascii_uppercase(),
+            location: cmd.locations.first().cloned().unwrap_or_default(),
+            options,
+        };
+        let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
+        let source = self
+            .registry
+            .create(&config, schema)
+            .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
+        if let Some(col) = config.option(OPT_EVENT_TIME) {
+            if source.schema().index_of(col).is_err() {
+                return Err(DataFusionError::Plan(format!(
+                    "table {}: event_time column {col:?} is not in its schema",
+                    cmd.name
+                )));
+            }
+        }
+        Ok(Arc::new(SourceTable::new(cmd.name.to_string(), config, source)))
+    }
+}
+
+fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions.max(1)),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
+}
+
+/// Scans a whole source as a bounded table: one partition per source
+/// instance. Used by single-process runs (`--verify`); a staged run replaces
+/// it with a [`StageInputExec`] fed per epoch.
+#[derive(Debug)]
+pub struct SourceScanExec {
+    pub table: String,
+    pub config: SourceConfig,
+    pub source: Arc<dyn Source>,
+    pub projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    props: Arc<PlanProperties>,
+}
+
+impl SourceScanExec {
+    pub fn new(
+        table: String,
+        config: SourceConfig,
+        source: Arc<dyn Source>,
+        projection: Option<Vec<usize>>,
+    ) -> DfResult<Self> {
+        let schema = project_schema(&source.schema(), projection.as_ref())?;
+        let props = leaf_properties(schema.clone(), source.parallelism());
+        Ok(SourceScanExec { table, config, source, projection, schema, props })
+    }
+}
+
+impl DisplayAs for SourceScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SourceScanExec: table={} kind={} instances={}", self.table, self.config.kind, self.source.parallelism())
+    }
+}
+
+impl ExecutionPlan for SourceScanExec {
+    fn name(&self) -> &str {
+        "SourceScanExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+    fn with_new_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+    fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        let source = self.source.clone();
+        let projection = self.projection.clone();
+        let instances = source.parallelism();
+        let schema = self.schema.clone();
+        let fut = async move {
+            let spec = EpochSpec { instance: partition, instances, epoch: 0, epochs: Some(1) };
+            let mb = source.pull(spec).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let batches = mb
+                .batches
+                .into_iter()
+                .map(|b| match &projection {
+                    Some(p) => b.project(p).map_err(DataFusionError::from),
+                    None => Ok(b),
+                })
+                .collect::<DfResult<Vec<_>>>()?;
+            Ok::<_, DataFusionError>(futures::stream::iter(batches.into_iter().map(Ok)))
+        };
+        use futures::TryStreamExt;
+        let stream = futures::stream::once(fut).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// What feeds a stage leaf.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageInput {
+    /// The micro-batch a source instance pulls for its table.
+    Source { table: String, projection: Option<Vec<usize>> },
+    /// Payloads that arrive on exchange edge `shuffle_id`.
+    Shuffle { shuffle_id: u32 },
+}
+
+/// A leaf that stands for a stage's input. Before running, the function
+/// binds it to the batches of the epoch ([`StageInputExec::bind`]).
+#[derive(Debug)]
+pub struct StageInputExec {
+    pub input: StageInput,
+    schema: SchemaRef,
+    bound: Option<Vec<datafusion::arrow::record_batch::RecordBatch>>,
+    props: Arc<PlanProperties>,
+}
+
+impl StageInputExec {
+    pub fn new(input: StageInput, schema: SchemaRef) -> Self {
+        let props = leaf_properties(schema.clone(), 1);
+        StageInputExec { input, schema, bound: None, props }
+    }
+
+    pub fn bind(&self, batches: Vec<datafusion::arrow::record_batch::RecordBatch>) -> Self {
+        StageInputExec {
+            input: self.input.clone(),
+            schema: self.schema.clone(),
+            bound: Some(batches),
+            props: self.props.clone(),
+        }
+    }
+}
+
+impl DisplayAs for StageInputExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match &self.input {
+            StageInput::Source { table, .. } => write!(f, "StageInputExec: source={table}"),
+            StageInput::Shuffle { shuffle_id } => write!(f, "StageInputExec: shuffle={shuffle_id}"),
+        }
+    }
+}
+
+impl ExecutionPlan for StageInputExec {
+    fn name(&self) -> &str {
+        "StageInputExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+    fn with_new_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+    fn execute(&self, _partition: usize, _ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        let Some(batches) = &self.bound else {
+            return Err(DataFusionError::Internal(format!("{:?} was not bound to its input", self.input)));
+        };
+        Ok(Box::pin(MemoryStream::try_new(batches.clone(), self.schema.clone(), None)?))
+    }
+}
+
+/// Our leaf, if `plan` is one.
+pub fn as_stage_input(plan: &Arc<dyn ExecutionPlan>) -> Option<&StageInputExec> {
+    plan.downcast_ref::<StageInputExec>()
+}
+
+pub fn as_source_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&SourceScanExec> {
+    plan.downcast_ref::<SourceScanExec>()
+}

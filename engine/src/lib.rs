@@ -1,0 +1,29 @@
+//! skein-engine: a SQL query as a DAG of functions that hand Arrow data to
+//! each other inside their invocation payloads.
+//!
+//! * [`planner`] cuts a DataFusion physical plan into stages;
+//! * [`context`] is what each function carries in its environment;
+//! * [`payload`] is the envelope data travels in; [`arena`] collects it;
+//! * [`function`] is the one generic handler; [`local`] runs it in-process;
+//! * [`invoke`] holds the traits the Lambda backend implements too;
+//! * [`source`] and [`sink`] are the traits connectors implement.
+
+pub mod arena;
+pub mod backoff;
+pub mod codec;
+pub mod context;
+pub mod driver;
+pub mod error;
+pub mod exec;
+pub mod function;
+pub mod invoke;
+pub mod local;
+pub mod payload;
+pub mod planner;
+pub mod ring;
+pub mod sink;
+pub mod source;
+pub mod verify;
+pub mod window;
+
+pub use error::{EngineError, Result};

@@ -1,0 +1,348 @@
+//! The in-process runtime, Skein's embedded default: every function is a
+//! named slot in this process, an invocation is a tokio task, and reserved
+//! concurrency is a semaphore. Invocations carry the same encoded bytes as
+//! on Lambda, so what is measured here is what Lambda would carry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{OnceCell, RwLock, Semaphore};
+
+use crate::context::{CONTEXT_ENV, CloudContext};
+use crate::error::{EngineError, Result};
+use crate::function::{FunctionEnv, StageFunction};
+use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker};
+use crate::sink::SinkRegistry;
+use crate::source::SourceRegistry;
+
+/// Counters of one runtime.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    pub invocations: AtomicU64,
+    pub payload_bytes: AtomicU64,
+    pub cold_starts: AtomicU64,
+    pub failed_async: AtomicU64,
+}
+
+struct LocalFunction {
+    spec: FunctionSpec,
+    instance: OnceCell<Arc<StageFunction>>,
+    permits: Arc<Semaphore>,
+}
+
+/// Async invocations that failed every attempt: the dead-letter list.
+#[derive(Debug, Clone)]
+pub struct FailedInvocation {
+    pub function: String,
+    pub error: String,
+}
+
+/// Delivery faults to inject, for testing what the arena promises: Lambda
+/// delivers async invocations at least once and in no particular order.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Deliver every data payload twice.
+    pub duplicate: bool,
+    /// Delay each async delivery by a random 0..max ms, shuffling arrival order.
+    pub max_delay_ms: u64,
+    /// Silently lose the n-th data payload (counting from 0).
+    pub drop_payload: Option<u64>,
+}
+
+pub struct LocalRuntime {
+    me: Weak<LocalRuntime>,
+    faults: std::sync::Mutex<Faults>,
+    data_payloads: AtomicU64,
+    functions: RwLock<HashMap<String, Arc<LocalFunction>>>,
+    sources: SourceRegistry,
+    sinks: SinkRegistry,
+    store: Arc<dyn object_store::ObjectStore>,
+    stats: RuntimeStats,
+    in_flight: AtomicU64,
+    idle: tokio::sync::Notify,
+    dead_letters: std::sync::Mutex<Vec<FailedInvocation>>,
+    /// Whether a busy function queues callers (true) or throttles them like
+    /// Lambda does (false); callers retry throttles with backoff.
+    queue_when_busy: bool,
+}
+
+impl LocalRuntime {
+    pub fn new(sources: SourceRegistry, sinks: SinkRegistry, store: Arc<dyn object_store::ObjectStore>) -> Arc<Self> {
+        Self::build(sources, sinks, store, true)
+    }
+
+    fn build(
+        sources: SourceRegistry,
+        sinks: SinkRegistry,
+        store: Arc<dyn object_store::ObjectStore>,
+        queue_when_busy: bool,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| LocalRuntime {
+            me: me.clone(),
+            faults: Default::default(),
+            data_payloads: AtomicU64::new(0),
+            functions: RwLock::new(HashMap::new()),
+            sources,
+            sinks,
+            store,
+            stats: RuntimeStats::default(),
+            in_flight: AtomicU64::new(0),
+            idle: tokio::sync::Notify::new(),
+            dead_letters: std::sync::Mutex::new(vec![]),
+            queue_when_busy,
+        })
+    }
+
+    /// A runtime that answers a busy function with a throttle error, as
+    /// Lambda does at its reserved concurrency.
+    pub fn new_throttling(
+        sources: SourceRegistry,
+        sinks: SinkRegistry,
+        store: Arc<dyn object_store::ObjectStore>,
+    ) -> Arc<Self> {
+        Self::build(sources, sinks, store, false)
+    }
+
+    /// Inject delivery faults from now on.
+    pub fn set_faults(&self, faults: Faults) {
+        *self.faults.lock().expect("faults") = faults;
+    }
+
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
+    }
+
+    pub fn store(&self) -> Arc<dyn object_store::ObjectStore> {
+        self.store.clone()
+    }
+
+    pub fn dead_letters(&self) -> Vec<FailedInvocation> {
+        self.dead_letters.lock().expect("dead letters").clone()
+    }
+
+    fn env(&self) -> FunctionEnv {
+        let me = self.me.upgrade().expect("runtime is alive while it runs functions");
+        FunctionEnv {
+            sources: self.sources.clone(),
+            sinks: self.sinks.clone(),
+            store: Some(self.store.clone()),
+            invoker: me,
+            max_backoff: Duration::from_millis(500),
+        }
+    }
+
+    async fn function(&self, name: &str) -> Result<Arc<LocalFunction>> {
+        self.functions
+            .read()
+            .await
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::UnknownFunction(name.to_string()))
+    }
+
+    /// The instance of a function, built on first use (a cold start).
+    async fn instance(&self, f: &LocalFunction) -> Result<Arc<StageFunction>> {
+        f.instance
+            .get_or_try_init(|| async {
+                self.stats.cold_starts.fetch_add(1, Ordering::Relaxed);
+                let value = f.spec.environment.get(CONTEXT_ENV).ok_or_else(|| {
+                    EngineError::Context(format!("{} has no {CONTEXT_ENV} in its environment", f.spec.name))
+                })?;
+                let ctx = CloudContext::from_env(value, Some(&self.store)).await?;
+                Ok::<_, EngineError>(Arc::new(StageFunction::new(ctx, self.env())?))
+            })
+            .await
+            .cloned()
+    }
+
+    async fn run(&self, f: &Arc<LocalFunction>, payload: &[u8]) -> Result<Vec<u8>> {
+        let _permit = if self.queue_when_busy {
+            f.permits.clone().acquire_owned().await.expect("semaphore open")
+        } else {
+            f.permits.clone().try_acquire_owned().map_err(|_| EngineError::Throttled {
+                name: f.spec.name.clone(),
+                limit: f.spec.concurrency,
+            })?
+        };
+        let instance = self.instance(f).await?;
+        let response = instance.handle(payload).await?;
+        Ok(serde_json::to_vec(&response).expect("response serialises"))
+    }
+
+    fn record_failure(&self, function: &str, e: EngineError) {
+        self.stats.failed_async.fetch_add(1, Ordering::Relaxed);
+        self.dead_letters
+            .lock()
+            .expect("dead letters")
+            .push(FailedInvocation { function: function.to_string(), error: e.to_string() });
+    }
+
+    fn finish_one(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// What every instance still waits for.
+    pub async fn pending(&self) -> Vec<String> {
+        let functions: Vec<Arc<LocalFunction>> = self.functions.read().await.values().cloned().collect();
+        let mut out = vec![];
+        for f in functions {
+            if let Some(i) = f.instance.get() {
+                out.extend(i.pending().await);
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Wait until no asynchronous invocation is queued or running.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[async_trait]
+impl Invoker for LocalRuntime {
+    async fn invoke(&self, function: &str, payload: Vec<u8>, kind: InvocationType) -> Result<Vec<u8>> {
+        let f = self.function(function).await?;
+        self.stats.invocations.fetch_add(1, Ordering::Relaxed);
+        self.stats.payload_bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let faults = self.faults.lock().expect("faults").clone();
+        let is_data = payload.starts_with(b"{\"uuid\"");
+        if is_data {
+            let n = self.data_payloads.fetch_add(1, Ordering::SeqCst);
+            if faults.drop_payload == Some(n) {
+                tracing::warn!(function, n, "fault injection: payload lost");
+                return Ok(vec![]);
+            }
+        }
+        let deliveries = if is_data && faults.duplicate { 2 } else { 1 };
+        if deliveries == 2 && kind == InvocationType::Sync {
+            let first = self.run(&f, &payload).await?;
+            self.run(&f, &payload).await?;
+            return Ok(first);
+        }
+        match kind {
+            InvocationType::Sync => self.run(&f, &payload).await,
+            InvocationType::Async if deliveries == 2 || faults.max_delay_ms > 0 => {
+                for _ in 0..deliveries {
+                    let me = self.me.upgrade().expect("runtime alive");
+                    let (f, payload) = (f.clone(), payload.clone());
+                    let delay = rand::random_range(0..=faults.max_delay_ms);
+                    self.in_flight.fetch_add(1, Ordering::SeqCst);
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                        if let Err(e) = me.run(&f, &payload).await {
+                            me.record_failure(&f.spec.name, e);
+                        }
+                        me.finish_one();
+                    });
+                }
+                Ok(vec![])
+            }
+            InvocationType::Async => {
+                let me = self.me.upgrade().expect("runtime alive");
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // Like Lambda's async queue: two retries, then the dead-letter list.
+                    let mut last_err = None;
+                    for attempt in 0..3u64 {
+                        let result = if me.queue_when_busy {
+                            me.run(&f, &payload).await
+                        } else {
+                            crate::invoke::invoke_with_retry(
+                                &Throttling(&me, &f),
+                                &f.spec.name,
+                                payload.clone(),
+                                InvocationType::Sync,
+                                Duration::from_millis(500),
+                                100,
+                            )
+                            .await
+                        };
+                        match result {
+                            Ok(_) => {
+                                last_err = None;
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::warn!(function = %f.spec.name, attempt, error = %e, "async invocation failed");
+                                last_err = Some(e);
+                                tokio::time::sleep(Duration::from_millis(20 * (attempt + 1))).await;
+                            }
+                        }
+                    }
+                    if let Some(e) = last_err {
+                        me.record_failure(&f.spec.name, e);
+                    }
+                    me.finish_one();
+                });
+                Ok(vec![])
+            }
+        }
+    }
+}
+
+/// Adapter so queued async retries go through the same throttle path.
+struct Throttling<'a>(&'a Arc<LocalRuntime>, &'a Arc<LocalFunction>);
+
+#[async_trait]
+impl Invoker for Throttling<'_> {
+    async fn invoke(&self, _function: &str, payload: Vec<u8>, _kind: InvocationType) -> Result<Vec<u8>> {
+        self.0.run(self.1, &payload).await
+    }
+}
+
+#[async_trait]
+impl FunctionService for LocalRuntime {
+    async fn create(&self, spec: FunctionSpec) -> Result<()> {
+        let mut functions = self.functions.write().await;
+        // Same environment: keep the warm instance, as Lambda keeps its code.
+        if let Some(existing) = functions.get(&spec.name) {
+            if existing.spec == spec {
+                return Ok(());
+            }
+        }
+        let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
+        functions.insert(spec.name.clone(), Arc::new(LocalFunction { spec, instance: OnceCell::new(), permits }));
+        Ok(())
+    }
+
+    async fn set_concurrency(&self, name: &str, concurrency: usize) -> Result<()> {
+        let mut functions = self.functions.write().await;
+        let f = functions.get(name).ok_or_else(|| EngineError::UnknownFunction(name.into()))?;
+        let mut spec = f.spec.clone();
+        spec.concurrency = concurrency;
+        let permits = Arc::new(Semaphore::new(concurrency.max(1)));
+        let instance = f.instance.clone();
+        functions.insert(name.into(), Arc::new(LocalFunction { spec, instance, permits }));
+        Ok(())
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let mut names: Vec<String> =
+            self.functions.read().await.keys().filter(|n| n.starts_with(prefix)).cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        self.functions.write().await.remove(name);
+        Ok(())
+    }
+}
+
+/// Environment of a function: just its context.
+pub fn environment(context_value: String) -> BTreeMap<String, String> {
+    BTreeMap::from([(CONTEXT_ENV.to_string(), context_value)])
+}

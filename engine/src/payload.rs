@@ -1,0 +1,461 @@
+//! The invocation payload: a JSON envelope around an Arrow IPC stream.
+//!
+//! ```text
+//! { "uuid": {"qid", "seq_num", "seq_len"}, "fragment": {"index", "count"},
+//!   "epoch", "shuffle_id", "encoding", "watermark", "last", "data": "<base64>" }
+//! ```
+//! `seq_num` is the sending upstream instance and `seq_len` how many there
+//! are; when one instance's output is larger than an invocation may carry it
+//! is split into fragments, and `fragment.count` says how many to expect.
+//! Bytes always travel as base64 text: Lambda payloads must be JSON.
+
+use std::io::Cursor;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::arrow::record_batch::RecordBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+
+/// Lambda's limit for a synchronous (RequestResponse) invocation payload.
+pub const SYNC_PAYLOAD_LIMIT: usize = 6 * 1024 * 1024;
+/// Lambda's limit for an asynchronous (Event) invocation payload.
+pub const ASYNC_PAYLOAD_LIMIT: usize = 1024 * 1024;
+/// Room kept for the JSON envelope around `data`.
+const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    #[default]
+    Zstd,
+    Lz4,
+    None,
+}
+
+impl std::str::FromStr for Encoding {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "zstd" => Ok(Encoding::Zstd),
+            "lz4" => Ok(Encoding::Lz4),
+            "none" => Ok(Encoding::None),
+            other => Err(format!("unknown encoding {other:?} (zstd, lz4, none)")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PayloadId {
+    pub qid: String,
+    pub seq_num: u32,
+    pub seq_len: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fragment {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Default for Fragment {
+    fn default() -> Self {
+        Fragment { index: 0, count: 1 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Payload {
+    pub uuid: PayloadId,
+    #[serde(default)]
+    pub fragment: Fragment,
+    pub epoch: u64,
+    /// The exchange edge this payload travels on (the upstream stage id).
+    pub shuffle_id: u32,
+    pub encoding: Encoding,
+    /// Event-time watermark (ms since the epoch) of the sender, if any.
+    #[serde(default)]
+    pub watermark: Option<i64>,
+    /// True on the last epoch of a bounded run: stateful stages flush.
+    #[serde(default)]
+    pub last: bool,
+    /// Source positions covered by this data, carried to the sink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offsets: Vec<SourceOffset>,
+    /// Base64 of the compressed Arrow IPC stream; empty for metadata-only payloads.
+    #[serde(default)]
+    pub data: String,
+}
+
+/// A position in a partitioned source, e.g. (topic, partition, next offset).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SourceOffset {
+    pub source: String,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl Payload {
+    pub fn uuid_string(&self) -> String {
+        format!(
+            "{}/{}/{}#{}.{}",
+            self.uuid.qid, self.uuid.seq_num, self.uuid.seq_len, self.fragment.index, self.shuffle_id
+        )
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("payload serialises")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        let p: Payload =
+            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.to_string()))?;
+        Ok(p)
+    }
+
+    /// Structural checks that need no decoding of `data`.
+    pub fn validate(&self, stage: &str) -> Result<()> {
+        let bad = |reason: String| EngineError::BadPayload {
+            uuid: self.uuid_string(),
+            stage: stage.to_string(),
+            reason,
+        };
+        if self.uuid.seq_len == 0 || self.uuid.seq_num >= self.uuid.seq_len {
+            return Err(bad(format!(
+                "seq_num {} is not below seq_len {}",
+                self.uuid.seq_num, self.uuid.seq_len
+            )));
+        }
+        if self.fragment.count == 0 || self.fragment.index >= self.fragment.count {
+            return Err(bad(format!(
+                "fragment {} is not below fragment count {}",
+                self.fragment.index, self.fragment.count
+            )));
+        }
+        Ok(())
+    }
+
+    /// Decode `data` into record batches, checking the schema against what
+    /// the stage expects.
+    pub fn decode_batches(&self, stage: &str, expected: Option<&SchemaRef>) -> Result<Vec<RecordBatch>> {
+        let bad = |reason: String| EngineError::BadPayload {
+            uuid: self.uuid_string(),
+            stage: stage.to_string(),
+            reason,
+        };
+        if self.data.is_empty() {
+            return Ok(vec![]);
+        }
+        let compressed = B64
+            .decode(self.data.as_bytes())
+            .map_err(|e| bad(format!("data is not valid base64: {e}")))?;
+        let ipc = decompress(self.encoding, &compressed)
+            .map_err(|e| bad(format!("data is not a valid {:?} frame: {e}", self.encoding)))?;
+        let reader = StreamReader::try_new(Cursor::new(ipc), None)
+            .map_err(|e| bad(format!("data is not an Arrow IPC stream: {e}")))?;
+        if let Some(expected) = expected {
+            let got = reader.schema();
+            if !schemas_compatible(&got, expected) {
+                return Err(bad(format!(
+                    "schema does not match the plan: expected {}, got {}",
+                    describe_schema(expected),
+                    describe_schema(&got)
+                )));
+            }
+        }
+        let mut batches = vec![];
+        for b in reader {
+            batches.push(b.map_err(|e| bad(format!("truncated or corrupt Arrow batch: {e}")))?);
+        }
+        Ok(batches)
+    }
+}
+
+fn describe_schema(s: &SchemaRef) -> String {
+    let cols: Vec<String> = s
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    format!("[{}]", cols.join(", "))
+}
+
+/// Same column count and types; names may differ (plans rename freely).
+fn schemas_compatible(got: &SchemaRef, expected: &SchemaRef) -> bool {
+    got.fields().len() == expected.fields().len()
+        && got
+            .fields()
+            .iter()
+            .zip(expected.fields().iter())
+            .all(|(a, b)| a.data_type() == b.data_type())
+}
+
+fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
+    match encoding {
+        Encoding::None => raw.to_vec(),
+        Encoding::Zstd => zstd::bulk::compress(raw, 1).expect("zstd compression of memory"),
+        Encoding::Lz4 => lz4_flex::block::compress_prepend_size(raw),
+    }
+}
+
+fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    match encoding {
+        Encoding::None => Ok(data.to_vec()),
+        Encoding::Zstd => {
+            let size = zstd::zstd_safe::get_frame_content_size(data)
+                .map_err(|e| format!("{e:?}"))?
+                .ok_or("zstd frame without content size")?;
+            // A corrupt header must not make us allocate without bound.
+            if size > 1 << 32 {
+                return Err(format!("zstd frame claims {size} bytes"));
+            }
+            zstd::bulk::decompress(data, size as usize).map_err(|e| e.to_string())
+        }
+        Encoding::Lz4 => lz4_flex::block::decompress_size_prepended(data).map_err(|e| e.to_string()),
+    }
+}
+
+/// Arrow IPC stream bytes (schema + batches), uncompressed.
+pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    {
+        let mut w = StreamWriter::try_new(&mut buf, schema)
+            .map_err(|e| EngineError::Context(e.to_string()))?;
+        for b in batches {
+            w.write(b).map_err(|e| EngineError::Context(e.to_string()))?;
+        }
+        w.finish().map_err(|e| EngineError::Context(e.to_string()))?;
+    }
+    Ok(buf)
+}
+
+/// Encode batches as `data`: IPC stream, compressed, base64.
+pub fn encode_data(encoding: Encoding, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<String> {
+    let ipc = ipc_bytes(schema, batches)?;
+    Ok(B64.encode(compress(encoding, &ipc)))
+}
+
+/// What every payload of one send has in common.
+#[derive(Debug, Clone)]
+pub struct PayloadHeader {
+    pub qid: String,
+    pub seq_num: u32,
+    pub seq_len: u32,
+    pub epoch: u64,
+    pub shuffle_id: u32,
+    pub encoding: Encoding,
+    pub watermark: Option<i64>,
+    pub last: bool,
+    pub offsets: Vec<SourceOffset>,
+}
+
+/// Encode one upstream instance's output for one receiver, splitting it into
+/// as many fragments as needed so that each JSON payload stays under `limit`
+/// bytes. Nothing is dropped: a single row too large for any payload is an
+/// error rather than a truncation.
+pub fn encode_payloads(
+    header: &PayloadHeader,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    limit: usize,
+) -> Result<Vec<Payload>> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let chunks: Vec<Vec<RecordBatch>> = if rows == 0 {
+        vec![vec![]]
+    } else {
+        split_to_fit(header.encoding, schema, batches, limit)?
+    };
+    let count = chunks.len() as u32;
+    let mut out = Vec::with_capacity(chunks.len());
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let data = if chunk.is_empty() {
+            String::new()
+        } else {
+            encode_data(header.encoding, schema, &chunk)?
+        };
+        out.push(Payload {
+            uuid: PayloadId {
+                qid: header.qid.clone(),
+                seq_num: header.seq_num,
+                seq_len: header.seq_len,
+            },
+            fragment: Fragment { index: i as u32, count },
+            epoch: header.epoch,
+            shuffle_id: header.shuffle_id,
+            encoding: header.encoding,
+            watermark: header.watermark,
+            last: header.last,
+            // Offsets ride on the first fragment only; they describe the whole send.
+            offsets: if i == 0 { header.offsets.clone() } else { vec![] },
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// Split rows into groups whose encoded size fits `limit`. Starts from one
+/// group and halves any group that is too big, so the common case encodes once.
+fn split_to_fit(
+    encoding: Encoding,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    limit: usize,
+) -> Result<Vec<Vec<RecordBatch>>> {
+    let budget = limit.saturating_sub(ENVELOPE_ALLOWANCE);
+    let mut pending: Vec<Vec<RecordBatch>> = vec![batches.iter().filter(|b| b.num_rows() > 0).cloned().collect()];
+    let mut done = vec![];
+    while let Some(group) = pending.pop() {
+        let encoded_len = encode_data(encoding, schema, &group)?.len();
+        if encoded_len <= budget {
+            done.push(group);
+            continue;
+        }
+        let rows: usize = group.iter().map(|b| b.num_rows()).sum();
+        if rows <= 1 {
+            return Err(EngineError::Context(format!(
+                "one row encodes to {encoded_len} bytes, above the payload limit of {limit}"
+            )));
+        }
+        let (left, right) = halve(&group, rows / 2);
+        // Push right first so fragments stay in row order.
+        pending.push(right);
+        pending.push(left);
+    }
+    Ok(done)
+}
+
+fn halve(group: &[RecordBatch], at: usize) -> (Vec<RecordBatch>, Vec<RecordBatch>) {
+    let mut left = vec![];
+    let mut right = vec![];
+    let mut seen = 0;
+    for b in group {
+        let n = b.num_rows();
+        if seen + n <= at {
+            left.push(b.clone());
+        } else if seen >= at {
+            right.push(b.clone());
+        } else {
+            let k = at - seen;
+            left.push(b.slice(0, k));
+            right.push(b.slice(k, n - k));
+        }
+        seen += n;
+    }
+    (left, right)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn batch(rows: usize, offset: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, false),
+        ]));
+        let ids = Int64Array::from_iter_values((0..rows as i64).map(|i| i + offset));
+        // Pseudo-random text compresses poorly, so sizes are honest.
+        let text = StringArray::from_iter_values((0..rows).map(|i| {
+            format!("{:x}", (i as u64 + offset as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        }));
+        RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(text)]).unwrap()
+    }
+
+    fn header(encoding: Encoding) -> PayloadHeader {
+        PayloadHeader {
+            qid: "q".into(),
+            seq_num: 0,
+            seq_len: 1,
+            epoch: 3,
+            shuffle_id: 1,
+            encoding,
+            watermark: Some(42),
+            last: false,
+            offsets: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip_each_encoding() {
+        for enc in [Encoding::Zstd, Encoding::Lz4, Encoding::None] {
+            let b = batch(1000, 0);
+            let ps = encode_payloads(&header(enc), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT).unwrap();
+            assert_eq!(ps.len(), 1);
+            let json = ps[0].to_json();
+            assert!(!String::from_utf8_lossy(&json).contains("[0,"), "no byte arrays in JSON");
+            let back = Payload::from_json(&json).unwrap();
+            let got = back.decode_batches("s", Some(&b.schema())).unwrap();
+            assert_eq!(got, vec![b]);
+        }
+    }
+
+    #[test]
+    fn large_output_is_split_and_arrives_whole() {
+        let batches: Vec<RecordBatch> = (0..10).map(|i| batch(20_000, i * 20_000)).collect();
+        let schema = batches[0].schema();
+        let ps = encode_payloads(&header(Encoding::Zstd), &schema, &batches, ASYNC_PAYLOAD_LIMIT).unwrap();
+        assert!(ps.len() > 1, "expected a split, got {}", ps.len());
+        let mut rows = vec![];
+        for (i, p) in ps.iter().enumerate() {
+            assert!(p.to_json().len() <= ASYNC_PAYLOAD_LIMIT);
+            assert_eq!(p.fragment.index as usize, i);
+            assert_eq!(p.fragment.count as usize, ps.len());
+            for b in p.decode_batches("s", Some(&schema)).unwrap() {
+                let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                rows.extend(ids.values().iter().copied());
+            }
+        }
+        assert_eq!(rows, (0..200_000).collect::<Vec<i64>>());
+    }
+
+    #[test]
+    fn empty_output_is_metadata_only() {
+        let b = batch(0, 0);
+        let ps = encode_payloads(&header(Encoding::Zstd), &b.schema(), &[], SYNC_PAYLOAD_LIMIT).unwrap();
+        assert_eq!(ps.len(), 1);
+        assert!(ps[0].data.is_empty());
+        assert!(ps[0].decode_batches("s", None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn corrupt_inputs_name_uuid_and_stage() {
+        let b = batch(100, 0);
+        let good = encode_payloads(&header(Encoding::Zstd), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT)
+            .unwrap()
+            .remove(0);
+
+        let mut truncated = good.clone();
+        truncated.data.truncate(truncated.data.len() / 2);
+        truncated.data.push('!');
+        let err = truncated.decode_batches("stage-02", None).unwrap_err().to_string();
+        assert!(err.contains("q/0/1") && err.contains("stage-02") && err.contains("base64"), "{err}");
+
+        let mut bad_frame = good.clone();
+        bad_frame.data = B64.encode(b"definitely not zstd");
+        let err = bad_frame.decode_batches("stage-02", None).unwrap_err().to_string();
+        assert!(err.contains("Zstd"), "{err}");
+
+        let mut cut_frame = good.clone();
+        let raw = B64.decode(&good.data).unwrap();
+        cut_frame.data = B64.encode(&raw[..raw.len() - 7]);
+        assert!(cut_frame.decode_batches("stage-02", None).is_err());
+
+        let other = Arc::new(Schema::new(vec![Field::new("x", DataType::Utf8, true)]));
+        let err = good.decode_batches("stage-02", Some(&other)).unwrap_err().to_string();
+        assert!(err.contains("schema does not match"), "{err}");
+
+        let mut bad_seq = good.clone();
+        bad_seq.uuid.seq_num = 5;
+        let err = bad_seq.validate("stage-02").unwrap_err().to_string();
+        assert!(err.contains("seq_num 5") && err.contains("stage-02"), "{err}");
+
+        assert!(Payload::from_json(b"{\"uuid\": 1").is_err());
+    }
+}
