@@ -428,12 +428,18 @@ impl Cutter {
             }
             s.windows = windows;
         }
-        // Modes: the first stateful stage on a path accumulates; stateful
-        // stages after it receive whole windows.
+        // Modes: a stateful stage accumulates unless every input already
+        // arrives as whole windows, i.e. comes from a path through a stateful
+        // stage (which only emits windows the watermark has closed).
         for id in &ids {
-            let upstream_accumulates = self.any_upstream(*id, &|s| s.mode != StageMode::Stream);
+            let inputs = self.stages[id].inputs.clone();
+            let all_complete = !inputs.is_empty()
+                && inputs.iter().all(|(up, _)| {
+                    let s = &self.stages[up];
+                    s.mode != StageMode::Stream || self.any_upstream(*up, &|x| x.mode != StageMode::Stream)
+                });
             let s = self.stages.get_mut(id).expect("stage");
-            s.mode = match (s.stateful, upstream_accumulates) {
+            s.mode = match (s.stateful, all_complete) {
                 (false, _) => StageMode::Stream,
                 (true, false) => StageMode::Accumulate,
                 (true, true) => StageMode::Complete,

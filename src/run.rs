@@ -1,0 +1,210 @@
+//! `skein run`, `skein explain` and `skein nexmark`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::prelude::SessionContext;
+use indicatif::{ProgressBar, ProgressStyle};
+use object_store::memory::InMemory;
+use serde_json::json;
+use skein_engine::driver::{RunReport, run_local};
+use skein_engine::local::LocalRuntime;
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
+use skein_engine::verify::{compare, single_process};
+
+use crate::PlanArgs;
+use crate::registry::{Registries, registries};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A SQL file: CREATE EXTERNAL TABLE statements, then one query.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub common: CommonRunArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CommonRunArgs {
+    /// Number of epochs (micro-batches) to split the input into.
+    #[arg(long, default_value_t = 10)]
+    pub epochs: u64,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    /// Also run the query in one process with plain DataFusion and compare.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print one JSON summary line instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Result rows to print (text mode).
+    #[arg(long, default_value_t = 20)]
+    pub show: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct NexmarkArgs {
+    /// Query number, 0..=13.
+    #[arg(long)]
+    pub query: u32,
+    /// Events to generate.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+    /// Event rate (events per second of event time).
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// Generator instances (source parallelism).
+    #[arg(long, default_value_t = 2)]
+    pub sources: usize,
+    #[command(flatten)]
+    pub common: CommonRunArgs,
+}
+
+fn options(p: &PlanArgs) -> PlanOptions {
+    PlanOptions { group_size: p.group_size, encoding: p.encoding, invoke_async: p.invoke_async }
+}
+
+fn read_sql(file: &Path) -> Result<String> {
+    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
+    let sql = read_sql(file)?;
+    let regs = registries();
+    let ctx = session(&regs.sources, plan_args.group_size);
+    let plan = plan_query(&ctx, &sql, &options(plan_args)).await.with_context(|| format!("planning {}", file.display()))?;
+    if as_json {
+        println!("{}", plan.explain_json());
+    } else {
+        print!("{}", plan.explain());
+    }
+    Ok(())
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    let sql = read_sql(&args.file)?;
+    let report = run_sql(&sql, &args.common, None).await?;
+    println!("{}", report);
+    Ok(())
+}
+
+pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
+    let sql = nexmark_sql(args.query, args.events, args.rate, args.sources)?;
+    let report = run_sql(&sql, &args.common, Some(args.query)).await?;
+    println!("{}", report);
+    Ok(())
+}
+
+/// The NEXMark tables over the built-in generator, then query N.
+pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("queries/nexmark/q{query}.sql"));
+    let body = std::fs::read_to_string(&path).with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?;
+    let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
+    Ok(format!("{tables}\n{body}"))
+}
+
+/// Plan, run on the in-process runtime, optionally verify; returns the text
+/// to print (a JSON line with `--json`).
+pub async fn run_sql(sql: &str, args: &CommonRunArgs, nexmark_query: Option<u32>) -> Result<String> {
+    let Registries { sources, sinks, collect } = registries();
+    let ctx: SessionContext = session(&sources, args.plan.group_size);
+    let opts = options(&args.plan);
+    let plan: QueryPlan = plan_query(&ctx, sql, &opts).await.context("planning the query")?;
+    let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+
+    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(args.epochs) };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} epoch {pos}/{len} {wide_bar} {msg}").expect("progress template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut report: RunReport = run_local(&plan, &runtime, &opts, args.epochs, |epoch, events| {
+        bar.set_position(epoch + 1);
+        bar.set_message(format!("{events} events"));
+    })
+    .await
+    .context("running the query")?;
+    bar.finish_and_clear();
+
+    let results: Vec<RecordBatch> = collect.sink(&plan.query_code).batches();
+    report.result_rows = results.iter().map(|b| b.num_rows()).sum();
+    let mut diff = None;
+    if args.verify {
+        let expected = single_process(&ctx, &plan).await.context("single-process DataFusion run")?;
+        let cmp = compare(&expected, &results, plan.ordered)?;
+        report.verified = Some(cmp.equal);
+        if !cmp.equal {
+            diff = Some(cmp);
+        }
+    }
+
+    let mut out = String::new();
+    if args.json {
+        let mut v = json!({
+            "stages": report.stages,
+            "functions": report.functions,
+            "invocations": report.invocations,
+            "payload_bytes": report.payload_bytes,
+            "events": report.events,
+            "events_per_s": report.events_per_s.round(),
+            "result_rows": report.result_rows,
+            "verified": report.verified,
+            "epochs": report.epochs,
+            "elapsed_s": report.elapsed_s,
+            "query_code": report.query_code,
+        });
+        if let Some(q) = nexmark_query {
+            v["query"] = json!(q);
+        }
+        out.push_str(&v.to_string());
+    } else {
+        let shown: Vec<RecordBatch> = limit_rows(&results, args.show);
+        out.push_str(&pretty_format_batches(&shown)?.to_string());
+        out.push_str(&format!(
+            "\n{} result rows (showing {}); {} events in {} epochs, {:.3} s, {:.0} events/s\n\
+             {} stages, {} functions, {} invocations, {} payload bytes{}",
+            report.result_rows,
+            report.result_rows.min(args.show),
+            report.events,
+            report.epochs,
+            report.elapsed_s,
+            report.events_per_s,
+            report.stages,
+            report.functions,
+            report.invocations,
+            report.payload_bytes,
+            match report.verified {
+                Some(true) => "\nverified: equal to single-process DataFusion",
+                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
+                None => "",
+            }
+        ));
+    }
+    if let Some(cmp) = diff {
+        eprintln!("{out}");
+        bail!(
+            "verification failed: {} rows expected, {} produced; first differences:\n{}",
+            cmp.expected_rows,
+            cmp.got_rows,
+            cmp.differences.join("\n")
+        );
+    }
+    Ok(out)
+}
+
+fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
+    let mut out = vec![];
+    let mut left = n;
+    for b in batches {
+        if left == 0 {
+            break;
+        }
+        let take = b.num_rows().min(left);
+        out.push(b.slice(0, take));
+        left -= take;
+    }
+    out
+}

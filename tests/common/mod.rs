@@ -1,0 +1,174 @@
+//! Shared helpers of the integration tests: where the real services are, and
+//! clients configured for them.
+//!
+//! Endpoints come from the environment, with the defaults of `scripts/services.sh`:
+//!
+//! | variable           | default                  |
+//! |--------------------|--------------------------|
+//! | `SKEIN_KAFKA`      | `127.0.0.1:9092`         |
+//! | `SKEIN_REDIS`      | `redis://127.0.0.1:6379` |
+//! | `AWS_ENDPOINT_URL` | `http://127.0.0.1:4566`  |
+//!
+//! A test whose service is not there fails at once with a message naming
+//! `scripts/services.sh start`: it never passes or skips silently.
+
+// Each tests/*.rs is its own crate and uses only some of these helpers.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+use aws_sdk_lambda::config::Credentials;
+
+pub const START_HINT: &str =
+    "start the services with `scripts/services.sh start` (scripts/test.sh does it for you)";
+
+pub fn kafka_brokers() -> String {
+    env_or("SKEIN_KAFKA", "127.0.0.1:9092")
+}
+
+pub fn redis_url() -> String {
+    env_or("SKEIN_REDIS", "redis://127.0.0.1:6379")
+}
+
+pub fn aws_endpoint() -> String {
+    env_or("AWS_ENDPOINT_URL", "http://127.0.0.1:4566")
+}
+
+pub fn aws_region() -> String {
+    std::env::var("AWS_REGION")
+        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+        .unwrap_or_else(|_| "us-east-1".into())
+}
+
+/// Access key and secret: from the environment, else the dummies the AWS
+/// stand-in accepts.
+pub fn aws_credentials() -> (String, String) {
+    match (
+        std::env::var("AWS_ACCESS_KEY_ID"),
+        std::env::var("AWS_SECRET_ACCESS_KEY"),
+    ) {
+        (Ok(id), Ok(secret)) if !id.is_empty() => (id, secret),
+        _ => ("test".into(), "test".into()),
+    }
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// Fails the test unless something accepts TCP connections at `addr`
+/// (`host:port`, or a URL such as `redis://host:port`).
+pub fn require_service(service: &str, addr: &str, variable: &str) {
+    let host_port = addr
+        .split_once("://")
+        .map_or(addr, |(_, rest)| rest)
+        .split(['/', ','])
+        .next()
+        .unwrap_or_default();
+    let resolved: Vec<SocketAddr> = host_port
+        .to_socket_addrs()
+        .unwrap_or_else(|e| {
+            panic!("{service}: cannot resolve {host_port:?} (from {variable}={addr:?}): {e}")
+        })
+        .collect();
+    let reachable = resolved
+        .iter()
+        .any(|a| TcpStream::connect_timeout(a, Duration::from_secs(2)).is_ok());
+    assert!(
+        reachable,
+        "{service} is not reachable at {host_port} (set {variable} to change it): {START_HINT}"
+    );
+}
+
+pub fn require_kafka() -> String {
+    let brokers = kafka_brokers();
+    require_service("Kafka", &brokers, "SKEIN_KAFKA");
+    brokers
+}
+
+pub fn require_redis() -> String {
+    let url = redis_url();
+    require_service("Redis", &url, "SKEIN_REDIS");
+    url
+}
+
+/// The AWS stand-in (ministack) must be up, and healthy enough to accept TCP.
+pub fn require_aws() -> String {
+    let endpoint = aws_endpoint();
+    require_service(
+        "ministack (S3, Kinesis, Lambda)",
+        &endpoint,
+        "AWS_ENDPOINT_URL",
+    );
+    endpoint
+}
+
+/// SDK configuration for the AWS stand-in. Built explicitly (rather than from
+/// the default chain) so a machine without AWS settings does not spend seconds
+/// probing instance metadata for credentials.
+pub async fn aws_sdk_config() -> SdkConfig {
+    let endpoint = require_aws();
+    let (id, secret) = aws_credentials();
+    aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(aws_region()))
+        .endpoint_url(endpoint)
+        .credentials_provider(Credentials::new(id, secret, None, None, "skein-tests"))
+        .load()
+        .await
+}
+
+/// S3 client with path-style addressing: `bucket.127.0.0.1` does not resolve.
+pub async fn s3_client() -> aws_sdk_s3::Client {
+    let config = aws_sdk_config().await;
+    let s3 = aws_sdk_s3::config::Builder::from(&config)
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(s3)
+}
+
+/// Creates `bucket` if it does not exist yet.
+pub async fn ensure_bucket(s3: &aws_sdk_s3::Client, bucket: &str) {
+    if s3.head_bucket().bucket(bucket).send().await.is_ok() {
+        return;
+    }
+    s3.create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("creating bucket {bucket}: {}", error_chain(&e)));
+}
+
+/// A name no other run uses: `<prefix>-<unix millis>-<random hex>`, in the
+/// characters every service here accepts in names.
+pub fn unique_name(prefix: &str) -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{prefix}-{millis}-{:08x}", rand::random::<u32>())
+}
+
+/// Runs `fut`, failing the test (instead of hanging CI) after `secs` seconds.
+pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no result within {secs} s"))
+}
+
+/// An error and all its sources on one line: SDK errors say little at the top.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
