@@ -1,10 +1,189 @@
-//! `skein bench ...`: benchmarks as commands that print figures.
-use anyhow::Result;
-use clap::Subcommand;
+//! `skein bench ...`: benchmarks as commands that print figures. Each run
+//! measures its own baseline; times are medians of repeated runs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use datafusion::arrow::record_batch::RecordBatch;
+use object_store::memory::InMemory;
+use serde_json::json;
+use skein_engine::driver::run_local;
+use skein_engine::local::LocalRuntime;
+use skein_engine::payload::{
+    Encoding, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads, ipc_bytes,
+};
+use skein_engine::planner::{PlanOptions, plan_query, session};
+use skein_generators::nexmark::{EventRef, JsonLayout, NexmarkConfig, NexmarkGenerator};
+
+use crate::registry::registries;
 
 #[derive(Subcommand, Debug)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Payload codec throughput, bytes on the wire per NEXMark bid, and
+    /// invocations/s of the in-process runtime.
+    Codec(CodecArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CodecArgs {
+    /// NEXMark events to draw bids from.
+    #[arg(long, default_value_t = 200_000)]
+    events: u64,
+    /// Repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 7)]
+    repeat: usize,
+    /// Epochs of the runtime benchmark (each is one round of invocations).
+    #[arg(long, default_value_t = 200)]
+    epochs: u64,
+    #[arg(long)]
+    json: bool,
+}
 
 pub async fn bench(cmd: BenchCommand) -> Result<()> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Codec(args) => codec(args).await,
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+/// Bids as Arrow batches and as the JSON records a publisher would send.
+fn bids(events: u64) -> Result<(Vec<RecordBatch>, usize)> {
+    let config = NexmarkConfig {
+        max_events: Some(events),
+        ..Default::default()
+    };
+    let mut generator = NexmarkGenerator::new(config.clone())?;
+    let mut batches = vec![];
+    while let Some(b) = generator.next_batches(8192)? {
+        batches.push(b.bid);
+    }
+    let mut generator = NexmarkGenerator::new(config)?;
+    let mut json_bytes = 0;
+    let mut buf = Vec::with_capacity(256);
+    while let Some(ev) = generator.next_event() {
+        if let EventRef::Bid(_) = ev {
+            buf.clear();
+            ev.write_json(JsonLayout::Flat, &mut buf);
+            json_bytes += buf.len() + 1; // newline-delimited
+        }
+    }
+    Ok((batches, json_bytes))
+}
+
+async fn codec(args: CodecArgs) -> Result<()> {
+    let (batches, json_bytes) = bids(args.events).context("generating bids")?;
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let schema = batches[0].schema();
+    let raw_ipc = ipc_bytes(&schema, &batches)?.len();
+    let header = |encoding| PayloadHeader {
+        qid: "bench".into(),
+        seq_num: 0,
+        seq_len: 1,
+        epoch: 0,
+        shuffle_id: 1,
+        encoding,
+        watermark: None,
+        last: false,
+        offsets: vec![],
+    };
+    let mut encodings = vec![];
+    for encoding in [Encoding::Zstd, Encoding::Lz4, Encoding::None] {
+        let mut enc_s = vec![];
+        let mut dec_s = vec![];
+        let mut wire = 0;
+        let mut payloads = 0;
+        for _ in 0..args.repeat {
+            let t = Instant::now();
+            let ps = encode_payloads(&header(encoding), &schema, &batches, SYNC_PAYLOAD_LIMIT)?;
+            let jsons: Vec<Vec<u8>> = ps.iter().map(Payload::to_json).collect();
+            enc_s.push(t.elapsed().as_secs_f64());
+            wire = jsons.iter().map(Vec::len).sum::<usize>();
+            payloads = jsons.len();
+            let t = Instant::now();
+            let mut back = 0;
+            for j in &jsons {
+                let p = Payload::from_json(j)?;
+                back += p
+                    .decode_batches("bench", Some(&schema))?
+                    .iter()
+                    .map(|b| b.num_rows())
+                    .sum::<usize>();
+            }
+            dec_s.push(t.elapsed().as_secs_f64());
+            anyhow::ensure!(back == rows, "decoded {back} rows of {rows}");
+        }
+        let mb = raw_ipc as f64 / 1e6;
+        encodings.push(json!({
+            "encoding": format!("{encoding:?}").to_lowercase(),
+            "encode_mb_per_s": (mb / median(enc_s)).round(),
+            "decode_mb_per_s": (mb / median(dec_s)).round(),
+            "wire_bytes": wire,
+            "payloads": payloads,
+            "bytes_per_bid": (wire as f64 / rows as f64 * 100.0).round() / 100.0,
+        }));
+    }
+    let invocations_per_s = runtime_rate(args.epochs).await?;
+    let report = json!({
+        "bids": rows,
+        "json_bytes_per_bid": (json_bytes as f64 / rows as f64 * 100.0).round() / 100.0,
+        "arrow_ipc_bytes_per_bid": (raw_ipc as f64 / rows as f64 * 100.0).round() / 100.0,
+        "encodings": encodings,
+        "runtime_invocations_per_s": invocations_per_s.round(),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "{rows} NEXMark bids; throughput relative to uncompressed Arrow IPC bytes; medians of {}",
+            args.repeat
+        );
+        println!(
+            "{:<8} {:>12} {:>12} {:>14} {:>9}",
+            "encoding", "encode MB/s", "decode MB/s", "bytes per bid", "payloads"
+        );
+        for e in report["encodings"].as_array().expect("array") {
+            println!(
+                "{:<8} {:>12} {:>12} {:>14} {:>9}",
+                e["encoding"].as_str().unwrap_or(""),
+                e["encode_mb_per_s"],
+                e["decode_mb_per_s"],
+                e["bytes_per_bid"],
+                e["payloads"]
+            );
+        }
+        println!(
+            "baseline: JSON records {} bytes per bid, Arrow IPC uncompressed {} bytes per bid",
+            report["json_bytes_per_bid"], report["arrow_ipc_bytes_per_bid"]
+        );
+        println!(
+            "in-process runtime: {} invocations/s",
+            report["runtime_invocations_per_s"]
+        );
+    }
+    Ok(())
+}
+
+/// Invocations per second of the in-process runtime on a two-stage query
+/// with tiny epochs, so per-invocation cost dominates.
+async fn runtime_rate(epochs: u64) -> Result<f64> {
+    let regs = registries();
+    let ctx = session(&regs.sources, 4);
+    let sql = format!(
+        "{}\nSELECT auction, count(*) AS n FROM bid GROUP BY auction",
+        skein_generators::table::nexmark_ddl(epochs * 100, 10_000, 2)
+    );
+    let options = PlanOptions {
+        group_size: 4,
+        ..Default::default()
+    };
+    let plan = plan_query(&ctx, &sql, &options).await?;
+    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
+    Ok(report.invocations as f64 / report.elapsed_s)
 }

@@ -12,7 +12,11 @@ use clap::{Args, Parser, Subcommand};
 use skein_engine::payload::Encoding;
 
 #[derive(Parser)]
-#[command(name = "skein", version, about = "Serverless streaming SQL: queries as payload-chained function DAGs")]
+#[command(
+    name = "skein",
+    version,
+    about = "Serverless streaming SQL: queries as payload-chained function DAGs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -20,5 +20,9 @@ pub fn registries() -> Registries {
     let collect = CollectSinkFactory::default();
     let mut sinks = SinkRegistry::default();
     sinks.register("COLLECT", Arc::new(collect.clone()));
-    Registries { sources, sinks, collect }
+    Registries {
+        sources,
+        sinks,
+        collect,
+    }
 }

@@ -12,7 +12,7 @@ use datafusion::prelude::SessionContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::memory::InMemory;
 use serde_json::json;
-use skein_engine::driver::{RunReport, run_local};
+use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
@@ -30,9 +30,15 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct CommonRunArgs {
-    /// Number of epochs (micro-batches) to split the input into.
-    #[arg(long, default_value_t = 10)]
+    /// Number of epochs (micro-batches) to split a bounded input into.
+    #[arg(long, default_value_t = 10, conflicts_with = "duration")]
     pub epochs: u64,
+    /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Time between epochs of a --duration run.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub interval: Duration,
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Also run the query in one process with plain DataFusion and compare.
@@ -60,12 +66,19 @@ pub struct NexmarkArgs {
     /// Generator instances (source parallelism).
     #[arg(long, default_value_t = 2)]
     pub sources: usize,
+    /// Print the stage DAG instead of running.
+    #[arg(long)]
+    pub explain: bool,
     #[command(flatten)]
     pub common: CommonRunArgs,
 }
 
 fn options(p: &PlanArgs) -> PlanOptions {
-    PlanOptions { group_size: p.group_size, encoding: p.encoding, invoke_async: p.invoke_async }
+    PlanOptions {
+        group_size: p.group_size,
+        encoding: p.encoding,
+        invoke_async: p.invoke_async,
+    }
 }
 
 fn read_sql(file: &Path) -> Result<String> {
@@ -74,9 +87,15 @@ fn read_sql(file: &Path) -> Result<String> {
 
 pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
     let sql = read_sql(file)?;
+    explain_sql(&sql, plan_args, as_json)
+        .await
+        .with_context(|| format!("planning {}", file.display()))
+}
+
+async fn explain_sql(sql: &str, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
     let regs = registries();
     let ctx = session(&regs.sources, plan_args.group_size);
-    let plan = plan_query(&ctx, &sql, &options(plan_args)).await.with_context(|| format!("planning {}", file.display()))?;
+    let plan = plan_query(&ctx, sql, &options(plan_args)).await?;
     if as_json {
         println!("{}", plan.explain_json());
     } else {
@@ -94,6 +113,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
 pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
     let sql = nexmark_sql(args.query, args.events, args.rate, args.sources)?;
+    if args.explain {
+        return explain_sql(&sql, &args.common.plan, args.common.json).await;
+    }
     let report = run_sql(&sql, &args.common, Some(args.query)).await?;
     println!("{}", report);
     Ok(())
@@ -102,26 +124,55 @@ pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
 /// The NEXMark tables over the built-in generator, then query N.
 pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("queries/nexmark/q{query}.sql"));
-    let body = std::fs::read_to_string(&path).with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?;
+    let body = std::fs::read_to_string(&path)
+        .with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?;
     let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
     Ok(format!("{tables}\n{body}"))
 }
 
 /// Plan, run on the in-process runtime, optionally verify; returns the text
 /// to print (a JSON line with `--json`).
-pub async fn run_sql(sql: &str, args: &CommonRunArgs, nexmark_query: Option<u32>) -> Result<String> {
-    let Registries { sources, sinks, collect } = registries();
+pub async fn run_sql(
+    sql: &str,
+    args: &CommonRunArgs,
+    nexmark_query: Option<u32>,
+) -> Result<String> {
+    let Registries {
+        sources,
+        sinks,
+        collect,
+    } = registries();
     let ctx: SessionContext = session(&sources, args.plan.group_size);
     let opts = options(&args.plan);
-    let plan: QueryPlan = plan_query(&ctx, sql, &opts).await.context("planning the query")?;
+    let plan: QueryPlan = plan_query(&ctx, sql, &opts)
+        .await
+        .context("planning the query")?;
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
 
-    let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(args.epochs) };
+    let stop = match args.duration {
+        Some(duration) => StopAfter::Duration {
+            duration,
+            interval: args.interval,
+        },
+        None => StopAfter::Epochs(args.epochs),
+    };
+    let expected_epochs = match stop {
+        StopAfter::Epochs(n) => n,
+        StopAfter::Duration { duration, interval } => {
+            (duration.as_millis() / interval.as_millis().max(1)) as u64 + 1
+        }
+    };
+    let bar = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(expected_epochs)
+    };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} epoch {pos}/{len} {wide_bar} {msg}").expect("progress template"),
+        ProgressStyle::with_template("{spinner} epoch {pos}/{len} {wide_bar} {msg}")
+            .expect("progress template"),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let mut report: RunReport = run_local(&plan, &runtime, &opts, args.epochs, |epoch, events| {
+    let mut report: RunReport = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
         bar.set_message(format!("{events} events"));
     })
@@ -133,7 +184,9 @@ pub async fn run_sql(sql: &str, args: &CommonRunArgs, nexmark_query: Option<u32>
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     let mut diff = None;
     if args.verify {
-        let expected = single_process(&ctx, &plan).await.context("single-process DataFusion run")?;
+        let expected = single_process(&ctx, &plan)
+            .await
+            .context("single-process DataFusion run")?;
         let cmp = compare(&expected, &results, plan.ordered)?;
         report.verified = Some(cmp.equal);
         if !cmp.equal {
@@ -207,4 +260,24 @@ fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
         left -= take;
     }
     out
+}
+
+/// `500ms`, `30s`, `2m`, `1h`; a bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s or 2m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
 }

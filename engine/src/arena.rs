@@ -46,7 +46,10 @@ struct EdgeSlot {
 impl EdgeSlot {
     fn complete(&self) -> bool {
         self.received.len() as u32 == self.seq_len
-            && self.received.values().all(|(_, bits)| bits.iter().all(|b| *b))
+            && self
+                .received
+                .values()
+                .all(|(_, bits)| bits.iter().all(|b| *b))
     }
 
     fn missing(&self) -> Vec<String> {
@@ -119,18 +122,29 @@ impl Arena {
             return Err(EngineError::BadPayload {
                 uuid: payload.uuid_string(),
                 stage: self.stage.clone(),
-                reason: format!("seq_len {} disagrees with earlier {}", payload.uuid.seq_len, edge.seq_len),
+                reason: format!(
+                    "seq_len {} disagrees with earlier {}",
+                    payload.uuid.seq_len, edge.seq_len
+                ),
             });
         }
         let (count, bits) = edge
             .received
             .entry(payload.uuid.seq_num)
-            .or_insert_with(|| (payload.fragment.count, vec![false; payload.fragment.count as usize]));
+            .or_insert_with(|| {
+                (
+                    payload.fragment.count,
+                    vec![false; payload.fragment.count as usize],
+                )
+            });
         if *count != payload.fragment.count {
             return Err(EngineError::BadPayload {
                 uuid: payload.uuid_string(),
                 stage: self.stage.clone(),
-                reason: format!("fragment count {} disagrees with earlier {}", payload.fragment.count, count),
+                reason: format!(
+                    "fragment count {} disagrees with earlier {}",
+                    payload.fragment.count, count
+                ),
             });
         }
         let bit = &mut bits[payload.fragment.index as usize];
@@ -155,7 +169,11 @@ impl Arena {
         }
         let slot = self.slots.remove(&key).expect("slot exists");
         self.finished.insert(key.clone());
-        let edges = slot.edges.into_iter().map(|(id, e)| (id, e.batches)).collect();
+        let edges = slot
+            .edges
+            .into_iter()
+            .map(|(id, e)| (id, e.batches))
+            .collect();
         Ok(Collected::Complete(EpochInput {
             epoch: key.1,
             edges,
@@ -195,8 +213,15 @@ mod tests {
 
     fn payload(edge: u32, seq_num: u32, seq_len: u32, frag: (u32, u32), epoch: u64) -> Payload {
         Payload {
-            uuid: PayloadId { qid: "q".into(), seq_num, seq_len },
-            fragment: Fragment { index: frag.0, count: frag.1 },
+            uuid: PayloadId {
+                qid: "q".into(),
+                seq_num,
+                seq_len,
+            },
+            fragment: Fragment {
+                index: frag.0,
+                count: frag.1,
+            },
             epoch,
             shuffle_id: edge,
             encoding: Encoding::None,
@@ -210,9 +235,18 @@ mod tests {
     #[test]
     fn completes_only_when_every_fragment_of_every_edge_arrived() {
         let mut a = Arena::new("s1", vec![1, 2]);
-        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 0), vec![]).unwrap(), Collected::NotReady));
-        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 2), 0), vec![]).unwrap(), Collected::NotReady));
-        assert!(matches!(a.collect(&payload(2, 0, 1, (0, 1), 0), vec![]).unwrap(), Collected::NotReady));
+        assert!(matches!(
+            a.collect(&payload(1, 0, 2, (0, 1), 0), vec![]).unwrap(),
+            Collected::NotReady
+        ));
+        assert!(matches!(
+            a.collect(&payload(1, 1, 2, (0, 2), 0), vec![]).unwrap(),
+            Collected::NotReady
+        ));
+        assert!(matches!(
+            a.collect(&payload(2, 0, 1, (0, 1), 0), vec![]).unwrap(),
+            Collected::NotReady
+        ));
         assert_eq!(a.pending().len(), 1, "{:?}", a.pending());
         assert!(a.pending()[0].contains("seq 1 fragment 1"));
         match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![]).unwrap() {
@@ -225,18 +259,36 @@ mod tests {
     #[test]
     fn duplicates_are_dropped_before_and_after_completion() {
         let mut a = Arena::new("s1", vec![1]);
-        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(), Collected::NotReady));
-        assert!(matches!(a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(), Collected::Duplicate));
-        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(), Collected::Complete(_)));
-        assert!(matches!(a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(), Collected::Duplicate));
+        assert!(matches!(
+            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(),
+            Collected::NotReady
+        ));
+        assert!(matches!(
+            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(),
+            Collected::Duplicate
+        ));
+        assert!(matches!(
+            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(),
+            Collected::Complete(_)
+        ));
+        assert!(matches!(
+            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(),
+            Collected::Duplicate
+        ));
     }
 
     #[test]
     fn bad_sequence_numbers_are_errors() {
         let mut a = Arena::new("s1", vec![1]);
-        let err = a.collect(&payload(1, 3, 2, (0, 1), 0), vec![]).unwrap_err().to_string();
+        let err = a
+            .collect(&payload(1, 3, 2, (0, 1), 0), vec![])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("seq_num 3") && err.contains("s1"), "{err}");
-        let err = a.collect(&payload(9, 0, 2, (0, 1), 0), vec![]).unwrap_err().to_string();
+        let err = a
+            .collect(&payload(9, 0, 2, (0, 1), 0), vec![])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("shuffle id 9"), "{err}");
     }
 }

@@ -9,7 +9,9 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::common::{DataFusionError, Result as DfResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::bytes::{physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use serde::{Deserialize, Serialize};
 
@@ -61,8 +63,13 @@ impl PhysicalExtensionCodec for SkeinCodec {
                 node.name()
             )));
         };
-        let encoded = EncodedStageInput { input: leaf.input.clone(), schema: schema_to_bytes(&leaf.schema())? };
-        buf.extend(serde_json::to_vec(&encoded).map_err(|e| DataFusionError::Internal(e.to_string()))?);
+        let encoded = EncodedStageInput {
+            input: leaf.input.clone(),
+            schema: schema_to_bytes(&leaf.schema())?,
+        };
+        buf.extend(
+            serde_json::to_vec(&encoded).map_err(|e| DataFusionError::Internal(e.to_string()))?,
+        );
         Ok(())
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -114,8 +114,11 @@ impl CloudContext {
 
     pub fn decode(text: &str) -> Result<Self> {
         let bad = |what: &str, e: String| EngineError::Context(format!("{what}: {e}"));
-        let bytes = B64.decode(text.trim()).map_err(|e| bad("not base64", e.to_string()))?;
-        let json = zstd::stream::decode_all(&bytes[..]).map_err(|e| bad("not a zstd frame", e.to_string()))?;
+        let bytes = B64
+            .decode(text.trim())
+            .map_err(|e| bad("not base64", e.to_string()))?;
+        let json = zstd::stream::decode_all(&bytes[..])
+            .map_err(|e| bad("not a zstd frame", e.to_string()))?;
         serde_json::from_slice(&json).map_err(|e| bad("not a context", e.to_string()))
     }
 
@@ -126,8 +129,13 @@ impl CloudContext {
         if encoded.len() + CONTEXT_ENV.len() < LAMBDA_ENV_LIMIT {
             return Ok(encoded);
         }
-        let key = format!("skein/contexts/{}", hex::encode(Sha256::digest(encoded.as_bytes())));
-        store.put(&StorePath::from(key.as_str()), encoded.into_bytes().into()).await?;
+        let key = format!(
+            "skein/contexts/{}",
+            hex::encode(Sha256::digest(encoded.as_bytes()))
+        );
+        store
+            .put(&StorePath::from(key.as_str()), encoded.into_bytes().into())
+            .await?;
         Ok(format!("{STORE_REF}{key}"))
     }
 
@@ -137,10 +145,13 @@ impl CloudContext {
             None => Self::decode(value),
             Some(key) => {
                 let store = store.ok_or_else(|| {
-                    EngineError::Context(format!("context was spilled to {key} but no object store is configured"))
+                    EngineError::Context(format!(
+                        "context was spilled to {key} but no object store is configured"
+                    ))
                 })?;
                 let bytes = store.get(&StorePath::from(key)).await?.bytes().await?;
-                let text = std::str::from_utf8(&bytes).map_err(|e| EngineError::Context(e.to_string()))?;
+                let text =
+                    std::str::from_utf8(&bytes).map_err(|e| EngineError::Context(e.to_string()))?;
                 Self::decode(text)
             }
         }
@@ -176,7 +187,11 @@ mod tests {
             members: 8,
             mode: StageMode::Accumulate,
             plan,
-            inputs: vec![InputEdge { shuffle_id: 1, senders: 2, window: None }],
+            inputs: vec![InputEdge {
+                shuffle_id: 1,
+                senders: 2,
+                window: None,
+            }],
             sources: vec![],
             next: NextHop::Single { stage: 3 },
             encoding: Encoding::Zstd,
@@ -205,8 +220,14 @@ mod tests {
         let env = ctx.to_env(&store).await.unwrap();
         assert!(env.starts_with(STORE_REF), "{}", &env[..40]);
         assert!(env.len() < 200);
-        assert_eq!(CloudContext::from_env(&env, Some(&store)).await.unwrap(), ctx);
-        let err = CloudContext::from_env(&env, None).await.unwrap_err().to_string();
+        assert_eq!(
+            CloudContext::from_env(&env, Some(&store)).await.unwrap(),
+            ctx
+        );
+        let err = CloudContext::from_env(&env, None)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("spilled"), "{err}");
     }
 

@@ -36,7 +36,11 @@ pub struct SourceTable {
 
 impl SourceTable {
     pub fn new(name: impl Into<String>, config: SourceConfig, source: Arc<dyn Source>) -> Self {
-        SourceTable { name: name.into(), config, source }
+        SourceTable {
+            name: name.into(),
+            config,
+            source,
+        }
     }
 }
 
@@ -81,12 +85,21 @@ impl fmt::Debug for SourceTableFactory {
 
 #[async_trait]
 impl TableProviderFactory for SourceTableFactory {
-    async fn create(&self, _state: &dyn Session, cmd: &CreateExternalTable) -> DfResult<Arc<dyn TableProvider>> {
+    async fn create(
+        &self,
+        _state: &dyn Session,
+        cmd: &CreateExternalTable,
+    ) -> DfResult<Arc<dyn TableProvider>> {
         let options: BTreeMap<String, String> = cmd
             .options
             .iter()
             // DataFusion prefixes options it does not know with "format.".
-            .map(|(k, v)| (k.strip_prefix("format.").unwrap_or(k).to_string(), v.clone()))
+            .map(|(k, v)| {
+                (
+                    k.strip_prefix("format.").unwrap_or(k).to_string(),
+                    v.clone(),
+                )
+            })
             .collect();
         let config = SourceConfig {
             kind: cmd.file_type.to_ascii_uppercase(),
@@ -106,7 +119,11 @@ impl TableProviderFactory for SourceTableFactory {
                 )));
             }
         }
-        Ok(Arc::new(SourceTable::new(cmd.name.to_string(), config, source)))
+        Ok(Arc::new(SourceTable::new(
+            cmd.name.to_string(),
+            config,
+            source,
+        )))
     }
 }
 
@@ -141,13 +158,26 @@ impl SourceScanExec {
     ) -> DfResult<Self> {
         let schema = project_schema(&source.schema(), projection.as_ref())?;
         let props = leaf_properties(schema.clone(), source.parallelism());
-        Ok(SourceScanExec { table, config, source, projection, schema, props })
+        Ok(SourceScanExec {
+            table,
+            config,
+            source,
+            projection,
+            schema,
+            props,
+        })
     }
 }
 
 impl DisplayAs for SourceScanExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SourceScanExec: table={} kind={} instances={}", self.table, self.config.kind, self.source.parallelism())
+        write!(
+            f,
+            "SourceScanExec: table={} kind={} instances={}",
+            self.table,
+            self.config.kind,
+            self.source.parallelism()
+        )
     }
 }
 
@@ -167,17 +197,32 @@ impl ExecutionPlan for SourceScanExec {
     ) -> DfResult<TreeNodeRecursion> {
         Ok(TreeNodeRecursion::Continue)
     }
-    fn with_new_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         Ok(self)
     }
-    fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        partition: usize,
+        _ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
         let source = self.source.clone();
         let projection = self.projection.clone();
         let instances = source.parallelism();
         let schema = self.schema.clone();
         let fut = async move {
-            let spec = EpochSpec { instance: partition, instances, epoch: 0, epochs: Some(1) };
-            let mb = source.pull(spec).await.map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let spec = EpochSpec {
+                instance: partition,
+                instances,
+                epoch: 0,
+                epochs: Some(1),
+            };
+            let mb = source
+                .pull(spec)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
             let batches = mb
                 .batches
                 .into_iter()
@@ -199,7 +244,10 @@ impl ExecutionPlan for SourceScanExec {
 #[serde(rename_all = "snake_case")]
 pub enum StageInput {
     /// The micro-batch a source instance pulls for its table.
-    Source { table: String, projection: Option<Vec<usize>> },
+    Source {
+        table: String,
+        projection: Option<Vec<usize>>,
+    },
     /// Payloads that arrive on exchange edge `shuffle_id`.
     Shuffle { shuffle_id: u32 },
 }
@@ -217,7 +265,12 @@ pub struct StageInputExec {
 impl StageInputExec {
     pub fn new(input: StageInput, schema: SchemaRef) -> Self {
         let props = leaf_properties(schema.clone(), 1);
-        StageInputExec { input, schema, bound: None, props }
+        StageInputExec {
+            input,
+            schema,
+            bound: None,
+            props,
+        }
     }
 
     pub fn bind(&self, batches: Vec<datafusion::arrow::record_batch::RecordBatch>) -> Self {
@@ -255,14 +308,28 @@ impl ExecutionPlan for StageInputExec {
     ) -> DfResult<TreeNodeRecursion> {
         Ok(TreeNodeRecursion::Continue)
     }
-    fn with_new_children(self: Arc<Self>, _: Vec<Arc<dyn ExecutionPlan>>) -> DfResult<Arc<dyn ExecutionPlan>> {
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
         Ok(self)
     }
-    fn execute(&self, _partition: usize, _ctx: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+    fn execute(
+        &self,
+        _partition: usize,
+        _ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
         let Some(batches) = &self.bound else {
-            return Err(DataFusionError::Internal(format!("{:?} was not bound to its input", self.input)));
+            return Err(DataFusionError::Internal(format!(
+                "{:?} was not bound to its input",
+                self.input
+            )));
         };
-        Ok(Box::pin(MemoryStream::try_new(batches.clone(), self.schema.clone(), None)?))
+        Ok(Box::pin(MemoryStream::try_new(
+            batches.clone(),
+            self.schema.clone(),
+            None,
+        )?))
     }
 }
 

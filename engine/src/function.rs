@@ -10,13 +10,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::planner::recompute;
 use datafusion::arrow::array::{Array, BooleanArray, TimestampMillisecondArray};
 use datafusion::arrow::compute::{cast, filter_record_batch, max as arrow_max};
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use crate::planner::recompute;
 use datafusion::prelude::SessionContext;
 use futures::future::try_join_all;
 use object_store::ObjectStore;
@@ -29,7 +29,9 @@ use crate::context::{CloudContext, NextHop, StageMode, function_name};
 use crate::error::{EngineError, Result};
 use crate::exec::{OPT_EVENT_TIME, OPT_LATENESS_MS, StageInput, StageInputExec};
 use crate::invoke::{InvocationType, Invoker, invoke_with_retry};
-use crate::payload::{ASYNC_PAYLOAD_LIMIT, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, SourceOffset, encode_payloads};
+use crate::payload::{
+    ASYNC_PAYLOAD_LIMIT, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, SourceOffset, encode_payloads,
+};
 use crate::planner::session;
 use crate::ring::HashRing;
 use crate::sink::{Sink, SinkRegistry, SinkWrite};
@@ -69,7 +71,9 @@ impl Request {
         match self {
             // Data payloads travel as the bare envelope.
             Request::Data(p) => p.to_json(),
-            Request::Trigger(t) => serde_json::to_vec(&serde_json::json!({ "trigger": t })).expect("json"),
+            Request::Trigger(t) => {
+                serde_json::to_vec(&serde_json::json!({ "trigger": t })).expect("json")
+            }
         }
     }
 
@@ -77,11 +81,12 @@ impl Request {
         let v: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.to_string()))?;
         if let Some(t) = v.get("trigger") {
-            let t: Trigger =
-                serde_json::from_value(t.clone()).map_err(|e| EngineError::BadEnvelope(format!("trigger: {e}")))?;
+            let t: Trigger = serde_json::from_value(t.clone())
+                .map_err(|e| EngineError::BadEnvelope(format!("trigger: {e}")))?;
             return Ok(Request::Trigger(t));
         }
-        let p: Payload = serde_json::from_value(v).map_err(|e| EngineError::BadEnvelope(format!("payload: {e}")))?;
+        let p: Payload = serde_json::from_value(v)
+            .map_err(|e| EngineError::BadEnvelope(format!("payload: {e}")))?;
         Ok(Request::Data(p))
     }
 }
@@ -147,10 +152,22 @@ impl StageFunction {
         let mut readers = vec![];
         for b in &ctx.sources {
             let schema = schema_from_bytes(&b.schema)?;
-            let event_time = b.config.option(OPT_EVENT_TIME).and_then(|c| schema.index_of(c).ok());
-            let lateness_ms = b.config.option(OPT_LATENESS_MS).and_then(|v| v.parse().ok()).unwrap_or(0);
+            let event_time = b
+                .config
+                .option(OPT_EVENT_TIME)
+                .and_then(|c| schema.index_of(c).ok());
+            let lateness_ms = b
+                .config
+                .option(OPT_LATENESS_MS)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             let source = env.sources.create(&b.config, schema)?;
-            readers.push(SourceReader { table: b.table.clone(), source, event_time, lateness_ms });
+            readers.push(SourceReader {
+                table: b.table.clone(),
+                source,
+                event_time,
+                lateness_ms,
+            });
         }
         let sink = match &ctx.next {
             NextHop::Sink(cfg) => Some(env.sinks.create(cfg)?),
@@ -163,11 +180,26 @@ impl StageFunction {
         let mut input_schemas = BTreeMap::new();
         collect_leaf_schemas(&plan, &mut input_schemas);
         let state = StageState {
-            arena: (!ctx.inputs.is_empty())
-                .then(|| Arena::new(name.clone(), ctx.inputs.iter().map(|e| e.shuffle_id).collect())),
+            arena: (!ctx.inputs.is_empty()).then(|| {
+                Arena::new(
+                    name.clone(),
+                    ctx.inputs.iter().map(|e| e.shuffle_id).collect(),
+                )
+            }),
             ..Default::default()
         };
-        Ok(StageFunction { ctx, name, plan, task_ctx, readers, sink, ring, input_schemas, env, state: Mutex::new(state) })
+        Ok(StageFunction {
+            ctx,
+            name,
+            plan,
+            task_ctx,
+            readers,
+            sink,
+            ring,
+            input_schemas,
+            env,
+            state: Mutex::new(state),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -191,7 +223,10 @@ impl StageFunction {
         let state = self.state.lock().await;
         let mut out = state.arena.as_ref().map(Arena::pending).unwrap_or_default();
         for epoch in state.ready.keys() {
-            out.push(format!("{}: epoch {epoch} is complete but waits for epoch {}", self.name, state.next_epoch));
+            out.push(format!(
+                "{}: epoch {epoch} is complete but waits for epoch {}",
+                self.name, state.next_epoch
+            ));
         }
         out
     }
@@ -239,7 +274,10 @@ impl StageFunction {
             StageInput::Source { table, projection } => {
                 let batches = bound.get(table).cloned().unwrap_or_default();
                 match projection {
-                    Some(p) => batches.iter().map(|b| b.project(p).map_err(EngineError::from)).collect(),
+                    Some(p) => batches
+                        .iter()
+                        .map(|b| b.project(p).map_err(EngineError::from))
+                        .collect(),
                     None => Ok(batches),
                 }
             }
@@ -249,7 +287,11 @@ impl StageFunction {
         })?;
         let header = self.header(&t.qid, t.epoch, watermark, t.last, offsets);
         let rows_out = self.run_and_route(plan, header).await?;
-        Ok(Response { status: "ran".into(), events, rows_out })
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+        })
     }
 
     async fn take_payload(&self, p: Payload) -> Result<Response> {
@@ -257,14 +299,27 @@ impl StageFunction {
         let expected = self.input_schemas.get(&p.shuffle_id);
         let batches = p.decode_batches(&self.name, expected)?;
         let mut state = self.state.lock().await;
-        let arena = state.arena.as_mut().ok_or_else(|| EngineError::BadPayload {
-            uuid: p.uuid_string(),
-            stage: self.name.clone(),
-            reason: "this stage takes no payloads (it reads a source)".into(),
-        })?;
+        let arena = state
+            .arena
+            .as_mut()
+            .ok_or_else(|| EngineError::BadPayload {
+                uuid: p.uuid_string(),
+                stage: self.name.clone(),
+                reason: "this stage takes no payloads (it reads a source)".into(),
+            })?;
         match arena.collect(&p, batches)? {
-            Collected::Duplicate => return Ok(Response { status: "duplicate".into(), ..Default::default() }),
-            Collected::NotReady => return Ok(Response { status: "not_ready".into(), ..Default::default() }),
+            Collected::Duplicate => {
+                return Ok(Response {
+                    status: "duplicate".into(),
+                    ..Default::default()
+                });
+            }
+            Collected::NotReady => {
+                return Ok(Response {
+                    status: "not_ready".into(),
+                    ..Default::default()
+                });
+            }
             Collected::Complete(input) => {
                 state.ready.insert(input.epoch, input);
             }
@@ -274,18 +329,34 @@ impl StageFunction {
         let mut rows_out = 0;
         loop {
             let next = state.next_epoch;
-            let Some(input) = state.ready.remove(&next) else { break };
+            let Some(input) = state.ready.remove(&next) else {
+                break;
+            };
             rows_out += self.run_epoch(&mut state, input).await?;
             state.next_epoch += 1;
         }
-        Ok(Response { status: "ran".into(), events: 0, rows_out })
+        Ok(Response {
+            status: "ran".into(),
+            events: 0,
+            rows_out,
+        })
     }
 
     async fn run_epoch(&self, state: &mut StageState, input: EpochInput) -> Result<u64> {
         let qid = self.ctx.query_code.clone();
-        let header = self.header(&qid, input.epoch, input.watermark, input.last, input.offsets.clone());
-        let windows: BTreeMap<u32, Option<WindowColumn>> =
-            self.ctx.inputs.iter().map(|e| (e.shuffle_id, e.window)).collect();
+        let header = self.header(
+            &qid,
+            input.epoch,
+            input.watermark,
+            input.last,
+            input.offsets.clone(),
+        );
+        let windows: BTreeMap<u32, Option<WindowColumn>> = self
+            .ctx
+            .inputs
+            .iter()
+            .map(|e| (e.shuffle_id, e.window))
+            .collect();
         let windowed = !windows.is_empty() && windows.values().all(Option::is_some);
         let has_rows = input.edges.values().flatten().any(|b| b.num_rows() > 0);
         let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
@@ -293,7 +364,11 @@ impl StageFunction {
             StageMode::Complete if windowed => has_rows.then_some(input.edges),
             StageMode::Complete | StageMode::Accumulate => {
                 for (edge, batches) in input.edges {
-                    state.buffered.entry(edge).or_default().extend(batches.into_iter().filter(|b| b.num_rows() > 0));
+                    state
+                        .buffered
+                        .entry(edge)
+                        .or_default()
+                        .extend(batches.into_iter().filter(|b| b.num_rows() > 0));
                 }
                 if input.last {
                     Some(std::mem::take(&mut state.buffered))
@@ -315,17 +390,27 @@ impl StageFunction {
             }
             Some(mut edges) => {
                 let plan = bind_leaves(&self.plan, &mut |input| match input {
-                    StageInput::Shuffle { shuffle_id } => Ok(edges.remove(shuffle_id).unwrap_or_default()),
-                    StageInput::Source { table, .. } => {
-                        Err(EngineError::plan(format!("stage {} has a source leaf {table} beside exchanges", self.name)))
+                    StageInput::Shuffle { shuffle_id } => {
+                        Ok(edges.remove(shuffle_id).unwrap_or_default())
                     }
+                    StageInput::Source { table, .. } => Err(EngineError::plan(format!(
+                        "stage {} has a source leaf {table} beside exchanges",
+                        self.name
+                    ))),
                 })?;
                 self.run_and_route(plan, header).await
             }
         }
     }
 
-    fn header(&self, qid: &str, epoch: u64, watermark: Option<i64>, last: bool, offsets: Vec<SourceOffset>) -> PayloadHeader {
+    fn header(
+        &self,
+        qid: &str,
+        epoch: u64,
+        watermark: Option<i64>,
+        last: bool,
+        offsets: Vec<SourceOffset>,
+    ) -> PayloadHeader {
         PayloadHeader {
             qid: qid.to_string(),
             seq_num: self.ctx.member,
@@ -340,7 +425,11 @@ impl StageFunction {
     }
 
     /// Execute the bound plan and send its output on.
-    async fn run_and_route(&self, plan: Arc<dyn ExecutionPlan>, header: PayloadHeader) -> Result<u64> {
+    async fn run_and_route(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        header: PayloadHeader,
+    ) -> Result<u64> {
         let partitions = plan.properties().output_partitioning().partition_count();
         let outputs = try_join_all((0..partitions).map(|i| {
             let plan = plan.clone();
@@ -358,7 +447,11 @@ impl StageFunction {
 
     /// Send output (per output partition) to the next hop; `None` sends the
     /// metadata-only payloads that let downstream counts complete.
-    async fn route(&self, header: PayloadHeader, output: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>) -> Result<()> {
+    async fn route(
+        &self,
+        header: PayloadHeader,
+        output: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>,
+    ) -> Result<()> {
         let (schema, parts) = match output {
             Some((s, p)) => (Some(s), p),
             None => (None, vec![]),
@@ -388,12 +481,9 @@ impl StageFunction {
                 for (partition, batches) in parts.into_iter().enumerate() {
                     per_member[ring.member_for(partition)].extend(batches);
                 }
-                try_join_all(
-                    per_member
-                        .into_iter()
-                        .enumerate()
-                        .map(|(m, batches)| self.send(*stage, m as u32, &header, schema.clone(), batches)),
-                )
+                try_join_all(per_member.into_iter().enumerate().map(|(m, batches)| {
+                    self.send(*stage, m as u32, &header, schema.clone(), batches)
+                }))
                 .await
                 .map(|_| ())
             }
@@ -408,7 +498,11 @@ impl StageFunction {
         schema: Option<SchemaRef>,
         batches: Vec<RecordBatch>,
     ) -> Result<()> {
-        let kind = if self.ctx.invoke_async { InvocationType::Async } else { InvocationType::Sync };
+        let kind = if self.ctx.invoke_async {
+            InvocationType::Async
+        } else {
+            InvocationType::Sync
+        };
         let limit = match kind {
             InvocationType::Sync => SYNC_PAYLOAD_LIMIT,
             InvocationType::Async => ASYNC_PAYLOAD_LIMIT,
@@ -417,7 +511,15 @@ impl StageFunction {
         let payloads = encode_payloads(header, &schema, &batches, limit)?;
         let target = function_name(&self.ctx.query_code, stage, member);
         for p in payloads {
-            invoke_with_retry(self.env.invoker.as_ref(), &target, p.to_json(), kind, self.env.max_backoff, 50).await?;
+            invoke_with_retry(
+                self.env.invoker.as_ref(),
+                &target,
+                p.to_json(),
+                kind,
+                self.env.max_backoff,
+                50,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -472,12 +574,17 @@ fn take_closed_windows(
 ) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
     let mut closed = BTreeMap::new();
     for (edge, batches) in buffered.iter_mut() {
-        let Some(Some(w)) = windows.get(edge) else { continue };
+        let Some(Some(w)) = windows.get(edge) else {
+            continue;
+        };
         let mut keep = vec![];
         let mut out = vec![];
         for b in batches.drain(..) {
             let ends = window_ends(b.column(w.index).as_ref(), w.size_ms)?;
-            let is_closed: BooleanArray = ends.iter().map(|e| Some(e.is_some_and(|e| e <= watermark))).collect();
+            let is_closed: BooleanArray = ends
+                .iter()
+                .map(|e| Some(e.is_some_and(|e| e <= watermark)))
+                .collect();
             let is_open: BooleanArray = is_closed.iter().map(|c| c.map(|c| !c)).collect();
             let c = filter_record_batch(&b, &is_closed)?;
             let o = filter_record_batch(&b, &is_open)?;

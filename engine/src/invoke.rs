@@ -22,7 +22,12 @@ pub enum InvocationType {
 pub trait Invoker: Send + Sync {
     /// Invoke `function` with a JSON payload. A sync call returns the
     /// function's answer; an async call returns an empty answer once queued.
-    async fn invoke(&self, function: &str, payload: Vec<u8>, kind: InvocationType) -> Result<Vec<u8>>;
+    async fn invoke(
+        &self,
+        function: &str,
+        payload: Vec<u8>,
+        kind: InvocationType,
+    ) -> Result<Vec<u8>>;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -70,7 +70,11 @@ pub struct LocalRuntime {
 }
 
 impl LocalRuntime {
-    pub fn new(sources: SourceRegistry, sinks: SinkRegistry, store: Arc<dyn object_store::ObjectStore>) -> Arc<Self> {
+    pub fn new(
+        sources: SourceRegistry,
+        sinks: SinkRegistry,
+        store: Arc<dyn object_store::ObjectStore>,
+    ) -> Arc<Self> {
         Self::build(sources, sinks, store, true)
     }
 
@@ -124,7 +128,10 @@ impl LocalRuntime {
     }
 
     fn env(&self) -> FunctionEnv {
-        let me = self.me.upgrade().expect("runtime is alive while it runs functions");
+        let me = self
+            .me
+            .upgrade()
+            .expect("runtime is alive while it runs functions");
         FunctionEnv {
             sources: self.sources.clone(),
             sinks: self.sinks.clone(),
@@ -149,7 +156,10 @@ impl LocalRuntime {
             .get_or_try_init(|| async {
                 self.stats.cold_starts.fetch_add(1, Ordering::Relaxed);
                 let value = f.spec.environment.get(CONTEXT_ENV).ok_or_else(|| {
-                    EngineError::Context(format!("{} has no {CONTEXT_ENV} in its environment", f.spec.name))
+                    EngineError::Context(format!(
+                        "{} has no {CONTEXT_ENV} in its environment",
+                        f.spec.name
+                    ))
                 })?;
                 let ctx = CloudContext::from_env(value, Some(&self.store)).await?;
                 Ok::<_, EngineError>(Arc::new(StageFunction::new(ctx, self.env())?))
@@ -160,12 +170,19 @@ impl LocalRuntime {
 
     async fn run(&self, f: &Arc<LocalFunction>, payload: &[u8]) -> Result<Vec<u8>> {
         let _permit = if self.queue_when_busy {
-            f.permits.clone().acquire_owned().await.expect("semaphore open")
+            f.permits
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("semaphore open")
         } else {
-            f.permits.clone().try_acquire_owned().map_err(|_| EngineError::Throttled {
-                name: f.spec.name.clone(),
-                limit: f.spec.concurrency,
-            })?
+            f.permits
+                .clone()
+                .try_acquire_owned()
+                .map_err(|_| EngineError::Throttled {
+                    name: f.spec.name.clone(),
+                    limit: f.spec.concurrency,
+                })?
         };
         let instance = self.instance(f).await?;
         let response = instance.handle(payload).await?;
@@ -177,7 +194,10 @@ impl LocalRuntime {
         self.dead_letters
             .lock()
             .expect("dead letters")
-            .push(FailedInvocation { function: function.to_string(), error: e.to_string() });
+            .push(FailedInvocation {
+                function: function.to_string(),
+                error: e.to_string(),
+            });
     }
 
     fn finish_one(&self) {
@@ -188,7 +208,8 @@ impl LocalRuntime {
 
     /// What every instance still waits for.
     pub async fn pending(&self) -> Vec<String> {
-        let functions: Vec<Arc<LocalFunction>> = self.functions.read().await.values().cloned().collect();
+        let functions: Vec<Arc<LocalFunction>> =
+            self.functions.read().await.values().cloned().collect();
         let mut out = vec![];
         for f in functions {
             if let Some(i) = f.instance.get() {
@@ -213,10 +234,17 @@ impl LocalRuntime {
 
 #[async_trait]
 impl Invoker for LocalRuntime {
-    async fn invoke(&self, function: &str, payload: Vec<u8>, kind: InvocationType) -> Result<Vec<u8>> {
+    async fn invoke(
+        &self,
+        function: &str,
+        payload: Vec<u8>,
+        kind: InvocationType,
+    ) -> Result<Vec<u8>> {
         let f = self.function(function).await?;
         self.stats.invocations.fetch_add(1, Ordering::Relaxed);
-        self.stats.payload_bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        self.stats
+            .payload_bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
         let faults = self.faults.lock().expect("faults").clone();
         let is_data = payload.starts_with(b"{\"uuid\"");
         if is_data {
@@ -298,7 +326,12 @@ struct Throttling<'a>(&'a Arc<LocalRuntime>, &'a Arc<LocalFunction>);
 
 #[async_trait]
 impl Invoker for Throttling<'_> {
-    async fn invoke(&self, _function: &str, payload: Vec<u8>, _kind: InvocationType) -> Result<Vec<u8>> {
+    async fn invoke(
+        &self,
+        _function: &str,
+        payload: Vec<u8>,
+        _kind: InvocationType,
+    ) -> Result<Vec<u8>> {
         self.0.run(self.1, &payload).await
     }
 }
@@ -314,24 +347,46 @@ impl FunctionService for LocalRuntime {
             }
         }
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
-        functions.insert(spec.name.clone(), Arc::new(LocalFunction { spec, instance: OnceCell::new(), permits }));
+        functions.insert(
+            spec.name.clone(),
+            Arc::new(LocalFunction {
+                spec,
+                instance: OnceCell::new(),
+                permits,
+            }),
+        );
         Ok(())
     }
 
     async fn set_concurrency(&self, name: &str, concurrency: usize) -> Result<()> {
         let mut functions = self.functions.write().await;
-        let f = functions.get(name).ok_or_else(|| EngineError::UnknownFunction(name.into()))?;
+        let f = functions
+            .get(name)
+            .ok_or_else(|| EngineError::UnknownFunction(name.into()))?;
         let mut spec = f.spec.clone();
         spec.concurrency = concurrency;
         let permits = Arc::new(Semaphore::new(concurrency.max(1)));
         let instance = f.instance.clone();
-        functions.insert(name.into(), Arc::new(LocalFunction { spec, instance, permits }));
+        functions.insert(
+            name.into(),
+            Arc::new(LocalFunction {
+                spec,
+                instance,
+                permits,
+            }),
+        );
         Ok(())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>> {
-        let mut names: Vec<String> =
-            self.functions.read().await.keys().filter(|n| n.starts_with(prefix)).cloned().collect();
+        let mut names: Vec<String> = self
+            .functions
+            .read()
+            .await
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .cloned()
+            .collect();
         names.sort();
         Ok(names)
     }

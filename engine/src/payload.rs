@@ -103,7 +103,11 @@ impl Payload {
     pub fn uuid_string(&self) -> String {
         format!(
             "{}/{}/{}#{}.{}",
-            self.uuid.qid, self.uuid.seq_num, self.uuid.seq_len, self.fragment.index, self.shuffle_id
+            self.uuid.qid,
+            self.uuid.seq_num,
+            self.uuid.seq_len,
+            self.fragment.index,
+            self.shuffle_id
         )
     }
 
@@ -141,7 +145,11 @@ impl Payload {
 
     /// Decode `data` into record batches, checking the schema against what
     /// the stage expects.
-    pub fn decode_batches(&self, stage: &str, expected: Option<&SchemaRef>) -> Result<Vec<RecordBatch>> {
+    pub fn decode_batches(
+        &self,
+        stage: &str,
+        expected: Option<&SchemaRef>,
+    ) -> Result<Vec<RecordBatch>> {
         let bad = |reason: String| EngineError::BadPayload {
             uuid: self.uuid_string(),
             stage: stage.to_string(),
@@ -153,8 +161,12 @@ impl Payload {
         let compressed = B64
             .decode(self.data.as_bytes())
             .map_err(|e| bad(format!("data is not valid base64: {e}")))?;
-        let ipc = decompress(self.encoding, &compressed)
-            .map_err(|e| bad(format!("data is not a valid {:?} frame: {e}", self.encoding)))?;
+        let ipc = decompress(self.encoding, &compressed).map_err(|e| {
+            bad(format!(
+                "data is not a valid {:?} frame: {e}",
+                self.encoding
+            ))
+        })?;
         let reader = StreamReader::try_new(Cursor::new(ipc), None)
             .map_err(|e| bad(format!("data is not an Arrow IPC stream: {e}")))?;
         if let Some(expected) = expected {
@@ -215,7 +227,9 @@ fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, S
             }
             zstd::bulk::decompress(data, size as usize).map_err(|e| e.to_string())
         }
-        Encoding::Lz4 => lz4_flex::block::decompress_size_prepended(data).map_err(|e| e.to_string()),
+        Encoding::Lz4 => {
+            lz4_flex::block::decompress_size_prepended(data).map_err(|e| e.to_string())
+        }
     }
 }
 
@@ -226,15 +240,21 @@ pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>>
         let mut w = StreamWriter::try_new(&mut buf, schema)
             .map_err(|e| EngineError::Context(e.to_string()))?;
         for b in batches {
-            w.write(b).map_err(|e| EngineError::Context(e.to_string()))?;
+            w.write(b)
+                .map_err(|e| EngineError::Context(e.to_string()))?;
         }
-        w.finish().map_err(|e| EngineError::Context(e.to_string()))?;
+        w.finish()
+            .map_err(|e| EngineError::Context(e.to_string()))?;
     }
     Ok(buf)
 }
 
 /// Encode batches as `data`: IPC stream, compressed, base64.
-pub fn encode_data(encoding: Encoding, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<String> {
+pub fn encode_data(
+    encoding: Encoding,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<String> {
     let ipc = ipc_bytes(schema, batches)?;
     Ok(B64.encode(compress(encoding, &ipc)))
 }
@@ -283,14 +303,21 @@ pub fn encode_payloads(
                 seq_num: header.seq_num,
                 seq_len: header.seq_len,
             },
-            fragment: Fragment { index: i as u32, count },
+            fragment: Fragment {
+                index: i as u32,
+                count,
+            },
             epoch: header.epoch,
             shuffle_id: header.shuffle_id,
             encoding: header.encoding,
             watermark: header.watermark,
             last: header.last,
             // Offsets ride on the first fragment only; they describe the whole send.
-            offsets: if i == 0 { header.offsets.clone() } else { vec![] },
+            offsets: if i == 0 {
+                header.offsets.clone()
+            } else {
+                vec![]
+            },
             data,
         });
     }
@@ -306,7 +333,13 @@ fn split_to_fit(
     limit: usize,
 ) -> Result<Vec<Vec<RecordBatch>>> {
     let budget = limit.saturating_sub(ENVELOPE_ALLOWANCE);
-    let mut pending: Vec<Vec<RecordBatch>> = vec![batches.iter().filter(|b| b.num_rows() > 0).cloned().collect()];
+    let mut pending: Vec<Vec<RecordBatch>> = vec![
+        batches
+            .iter()
+            .filter(|b| b.num_rows() > 0)
+            .cloned()
+            .collect(),
+    ];
     let mut done = vec![];
     while let Some(group) = pending.pop() {
         let encoded_len = encode_data(encoding, schema, &group)?.len();
@@ -363,7 +396,10 @@ mod tests {
         let ids = Int64Array::from_iter_values((0..rows as i64).map(|i| i + offset));
         // Pseudo-random text compresses poorly, so sizes are honest.
         let text = StringArray::from_iter_values((0..rows).map(|i| {
-            format!("{:x}", (i as u64 + offset as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            format!(
+                "{:x}",
+                (i as u64 + offset as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            )
         }));
         RecordBatch::try_new(schema, vec![Arc::new(ids), Arc::new(text)]).unwrap()
     }
@@ -386,10 +422,14 @@ mod tests {
     fn round_trip_each_encoding() {
         for enc in [Encoding::Zstd, Encoding::Lz4, Encoding::None] {
             let b = batch(1000, 0);
-            let ps = encode_payloads(&header(enc), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT).unwrap();
+            let ps = encode_payloads(&header(enc), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT)
+                .unwrap();
             assert_eq!(ps.len(), 1);
             let json = ps[0].to_json();
-            assert!(!String::from_utf8_lossy(&json).contains("[0,"), "no byte arrays in JSON");
+            assert!(
+                !String::from_utf8_lossy(&json).contains("[0,"),
+                "no byte arrays in JSON"
+            );
             let back = Payload::from_json(&json).unwrap();
             let got = back.decode_batches("s", Some(&b.schema())).unwrap();
             assert_eq!(got, vec![b]);
@@ -400,7 +440,13 @@ mod tests {
     fn large_output_is_split_and_arrives_whole() {
         let batches: Vec<RecordBatch> = (0..10).map(|i| batch(20_000, i * 20_000)).collect();
         let schema = batches[0].schema();
-        let ps = encode_payloads(&header(Encoding::Zstd), &schema, &batches, ASYNC_PAYLOAD_LIMIT).unwrap();
+        let ps = encode_payloads(
+            &header(Encoding::Zstd),
+            &schema,
+            &batches,
+            ASYNC_PAYLOAD_LIMIT,
+        )
+        .unwrap();
         assert!(ps.len() > 1, "expected a split, got {}", ps.len());
         let mut rows = vec![];
         for (i, p) in ps.iter().enumerate() {
@@ -418,7 +464,13 @@ mod tests {
     #[test]
     fn empty_output_is_metadata_only() {
         let b = batch(0, 0);
-        let ps = encode_payloads(&header(Encoding::Zstd), &b.schema(), &[], SYNC_PAYLOAD_LIMIT).unwrap();
+        let ps = encode_payloads(
+            &header(Encoding::Zstd),
+            &b.schema(),
+            &[],
+            SYNC_PAYLOAD_LIMIT,
+        )
+        .unwrap();
         assert_eq!(ps.len(), 1);
         assert!(ps[0].data.is_empty());
         assert!(ps[0].decode_batches("s", None).unwrap().is_empty());
@@ -427,19 +479,33 @@ mod tests {
     #[test]
     fn corrupt_inputs_name_uuid_and_stage() {
         let b = batch(100, 0);
-        let good = encode_payloads(&header(Encoding::Zstd), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT)
-            .unwrap()
-            .remove(0);
+        let good = encode_payloads(
+            &header(Encoding::Zstd),
+            &b.schema(),
+            &[b.clone()],
+            SYNC_PAYLOAD_LIMIT,
+        )
+        .unwrap()
+        .remove(0);
 
         let mut truncated = good.clone();
         truncated.data.truncate(truncated.data.len() / 2);
         truncated.data.push('!');
-        let err = truncated.decode_batches("stage-02", None).unwrap_err().to_string();
-        assert!(err.contains("q/0/1") && err.contains("stage-02") && err.contains("base64"), "{err}");
+        let err = truncated
+            .decode_batches("stage-02", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("q/0/1") && err.contains("stage-02") && err.contains("base64"),
+            "{err}"
+        );
 
         let mut bad_frame = good.clone();
         bad_frame.data = B64.encode(b"definitely not zstd");
-        let err = bad_frame.decode_batches("stage-02", None).unwrap_err().to_string();
+        let err = bad_frame
+            .decode_batches("stage-02", None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Zstd"), "{err}");
 
         let mut cut_frame = good.clone();
@@ -448,13 +514,19 @@ mod tests {
         assert!(cut_frame.decode_batches("stage-02", None).is_err());
 
         let other = Arc::new(Schema::new(vec![Field::new("x", DataType::Utf8, true)]));
-        let err = good.decode_batches("stage-02", Some(&other)).unwrap_err().to_string();
+        let err = good
+            .decode_batches("stage-02", Some(&other))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("schema does not match"), "{err}");
 
         let mut bad_seq = good.clone();
         bad_seq.uuid.seq_num = 5;
         let err = bad_seq.validate("stage-02").unwrap_err().to_string();
-        assert!(err.contains("seq_num 5") && err.contains("stage-02"), "{err}");
+        assert!(
+            err.contains("seq_num 5") && err.contains("stage-02"),
+            "{err}"
+        );
 
         assert!(Payload::from_json(b"{\"uuid\": 1").is_err());
     }

@@ -22,11 +22,11 @@ use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use serde::Serialize;
@@ -39,7 +39,9 @@ use crate::exec::{SourceScanExec, SourceTable, SourceTableFactory, StageInput, S
 use crate::payload::Encoding;
 use crate::sink::SinkConfig;
 use crate::source::{SourceConfig, SourceRegistry};
-use crate::window::{WINDOW_START, WindowColumn, find_window_column, hop_udf, literal_interval_ms, tumble_udf};
+use crate::window::{
+    WINDOW_START, WindowColumn, find_window_column, hop_udf, literal_interval_ms, tumble_udf,
+};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::Expr;
@@ -121,7 +123,11 @@ pub struct PlanOptions {
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { group_size: DEFAULT_GROUP_SIZE, encoding: Encoding::Zstd, invoke_async: false }
+        PlanOptions {
+            group_size: DEFAULT_GROUP_SIZE,
+            encoding: Encoding::Zstd,
+            invoke_async: false,
+        }
     }
 }
 
@@ -138,10 +144,17 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     opts.optimizer.enable_round_robin_repartition = false;
     // Dynamic filters link operators at run time, which a cut plan cannot do.
     opts.optimizer.enable_dynamic_filter_pushdown = false;
-    let factory = Arc::new(SourceTableFactory { registry: registry.clone() });
-    let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+    let factory = Arc::new(SourceTableFactory {
+        registry: registry.clone(),
+    });
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features();
     for kind in registry.kinds() {
-        builder.table_factories().get_or_insert_default().insert(kind, factory.clone());
+        builder
+            .table_factories()
+            .get_or_insert_default()
+            .insert(kind, factory.clone());
     }
     let ctx = SessionContext::new_with_state(builder.build());
     ctx.register_udf(tumble_udf());
@@ -151,7 +164,10 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
 
 /// The query code: a digest of the query text, used in function names.
 pub fn query_code(sql: &str) -> String {
-    format!("q{}", &hex::encode(Sha256::digest(sql.trim().as_bytes()))[..10])
+    format!(
+        "q{}",
+        &hex::encode(Sha256::digest(sql.trim().as_bytes()))[..10]
+    )
 }
 
 /// Split a script into statements at `;` outside quotes.
@@ -192,7 +208,11 @@ pub fn split_statements(sql: &str) -> Vec<String> {
 }
 
 /// Run the script's DDL in `ctx` and plan its one query into stages.
-pub async fn plan_query(ctx: &SessionContext, sql: &str, options: &PlanOptions) -> Result<QueryPlan> {
+pub async fn plan_query(
+    ctx: &SessionContext,
+    sql: &str,
+    options: &PlanOptions,
+) -> Result<QueryPlan> {
     let statements = split_statements(sql);
     let (query, ddl) = statements
         .split_last()
@@ -202,11 +222,20 @@ pub async fn plan_query(ctx: &SessionContext, sql: &str, options: &PlanOptions) 
     }
     let logical = ctx.state().create_logical_plan(query).await?;
     let (logical, sink) = match logical {
-        LogicalPlan::Dml(DmlStatement { table_name, op: WriteOp::Insert(_), input, .. }) => {
+        LogicalPlan::Dml(DmlStatement {
+            table_name,
+            op: WriteOp::Insert(_),
+            input,
+            ..
+        }) => {
             let sink = sink_config_for(ctx, &table_name.to_string()).await?;
             (Arc::unwrap_or_clone(input), sink)
         }
-        LogicalPlan::Dml(_) => return Err(EngineError::plan("only INSERT INTO a sink table is supported")),
+        LogicalPlan::Dml(_) => {
+            return Err(EngineError::plan(
+                "only INSERT INTO a sink table is supported",
+            ));
+        }
         plan => (plan, SinkConfig::collect(&query_code(sql))),
     };
     let ordered = is_ordered(&logical);
@@ -246,7 +275,11 @@ async fn sink_config_for(ctx: &SessionContext, table: &str) -> Result<SinkConfig
     let t = any
         .downcast_ref::<SourceTable>()
         .ok_or_else(|| EngineError::plan(format!("{table} is not a table Skein can write to")))?;
-    Ok(SinkConfig { kind: t.config.kind.clone(), location: t.config.location.clone(), options: t.config.options.clone() })
+    Ok(SinkConfig {
+        kind: t.config.kind.clone(),
+        location: t.config.location.clone(),
+        options: t.config.options.clone(),
+    })
 }
 
 #[derive(Default)]
@@ -263,8 +296,16 @@ struct Collected {
 impl Cutter {
     /// Make a stage whose output leaves by `output`. `keep_top`: the top node
     /// is the hash repartition that stays in this stage.
-    fn build_stage(&mut self, top: Arc<dyn ExecutionPlan>, output: Exchange, keep_top: bool) -> Result<u32> {
-        let mut found = Collected { inputs: vec![], sources: vec![] };
+    fn build_stage(
+        &mut self,
+        top: Arc<dyn ExecutionPlan>,
+        output: Exchange,
+        keep_top: bool,
+    ) -> Result<u32> {
+        let mut found = Collected {
+            inputs: vec![],
+            sources: vec![],
+        };
         let body = if keep_top {
             let children = top
                 .children()
@@ -295,14 +336,21 @@ impl Cutter {
         Ok(id)
     }
 
-    fn cut(&mut self, plan: Arc<dyn ExecutionPlan>, found: &mut Collected) -> Result<Arc<dyn ExecutionPlan>> {
+    fn cut(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        found: &mut Collected,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
             return match r.partitioning() {
                 Partitioning::Hash(_, n) => {
                     let n = *n;
                     let child = self.build_stage(plan.clone(), Exchange::Hash(n), true)?;
                     found.inputs.push((child, Exchange::Hash(n)));
-                    Ok(Arc::new(StageInputExec::new(StageInput::Shuffle { shuffle_id: child }, plan.schema())))
+                    Ok(Arc::new(StageInputExec::new(
+                        StageInput::Shuffle { shuffle_id: child },
+                        plan.schema(),
+                    )))
                 }
                 _ => self.cut(r.input().clone(), found),
             };
@@ -328,7 +376,10 @@ impl Cutter {
                 parallelism: scan.source.parallelism(),
             });
             return Ok(Arc::new(StageInputExec::new(
-                StageInput::Source { table: scan.table.clone(), projection: scan.projection.clone() },
+                StageInput::Source {
+                    table: scan.table.clone(),
+                    projection: scan.projection.clone(),
+                },
                 plan.schema(),
             )));
         }
@@ -343,11 +394,18 @@ impl Cutter {
         Ok(plan.replace_children(children, recompute())?)
     }
 
-    fn gather(&mut self, input: Arc<dyn ExecutionPlan>, found: &mut Collected) -> Result<Arc<dyn ExecutionPlan>> {
+    fn gather(
+        &mut self,
+        input: Arc<dyn ExecutionPlan>,
+        found: &mut Collected,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let schema = input.schema();
         let child = self.build_stage(input, Exchange::Single, false)?;
         found.inputs.push((child, Exchange::Single));
-        Ok(Arc::new(StageInputExec::new(StageInput::Shuffle { shuffle_id: child }, schema)))
+        Ok(Arc::new(StageInputExec::new(
+            StageInput::Shuffle { shuffle_id: child },
+            schema,
+        )))
     }
 
     /// Classify stages, split what a function cannot run, and link consumers.
@@ -360,8 +418,12 @@ impl Cutter {
             let (needs_split, has_hash_input) = {
                 let s = &self.stages[&id];
                 let mixed = !s.sources.is_empty() && !s.inputs.is_empty();
-                let stateful_source = !s.sources.is_empty() && s.inputs.is_empty() && is_stateful(&s.plan);
-                (mixed || stateful_source, s.inputs.iter().any(|(_, e)| matches!(e, Exchange::Hash(_))))
+                let stateful_source =
+                    !s.sources.is_empty() && s.inputs.is_empty() && is_stateful(&s.plan);
+                (
+                    mixed || stateful_source,
+                    s.inputs.iter().any(|(_, e)| matches!(e, Exchange::Hash(_))),
+                )
             };
             if needs_split {
                 if has_hash_input {
@@ -392,18 +454,25 @@ impl Cutter {
                 if s.sources.iter().any(|x| x.parallelism != p) {
                     return Err(EngineError::plan(format!(
                         "stage {id} reads sources of different parallelism: {:?}",
-                        s.sources.iter().map(|x| (&x.table, x.parallelism)).collect::<Vec<_>>()
+                        s.sources
+                            .iter()
+                            .map(|x| (&x.table, x.parallelism))
+                            .collect::<Vec<_>>()
                     )));
                 }
                 s.kind = StageKind::Source;
                 s.members = p as u32;
-            } else if s.inputs.iter().all(|(_, e)| matches!(e, Exchange::Hash(_))) && !s.inputs.is_empty() {
+            } else if s.inputs.iter().all(|(_, e)| matches!(e, Exchange::Hash(_)))
+                && !s.inputs.is_empty()
+            {
                 let n = match s.inputs[0].1 {
                     Exchange::Hash(n) => n,
                     _ => unreachable!("all inputs are hash exchanges"),
                 };
                 if s.inputs.iter().any(|(_, e)| *e != Exchange::Hash(n)) {
-                    return Err(EngineError::plan(format!("stage {id} has hash inputs of different sizes")));
+                    return Err(EngineError::plan(format!(
+                        "stage {id} has hash inputs of different sizes"
+                    )));
                 }
                 s.kind = StageKind::Group;
                 s.members = n as u32;
@@ -415,16 +484,26 @@ impl Cutter {
                 s.kind = StageKind::Single;
                 s.members = 1;
             } else {
-                return Err(EngineError::plan(format!("stage {id} mixes hash and gathering inputs")));
+                return Err(EngineError::plan(format!(
+                    "stage {id} mixes hash and gathering inputs"
+                )));
             }
-            s.concurrency = if s.kind == StageKind::Source || !s.stateful { STATELESS_CONCURRENCY } else { 1 };
+            s.concurrency = if s.kind == StageKind::Source || !s.stateful {
+                STATELESS_CONCURRENCY
+            } else {
+                1
+            };
         }
         // Window columns of each input edge, from the leaves' schemas.
         for id in &ids {
             let s = self.stages.get_mut(id).expect("stage");
             let mut windows = vec![];
             for (up, _) in &s.inputs {
-                windows.push(leaf_schema(&s.plan, *up).as_ref().and_then(|sch| edge_window(sch, window_sizes)));
+                windows.push(
+                    leaf_schema(&s.plan, *up)
+                        .as_ref()
+                        .and_then(|sch| edge_window(sch, window_sizes)),
+                );
             }
             s.windows = windows;
         }
@@ -436,7 +515,8 @@ impl Cutter {
             let all_complete = !inputs.is_empty()
                 && inputs.iter().all(|(up, _)| {
                     let s = &self.stages[up];
-                    s.mode != StageMode::Stream || self.any_upstream(*up, &|x| x.mode != StageMode::Stream)
+                    s.mode != StageMode::Stream
+                        || self.any_upstream(*up, &|x| x.mode != StageMode::Stream)
                 });
             let s = self.stages.get_mut(id).expect("stage");
             s.mode = match (s.stateful, all_complete) {
@@ -487,12 +567,25 @@ impl Cutter {
                 windows: vec![],
             });
             inputs.push((scan_id, Exchange::Single));
-            Arc::new(StageInputExec::new(StageInput::Shuffle { shuffle_id: scan_id }, schema))
+            Arc::new(StageInputExec::new(
+                StageInput::Shuffle {
+                    shuffle_id: scan_id,
+                },
+                schema,
+            ))
         })?;
         for s in new_stages {
             self.stages.insert(s.id, s);
         }
-        self.stages.insert(id, Stage { plan, inputs, sources: vec![], ..stage });
+        self.stages.insert(
+            id,
+            Stage {
+                plan,
+                inputs,
+                sources: vec![],
+                ..stage
+            },
+        );
         Ok(())
     }
 }
@@ -527,8 +620,10 @@ fn edge_window(schema: &SchemaRef, window_sizes: &[i64]) -> Option<WindowColumn>
     }
     let [size_ms] = window_sizes else { return None };
     let index = schema.index_of(WINDOW_START).ok()?;
-    matches!(schema.field(index).data_type(), DataType::Timestamp(_, _))
-        .then_some(WindowColumn { index, size_ms: *size_ms })
+    matches!(schema.field(index).data_type(), DataType::Timestamp(_, _)).then_some(WindowColumn {
+        index,
+        size_ms: *size_ms,
+    })
 }
 
 /// The distinct window sizes of the `tumble` and `hop` calls in a plan.
@@ -561,9 +656,15 @@ fn window_sizes(plan: &LogicalPlan) -> Vec<i64> {
 
 fn leaf_schema(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> Option<SchemaRef> {
     if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
-        return (leaf.input == StageInput::Shuffle { shuffle_id: shuffle }).then(|| plan.schema());
+        return (leaf.input
+            == StageInput::Shuffle {
+                shuffle_id: shuffle,
+            })
+        .then(|| plan.schema());
     }
-    plan.children().into_iter().find_map(|c| leaf_schema(c, shuffle))
+    plan.children()
+        .into_iter()
+        .find_map(|c| leaf_schema(c, shuffle))
 }
 
 /// Rebuild a node over new children, recomputing its properties (the
@@ -596,7 +697,10 @@ pub fn is_stateful(plan: &Arc<dyn ExecutionPlan>) -> bool {
 
 impl QueryPlan {
     pub fn stage(&self, id: u32) -> &Stage {
-        self.stages.iter().find(|s| s.id == id).expect("stage id from this plan")
+        self.stages
+            .iter()
+            .find(|s| s.id == id)
+            .expect("stage id from this plan")
     }
 
     pub fn source_stages(&self) -> impl Iterator<Item = &Stage> {
@@ -608,20 +712,31 @@ impl QueryPlan {
     }
 
     /// The cloud context of every function, by name, with its concurrency.
-    pub fn contexts(&self, options: &PlanOptions, epochs: Option<u64>) -> Result<Vec<(CloudContext, usize)>> {
+    pub fn contexts(
+        &self,
+        options: &PlanOptions,
+        epochs: Option<u64>,
+    ) -> Result<Vec<(CloudContext, usize)>> {
         let mut out = vec![];
         for s in &self.stages {
             let plan = plan_to_bytes(s.plan.clone())?;
             let next = match (s.output, s.consumer) {
                 (Exchange::Sink, _) | (_, None) => NextHop::Sink(self.sink.clone()),
-                (Exchange::Hash(n), Some(c)) => NextHop::Group { stage: c, members: n as u32 },
+                (Exchange::Hash(n), Some(c)) => NextHop::Group {
+                    stage: c,
+                    members: n as u32,
+                },
                 (Exchange::Single, Some(c)) => NextHop::Single { stage: c },
             };
             let inputs = s
                 .inputs
                 .iter()
                 .zip(s.windows.iter().chain(std::iter::repeat(&None)))
-                .map(|((up, _), w)| InputEdge { shuffle_id: *up, senders: self.stage(*up).members, window: *w })
+                .map(|((up, _), w)| InputEdge {
+                    shuffle_id: *up,
+                    senders: self.stage(*up).members,
+                    window: *w,
+                })
                 .collect();
             let sources = s
                 .sources
@@ -671,7 +786,9 @@ impl QueryPlan {
             self.sink.location
         );
         for s in &self.stages {
-            let names: Vec<String> = (0..s.members).map(|m| function_name(&self.query_code, s.id, m)).collect();
+            let names: Vec<String> = (0..s.members)
+                .map(|m| function_name(&self.query_code, s.id, m))
+                .collect();
             let names = if names.len() > 3 {
                 format!("{} .. {}", names[0], names[names.len() - 1])
             } else {
@@ -689,10 +806,18 @@ impl QueryPlan {
             );
             for (i, w) in s.windows.iter().enumerate() {
                 if let Some(w) = w {
-                    let _ = writeln!(out, "  input {} window column #{} size {} ms", s.inputs[i].0, w.index, w.size_ms);
+                    let _ = writeln!(
+                        out,
+                        "  input {} window column #{} size {} ms",
+                        s.inputs[i].0, w.index, w.size_ms
+                    );
                 }
             }
-            for line in displayable(s.plan.as_ref()).indent(true).to_string().lines() {
+            for line in displayable(s.plan.as_ref())
+                .indent(true)
+                .to_string()
+                .lines()
+            {
                 let _ = writeln!(out, "    {line}");
             }
         }

@@ -23,7 +23,11 @@ pub struct SinkConfig {
 
 impl SinkConfig {
     pub fn collect(name: &str) -> Self {
-        SinkConfig { kind: "COLLECT".into(), location: name.into(), options: BTreeMap::new() }
+        SinkConfig {
+            kind: "COLLECT".into(),
+            location: name.into(),
+            options: BTreeMap::new(),
+        }
     }
 }
 
@@ -60,14 +64,17 @@ impl SinkRegistry {
     }
 
     pub fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
-        let factory = self.factories.get(&config.kind.to_ascii_uppercase()).ok_or_else(|| {
-            let mut known: Vec<&String> = self.factories.keys().collect();
-            known.sort();
-            EngineError::Sink {
-                sink: config.location.clone(),
-                reason: format!("unknown sink kind {:?}; known: {known:?}", config.kind),
-            }
-        })?;
+        let factory = self
+            .factories
+            .get(&config.kind.to_ascii_uppercase())
+            .ok_or_else(|| {
+                let mut known: Vec<&String> = self.factories.keys().collect();
+                known.sort();
+                EngineError::Sink {
+                    sink: config.location.clone(),
+                    reason: format!("unknown sink kind {:?}; known: {known:?}", config.kind),
+                }
+            })?;
         factory.create(config)
     }
 }
@@ -103,12 +110,24 @@ pub struct CollectSink {
 
 impl CollectSink {
     pub fn batches(&self) -> Vec<RecordBatch> {
-        self.writes.lock().expect("collect sink").values().flatten().cloned().collect()
+        self.writes
+            .lock()
+            .expect("collect sink")
+            .values()
+            .flatten()
+            .cloned()
+            .collect()
     }
 
     /// The epochs in which something was written.
     pub fn epochs(&self) -> Vec<u64> {
-        let mut e: Vec<u64> = self.writes.lock().expect("collect sink").keys().map(|k| k.0).collect();
+        let mut e: Vec<u64> = self
+            .writes
+            .lock()
+            .expect("collect sink")
+            .keys()
+            .map(|k| k.0)
+            .collect();
         e.dedup();
         e
     }
@@ -125,7 +144,11 @@ impl CollectSink {
 #[async_trait]
 impl Sink for CollectSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
-        let batches: Vec<RecordBatch> = write.batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        let batches: Vec<RecordBatch> = write
+            .batches
+            .into_iter()
+            .filter(|b| b.num_rows() > 0)
+            .collect();
         let mut w = self.writes.lock().expect("collect sink");
         if batches.is_empty() {
             w.remove(&(write.epoch, write.member));

@@ -82,12 +82,17 @@ impl SourceRegistry {
     }
 
     pub fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
-        let factory = self.factories.get(&config.kind.to_ascii_uppercase()).ok_or_else(|| {
-            EngineError::Source {
+        let factory = self
+            .factories
+            .get(&config.kind.to_ascii_uppercase())
+            .ok_or_else(|| EngineError::Source {
                 source_name: config.location.clone(),
-                reason: format!("unknown source kind {:?}; known: {:?}", config.kind, self.kinds()),
-            }
-        })?;
+                reason: format!(
+                    "unknown source kind {:?}; known: {:?}",
+                    config.kind,
+                    self.kinds()
+                ),
+            })?;
         factory.create(config, schema)
     }
 }
@@ -123,7 +128,10 @@ impl Source for MemorySource {
         let epochs = spec.epochs.unwrap_or(1).max(1);
         let rows: usize = part.iter().map(|b| b.num_rows()).sum();
         let per = rows.div_ceil(epochs as usize);
-        let (start, end) = (per * spec.epoch as usize, (per * (spec.epoch as usize + 1)).min(rows));
+        let (start, end) = (
+            per * spec.epoch as usize,
+            (per * (spec.epoch as usize + 1)).min(rows),
+        );
         let mut out = vec![];
         let mut seen = 0;
         for b in part {
@@ -153,17 +161,22 @@ pub struct MemorySourceFactory {
 
 impl MemorySourceFactory {
     pub fn insert(&self, name: &str, source: MemorySource) {
-        self.tables.lock().expect("memory tables").insert(name.to_string(), Arc::new(source));
+        self.tables
+            .lock()
+            .expect("memory tables")
+            .insert(name.to_string(), Arc::new(source));
     }
 }
 
 impl SourceFactory for MemorySourceFactory {
     fn create(&self, config: &SourceConfig, _schema: SchemaRef) -> Result<Arc<dyn Source>> {
         let tables = self.tables.lock().expect("memory tables");
-        let src = tables.get(&config.location).ok_or_else(|| EngineError::Source {
-            source_name: config.location.clone(),
-            reason: "no in-memory table of that name".into(),
-        })?;
+        let src = tables
+            .get(&config.location)
+            .ok_or_else(|| EngineError::Source {
+                source_name: config.location.clone(),
+                reason: "no in-memory table of that name".into(),
+            })?;
         Ok(src.clone())
     }
 }

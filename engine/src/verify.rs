@@ -12,7 +12,11 @@ use crate::planner::QueryPlan;
 
 /// The query's result computed in one process, in one go.
 pub async fn single_process(ctx: &SessionContext, plan: &QueryPlan) -> Result<Vec<RecordBatch>> {
-    Ok(ctx.execute_logical_plan(plan.logical.clone()).await?.collect().await?)
+    Ok(ctx
+        .execute_logical_plan(plan.logical.clone())
+        .await?
+        .collect()
+        .await?)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,14 +56,28 @@ fn cell(col: &dyn Array, f: &ArrayFormatter, i: usize) -> String {
         return "NULL".into();
     }
     match col.data_type() {
-        DataType::Float64 => round(col.as_any().downcast_ref::<Float64Array>().expect("f64").value(i)),
-        DataType::Float32 => round(col.as_any().downcast_ref::<Float32Array>().expect("f32").value(i) as f64),
+        DataType::Float64 => round(
+            col.as_any()
+                .downcast_ref::<Float64Array>()
+                .expect("f64")
+                .value(i),
+        ),
+        DataType::Float32 => round(
+            col.as_any()
+                .downcast_ref::<Float32Array>()
+                .expect("f32")
+                .value(i) as f64,
+        ),
         _ => f.value(i).to_string(),
     }
 }
 
 fn round(v: f64) -> String {
-    if v == 0.0 { "0".into() } else { format!("{v:.9e}") }
+    if v == 0.0 {
+        "0".into()
+    } else {
+        format!("{v:.9e}")
+    }
 }
 
 /// Compare results; order-insensitive unless `ordered`.
@@ -85,5 +103,10 @@ pub fn compare(expected: &[RecordBatch], got: &[RecordBatch], ordered: bool) -> 
             }
         }
     }
-    Ok(Comparison { equal: differences.is_empty(), expected_rows: e.len(), got_rows: g.len(), differences })
+    Ok(Comparison {
+        equal: differences.is_empty(),
+        expected_rows: e.len(),
+        got_rows: g.len(),
+        differences,
+    })
 }

@@ -14,12 +14,16 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Int64Array, ListBuilder, TimestampMillisecondArray, TimestampMillisecondBuilder};
+use datafusion::arrow::array::{
+    Array, ArrayRef, Int64Array, ListBuilder, TimestampMillisecondArray,
+    TimestampMillisecondBuilder,
+};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Schema, TimeUnit};
 use datafusion::common::{DataFusionError, Result as DfResult, ScalarValue, exec_err, plan_err};
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
 };
 
 /// Field metadata key: the window size in milliseconds.
@@ -56,7 +60,9 @@ fn interval_ms(v: Option<&ScalarValue>, what: &str) -> DfResult<i64> {
             }
             i64::from(i.days) * 86_400_000 + i.nanoseconds / 1_000_000
         }
-        Some(ScalarValue::IntervalDayTime(Some(i))) => i64::from(i.days) * 86_400_000 + i64::from(i.milliseconds),
+        Some(ScalarValue::IntervalDayTime(Some(i))) => {
+            i64::from(i.days) * 86_400_000 + i64::from(i.milliseconds)
+        }
         Some(ScalarValue::Int64(Some(ms))) => *ms,
         Some(other) => return plan_err!("{what} must be a constant INTERVAL, got {other:?}"),
         None => return plan_err!("{what} must be a constant INTERVAL"),
@@ -71,8 +77,12 @@ fn timestamps_ms(arg: &ColumnarValue, rows: usize) -> DfResult<TimestampMillisec
     let array = arg.to_array(rows)?;
     let as_ms = match array.data_type() {
         DataType::Int64 => cast(&array, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
-        DataType::Timestamp(_, _) => cast(&array, &DataType::Timestamp(TimeUnit::Millisecond, None))?,
-        other => return exec_err!("window time column must be a timestamp or epoch ms, got {other}"),
+        DataType::Timestamp(_, _) => {
+            cast(&array, &DataType::Timestamp(TimeUnit::Millisecond, None))?
+        }
+        other => {
+            return exec_err!("window time column must be a timestamp or epoch ms, got {other}");
+        }
     };
     Ok(as_ms
         .as_any()
@@ -109,7 +119,10 @@ impl ScalarUDFImpl for Tumble {
         Ok(DataType::Timestamp(TimeUnit::Millisecond, None))
     }
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
-        let size = interval_ms(args.scalar_arguments.get(1).copied().flatten(), "tumble size")?;
+        let size = interval_ms(
+            args.scalar_arguments.get(1).copied().flatten(),
+            "tumble size",
+        )?;
         Ok(Arc::new(window_field(self.name(), size)))
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
@@ -145,7 +158,11 @@ impl ScalarUDFImpl for Hop {
             return plan_err!("hop size ({size} ms) must be a multiple of its slide ({slide} ms)");
         }
         let item = window_field("item", size);
-        Ok(Arc::new(Field::new(self.name(), DataType::List(Arc::new(item)), true)))
+        Ok(Arc::new(Field::new(
+            self.name(),
+            DataType::List(Arc::new(item)),
+            true,
+        )))
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let slide = interval_ms(scalar_arg(&args, 1).as_ref(), "hop slide")?;
@@ -177,16 +194,23 @@ impl ScalarUDFImpl for Hop {
 }
 
 pub fn tumble_udf() -> ScalarUDF {
-    ScalarUDF::from(Tumble { signature: Signature::any(2, Volatility::Immutable) })
+    ScalarUDF::from(Tumble {
+        signature: Signature::any(2, Volatility::Immutable),
+    })
 }
 
 pub fn hop_udf() -> ScalarUDF {
-    ScalarUDF::from(Hop { signature: Signature::any(3, Volatility::Immutable) })
+    ScalarUDF::from(Hop {
+        signature: Signature::any(3, Volatility::Immutable),
+    })
 }
 
 /// Ends of the windows of the rows: start + size.
 pub fn window_ends(starts: &dyn Array, size_ms: i64) -> DfResult<Int64Array> {
     let ms = cast(starts, &DataType::Int64)?;
-    let ms = ms.as_any().downcast_ref::<Int64Array>().ok_or_else(|| DataFusionError::Internal("window starts".into()))?;
+    let ms = ms
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or_else(|| DataFusionError::Internal("window starts".into()))?;
     Ok(ms.unary(|s| s + size_ms))
 }

@@ -3,26 +3,26 @@
 
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
-use object_store::memory::InMemory;
-use skein_engine::driver::run_local;
-use skein_engine::exec::SourceTable;
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as B64;
 use futures::StreamExt;
 use object_store::ObjectStore;
+use object_store::memory::InMemory;
 use skein_engine::context::function_name;
+use skein_engine::driver::run_local;
+use skein_engine::exec::SourceTable;
 use skein_engine::invoke::{InvocationType, Invoker};
 use skein_engine::local::{Faults, LocalRuntime};
 use skein_engine::payload::Encoding;
-use std::sync::atomic::Ordering;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
 use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig, SourceRegistry};
 use skein_engine::verify::{compare, single_process};
+use std::sync::atomic::Ordering;
 
 fn bid_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -30,7 +30,11 @@ fn bid_schema() -> SchemaRef {
         Field::new("bidder", DataType::Int64, false),
         Field::new("price", DataType::Int64, false),
         Field::new("channel", DataType::Utf8, false),
-        Field::new("date_time", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+        Field::new(
+            "date_time",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
     ]))
 }
 
@@ -52,7 +56,8 @@ fn bids(rows: usize, parts: usize) -> Vec<Vec<RecordBatch>> {
         x ^= x << 17;
         x
     };
-    let mut cols: Vec<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>)> = vec![Default::default(); parts];
+    let mut cols: Vec<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>)> =
+        vec![Default::default(); parts];
     for i in 0..rows {
         let c = &mut cols[i % parts];
         c.0.push((next() % 40) as i64 + 1000);
@@ -115,27 +120,47 @@ fn harness(group_size: usize, rows: usize) -> Harness {
     sinks.register("COLLECT", Arc::new(results.clone()));
     let ctx = session(&sources, group_size);
     for (name, schema) in [("bid", bid_schema()), ("auction", auction_schema())] {
-        let mut config = SourceConfig { kind: "MEMORY".into(), location: name.into(), options: Default::default() };
+        let mut config = SourceConfig {
+            kind: "MEMORY".into(),
+            location: name.into(),
+            options: Default::default(),
+        };
         if name == "bid" {
-            config.options.insert("event_time".into(), "date_time".into());
+            config
+                .options
+                .insert("event_time".into(), "date_time".into());
         }
         let source = sources.create(&config, schema).unwrap();
-        ctx.register_table(name, Arc::new(SourceTable::new(name, config, source))).unwrap();
+        ctx.register_table(name, Arc::new(SourceTable::new(name, config, source)))
+            .unwrap();
     }
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
-    let options = PlanOptions { group_size, ..Default::default() };
-    Harness { ctx, runtime, results, options }
+    let options = PlanOptions {
+        group_size,
+        ..Default::default()
+    };
+    Harness {
+        ctx,
+        runtime,
+        results,
+        options,
+    }
 }
 
 async fn run_and_verify(h: &Harness, sql: &str, epochs: u64) -> QueryPlan {
-    let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap_or_else(|e| panic!("plan {sql}: {e}"));
+    let plan = plan_query(&h.ctx, sql, &h.options)
+        .await
+        .unwrap_or_else(|e| panic!("plan {sql}: {e}"));
     run_local(&plan, &h.runtime, &h.options, epochs, |_, _| {})
         .await
         .unwrap_or_else(|e| panic!("run {sql}: {e}\n{}", plan.explain()));
     let got = h.results.sink(&plan.query_code).batches();
     let expected = single_process(&h.ctx, &plan).await.unwrap();
     let cmp = compare(&expected, &got, plan.ordered).unwrap();
-    assert!(cmp.expected_rows > 0, "query returns no rows, which proves little: {sql}");
+    assert!(
+        cmp.expected_rows > 0,
+        "query returns no rows, which proves little: {sql}"
+    );
     assert!(cmp.equal, "{sql}\n{:#?}\n{}", cmp, plan.explain());
     plan
 }
@@ -143,7 +168,12 @@ async fn run_and_verify(h: &Harness, sql: &str, epochs: u64) -> QueryPlan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filter_and_projection() {
     let h = harness(4, 5_000);
-    let plan = run_and_verify(&h, "SELECT auction, price * 2 AS p2, channel FROM bid WHERE price > 500", 4).await;
+    let plan = run_and_verify(
+        &h,
+        "SELECT auction, price * 2 AS p2, channel FROM bid WHERE price > 500",
+        4,
+    )
+    .await;
     assert_eq!(plan.stages.len(), 1, "{}", plan.explain());
 }
 
@@ -156,7 +186,11 @@ async fn group_by_shuffled_over_eight_members() {
         5,
     )
     .await;
-    let group = plan.stages.iter().find(|s| s.members == 8).expect("a group of 8");
+    let group = plan
+        .stages
+        .iter()
+        .find(|s| s.members == 8)
+        .expect("a group of 8");
     assert_eq!(group.concurrency, 1);
 }
 
@@ -181,7 +215,12 @@ async fn join_and_self_join() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_by_limit() {
     let h = harness(4, 8_000);
-    run_and_verify(&h, "SELECT auction, bidder, price, date_time FROM bid ORDER BY price DESC, date_time LIMIT 10", 4).await;
+    run_and_verify(
+        &h,
+        "SELECT auction, bidder, price, date_time FROM bid ORDER BY price DESC, date_time LIMIT 10",
+        4,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,9 +233,18 @@ async fn tumbling_window_emits_before_the_end() {
         8,
     )
     .await;
-    assert!(plan.stages.iter().any(|s| s.windows.iter().any(Option::is_some)), "{}", plan.explain());
+    assert!(
+        plan.stages
+            .iter()
+            .any(|s| s.windows.iter().any(Option::is_some)),
+        "{}",
+        plan.explain()
+    );
     let epochs = h.results.sink(&plan.query_code).epochs();
-    assert!(epochs.iter().any(|e| *e < 7), "windows were only emitted at the end: {epochs:?}");
+    assert!(
+        epochs.iter().any(|e| *e < 7),
+        "windows were only emitted at the end: {epochs:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,9 +259,11 @@ async fn sliding_window() {
     )
     .await;
     let epochs = h.results.sink(&plan.query_code).epochs();
-    assert!(epochs.iter().any(|e| *e < 5), "windows were only emitted at the end: {epochs:?}");
+    assert!(
+        epochs.iter().any(|e| *e < 5),
+        "windows were only emitted at the end: {epochs:?}"
+    );
 }
-
 
 fn async_harness(group_size: usize, rows: usize) -> Harness {
     let mut h = harness(group_size, rows);
@@ -224,8 +274,17 @@ fn async_harness(group_size: usize, rows: usize) -> Harness {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicated_and_shuffled_deliveries_give_identical_results() {
     let h = async_harness(4, 10_000);
-    h.runtime.set_faults(Faults { duplicate: true, max_delay_ms: 5, drop_payload: None });
-    run_and_verify(&h, "SELECT auction, count(*) AS n, sum(price) AS s FROM bid GROUP BY auction", 4).await;
+    h.runtime.set_faults(Faults {
+        duplicate: true,
+        max_delay_ms: 5,
+        drop_payload: None,
+    });
+    run_and_verify(
+        &h,
+        "SELECT auction, count(*) AS n, sum(price) AS s FROM bid GROUP BY auction",
+        4,
+    )
+    .await;
     run_and_verify(
         &h,
         "SELECT tumble(date_time, INTERVAL '10' SECOND) AS w, channel, count(*) AS n FROM bid GROUP BY 1, 2",
@@ -238,11 +297,21 @@ async fn duplicated_and_shuffled_deliveries_give_identical_results() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_payload_never_completes_silently() {
     let h = async_harness(4, 4_000);
-    h.runtime.set_faults(Faults { duplicate: false, max_delay_ms: 0, drop_payload: Some(3) });
+    h.runtime.set_faults(Faults {
+        duplicate: false,
+        max_delay_ms: 0,
+        drop_payload: Some(3),
+    });
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
     let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
-    let err = run_local(&plan, &h.runtime, &h.options, 3, |_, _| {}).await.unwrap_err().to_string();
-    assert!(err.contains("incomplete") && err.contains("misses"), "{err}");
+    let err = run_local(&plan, &h.runtime, &h.options, 3, |_, _| {})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("incomplete") && err.contains("misses"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,12 +319,22 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
     let h = harness(4, 3_000);
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
     let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
-    run_local(&plan, &h.runtime, &h.options, 2, |_, _| {}).await.unwrap();
+    run_local(&plan, &h.runtime, &h.options, 2, |_, _| {})
+        .await
+        .unwrap();
     let group = plan.stages.iter().find(|s| s.members == 4).unwrap();
-    let upstream = plan.stages.iter().find(|s| s.consumer == Some(group.id)).unwrap();
+    let upstream = plan
+        .stages
+        .iter()
+        .find(|s| s.consumer == Some(group.id))
+        .unwrap();
     let member = function_name(&plan.query_code, group.id, 1);
     let good = |data: &str, seq_num: u32, schema_ok: bool| {
-        let schema = if schema_ok { bid_schema() } else { auction_schema() };
+        let schema = if schema_ok {
+            bid_schema()
+        } else {
+            auction_schema()
+        };
         let _ = schema;
         serde_json::json!({
             "uuid": {"qid": plan.query_code, "seq_num": seq_num, "seq_len": upstream.members},
@@ -271,21 +350,37 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
     };
     let cases = [
         (good("AAAA!!!", 0, true), "base64"),
-        (good(&B64.encode(b"not a zstd frame at all"), 0, true), "Zstd"),
+        (
+            good(&B64.encode(b"not a zstd frame at all"), 0, true),
+            "Zstd",
+        ),
         (good(&wrong, 0, true), "schema does not match"),
         (good("", 7, true), "seq_num 7"),
         (b"{\"uuid\": ".to_vec(), "not valid JSON"),
     ];
     for (bytes, reason) in cases {
-        let err = h.runtime.invoke(&member, bytes, InvocationType::Sync).await.unwrap_err().to_string();
+        let err = h
+            .runtime
+            .invoke(&member, bytes, InvocationType::Sync)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(reason), "want {reason:?} in {err}");
         if reason != "not valid JSON" {
-            assert!(err.contains(&member) && err.contains(&plan.query_code), "{err}");
+            assert!(
+                err.contains(&member) && err.contains(&plan.query_code),
+                "{err}"
+            );
         }
     }
     // The same functions still run a whole query correctly.
     h.results.sink(&plan.query_code).clear();
-    run_and_verify(&h, "SELECT auction, max(price) AS m FROM bid GROUP BY auction", 2).await;
+    run_and_verify(
+        &h,
+        "SELECT auction, max(price) AS m FROM bid GROUP BY auction",
+        2,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,19 +391,60 @@ async fn a_context_over_four_kilobytes_is_spilled_and_read_back() {
         .map(|i| format!("'{:016x}'", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
         .collect();
     list.push("'apple'".into());
-    let sql = format!("SELECT auction, price FROM bid WHERE channel IN ({}) AND bidder > 3", list.join(", "));
+    let sql = format!(
+        "SELECT auction, price FROM bid WHERE channel IN ({}) AND bidder > 3",
+        list.join(", ")
+    );
     run_and_verify(&h, &sql, 2).await;
-    let spilled: Vec<_> = h.runtime.store().list(Some(&"skein/contexts".into())).collect::<Vec<_>>().await;
+    let spilled: Vec<_> = h
+        .runtime
+        .store()
+        .list(Some(&"skein/contexts".into()))
+        .collect::<Vec<_>>()
+        .await;
     assert!(!spilled.is_empty(), "no context was spilled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_names_functions_by_query_code_stage_and_member() {
     let h = harness(4, 100);
-    let plan = plan_query(&h.ctx, "SELECT auction, count(*) FROM bid GROUP BY auction", &h.options).await.unwrap();
+    let plan = plan_query(
+        &h.ctx,
+        "SELECT auction, count(*) FROM bid GROUP BY auction",
+        &h.options,
+    )
+    .await
+    .unwrap();
     let text = plan.explain();
-    assert!(text.contains(&format!("{}-02-03", plan.query_code)), "{text}");
-    assert!(text.contains("hash exchange") && text.contains("FinalPartitioned"), "{text}");
+    assert!(
+        text.contains(&format!("{}-02-03", plan.query_code)),
+        "{text}"
+    );
+    assert!(
+        text.contains("hash exchange") && text.contains("FinalPartitioned"),
+        "{text}"
+    );
     let json = plan.explain_json();
     assert_eq!(json["functions"], 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windowed_join_of_raw_rows_with_a_window_aggregate() {
+    // The NEXMark q7 shape: raw rows meet their window's maximum. The raw side
+    // must wait in the join stage until the window closes.
+    let h = harness(4, 20_000);
+    let plan = run_and_verify(
+        &h,
+        "WITH w AS (SELECT tumble(date_time, INTERVAL '10' SECOND) AS window_start, auction, price FROM bid), \
+         top AS (SELECT window_start, max(price) AS max_price FROM w GROUP BY window_start) \
+         SELECT w.window_start, w.auction, w.price FROM w JOIN top t \
+         ON w.window_start = t.window_start AND w.price = t.max_price",
+        8,
+    )
+    .await;
+    let epochs = h.results.sink(&plan.query_code).epochs();
+    assert!(
+        epochs.len() > 1,
+        "windows were only emitted at the end: {epochs:?}"
+    );
 }

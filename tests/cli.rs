@@ -1,0 +1,103 @@
+//! The `skein` command line on the embedded default: no external service.
+
+use std::process::Command;
+
+fn skein(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .output()
+        .expect("run skein");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {
+    let (ok, stdout, stderr) = skein(&[
+        "nexmark",
+        "--query",
+        "5",
+        "--events",
+        "60000",
+        "--group-size",
+        "4",
+        "--epochs",
+        "6",
+        "--verify",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let line = stdout.lines().last().expect("a summary line");
+    let v: serde_json::Value = serde_json::from_str(line).expect("JSON summary");
+    for key in [
+        "stages",
+        "functions",
+        "invocations",
+        "payload_bytes",
+        "events",
+        "events_per_s",
+        "result_rows",
+        "verified",
+        "query",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {line}");
+    }
+    assert_eq!(v["verified"], true);
+    assert_eq!(v["query"], 5);
+    assert!(v["stages"].as_u64().unwrap() > 1, "{line}");
+    assert!(v["invocations"].as_u64().unwrap() > 0 && v["payload_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn run_a_sql_file_and_explain_it() {
+    let dir = std::env::temp_dir().join(format!("skein-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("top.sql");
+    std::fs::write(
+        &file,
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+           OPTIONS ('events' '20000', 'partitions' '2', 'event_time' 'date_time');\n\
+         -- the ten highest bids\n\
+         SELECT auction, bidder, price FROM bid ORDER BY price DESC, auction, bidder LIMIT 10;\n",
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let (ok, stdout, stderr) = skein(&["run", path, "--epochs", "4", "--verify"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("verified: equal"), "{stdout}");
+    assert!(stdout.contains("10 result rows"), "{stdout}");
+
+    let (ok, stdout, stderr) = skein(&["explain", path, "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let stages = v["stages"].as_array().unwrap();
+    assert!(stages.len() >= 2, "{stdout}");
+    let code = v["query_code"].as_str().unwrap();
+    assert!(
+        stages[0]["functions"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{code}-"))
+    );
+}
+
+#[test]
+fn a_bad_query_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("skein-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bad.sql");
+    std::fs::write(
+        &file,
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bids';\nSELECT * FROM bid;",
+    )
+    .unwrap();
+    let (ok, _, stderr) = skein(&["run", file.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("LOCATION must be 'person', 'auction' or 'bid'"),
+        "{stderr}"
+    );
+}
