@@ -17,7 +17,7 @@ use crate::error::{EngineError, Result};
 use crate::payload::Encoding;
 use crate::sink::SinkConfig;
 use crate::source::SourceConfig;
-use crate::window::WindowColumn;
+use crate::window::{SessionSpec, WindowColumn};
 
 /// The environment variable that holds the context (or its reference).
 pub const CONTEXT_ENV: &str = "SKEIN_CONTEXT";
@@ -67,8 +67,20 @@ pub struct InputEdge {
     pub shuffle_id: u32,
     /// How many upstream instances send on this edge (seq_len).
     pub senders: u32,
-    /// Where the window of each row is, for stateful stages.
-    pub window: Option<WindowColumn>,
+    /// How rows on this edge group into windows, if they do.
+    pub window: Option<EdgeWindow>,
+}
+
+/// How the rows of an input edge group into event-time windows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeWindow {
+    /// Tumbling or sliding windows: a window-start column and the size.
+    Fixed(WindowColumn),
+    /// Session windows computed in this stage, per key.
+    Session(SessionSpec),
+    /// Rows carry the start of their (already closed) session.
+    SessionStarts,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 
 use crate::arena::{Arena, Collected, EpochInput};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
-use crate::context::{CloudContext, NextHop, StageMode, function_name};
+use crate::context::{CloudContext, EdgeWindow, NextHop, StageMode, function_name};
 use crate::error::{EngineError, Result};
 use crate::exec::{OPT_EVENT_TIME, OPT_LATENESS_MS, StageInput, StageInputExec};
 use crate::invoke::{InvocationType, Invoker, invoke_with_retry};
@@ -36,7 +36,7 @@ use crate::planner::session;
 use crate::ring::HashRing;
 use crate::sink::{Sink, SinkRegistry, SinkWrite};
 use crate::source::{EpochSpec, Source, SourceRegistry};
-use crate::window::{WindowColumn, window_ends};
+use crate::window::{SessionSpec, window_ends};
 
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
@@ -351,11 +351,11 @@ impl StageFunction {
             input.last,
             input.offsets.clone(),
         );
-        let windows: BTreeMap<u32, Option<WindowColumn>> = self
+        let windows: BTreeMap<u32, Option<EdgeWindow>> = self
             .ctx
             .inputs
             .iter()
-            .map(|e| (e.shuffle_id, e.window))
+            .map(|e| (e.shuffle_id, e.window.clone()))
             .collect();
         let windowed = !windows.is_empty() && windows.values().all(Option::is_some);
         let has_rows = input.edges.values().flatten().any(|b| b.num_rows() > 0);
@@ -569,22 +569,34 @@ fn max_time_ms(col: &dyn Array) -> Result<Option<i64>> {
 /// watermark; rows of open windows stay buffered.
 fn take_closed_windows(
     buffered: &mut BTreeMap<u32, Vec<RecordBatch>>,
-    windows: &BTreeMap<u32, Option<WindowColumn>>,
+    windows: &BTreeMap<u32, Option<EdgeWindow>>,
     watermark: i64,
 ) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
     let mut closed = BTreeMap::new();
     for (edge, batches) in buffered.iter_mut() {
-        let Some(Some(w)) = windows.get(edge) else {
-            continue;
+        let closed_keys = match windows.get(edge) {
+            Some(Some(EdgeWindow::Session(spec))) => {
+                Some(closed_session_keys(batches, spec, watermark)?)
+            }
+            Some(Some(EdgeWindow::Fixed(_))) => None,
+            _ => continue,
         };
         let mut keep = vec![];
         let mut out = vec![];
         for b in batches.drain(..) {
-            let ends = window_ends(b.column(w.index).as_ref(), w.size_ms)?;
-            let is_closed: BooleanArray = ends
-                .iter()
-                .map(|e| Some(e.is_some_and(|e| e <= watermark)))
-                .collect();
+            let is_closed: BooleanArray = match (windows.get(edge), &closed_keys) {
+                (Some(Some(EdgeWindow::Fixed(w))), _) => {
+                    let ends = window_ends(b.column(w.index).as_ref(), w.size_ms)?;
+                    ends.iter()
+                        .map(|e| Some(e.is_some_and(|e| e <= watermark)))
+                        .collect()
+                }
+                (Some(Some(EdgeWindow::Session(spec))), Some(keys)) => {
+                    let rows = session_keys(&b, spec)?;
+                    rows.iter().map(|k| Some(keys.contains(k))).collect()
+                }
+                _ => unreachable!("only fixed and session edges release rows"),
+            };
             let is_open: BooleanArray = is_closed.iter().map(|c| c.map(|c| !c)).collect();
             let c = filter_record_batch(&b, &is_closed)?;
             let o = filter_record_batch(&b, &is_open)?;
@@ -599,4 +611,56 @@ fn take_closed_windows(
         closed.insert(*edge, out);
     }
     Ok(closed)
+}
+
+/// The key of every row of a batch, as text (keys are compared, not used).
+fn session_keys(batch: &RecordBatch, spec: &SessionSpec) -> Result<Vec<String>> {
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let opts = FormatOptions::default();
+    let formatters = spec
+        .keys
+        .iter()
+        .map(|i| ArrayFormatter::try_new(batch.column(*i).as_ref(), &opts))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((0..batch.num_rows())
+        .map(|r| {
+            formatters
+                .iter()
+                .map(|f| f.value(r).to_string())
+                .collect::<Vec<_>>()
+                .join("\u{1f}")
+        })
+        .collect())
+}
+
+/// Keys whose last row is more than the gap behind the watermark: no later
+/// row can extend their sessions, so all their rows can be released.
+fn closed_session_keys(
+    batches: &[RecordBatch],
+    spec: &SessionSpec,
+    watermark: i64,
+) -> Result<std::collections::HashSet<String>> {
+    let mut last: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for b in batches {
+        let keys = session_keys(b, spec)?;
+        let times = cast(
+            b.column(spec.time).as_ref(),
+            &DataType::Timestamp(TimeUnit::Millisecond, None),
+        )?;
+        let times = times
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .ok_or_else(|| EngineError::plan("session time column is not a timestamp"))?;
+        for (k, t) in keys.into_iter().zip(times.iter()) {
+            if let Some(t) = t {
+                let e = last.entry(k).or_insert(t);
+                *e = (*e).max(t);
+            }
+        }
+    }
+    Ok(last
+        .into_iter()
+        .filter(|(_, t)| t + spec.gap_ms < watermark)
+        .map(|(k, _)| k)
+        .collect())
 }

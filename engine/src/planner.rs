@@ -33,18 +33,23 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::codec::{plan_to_bytes, schema_to_bytes};
-use crate::context::{CloudContext, InputEdge, NextHop, SourceBinding, StageMode, function_name};
+use crate::context::{
+    CloudContext, EdgeWindow, InputEdge, NextHop, SourceBinding, StageMode, function_name,
+};
 use crate::error::{EngineError, Result};
 use crate::exec::{SourceScanExec, SourceTable, SourceTableFactory, StageInput, StageInputExec};
 use crate::payload::Encoding;
 use crate::sink::SinkConfig;
 use crate::source::{SourceConfig, SourceRegistry};
 use crate::window::{
-    WINDOW_START, WindowColumn, find_window_column, hop_udf, literal_interval_ms, tumble_udf,
+    SessionSpec, WINDOW_START, WindowColumn, find_window_column, has_session_column, hop_udf,
+    literal_interval_ms, session_gap_ms, session_udwf, tumble_udf,
 };
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 
 /// Concurrency of functions that keep no state between invocations.
 pub const STATELESS_CONCURRENCY: usize = 1000;
@@ -96,7 +101,7 @@ pub struct Stage {
     pub stateful: bool,
     pub mode: StageMode,
     pub concurrency: usize,
-    pub windows: Vec<Option<WindowColumn>>,
+    pub windows: Vec<Option<EdgeWindow>>,
 }
 
 #[derive(Debug, Clone)]
@@ -159,6 +164,7 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     let ctx = SessionContext::new_with_state(builder.build());
     ctx.register_udf(tumble_udf());
     ctx.register_udf(hop_udf());
+    ctx.register_udwf(session_udwf());
     ctx
 }
 
@@ -207,6 +213,10 @@ pub fn split_statements(sql: &str) -> Vec<String> {
     out
 }
 
+/// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
+pub const EMIT_OPTION: &str = "emit";
+pub const EMIT_UPDATES: &str = "updates";
+
 /// Run the script's DDL in `ctx` and plan its one query into stages.
 pub async fn plan_query(
     ctx: &SessionContext,
@@ -245,7 +255,20 @@ pub async fn plan_query(
     let output_schema = physical.schema();
     let mut cutter = Cutter::default();
     cutter.build_stage(physical, Exchange::Sink, false)?;
-    let stages = cutter.finish(&window_sizes(&optimized))?;
+    let mut stages = cutter.finish(&window_sizes(&optimized))?;
+    // A sink declared with `'emit' 'updates'` takes each epoch's aggregates
+    // as they are (deltas it merges itself, e.g. with HINCRBY) instead of
+    // whole windows once the watermark closes them. No state then outlives an
+    // epoch, so the offsets of a write cover exactly the rows it carries.
+    if sink
+        .options
+        .get(EMIT_OPTION)
+        .is_some_and(|v| v == EMIT_UPDATES)
+    {
+        for s in &mut stages {
+            s.mode = StageMode::Stream;
+        }
+    }
     Ok(QueryPlan {
         sql: sql.to_string(),
         query_code: query_code(sql),
@@ -499,11 +522,19 @@ impl Cutter {
             let s = self.stages.get_mut(id).expect("stage");
             let mut windows = vec![];
             for (up, _) in &s.inputs {
-                windows.push(
-                    leaf_schema(&s.plan, *up)
-                        .as_ref()
-                        .and_then(|sch| edge_window(sch, window_sizes)),
-                );
+                let schema = leaf_schema(&s.plan, *up);
+                let fixed = schema
+                    .as_ref()
+                    .and_then(|sch| edge_window(sch, window_sizes))
+                    .map(EdgeWindow::Fixed);
+                let window = fixed
+                    .or_else(|| session_over_leaf(&s.plan, *up).map(EdgeWindow::Session))
+                    .or_else(|| {
+                        schema
+                            .filter(|sch| has_session_column(sch))
+                            .map(|_| EdgeWindow::SessionStarts)
+                    });
+                windows.push(window);
             }
             s.windows = windows;
         }
@@ -626,6 +657,59 @@ fn edge_window(schema: &SchemaRef, window_sizes: &[i64]) -> Option<WindowColumn>
     })
 }
 
+/// A `session(...) OVER (PARTITION BY ...)` computed directly over shuffle
+/// edge `shuffle`'s rows: its key and time columns in the edge's schema.
+fn session_over_leaf(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> Option<SessionSpec> {
+    let exprs = if let Some(w) = plan.downcast_ref::<WindowAggExec>() {
+        Some(w.window_expr().to_vec())
+    } else {
+        plan.downcast_ref::<BoundedWindowAggExec>()
+            .map(|w| w.window_expr().to_vec())
+    };
+    if let Some(exprs) = exprs {
+        let input = plan.children()[0];
+        if reaches_leaf_unchanged(input, shuffle) {
+            for e in exprs {
+                if !e.name().starts_with("session(") {
+                    continue;
+                }
+                let args = e.expressions();
+                let time = args.first()?.downcast_ref::<Column>()?.index();
+                let keys = e
+                    .partition_by()
+                    .iter()
+                    .map(|k| k.downcast_ref::<Column>().map(Column::index))
+                    .collect::<Option<Vec<_>>>()?;
+                return Some(SessionSpec {
+                    keys,
+                    time,
+                    gap_ms: session_gap_ms(&args)?,
+                });
+            }
+        }
+    }
+    plan.children()
+        .into_iter()
+        .find_map(|c| session_over_leaf(c, shuffle))
+}
+
+/// Whether `plan` passes edge `shuffle`'s rows through with their schema
+/// unchanged (sorts and batch coalescing only).
+fn reaches_leaf_unchanged(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> bool {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
+        return leaf.input
+            == StageInput::Shuffle {
+                shuffle_id: shuffle,
+            };
+    }
+    matches!(
+        plan.name(),
+        "SortExec" | "CoalesceBatchesExec" | "CooperativeExec"
+    ) && plan.children().len() == 1
+        && plan.children()[0].schema() == plan.schema()
+        && reaches_leaf_unchanged(plan.children()[0], shuffle)
+}
+
 /// The distinct window sizes of the `tumble` and `hop` calls in a plan.
 fn window_sizes(plan: &LogicalPlan) -> Vec<i64> {
     let mut sizes = vec![];
@@ -735,7 +819,7 @@ impl QueryPlan {
                 .map(|((up, _), w)| InputEdge {
                     shuffle_id: *up,
                     senders: self.stage(*up).members,
-                    window: *w,
+                    window: w.clone(),
                 })
                 .collect();
             let sources = s
@@ -805,13 +889,23 @@ impl QueryPlan {
                 s.id, s.kind, s.mode, s.members, s.concurrency, output, names
             );
             for (i, w) in s.windows.iter().enumerate() {
-                if let Some(w) = w {
-                    let _ = writeln!(
+                let edge = s.inputs[i].0;
+                let _ = match w {
+                    Some(EdgeWindow::Fixed(w)) => writeln!(
                         out,
-                        "  input {} window column #{} size {} ms",
-                        s.inputs[i].0, w.index, w.size_ms
-                    );
-                }
+                        "  input {edge}: window column #{} size {} ms",
+                        w.index, w.size_ms
+                    ),
+                    Some(EdgeWindow::Session(spec)) => writeln!(
+                        out,
+                        "  input {edge}: session windows over column #{} keyed by {:?}, gap {} ms",
+                        spec.time, spec.keys, spec.gap_ms
+                    ),
+                    Some(EdgeWindow::SessionStarts) => {
+                        writeln!(out, "  input {edge}: whole sessions")
+                    }
+                    None => Ok(()),
+                };
             }
             for line in displayable(s.plan.as_ref())
                 .indent(true)

@@ -214,3 +214,107 @@ pub fn window_ends(starts: &dyn Array, size_ms: i64) -> DfResult<Int64Array> {
         .ok_or_else(|| DataFusionError::Internal("window starts".into()))?;
     Ok(ms.unary(|s| s + size_ms))
 }
+
+/// Field metadata key on a session start column.
+pub const SESSION_KEY: &str = "skein.window.session";
+
+/// How a stateful stage tells when a session is over: the rows of one key
+/// (the `keys` columns) form sessions over the `time` column; a key's
+/// sessions are closed once the watermark is `gap_ms` past its last row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionSpec {
+    pub keys: Vec<usize>,
+    pub time: usize,
+    pub gap_ms: i64,
+}
+
+/// Whether a schema has a session start column (from `session(...) OVER`).
+pub fn has_session_column(schema: &Schema) -> bool {
+    schema
+        .fields()
+        .iter()
+        .any(|f| f.metadata().contains_key(SESSION_KEY))
+}
+
+/// `session(ts, INTERVAL '10' SECOND) OVER (PARTITION BY key ORDER BY ts)`:
+/// the start of the session each row belongs to, where a session ends when
+/// the key is quiet for longer than the gap.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Session {
+    signature: Signature,
+}
+
+#[derive(Debug)]
+struct SessionEvaluator {
+    gap_ms: i64,
+}
+
+impl datafusion::logical_expr::PartitionEvaluator for SessionEvaluator {
+    fn evaluate_all(&mut self, values: &[ArrayRef], num_rows: usize) -> DfResult<ArrayRef> {
+        let ts = timestamps_ms(&ColumnarValue::Array(values[0].clone()), num_rows)?;
+        let mut out = TimestampMillisecondBuilder::with_capacity(num_rows);
+        let mut start: Option<i64> = None;
+        let mut prev: Option<i64> = None;
+        for t in ts.iter() {
+            match t {
+                None => out.append_null(),
+                Some(t) => {
+                    if prev.is_none_or(|p| t - p > self.gap_ms) {
+                        start = Some(t);
+                    }
+                    prev = Some(t);
+                    out.append_option(start);
+                }
+            }
+        }
+        Ok(Arc::new(out.finish()))
+    }
+}
+
+impl datafusion::logical_expr::WindowUDFImpl for Session {
+    fn name(&self) -> &str {
+        "session"
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn partition_evaluator(
+        &self,
+        args: datafusion::logical_expr::function::PartitionEvaluatorArgs,
+    ) -> DfResult<Box<dyn datafusion::logical_expr::PartitionEvaluator>> {
+        let gap = args
+            .input_exprs()
+            .get(1)
+            .and_then(|e| e.downcast_ref::<datafusion::physical_expr::expressions::Literal>())
+            .map(|l| l.value().clone());
+        let gap_ms = interval_ms(gap.as_ref(), "session gap")?;
+        Ok(Box::new(SessionEvaluator { gap_ms }))
+    }
+    fn field(
+        &self,
+        args: datafusion::logical_expr::function::WindowUDFFieldArgs,
+    ) -> DfResult<FieldRef> {
+        Ok(Arc::new(
+            Field::new(
+                args.name(),
+                DataType::Timestamp(TimeUnit::Millisecond, None),
+                true,
+            )
+            .with_metadata([(SESSION_KEY.to_string(), "1".to_string())].into()),
+        ))
+    }
+}
+
+pub fn session_udwf() -> datafusion::logical_expr::WindowUDF {
+    datafusion::logical_expr::WindowUDF::from(Session {
+        signature: Signature::any(2, Volatility::Immutable),
+    })
+}
+
+/// The session gap of a physical `session(...)` window expression's arguments.
+pub fn session_gap_ms(args: &[Arc<dyn datafusion::physical_expr::PhysicalExpr>]) -> Option<i64> {
+    let lit = args
+        .get(1)?
+        .downcast_ref::<datafusion::physical_expr::expressions::Literal>()?;
+    interval_ms(Some(lit.value()), "session gap").ok()
+}

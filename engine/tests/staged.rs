@@ -448,3 +448,28 @@ async fn windowed_join_of_raw_rows_with_a_window_aggregate() {
         "windows were only emitted at the end: {epochs:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_windows_close_when_the_gap_has_passed() {
+    let h = harness(4, 40_000);
+    let plan = run_and_verify(
+        &h,
+        "SELECT bidder, session_start, count(*) AS n, max(date_time) AS last_bid FROM ( \
+           SELECT bidder, date_time, \
+                  session(date_time, INTERVAL '2' SECOND) OVER (PARTITION BY bidder ORDER BY date_time) AS session_start \
+           FROM bid WHERE price < 30) \
+         GROUP BY bidder, session_start",
+        8,
+    )
+    .await;
+    let explained = plan.explain();
+    assert!(
+        explained.contains("session windows over column"),
+        "{explained}"
+    );
+    let epochs = h.results.sink(&plan.query_code).epochs();
+    assert!(
+        epochs.len() > 1,
+        "sessions were only emitted at the end: {epochs:?}"
+    );
+}
