@@ -10,15 +10,16 @@
 //! and splittable: instance `i` of `N` produces events `i, i + N, ...`, and the union of
 //! the instances is exactly the single-instance stream.
 //!
-//! The crate is plain synchronous code and knows nothing of the engine; a benchmark
+//! The generators are plain synchronous code that knows nothing of the engine (only the
+//! `table` module plugs them in as engine sources); a benchmark
 //! loop is `generator.next_batches(chunk)` (NEXMark) or `generator.next_batch(chunk, None)`
 //! (YSB) until it returns `None`.
 
 mod error;
 pub mod nexmark;
-pub mod table;
 mod rng;
 mod slice;
+pub mod table;
 mod text;
 pub mod ysb;
 

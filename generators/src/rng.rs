@@ -26,7 +26,9 @@ impl ItemRng {
     /// The generator of item `index` in `stream` (a constant naming what is generated).
     pub(crate) fn new(seed: u64, stream: u64, index: u64) -> Self {
         let base = mix64(seed ^ mix64(stream));
-        ItemRng { state: mix64(base.wrapping_add(index.wrapping_mul(0x9e37_79b9_7f4a_7c15))) }
+        ItemRng {
+            state: mix64(base.wrapping_add(index.wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+        }
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {

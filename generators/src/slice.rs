@@ -36,6 +36,10 @@ impl Slice {
     /// How many of the event numbers `0 .. total` belong to this slice.
     pub fn len_of(&self, total: u64) -> u64 {
         let (index, count) = (u64::from(self.index), u64::from(self.count));
-        if total <= index { 0 } else { (total - index).div_ceil(count) }
+        if total <= index {
+            0
+        } else {
+            (total - index).div_ceil(count)
+        }
     }
 }

@@ -9,7 +9,9 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
-use skein_engine::source::{EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry};
+use skein_engine::source::{
+    EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry,
+};
 
 use crate::Slice;
 use crate::nexmark::{EventKind, NexmarkBatchBuilder, NexmarkConfig, NexmarkGenerator, schema_for};
@@ -37,13 +39,23 @@ pub fn nexmark_ddl(events: u64, rate: u64, partitions: usize) -> String {
 }
 
 fn bad(table: &str, reason: impl Into<String>) -> EngineError {
-    EngineError::Source { source_name: table.to_string(), reason: reason.into() }
+    EngineError::Source {
+        source_name: table.to_string(),
+        reason: reason.into(),
+    }
 }
 
 fn parse_opt<T: std::str::FromStr>(config: &SourceConfig, key: &str) -> Result<Option<T>> {
     config
         .option(key)
-        .map(|v| v.parse::<T>().map_err(|_| bad(&config.location, format!("option {key:?}: cannot parse {v:?}"))))
+        .map(|v| {
+            v.parse::<T>().map_err(|_| {
+                bad(
+                    &config.location,
+                    format!("option {key:?}: cannot parse {v:?}"),
+                )
+            })
+        })
         .transpose()
 }
 
@@ -76,7 +88,10 @@ impl SourceFactory for NexmarkSourceFactory {
                 }
             }
             if declared.fields().len() != schema.fields().len() {
-                return Err(bad(&table, format!("declare all {} columns or none", schema.fields().len())));
+                return Err(bad(
+                    &table,
+                    format!("declare all {} columns or none", schema.fields().len()),
+                ));
             }
         }
         let mut gen_config = NexmarkConfig::default();
@@ -92,8 +107,17 @@ impl SourceFactory for NexmarkSourceFactory {
             return Err(bad(&table, "partitions must be at least 1"));
         }
         let events_per_epoch: Option<u64> = parse_opt(config, "events_per_epoch")?;
-        gen_config.validate().map_err(|e| bad(&table, e.to_string()))?;
-        Ok(Arc::new(NexmarkSource { table, kind, schema, config: gen_config, partitions, events_per_epoch }))
+        gen_config
+            .validate()
+            .map_err(|e| bad(&table, e.to_string()))?;
+        Ok(Arc::new(NexmarkSource {
+            table,
+            kind,
+            schema,
+            config: gen_config,
+            partitions,
+            events_per_epoch,
+        }))
     }
 }
 
@@ -126,13 +150,18 @@ impl Source for NexmarkSource {
             (Some(total), Some(epochs)) => {
                 let len = slice.len_of(total);
                 let per = len.div_ceil(epochs.max(1));
-                ((per * spec.epoch).min(len), (per * (spec.epoch + 1)).min(len))
+                (
+                    (per * spec.epoch).min(len),
+                    (per * (spec.epoch + 1)).min(len),
+                )
             }
             _ => {
                 // Unbounded: one second of event time per epoch by default.
-                let per = self
-                    .events_per_epoch
-                    .unwrap_or_else(|| self.config.first_event_rate.div_ceil(spec.instances.max(1) as u64));
+                let per = self.events_per_epoch.unwrap_or_else(|| {
+                    self.config
+                        .first_event_rate
+                        .div_ceil(spec.instances.max(1) as u64)
+                });
                 let (s, e) = (per * spec.epoch, per * (spec.epoch + 1));
                 match self.config.max_events {
                     Some(total) => (s.min(slice.len_of(total)), e.min(slice.len_of(total))),
@@ -144,7 +173,8 @@ impl Source for NexmarkSource {
             .map_err(|e| bad(&self.table, e.to_string()))?;
         generator.seek(start);
         let mut batches = vec![];
-        let mut builder = NexmarkBatchBuilder::for_events(CHUNK_EVENTS.min(end - start) as usize, &self.config);
+        let mut builder =
+            NexmarkBatchBuilder::for_events(CHUNK_EVENTS.min(end - start) as usize, &self.config);
         let mut produced = start;
         while produced < end {
             let chunk_end = (produced + CHUNK_EVENTS).min(end);
@@ -155,7 +185,9 @@ impl Source for NexmarkSource {
                 }
                 produced += 1;
             }
-            let out = builder.finish().map_err(|e| bad(&self.table, e.to_string()))?;
+            let out = builder
+                .finish()
+                .map_err(|e| bad(&self.table, e.to_string()))?;
             let b = out.get(self.kind).clone();
             if b.num_rows() > 0 {
                 batches.push(b);

@@ -24,7 +24,11 @@ pub(crate) fn push_words(rng: &mut ItemRng, out: &mut String, max_len: usize, se
                 break;
             }
             let v = (half * 338) >> 32; // 0 .. 338
-            chars[filled] = if v < 26 { separator } else { b'a' + (v % 26) as u8 };
+            chars[filled] = if v < 26 {
+                separator
+            } else {
+                b'a' + (v % 26) as u8
+            };
             filled += 1;
         }
     }
@@ -56,8 +60,8 @@ pub(crate) fn push_letters(rng: &mut ItemRng, out: &mut String, len: usize) {
             let x = rng.next_u64();
             // Even and odd bytes, each widened into its own 16-bit lane: b * 26 < 2^16,
             // so the products never spill into the next lane.
-            let even = ((x & LOW_BYTES) * 26 >> 8) & LOW_BYTES;
-            let odd = (((x >> 8) & LOW_BYTES) * 26 >> 8) & LOW_BYTES;
+            let even = (((x & LOW_BYTES) * 26) >> 8) & LOW_BYTES;
+            let odd = ((((x >> 8) & LOW_BYTES) * 26) >> 8) & LOW_BYTES;
             let letters = (even | (odd << 8)) + 0x6161_6161_6161_6161; // + b'a' per byte
             eight.copy_from_slice(&letters.to_le_bytes()[..eight.len()]);
         }
@@ -68,13 +72,23 @@ pub(crate) fn push_letters(rng: &mut ItemRng, out: &mut String, len: usize) {
 
 /// Appends the `extra` padding: random letters sized so that `current_size` plus the
 /// padding averages `average_size`, uniform within +-20 % of the gap (reference rule).
-pub(crate) fn push_extra(rng: &mut ItemRng, out: &mut String, current_size: usize, average_size: usize) {
+pub(crate) fn push_extra(
+    rng: &mut ItemRng,
+    out: &mut String,
+    current_size: usize,
+    average_size: usize,
+) {
     if current_size > average_size {
         return;
     }
     let gap = average_size - current_size;
     let delta = fifth_rounded(gap);
-    let size = gap - delta + if delta == 0 { 0 } else { rng.below(2 * delta as u64) as usize };
+    let size = gap - delta
+        + if delta == 0 {
+            0
+        } else {
+            rng.below(2 * delta as u64) as usize
+        };
     push_letters(rng, out, size);
 }
 
@@ -91,7 +105,11 @@ pub(crate) fn extra_len_range(current_size: usize, average_size: usize) -> std::
     }
     let gap = average_size - current_size;
     let delta = fifth_rounded(gap);
-    if delta == 0 { gap..gap + 1 } else { gap - delta..gap + delta }
+    if delta == 0 {
+        gap..gap + 1
+    } else {
+        gap - delta..gap + delta
+    }
 }
 
 /// Appends a zero-padded 4-digit number.
@@ -134,9 +152,8 @@ fn push_ascii(out: &mut String, bytes: &[u8]) {
     out.push_str(std::str::from_utf8(bytes).unwrap_or_default());
 }
 
-/// Appends the decimal form of `v`.
-pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
-    let mut buf = [0u8; 20];
+/// The decimal digits of `v`, written at the end of `buf`.
+fn decimal(v: i64, buf: &mut [u8; 20]) -> &[u8] {
     let mut pos = buf.len();
     let mut n = v.unsigned_abs();
     loop {
@@ -147,10 +164,20 @@ pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
             break;
         }
     }
+    &buf[pos..]
+}
+
+/// Appends the decimal form of `v`.
+pub(crate) fn push_int(out: &mut Vec<u8>, v: i64) {
     if v < 0 {
         out.push(b'-');
     }
-    out.extend_from_slice(&buf[pos..]);
+    out.extend_from_slice(decimal(v, &mut [0; 20]));
+}
+
+/// Appends the decimal form of a non-negative `v` to a string.
+pub(crate) fn push_uint_str(out: &mut String, v: u64) {
+    push_ascii(out, decimal(v as i64, &mut [0; 20]));
 }
 
 /// Appends `s` as a JSON string literal, escaping what JSON requires.
@@ -226,7 +253,10 @@ mod tests {
         push_uuid(&mut ItemRng::new(0, 0, 0), &mut s);
         assert_eq!(s.len(), 36);
         let parts: Vec<&str> = s.split('-').collect();
-        assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
         assert!(parts[2].starts_with('4'));
         assert!(matches!(parts[3].as_bytes()[0], b'8' | b'9' | b'a' | b'b'));
     }

@@ -8,8 +8,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::model::{AuctionRef, BidRef, EventKind, EventRef, PersonRef};
 use super::NexmarkConfig;
+use super::model::{AuctionRef, BidRef, EventKind, EventRef, PersonRef};
 use crate::error::Result;
 
 fn timestamp_ms() -> DataType {

@@ -138,12 +138,18 @@ struct TaggedEvent {
 
 /// Reads back one record written with [`JsonLayout::Tagged`].
 pub fn parse_tagged_json(bytes: &[u8]) -> Result<Event> {
-    let malformed = |detail: String| GeneratorError::Malformed { what: "tagged NEXMark JSON", detail };
-    let tagged: TaggedEvent = serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
+    let malformed = |detail: String| GeneratorError::Malformed {
+        what: "tagged NEXMark JSON",
+        detail,
+    };
+    let tagged: TaggedEvent =
+        serde_json::from_slice(bytes).map_err(|e| malformed(e.to_string()))?;
     match (tagged.event_type, tagged.person, tagged.auction, tagged.bid) {
         (0, Some(p), None, None) => Ok(Event::Person(p)),
         (1, None, Some(a), None) => Ok(Event::Auction(a)),
         (2, None, None, Some(b)) => Ok(Event::Bid(b)),
-        (t, ..) => Err(malformed(format!("event_type {t} does not match its one member"))),
+        (t, ..) => Err(malformed(format!(
+            "event_type {t} does not match its one member"
+        ))),
     }
 }

@@ -38,18 +38,16 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::Slice;
 use crate::error::{GeneratorError, Result};
 use crate::rng::ItemRng;
 use crate::text;
-pub use crate::Slice;
 
 pub use arrow::{
-    auction_schema, bid_schema, person_schema, schema_for, NexmarkBatchBuilder, NexmarkBatches,
+    NexmarkBatchBuilder, NexmarkBatches, auction_schema, bid_schema, person_schema, schema_for,
 };
-pub use json::{parse_tagged_json, JsonLayout};
-pub use model::{
-    Auction, AuctionRef, Bid, BidRef, Event, EventKind, EventRef, Person, PersonRef,
-};
+pub use json::{JsonLayout, parse_tagged_json};
+pub use model::{Auction, AuctionRef, Bid, BidRef, Event, EventKind, EventRef, Person, PersonRef};
 
 /// The first person id (ids are dense from here).
 pub const FIRST_PERSON_ID: i64 = 1000;
@@ -75,15 +73,25 @@ pub const CHANNELS_NUMBER: u64 = 10_000;
 pub const US_STATES: [&str; 6] = ["AZ", "CA", "ID", "OR", "WA", "WY"];
 /// Cities a person may live in.
 pub const US_CITIES: [&str; 10] = [
-    "Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond", "Seattle",
-    "Kent", "Cheyenne",
+    "Phoenix",
+    "Los Angeles",
+    "San Francisco",
+    "Boise",
+    "Portland",
+    "Bend",
+    "Redmond",
+    "Seattle",
+    "Kent",
+    "Cheyenne",
 ];
 /// First names of people.
-pub const FIRST_NAMES: [&str; 11] =
-    ["Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter"];
+pub const FIRST_NAMES: [&str; 11] = [
+    "Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter", "Walter",
+];
 /// Last names of people.
-pub const LAST_NAMES: [&str; 9] =
-    ["Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris"];
+pub const LAST_NAMES: [&str; 9] = [
+    "Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris",
+];
 /// Default event time of event 0: 2020-01-01T00:00:00Z. Fixed, so runs are repeatable;
 /// set `base_time_ms` to the wall clock for live runs.
 pub const DEFAULT_BASE_TIME_MS: i64 = 1_577_836_800_000;
@@ -160,14 +168,21 @@ impl NexmarkConfig {
             ("hot_auction_ratio", u64::from(self.hot_auction_ratio)),
             ("hot_sellers_ratio", u64::from(self.hot_sellers_ratio)),
             ("hot_bidders_ratio", u64::from(self.hot_bidders_ratio)),
-            ("num_in_flight_auctions", u64::from(self.num_in_flight_auctions)),
+            (
+                "num_in_flight_auctions",
+                u64::from(self.num_in_flight_auctions),
+            ),
             ("num_active_people", u64::from(self.num_active_people)),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(GeneratorError::InvalidConfig(format!("{name} must be at least 1")));
+            return Err(GeneratorError::InvalidConfig(format!(
+                "{name} must be at least 1"
+            )));
         }
         if self.first_event_id > i64::MAX as u64 / 2 {
-            return Err(GeneratorError::InvalidConfig("first_event_id is too large".into()));
+            return Err(GeneratorError::InvalidConfig(
+                "first_event_id is too large".into(),
+            ));
         }
         Ok(())
     }
@@ -220,7 +235,10 @@ impl Model {
 
     /// Where event `event_id` falls in the repeating block of proportions.
     fn locate(&self, event_id: i64) -> BlockPosition {
-        BlockPosition { block: event_id / self.total, offset: event_id % self.total }
+        BlockPosition {
+            block: event_id / self.total,
+            offset: event_id % self.total,
+        }
     }
 
     fn kind_at(&self, at: BlockPosition) -> EventKind {
@@ -286,12 +304,10 @@ struct BlockPosition {
     offset: i64,
 }
 
-/// Channel names and URLs of bids. The reference draws the URLs once per process; we
-/// draw them once per seed so that a stream is fully determined by its seed.
+/// URLs of the bid channels. The reference draws them once per process; we draw them
+/// once per seed so that a stream is fully determined by its seed.
 #[derive(Debug)]
 struct ChannelTable {
-    names: String,
-    name_ends: Vec<u32>,
     urls: String,
     url_ends: Vec<u32>,
     hot_urls: [String; 4],
@@ -301,8 +317,6 @@ impl ChannelTable {
     fn new(seed: u64) -> Self {
         let count = CHANNELS_NUMBER as usize;
         let mut table = ChannelTable {
-            names: String::with_capacity(count * 12),
-            name_ends: Vec::with_capacity(count),
             urls: String::with_capacity(count * 72),
             url_ends: Vec::with_capacity(count),
             hot_urls: Default::default(),
@@ -312,8 +326,6 @@ impl ChannelTable {
         }
         for k in 0..count {
             use std::fmt::Write as _;
-            let _ = write!(table.names, "channel-{k}");
-            table.name_ends.push(table.names.len() as u32);
             let mut rng = ItemRng::new(seed, CHANNEL_STREAM, k as u64);
             push_base_url(&mut rng, &mut table.urls);
             if !rng.one_in(10) {
@@ -328,13 +340,13 @@ impl ChannelTable {
         table
     }
 
-    fn channel(&self, k: usize) -> (&str, &str) {
-        let name_start = if k == 0 { 0 } else { self.name_ends[k - 1] as usize };
-        let url_start = if k == 0 { 0 } else { self.url_ends[k - 1] as usize };
-        (
-            &self.names[name_start..self.name_ends[k] as usize],
-            &self.urls[url_start..self.url_ends[k] as usize],
-        )
+    fn url(&self, k: usize) -> &str {
+        let start = if k == 0 {
+            0
+        } else {
+            self.url_ends[k - 1] as usize
+        };
+        &self.urls[start..self.url_ends[k] as usize]
     }
 }
 
@@ -356,6 +368,7 @@ struct Scratch {
     credit_card: String,
     item_name: String,
     description: String,
+    channel: String,
     extra: String,
 }
 
@@ -477,7 +490,9 @@ impl NexmarkGenerator {
         let mut rng = ItemRng::new(model.config.seed, EVENT_STREAM, event_id as u64);
         match model.kind_at(at) {
             EventKind::Person => EventRef::Person(generate_person(model, s, &mut rng, at, now)),
-            EventKind::Auction => EventRef::Auction(generate_auction(model, s, &mut rng, at, n, now)),
+            EventKind::Auction => {
+                EventRef::Auction(generate_auction(model, s, &mut rng, at, n, now))
+            }
             EventKind::Bid => EventRef::Bid(generate_bid(model, s, &mut rng, at, now)),
         }
     }
@@ -486,7 +501,9 @@ impl NexmarkGenerator {
     pub fn fill(&mut self, builder: &mut NexmarkBatchBuilder, max_events: usize) -> usize {
         let mut produced = 0;
         while produced < max_events {
-            let Some(event) = self.next_event() else { break };
+            let Some(event) = self.next_event() else {
+                break;
+            };
             builder.append(&event);
             produced += 1;
         }
@@ -529,9 +546,11 @@ fn generate_person<'a>(
     now: i64,
 ) -> PersonRef<'a> {
     s.name.clear();
-    s.name.push_str(FIRST_NAMES[rng.below(FIRST_NAMES.len() as u64) as usize]);
+    s.name
+        .push_str(FIRST_NAMES[rng.below(FIRST_NAMES.len() as u64) as usize]);
     s.name.push(' ');
-    s.name.push_str(LAST_NAMES[rng.below(LAST_NAMES.len() as u64) as usize]);
+    s.name
+        .push_str(LAST_NAMES[rng.below(LAST_NAMES.len() as u64) as usize]);
 
     s.email.clear();
     text::push_words(rng, &mut s.email, 7, b' ');
@@ -553,7 +572,12 @@ fn generate_person<'a>(
     // The reference counts 8 bytes for the id plus the text fields.
     let size = 8 + s.name.len() + s.email.len() + s.credit_card.len() + city.len() + state.len();
     s.extra.clear();
-    text::push_extra(rng, &mut s.extra, size, model.config.avg_person_byte_size as usize);
+    text::push_extra(
+        rng,
+        &mut s.extra,
+        size,
+        model.config.avg_person_byte_size as usize,
+    );
 
     PersonRef {
         id: model.last_person(at) + FIRST_PERSON_ID,
@@ -593,7 +617,12 @@ fn generate_auction<'a>(
     // The reference counts 8 bytes for each of the five numbers plus the id.
     let size = 8 + s.item_name.len() + s.description.len() + 5 * 8;
     s.extra.clear();
-    text::push_extra(rng, &mut s.extra, size, model.config.avg_auction_byte_size as usize);
+    text::push_extra(
+        rng,
+        &mut s.extra,
+        size,
+        model.config.avg_auction_byte_size as usize,
+    );
 
     AuctionRef {
         id: model.last_auction(at) + FIRST_AUCTION_ID,
@@ -629,7 +658,11 @@ fn generate_bid<'a>(
     };
     let price = Model::price(rng);
     let (channel, url) = if rng.one_in(HOT_CHANNELS_RATIO) {
-        model.channels.channel(rng.below(CHANNELS_NUMBER) as usize)
+        let k = rng.below(CHANNELS_NUMBER);
+        s.channel.clear();
+        s.channel.push_str("channel-");
+        text::push_uint_str(&mut s.channel, k);
+        (s.channel.as_str(), model.channels.url(k as usize))
     } else {
         let i = rng.below(HOT_CHANNELS.len() as u64) as usize;
         (HOT_CHANNELS[i], model.channels.hot_urls[i].as_str())
@@ -637,7 +670,12 @@ fn generate_bid<'a>(
 
     // The reference counts 8 bytes for each of the four numbers (not channel or url).
     s.extra.clear();
-    text::push_extra(rng, &mut s.extra, 4 * 8, model.config.avg_bid_byte_size as usize);
+    text::push_extra(
+        rng,
+        &mut s.extra,
+        4 * 8,
+        model.config.avg_bid_byte_size as usize,
+    );
 
     BidRef {
         auction: auction + FIRST_AUCTION_ID,

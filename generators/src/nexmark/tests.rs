@@ -13,7 +13,11 @@ use super::*;
 use crate::text::extra_len_range;
 
 fn config(max_events: u64) -> NexmarkConfig {
-    NexmarkConfig { seed: 42, max_events: Some(max_events), ..NexmarkConfig::default() }
+    NexmarkConfig {
+        seed: 42,
+        max_events: Some(max_events),
+        ..NexmarkConfig::default()
+    }
 }
 
 /// (event number, event) for every event of `generator`.
@@ -27,18 +31,41 @@ fn numbered(mut generator: NexmarkGenerator) -> Vec<(u64, Event)> {
 }
 
 fn events(max_events: u64) -> Vec<Event> {
-    NexmarkGenerator::new(config(max_events)).unwrap().into_events().collect()
+    NexmarkGenerator::new(config(max_events))
+        .unwrap()
+        .into_events()
+        .collect()
 }
 
 #[test]
 fn defaults_match_the_reference_configuration() {
     let c = NexmarkConfig::default();
-    assert_eq!((c.person_proportion, c.auction_proportion, c.bid_proportion), (1, 3, 46));
-    assert_eq!((c.hot_auction_ratio, c.hot_sellers_ratio, c.hot_bidders_ratio), (2, 4, 4));
+    assert_eq!(
+        (c.person_proportion, c.auction_proportion, c.bid_proportion),
+        (1, 3, 46)
+    );
+    assert_eq!(
+        (
+            c.hot_auction_ratio,
+            c.hot_sellers_ratio,
+            c.hot_bidders_ratio
+        ),
+        (2, 4, 4)
+    );
     assert_eq!((c.num_in_flight_auctions, c.num_active_people), (100, 1000));
-    assert_eq!((c.avg_person_byte_size, c.avg_auction_byte_size, c.avg_bid_byte_size), (200, 500, 100));
+    assert_eq!(
+        (
+            c.avg_person_byte_size,
+            c.avg_auction_byte_size,
+            c.avg_bid_byte_size
+        ),
+        (200, 500, 100)
+    );
     assert_eq!(c.first_event_rate, 10_000);
-    assert_eq!((FIRST_PERSON_ID, FIRST_AUCTION_ID, FIRST_CATEGORY_ID), (1000, 1000, 10));
+    assert_eq!(
+        (FIRST_PERSON_ID, FIRST_AUCTION_ID, FIRST_CATEGORY_ID),
+        (1000, 1000, 10)
+    );
 }
 
 #[test]
@@ -46,10 +73,13 @@ fn same_seed_same_stream_other_seed_other_stream() {
     let a = events(5_000);
     let b = events(5_000);
     assert_eq!(a, b);
-    let other: Vec<Event> = NexmarkGenerator::new(NexmarkConfig { seed: 43, ..config(5_000) })
-        .unwrap()
-        .into_events()
-        .collect();
+    let other: Vec<Event> = NexmarkGenerator::new(NexmarkConfig {
+        seed: 43,
+        ..config(5_000)
+    })
+    .unwrap()
+    .into_events()
+    .collect();
     assert_eq!(other.len(), a.len());
     assert_ne!(other, a);
 }
@@ -81,7 +111,8 @@ fn seek_resumes_where_a_checkpoint_left_off() {
     for _ in 0..300 {
         first.next_event();
     }
-    let mut resumed = NexmarkGenerator::with_slice(config(2_000), Slice::new(1, 2).unwrap()).unwrap();
+    let mut resumed =
+        NexmarkGenerator::with_slice(config(2_000), Slice::new(1, 2).unwrap()).unwrap();
     resumed.seek(first.position());
     assert_eq!(numbered(first), numbered(resumed));
 }
@@ -92,8 +123,14 @@ fn proportions_are_1_3_46_in_every_block_of_50() {
     for (block, chunk) in all.chunks(50).enumerate() {
         let kinds: Vec<EventKind> = chunk.iter().map(Event::kind).collect();
         assert_eq!(kinds[0], EventKind::Person, "block {block}");
-        assert!(kinds[1..4].iter().all(|k| *k == EventKind::Auction), "block {block}");
-        assert!(kinds[4..].iter().all(|k| *k == EventKind::Bid), "block {block}");
+        assert!(
+            kinds[1..4].iter().all(|k| *k == EventKind::Auction),
+            "block {block}"
+        );
+        assert!(
+            kinds[4..].iter().all(|k| *k == EventKind::Bid),
+            "block {block}"
+        );
     }
     let generator = NexmarkGenerator::new(config(1)).unwrap();
     assert_eq!(generator.kind_of(50), EventKind::Person);
@@ -103,7 +140,10 @@ fn proportions_are_1_3_46_in_every_block_of_50() {
 
 #[test]
 fn event_times_follow_the_inter_event_delay() {
-    let c = NexmarkConfig { first_event_rate: 10_000, ..config(1_000) };
+    let c = NexmarkConfig {
+        first_event_rate: 10_000,
+        ..config(1_000)
+    };
     let mut generator = NexmarkGenerator::new(c.clone()).unwrap();
     let mut n = 0u64;
     while let Some(event) = generator.next_event() {
@@ -111,7 +151,11 @@ fn event_times_follow_the_inter_event_delay() {
         assert_eq!(event.date_time(), c.base_time_ms + (n / 10) as i64);
         n += 1;
     }
-    let fast = NexmarkGenerator::new(NexmarkConfig { first_event_rate: 3_000_000, ..config(1) }).unwrap();
+    let fast = NexmarkGenerator::new(NexmarkConfig {
+        first_event_rate: 3_000_000,
+        ..config(1)
+    })
+    .unwrap();
     assert_eq!(fast.event_time_ms(3_000_000), DEFAULT_BASE_TIME_MS + 1000);
     assert_eq!(fast.event_time_ms(2_999), DEFAULT_BASE_TIME_MS);
     assert_eq!(fast.event_time_ms(3_000), DEFAULT_BASE_TIME_MS + 1);
@@ -137,8 +181,11 @@ fn ids_are_dense_and_references_stay_in_their_windows() {
                 assert_eq!(a.id, next_auction);
                 next_auction += 1;
                 auctions += 1;
-                assert!((FIRST_CATEGORY_ID..FIRST_CATEGORY_ID + NUM_CATEGORIES).contains(&a.category));
-                let active_floor = (newest_person + 1 - i64::from(c.num_active_people)).max(FIRST_PERSON_ID);
+                assert!(
+                    (FIRST_CATEGORY_ID..FIRST_CATEGORY_ID + NUM_CATEGORIES).contains(&a.category)
+                );
+                let active_floor =
+                    (newest_person + 1 - i64::from(c.num_active_people)).max(FIRST_PERSON_ID);
                 assert!(a.seller >= active_floor && a.seller <= newest_person + PERSON_ID_LEAD);
                 if a.seller == hot_person_batch + FIRST_PERSON_ID {
                     hot_seller_auctions += 1;
@@ -146,10 +193,18 @@ fn ids_are_dense_and_references_stay_in_their_windows() {
             }
             Event::Bid(b) => {
                 bids += 1;
-                let floor = (newest_auction - i64::from(c.num_in_flight_auctions)).max(FIRST_AUCTION_ID);
-                assert!(b.auction >= floor && b.auction <= newest_auction + AUCTION_ID_LEAD, "{b:?}");
-                let active_floor = (newest_person + 1 - i64::from(c.num_active_people)).max(FIRST_PERSON_ID);
-                assert!(b.bidder >= active_floor && b.bidder <= newest_person + PERSON_ID_LEAD, "{b:?}");
+                let floor =
+                    (newest_auction - i64::from(c.num_in_flight_auctions)).max(FIRST_AUCTION_ID);
+                assert!(
+                    b.auction >= floor && b.auction <= newest_auction + AUCTION_ID_LEAD,
+                    "{b:?}"
+                );
+                let active_floor =
+                    (newest_person + 1 - i64::from(c.num_active_people)).max(FIRST_PERSON_ID);
+                assert!(
+                    b.bidder >= active_floor && b.bidder <= newest_person + PERSON_ID_LEAD,
+                    "{b:?}"
+                );
                 let hot_auction = (newest_auction - FIRST_AUCTION_ID) / HOT_ID_BATCH * HOT_ID_BATCH;
                 if b.auction == hot_auction + FIRST_AUCTION_ID {
                     hot_auction_bids += 1;
@@ -166,11 +221,20 @@ fn ids_are_dense_and_references_stay_in_their_windows() {
     // the hot id, hence the slightly wider upper bounds).
     let share = |hits: u64, of: u64| hits as f64 / of as f64;
     let hot_auctions = share(hot_auction_bids, bids);
-    assert!((0.49..0.53).contains(&hot_auctions), "hot auction share {hot_auctions}");
+    assert!(
+        (0.49..0.53).contains(&hot_auctions),
+        "hot auction share {hot_auctions}"
+    );
     let hot_bidders = share(hot_bidder_bids, bids);
-    assert!((0.74..0.77).contains(&hot_bidders), "hot bidder share {hot_bidders}");
+    assert!(
+        (0.74..0.77).contains(&hot_bidders),
+        "hot bidder share {hot_bidders}"
+    );
     let hot_sellers = share(hot_seller_auctions, auctions);
-    assert!((0.73..0.78).contains(&hot_sellers), "hot seller share {hot_sellers}");
+    assert!(
+        (0.73..0.78).contains(&hot_sellers),
+        "hot seller share {hot_sellers}"
+    );
 }
 
 #[test]
@@ -181,14 +245,33 @@ fn field_values_are_in_the_reference_domains() {
         match event {
             Event::Person(p) => {
                 let (first, last) = p.name.split_once(' ').unwrap();
-                assert!(FIRST_NAMES.contains(&first) && LAST_NAMES.contains(&last), "{}", p.name);
+                assert!(
+                    FIRST_NAMES.contains(&first) && LAST_NAMES.contains(&last),
+                    "{}",
+                    p.name
+                );
                 let (user, domain) = p.email_address.split_once('@').unwrap();
-                assert!(user.len() <= 6 && domain.ends_with(".com") && domain.len() <= 8, "{}", p.email_address);
+                assert!(
+                    user.len() <= 6 && domain.ends_with(".com") && domain.len() <= 8,
+                    "{}",
+                    p.email_address
+                );
                 let groups: Vec<&str> = p.credit_card.split(' ').collect();
                 assert_eq!(groups.len(), 4);
-                assert!(groups.iter().all(|g| g.len() == 4 && g.bytes().all(|b| b.is_ascii_digit())));
-                assert!(US_CITIES.contains(&p.city.as_str()) && US_STATES.contains(&p.state.as_str()));
-                let size = 8 + p.name.len() + p.email_address.len() + p.credit_card.len() + p.city.len() + p.state.len();
+                assert!(
+                    groups
+                        .iter()
+                        .all(|g| g.len() == 4 && g.bytes().all(|b| b.is_ascii_digit()))
+                );
+                assert!(
+                    US_CITIES.contains(&p.city.as_str()) && US_STATES.contains(&p.state.as_str())
+                );
+                let size = 8
+                    + p.name.len()
+                    + p.email_address.len()
+                    + p.credit_card.len()
+                    + p.city.len()
+                    + p.state.len();
                 assert!(extra_len_range(size, 200).contains(&p.extra.len()));
             }
             Event::Auction(a) => {
@@ -248,18 +331,38 @@ fn auctions_last_about_the_in_flight_horizon() {
 fn prices_are_log_uniform_over_six_decades() {
     let prices: Vec<i64> = events(50 * 400)
         .into_iter()
-        .filter_map(|e| if let Event::Bid(b) = e { Some(b.price) } else { None })
+        .filter_map(|e| {
+            if let Event::Bid(b) = e {
+                Some(b.price)
+            } else {
+                None
+            }
+        })
         .collect();
-    let below_10_dollars = prices.iter().filter(|p| **p < 1_000).count() as f64 / prices.len() as f64;
-    assert!((0.15..0.185).contains(&below_10_dollars), "share under $10: {below_10_dollars}");
+    let below_10_dollars =
+        prices.iter().filter(|p| **p < 1_000).count() as f64 / prices.len() as f64;
+    assert!(
+        (0.15..0.185).contains(&below_10_dollars),
+        "share under $10: {below_10_dollars}"
+    );
 }
 
 fn ints(batch: &RecordBatch, name: &str) -> Vec<i64> {
-    batch.column_by_name(name).unwrap().as_primitive::<Int64Type>().values().to_vec()
+    batch
+        .column_by_name(name)
+        .unwrap()
+        .as_primitive::<Int64Type>()
+        .values()
+        .to_vec()
 }
 
 fn times(batch: &RecordBatch, name: &str) -> Vec<i64> {
-    batch.column_by_name(name).unwrap().as_primitive::<TimestampMillisecondType>().values().to_vec()
+    batch
+        .column_by_name(name)
+        .unwrap()
+        .as_primitive::<TimestampMillisecondType>()
+        .values()
+        .to_vec()
 }
 
 fn strs(batch: &RecordBatch, name: &str) -> Vec<String> {
@@ -285,50 +388,208 @@ fn batches_hold_exactly_the_events() {
     let auction = concat_batches(&auction_schema(), &auctions).unwrap();
     let bid = concat_batches(&bid_schema(), &bids).unwrap();
 
-    let expected_bids: Vec<&Bid> = all.iter().filter_map(|e| if let Event::Bid(b) = e { Some(b) } else { None }).collect();
+    let expected_bids: Vec<&Bid> = all
+        .iter()
+        .filter_map(|e| if let Event::Bid(b) = e { Some(b) } else { None })
+        .collect();
     assert_eq!(bid.num_rows(), expected_bids.len());
-    assert_eq!(ints(&bid, "auction"), expected_bids.iter().map(|b| b.auction).collect::<Vec<_>>());
-    assert_eq!(ints(&bid, "bidder"), expected_bids.iter().map(|b| b.bidder).collect::<Vec<_>>());
-    assert_eq!(ints(&bid, "price"), expected_bids.iter().map(|b| b.price).collect::<Vec<_>>());
-    assert_eq!(strs(&bid, "channel"), expected_bids.iter().map(|b| b.channel.clone()).collect::<Vec<_>>());
-    assert_eq!(strs(&bid, "url"), expected_bids.iter().map(|b| b.url.clone()).collect::<Vec<_>>());
-    assert_eq!(times(&bid, "date_time"), expected_bids.iter().map(|b| b.date_time).collect::<Vec<_>>());
-    assert_eq!(strs(&bid, "extra"), expected_bids.iter().map(|b| b.extra.clone()).collect::<Vec<_>>());
+    assert_eq!(
+        ints(&bid, "auction"),
+        expected_bids.iter().map(|b| b.auction).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&bid, "bidder"),
+        expected_bids.iter().map(|b| b.bidder).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&bid, "price"),
+        expected_bids.iter().map(|b| b.price).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&bid, "channel"),
+        expected_bids
+            .iter()
+            .map(|b| b.channel.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&bid, "url"),
+        expected_bids
+            .iter()
+            .map(|b| b.url.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        times(&bid, "date_time"),
+        expected_bids
+            .iter()
+            .map(|b| b.date_time)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&bid, "extra"),
+        expected_bids
+            .iter()
+            .map(|b| b.extra.clone())
+            .collect::<Vec<_>>()
+    );
 
-    let expected_auctions: Vec<&Auction> =
-        all.iter().filter_map(|e| if let Event::Auction(a) = e { Some(a) } else { None }).collect();
-    assert_eq!(ints(&auction, "id"), expected_auctions.iter().map(|a| a.id).collect::<Vec<_>>());
-    assert_eq!(strs(&auction, "item_name"), expected_auctions.iter().map(|a| a.item_name.clone()).collect::<Vec<_>>());
-    assert_eq!(strs(&auction, "description"), expected_auctions.iter().map(|a| a.description.clone()).collect::<Vec<_>>());
-    assert_eq!(ints(&auction, "initial_bid"), expected_auctions.iter().map(|a| a.initial_bid).collect::<Vec<_>>());
-    assert_eq!(ints(&auction, "reserve"), expected_auctions.iter().map(|a| a.reserve).collect::<Vec<_>>());
-    assert_eq!(times(&auction, "expires"), expected_auctions.iter().map(|a| a.expires).collect::<Vec<_>>());
-    assert_eq!(ints(&auction, "seller"), expected_auctions.iter().map(|a| a.seller).collect::<Vec<_>>());
-    assert_eq!(ints(&auction, "category"), expected_auctions.iter().map(|a| a.category).collect::<Vec<_>>());
+    let expected_auctions: Vec<&Auction> = all
+        .iter()
+        .filter_map(|e| {
+            if let Event::Auction(a) = e {
+                Some(a)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        ints(&auction, "id"),
+        expected_auctions.iter().map(|a| a.id).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&auction, "item_name"),
+        expected_auctions
+            .iter()
+            .map(|a| a.item_name.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&auction, "description"),
+        expected_auctions
+            .iter()
+            .map(|a| a.description.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&auction, "initial_bid"),
+        expected_auctions
+            .iter()
+            .map(|a| a.initial_bid)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&auction, "reserve"),
+        expected_auctions
+            .iter()
+            .map(|a| a.reserve)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        times(&auction, "expires"),
+        expected_auctions
+            .iter()
+            .map(|a| a.expires)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&auction, "seller"),
+        expected_auctions
+            .iter()
+            .map(|a| a.seller)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        ints(&auction, "category"),
+        expected_auctions
+            .iter()
+            .map(|a| a.category)
+            .collect::<Vec<_>>()
+    );
 
-    let expected_persons: Vec<&Person> =
-        all.iter().filter_map(|e| if let Event::Person(p) = e { Some(p) } else { None }).collect();
-    assert_eq!(ints(&person, "id"), expected_persons.iter().map(|p| p.id).collect::<Vec<_>>());
-    assert_eq!(strs(&person, "email_address"), expected_persons.iter().map(|p| p.email_address.clone()).collect::<Vec<_>>());
-    assert_eq!(strs(&person, "credit_card"), expected_persons.iter().map(|p| p.credit_card.clone()).collect::<Vec<_>>());
-    assert_eq!(strs(&person, "state"), expected_persons.iter().map(|p| p.state.clone()).collect::<Vec<_>>());
-    assert_eq!(times(&person, "date_time"), expected_persons.iter().map(|p| p.date_time).collect::<Vec<_>>());
+    let expected_persons: Vec<&Person> = all
+        .iter()
+        .filter_map(|e| {
+            if let Event::Person(p) = e {
+                Some(p)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(
+        ints(&person, "id"),
+        expected_persons.iter().map(|p| p.id).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&person, "email_address"),
+        expected_persons
+            .iter()
+            .map(|p| p.email_address.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&person, "credit_card"),
+        expected_persons
+            .iter()
+            .map(|p| p.credit_card.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        strs(&person, "state"),
+        expected_persons
+            .iter()
+            .map(|p| p.state.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        times(&person, "date_time"),
+        expected_persons
+            .iter()
+            .map(|p| p.date_time)
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]
 fn schemas_name_every_reference_field() {
     let names = |s: datafusion::arrow::datatypes::SchemaRef| {
-        s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>()
+        s.fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect::<Vec<_>>()
     };
     assert_eq!(
         names(person_schema()),
-        ["id", "name", "email_address", "credit_card", "city", "state", "date_time", "extra"]
+        [
+            "id",
+            "name",
+            "email_address",
+            "credit_card",
+            "city",
+            "state",
+            "date_time",
+            "extra"
+        ]
     );
     assert_eq!(
         names(auction_schema()),
-        ["id", "item_name", "description", "initial_bid", "reserve", "date_time", "expires", "seller", "category", "extra"]
+        [
+            "id",
+            "item_name",
+            "description",
+            "initial_bid",
+            "reserve",
+            "date_time",
+            "expires",
+            "seller",
+            "category",
+            "extra"
+        ]
     );
-    assert_eq!(names(bid_schema()), ["auction", "bidder", "price", "channel", "url", "date_time", "extra"]);
+    assert_eq!(
+        names(bid_schema()),
+        [
+            "auction",
+            "bidder",
+            "price",
+            "channel",
+            "url",
+            "date_time",
+            "extra"
+        ]
+    );
 }
 
 #[test]
@@ -365,7 +626,11 @@ fn arrow_json_reader_decodes_flat_records_into_the_same_batches() {
         event.write_json(JsonLayout::Flat, out);
         out.push(b'\n');
     }
-    let direct = NexmarkGenerator::new(config(2_000)).unwrap().next_batches(2_000).unwrap().unwrap();
+    let direct = NexmarkGenerator::new(config(2_000))
+        .unwrap()
+        .next_batches(2_000)
+        .unwrap()
+        .unwrap();
     for kind in [EventKind::Person, EventKind::Auction, EventKind::Bid] {
         let reader = datafusion::arrow::json::ReaderBuilder::new(schema_for(kind))
             .build(std::io::Cursor::new(lines[kind as usize].clone()))
@@ -396,17 +661,40 @@ fn builder_is_reusable_across_chunks() {
 #[test]
 fn bad_configurations_are_rejected() {
     for bad in [
-        NexmarkConfig { first_event_rate: 0, ..NexmarkConfig::default() },
-        NexmarkConfig { person_proportion: 0, ..NexmarkConfig::default() },
-        NexmarkConfig { hot_bidders_ratio: 0, ..NexmarkConfig::default() },
+        NexmarkConfig {
+            first_event_rate: 0,
+            ..NexmarkConfig::default()
+        },
+        NexmarkConfig {
+            person_proportion: 0,
+            ..NexmarkConfig::default()
+        },
+        NexmarkConfig {
+            hot_bidders_ratio: 0,
+            ..NexmarkConfig::default()
+        },
     ] {
-        assert!(matches!(NexmarkGenerator::new(bad), Err(GeneratorError::InvalidConfig(_))));
+        assert!(matches!(
+            NexmarkGenerator::new(bad),
+            Err(GeneratorError::InvalidConfig(_))
+        ));
     }
     assert!(Slice::new(3, 3).is_err());
     assert!(Slice::new(0, 0).is_err());
-    assert!(NexmarkGenerator::with_slice(NexmarkConfig::default(), Slice { index: 2, count: 1 }).is_err());
-    let parsed: NexmarkConfig = serde_json::from_str(r#"{"seed": 9, "first_event_rate": 5}"#).unwrap();
-    assert_eq!(parsed, NexmarkConfig { seed: 9, first_event_rate: 5, ..NexmarkConfig::default() });
+    assert!(
+        NexmarkGenerator::with_slice(NexmarkConfig::default(), Slice { index: 2, count: 1 })
+            .is_err()
+    );
+    let parsed: NexmarkConfig =
+        serde_json::from_str(r#"{"seed": 9, "first_event_rate": 5}"#).unwrap();
+    assert_eq!(
+        parsed,
+        NexmarkConfig {
+            seed: 9,
+            first_event_rate: 5,
+            ..NexmarkConfig::default()
+        }
+    );
     assert!(serde_json::from_str::<NexmarkConfig>(r#"{"sed": 9}"#).is_err());
 }
 

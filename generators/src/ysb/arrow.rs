@@ -16,7 +16,11 @@ static YSB_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new("ad_id", DataType::Utf8, false),
         Field::new("ad_type", DataType::Utf8, false),
         Field::new("event_type", DataType::Utf8, false),
-        Field::new("event_time", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+        Field::new(
+            "event_time",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
         Field::new("ip_address", DataType::Utf8, false),
     ]))
 });

@@ -19,9 +19,9 @@
 //! is left to the caller: [`YsbCampaigns`] exposes the mapping.
 
 mod arrow;
-mod truth;
 #[cfg(test)]
 mod tests;
+mod truth;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -30,12 +30,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::Slice;
 use crate::error::{GeneratorError, Result};
 use crate::rng::ItemRng;
 use crate::text::{push_int, push_uuid};
-pub use crate::Slice;
 
-pub use arrow::{ysb_schema, YsbBatchBuilder};
+pub use arrow::{YsbBatchBuilder, ysb_schema};
 pub use truth::YsbGroundTruth;
 
 /// Campaigns in the benchmark.
@@ -134,7 +134,12 @@ impl YsbCampaigns {
             .enumerate()
             .map(|(j, ad)| (ad.clone(), (j / ads_per_campaign) as u32))
             .collect();
-        YsbCampaigns { campaign_ids, ad_ids, ads_per_campaign, campaign_index_of_ad }
+        YsbCampaigns {
+            campaign_ids,
+            ad_ids,
+            ads_per_campaign,
+            campaign_index_of_ad,
+        }
     }
 
     pub fn campaign_ids(&self) -> &[String] {
@@ -157,16 +162,19 @@ impl YsbCampaigns {
 
     /// The campaign id of an ad id, if it is one of ours.
     pub fn campaign_of(&self, ad_id: &str) -> Option<&str> {
-        self.campaign_index_of_ad(ad_id).map(|i| self.campaign_ids[i].as_str())
+        self.campaign_index_of_ad(ad_id)
+            .map(|i| self.campaign_ids[i].as_str())
     }
 
     /// Every (ad id, campaign id) pair, in ad order: what goes to Redis as
     /// `SET <ad_id> <campaign_id>`.
     pub fn ad_campaign_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.ad_ids
-            .iter()
-            .enumerate()
-            .map(|(j, ad)| (ad.as_str(), self.campaign_ids[j / self.ads_per_campaign].as_str()))
+        self.ad_ids.iter().enumerate().map(|(j, ad)| {
+            (
+                ad.as_str(),
+                self.campaign_ids[j / self.ads_per_campaign].as_str(),
+            )
+        })
     }
 
     /// Writes the mapping in the reference's `ad-to-campaign-ids.txt` form: one
@@ -191,7 +199,11 @@ impl YsbCampaigns {
             source,
         })?;
         let mut pairs = Vec::new();
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let malformed = |detail: String| GeneratorError::Malformed {
                 what: "ad-to-campaign mapping",
                 detail: format!("line {}: {detail}", i + 1),
@@ -199,7 +211,10 @@ impl YsbCampaigns {
             let map: HashMap<String, String> =
                 serde_json::from_str(line).map_err(|e| malformed(e.to_string()))?;
             if map.len() != 1 {
-                return Err(malformed(format!("expected one entry, found {}", map.len())));
+                return Err(malformed(format!(
+                    "expected one entry, found {}",
+                    map.len()
+                )));
             }
             pairs.extend(map);
         }
@@ -218,7 +233,10 @@ fn uuids(seed: u64, stream: u64, count: usize) -> Vec<String> {
 }
 
 pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| GeneratorError::Io { path: path.display().to_string(), source };
+    let io = |source| GeneratorError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let mut file = std::fs::File::create(path).map_err(io)?;
     file.write_all(bytes).map_err(io)?;
     file.flush().map_err(io)
@@ -321,20 +339,33 @@ impl YsbGenerator {
         config.validate()?;
         Slice::new(slice.index, slice.count)?;
         let shared = Shared {
-            campaigns: YsbCampaigns::generate(config.seed, config.num_campaigns, config.ads_per_campaign),
+            campaigns: YsbCampaigns::generate(
+                config.seed,
+                config.num_campaigns,
+                config.ads_per_campaign,
+            ),
             user_ids: uuids(config.seed, USER_STREAM, config.num_users as usize),
             page_ids: uuids(config.seed, PAGE_STREAM, config.num_pages as usize),
             period_ns: 1_000_000_000 / config.events_per_second,
             config,
         };
-        Ok(YsbGenerator { shared: Arc::new(shared), slice, position: 0 })
+        Ok(YsbGenerator {
+            shared: Arc::new(shared),
+            slice,
+            position: 0,
+        })
     }
 
     /// `count` generators that together produce exactly the stream of `config`.
     pub fn split(config: YsbConfig, count: u32) -> Result<Vec<Self>> {
         let whole = Self::new(config)?;
         (0..count)
-            .map(|index| Ok(YsbGenerator { slice: Slice::new(index, count)?, ..whole.clone() }))
+            .map(|index| {
+                Ok(YsbGenerator {
+                    slice: Slice::new(index, count)?,
+                    ..whole.clone()
+                })
+            })
             .collect()
     }
 
@@ -431,7 +462,9 @@ impl YsbGenerator {
     ) -> usize {
         let mut produced = 0;
         while produced < max_events {
-            let Some(n) = self.next_event_number() else { break };
+            let Some(n) = self.next_event_number() else {
+                break;
+            };
             self.position += 1;
             let event = self.event_at(n);
             builder.append(&event);

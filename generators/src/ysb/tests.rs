@@ -9,7 +9,11 @@ use datafusion::arrow::datatypes::TimestampMillisecondType;
 use super::*;
 
 fn config(max_events: u64) -> YsbConfig {
-    YsbConfig { seed: 7, max_events: Some(max_events), ..YsbConfig::default() }
+    YsbConfig {
+        seed: 7,
+        max_events: Some(max_events),
+        ..YsbConfig::default()
+    }
 }
 
 fn owned(mut generator: YsbGenerator) -> Vec<(u64, YsbEvent)> {
@@ -29,13 +33,24 @@ fn campaigns_are_100_of_10_distinct_deterministic_uuids() {
     let campaigns = YsbCampaigns::generate(1, NUM_CAMPAIGNS, ADS_PER_CAMPAIGN);
     assert_eq!(campaigns.campaign_ids().len(), 100);
     assert_eq!(campaigns.ad_ids().len(), 1000);
-    let distinct: HashSet<&String> = campaigns.campaign_ids().iter().chain(campaigns.ad_ids()).collect();
+    let distinct: HashSet<&String> = campaigns
+        .campaign_ids()
+        .iter()
+        .chain(campaigns.ad_ids())
+        .collect();
     assert_eq!(distinct.len(), 1100);
-    assert!(distinct.iter().all(|id| id.len() == 36 && id.matches('-').count() == 4));
+    assert!(
+        distinct
+            .iter()
+            .all(|id| id.len() == 36 && id.matches('-').count() == 4)
+    );
     let again = YsbCampaigns::generate(1, NUM_CAMPAIGNS, ADS_PER_CAMPAIGN);
     assert_eq!(again.ad_ids(), campaigns.ad_ids());
     assert_eq!(again.campaign_ids(), campaigns.campaign_ids());
-    assert_ne!(YsbCampaigns::generate(2, 100, 10).ad_ids(), campaigns.ad_ids());
+    assert_ne!(
+        YsbCampaigns::generate(2, 100, 10).ad_ids(),
+        campaigns.ad_ids()
+    );
     // Ads are dealt to campaigns in consecutive tens.
     for (j, (ad, campaign)) in campaigns.ad_campaign_pairs().enumerate() {
         assert_eq!(ad, campaigns.ad_ids()[j]);
@@ -52,26 +67,49 @@ fn mapping_file_round_trips_in_the_reference_format() {
     campaigns.write_mapping(&path).unwrap();
     let text = std::fs::read_to_string(&path).unwrap();
     let first = text.lines().next().unwrap();
-    assert_eq!(first, format!("{{ \"{}\": \"{}\"}}", campaigns.ad_ids()[0], campaigns.campaign_ids()[0]));
+    assert_eq!(
+        first,
+        format!(
+            "{{ \"{}\": \"{}\"}}",
+            campaigns.ad_ids()[0],
+            campaigns.campaign_ids()[0]
+        )
+    );
     let pairs = YsbCampaigns::read_mapping(&path).unwrap();
-    let expected: Vec<(String, String)> =
-        campaigns.ad_campaign_pairs().map(|(a, c)| (a.to_owned(), c.to_owned())).collect();
+    let expected: Vec<(String, String)> = campaigns
+        .ad_campaign_pairs()
+        .map(|(a, c)| (a.to_owned(), c.to_owned()))
+        .collect();
     assert_eq!(pairs, expected);
     std::fs::write(&path, "{\"a\": \"b\", \"c\": \"d\"}\n").unwrap();
     assert!(YsbCampaigns::read_mapping(&path).is_err());
     std::fs::remove_file(&path).unwrap();
-    assert!(matches!(YsbCampaigns::read_mapping(&path), Err(GeneratorError::Io { .. })));
+    assert!(matches!(
+        YsbCampaigns::read_mapping(&path),
+        Err(GeneratorError::Io { .. })
+    ));
 }
 
 #[test]
 fn events_are_deterministic_and_in_their_domains() {
     let a = owned(YsbGenerator::new(config(20_000)).unwrap());
     assert_eq!(a, owned(YsbGenerator::new(config(20_000)).unwrap()));
-    let other = owned(YsbGenerator::new(YsbConfig { seed: 8, ..config(20_000) }).unwrap());
+    let other = owned(
+        YsbGenerator::new(YsbConfig {
+            seed: 8,
+            ..config(20_000)
+        })
+        .unwrap(),
+    );
     assert_ne!(a, other);
 
     let generator = YsbGenerator::new(config(1)).unwrap();
-    let ads: HashSet<&str> = generator.campaigns().ad_ids().iter().map(String::as_str).collect();
+    let ads: HashSet<&str> = generator
+        .campaigns()
+        .ad_ids()
+        .iter()
+        .map(String::as_str)
+        .collect();
     let mut users = HashSet::new();
     let mut kinds = BTreeMap::new();
     for (n, e) in &a {
@@ -80,7 +118,10 @@ fn events_are_deterministic_and_in_their_domains() {
         assert!(EVENT_TYPES.contains(&e.event_type.as_str()));
         assert_eq!(e.ip_address, "1.2.3.4");
         // 100 000 events/s: a period of 10 000 ns, so event n is at n / 100 ms.
-        assert_eq!(e.event_time, (DEFAULT_BASE_TIME_MS + (*n / 100) as i64).to_string());
+        assert_eq!(
+            e.event_time,
+            (DEFAULT_BASE_TIME_MS + (*n / 100) as i64).to_string()
+        );
         users.insert(e.user_id.clone());
         *kinds.entry(e.event_type.clone()).or_insert(0u64) += 1;
     }
@@ -93,7 +134,10 @@ fn events_are_deterministic_and_in_their_domains() {
 
 #[test]
 fn skew_moves_times_within_the_reference_bounds() {
-    let c = YsbConfig { with_skew: true, ..config(50_000) };
+    let c = YsbConfig {
+        with_skew: true,
+        ..config(50_000)
+    };
     let mut generator = YsbGenerator::new(c).unwrap();
     let mut moved = 0;
     while let Some(n) = generator.next_event_number() {
@@ -144,8 +188,14 @@ fn batches_match_events() {
         assert_eq!(batch.schema(), ysb_schema());
         let ad = batch.column_by_name("ad_id").unwrap().as_string::<i32>();
         let user = batch.column_by_name("user_id").unwrap().as_string::<i32>();
-        let kind = batch.column_by_name("event_type").unwrap().as_string::<i32>();
-        let time = batch.column_by_name("event_time").unwrap().as_primitive::<TimestampMillisecondType>();
+        let kind = batch
+            .column_by_name("event_type")
+            .unwrap()
+            .as_string::<i32>();
+        let time = batch
+            .column_by_name("event_time")
+            .unwrap()
+            .as_primitive::<TimestampMillisecondType>();
         for i in 0..batch.num_rows() {
             let (_, e) = &events[row];
             assert_eq!(ad.value(i), e.ad_id);
@@ -160,7 +210,11 @@ fn batches_match_events() {
 
 #[test]
 fn ground_truth_counts_every_view_once() {
-    let c = YsbConfig { with_skew: true, events_per_second: 2_000, ..config(60_000) };
+    let c = YsbConfig {
+        with_skew: true,
+        events_per_second: 2_000,
+        ..config(60_000)
+    };
     let mut generator = YsbGenerator::new(c.clone()).unwrap();
     let campaigns = generator.campaigns().clone();
 
@@ -170,7 +224,9 @@ fn ground_truth_counts_every_view_once() {
         if e.event_type == "view" {
             let campaign = campaigns.campaign_index_of_ad(&e.ad_id).unwrap();
             let time: i64 = e.event_time.parse().unwrap();
-            *by_hand.entry((campaign, time.div_euclid(10_000) * 10_000)).or_default() += 1;
+            *by_hand
+                .entry((campaign, time.div_euclid(10_000) * 10_000))
+                .or_default() += 1;
         }
     }
 
@@ -192,7 +248,11 @@ fn ground_truth_counts_every_view_once() {
     let mut merged = YsbGroundTruth::default();
     for mut part in YsbGenerator::split(c, 3).unwrap() {
         let mut partial = YsbGroundTruth::default();
-        while part.next_batch(5_000, Some(&mut partial)).unwrap().is_some() {}
+        while part
+            .next_batch(5_000, Some(&mut partial))
+            .unwrap()
+            .is_some()
+        {}
         merged.merge(&partial);
     }
     assert_eq!(merged, truth);
@@ -214,8 +274,20 @@ fn ground_truth_counts_every_view_once() {
 
 #[test]
 fn bad_configurations_are_rejected() {
-    assert!(YsbGenerator::new(YsbConfig { events_per_second: 0, ..YsbConfig::default() }).is_err());
-    assert!(YsbGenerator::new(YsbConfig { num_campaigns: 0, ..YsbConfig::default() }).is_err());
+    assert!(
+        YsbGenerator::new(YsbConfig {
+            events_per_second: 0,
+            ..YsbConfig::default()
+        })
+        .is_err()
+    );
+    assert!(
+        YsbGenerator::new(YsbConfig {
+            num_campaigns: 0,
+            ..YsbConfig::default()
+        })
+        .is_err()
+    );
     assert!(YsbGenerator::with_slice(YsbConfig::default(), Slice { index: 1, count: 1 }).is_err());
     let mut unbounded = YsbGenerator::new(YsbConfig::default()).unwrap();
     assert_eq!(unbounded.remaining(), None);
