@@ -341,3 +341,29 @@ pub fn as_stage_input(plan: &Arc<dyn ExecutionPlan>) -> Option<&StageInputExec> 
 pub fn as_source_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&SourceScanExec> {
     plan.downcast_ref::<SourceScanExec>()
 }
+
+/// A copy of `plan` with each [`StageInputExec`] leaf replaced by what `f`
+/// returns for it. Every node above a leaf is rebuilt (so no operator state
+/// is shared with the original) and other leaves are reset.
+pub fn rewrite_leaves<E: From<DataFusionError>>(
+    plan: &Arc<dyn ExecutionPlan>,
+    f: &mut dyn FnMut(
+        &StageInputExec,
+        &Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>, E>,
+) -> Result<Arc<dyn ExecutionPlan>, E> {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
+        return f(leaf, plan);
+    }
+    if plan.children().is_empty() {
+        return Ok(plan.clone().reset_state()?);
+    }
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| rewrite_leaves(c, f))
+        .collect::<Result<Vec<_>, E>>()?;
+    Ok(plan
+        .clone()
+        .replace_children(children, crate::planner::recompute())?)
+}

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::planner::recompute;
 use datafusion::arrow::array::{Array, BooleanArray, TimestampMillisecondArray};
 use datafusion::arrow::compute::{cast, filter_record_batch, max as arrow_max};
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
@@ -27,7 +26,7 @@ use crate::arena::{Arena, Collected, EpochInput};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::context::{CloudContext, EdgeWindow, NextHop, StageMode, function_name};
 use crate::error::{EngineError, Result};
-use crate::exec::{OPT_EVENT_TIME, OPT_LATENESS_MS, StageInput, StageInputExec};
+use crate::exec::{OPT_EVENT_TIME, OPT_LATENESS_MS, StageInput, StageInputExec, rewrite_leaves};
 use crate::invoke::{InvocationType, Invoker, invoke_with_retry};
 use crate::payload::{
     ASYNC_PAYLOAD_LIMIT, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, SourceOffset, encode_payloads,
@@ -536,24 +535,14 @@ fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, S
     }
 }
 
-/// A fresh copy of `plan` whose leaves hold the given data. Every node above
-/// a leaf is rebuilt, so no operator state survives from an earlier run.
+/// A fresh copy of `plan` whose leaves hold the given data.
 fn bind_leaves(
     plan: &Arc<dyn ExecutionPlan>,
     data: &mut dyn FnMut(&StageInput) -> Result<Vec<RecordBatch>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
-        return Ok(Arc::new(leaf.bind(data(&leaf.input)?)));
-    }
-    if plan.children().is_empty() {
-        return Ok(plan.clone().reset_state()?);
-    }
-    let children = plan
-        .children()
-        .into_iter()
-        .map(|c| bind_leaves(c, data))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(plan.clone().replace_children(children, recompute())?)
+    rewrite_leaves(plan, &mut |leaf, _| {
+        Ok(Arc::new(leaf.bind(data(&leaf.input)?)) as Arc<dyn ExecutionPlan>)
+    })
 }
 
 fn max_time_ms(col: &dyn Array) -> Result<Option<i64>> {

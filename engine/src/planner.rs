@@ -37,7 +37,9 @@ use crate::context::{
     CloudContext, EdgeWindow, InputEdge, NextHop, SourceBinding, StageMode, function_name,
 };
 use crate::error::{EngineError, Result};
-use crate::exec::{SourceScanExec, SourceTable, SourceTableFactory, StageInput, StageInputExec};
+use crate::exec::{
+    SourceScanExec, SourceTable, SourceTableFactory, StageInput, StageInputExec, rewrite_leaves,
+};
 use crate::payload::Encoding;
 use crate::sink::SinkConfig;
 use crate::source::{SourceConfig, SourceRegistry};
@@ -625,21 +627,12 @@ fn replace_source_leaves(
     plan: &Arc<dyn ExecutionPlan>,
     f: &mut dyn FnMut(&StageInputExec, SchemaRef) -> Arc<dyn ExecutionPlan>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
-        if matches!(leaf.input, StageInput::Source { .. }) {
-            return Ok(f(leaf, plan.schema()));
-        }
-        return Ok(plan.clone());
-    }
-    if plan.children().is_empty() {
-        return Ok(plan.clone());
-    }
-    let children = plan
-        .children()
-        .into_iter()
-        .map(|c| replace_source_leaves(c, f))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(plan.clone().replace_children(children, recompute())?)
+    rewrite_leaves::<EngineError>(plan, &mut |leaf, node| {
+        Ok(match leaf.input {
+            StageInput::Source { .. } => f(leaf, node.schema()),
+            StageInput::Shuffle { .. } => node.clone(),
+        })
+    })
 }
 
 /// The window column of an exchange schema: a field with window metadata,
