@@ -53,7 +53,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 
-/// Concurrency of functions that keep no state between invocations.
+/// Concurrency of source functions: each trigger is independent.
 pub const STATELESS_CONCURRENCY: usize = 1000;
 pub const DEFAULT_GROUP_SIZE: usize = 8;
 
@@ -513,7 +513,11 @@ impl Cutter {
                     "stage {id} mixes hash and gathering inputs"
                 )));
             }
-            s.concurrency = if s.kind == StageKind::Source || !s.stateful {
+            // A function that receives payloads collects each epoch in its
+            // arena, which lives in one instance: a second instance would
+            // hold part of an epoch that never completes. Only source
+            // functions, which receive triggers, can run many at once.
+            s.concurrency = if s.kind == StageKind::Source {
                 STATELESS_CONCURRENCY
             } else {
                 1

@@ -1,0 +1,43 @@
+//! skein-lambda: the AWS Lambda backend of the engine's two traits.
+//!
+//! * [`invoker`]: [`LambdaInvoker`], Invoke (RequestResponse or Event);
+//! * [`service`]: [`LambdaFunctionService`], create / configure / list / delete;
+//! * [`store`]: the object store (S3 or a directory) from a URL and `AWS_*`;
+//! * [`package`]: the `bootstrap.zip` Lambda expects.
+//!
+//! Every AWS call uses the standard credential chain and honours
+//! `AWS_ENDPOINT_URL`; nothing (bucket, role, region) is hard-coded.
+
+pub mod dead_letter;
+pub mod deploy;
+pub mod invoker;
+pub mod package;
+pub mod service;
+pub mod store;
+
+pub use invoker::LambdaInvoker;
+pub use service::{CodeSource, LambdaFunctionService, ServiceOptions};
+
+/// Environment variable naming the object store of a deployment
+/// (`s3://bucket` or `file:///dir`): spilled contexts and results live there.
+pub const STORE_ENV: &str = "SKEIN_STORE";
+/// Environment variable with the id of the run a function was configured
+/// for: a new run changes it, so every function starts from a fresh instance.
+pub const RUN_ENV: &str = "SKEIN_RUN";
+
+/// SDK configuration from the standard chain (honours `AWS_ENDPOINT_URL`).
+pub async fn sdk_config() -> aws_config::SdkConfig {
+    aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await
+}
+
+/// An error and all its sources on one line: SDK errors say little at the top.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
