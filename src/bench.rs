@@ -24,6 +24,38 @@ pub enum BenchCommand {
     /// Payload codec throughput, bytes on the wire per NEXMark bid, and
     /// invocations/s of the in-process runtime.
     Codec(CodecArgs),
+    /// NEXMark queries: events/s per core, generation included (as Flink's
+    /// nexmark reports). Pin to one core: `taskset -c 0 skein bench nexmark`.
+    Nexmark(NexmarkBenchArgs),
+    /// Lambda backend: query launch time and per-hop invocation overhead.
+    Lambda(crate::lambda_cmd::BenchLambdaArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct NexmarkBenchArgs {
+    /// Queries to run, e.g. 0,1,2 (default: all of q0..q13).
+    #[arg(long, value_delimiter = ',', default_values_t = 0..=13)]
+    queries: Vec<u32>,
+    /// Events of the NEXMark stream (persons, auctions and bids together).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: u64,
+    /// Event-time rate of the generator; Flink's nexmark workload uses 10 M/s.
+    #[arg(long, default_value_t = 10_000_000)]
+    rate: u64,
+    /// Epochs (micro-batches) the events are split into.
+    #[arg(long, default_value_t = 10)]
+    epochs: u64,
+    /// Generator instances per table.
+    #[arg(long, default_value_t = 1)]
+    sources: usize,
+    /// Members of each function group.
+    #[arg(long, default_value_t = 2)]
+    group_size: usize,
+    /// Runs per query (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -44,6 +76,8 @@ pub struct CodecArgs {
 pub async fn bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Codec(args) => codec(args).await,
+        BenchCommand::Nexmark(args) => nexmark(args).await,
+        BenchCommand::Lambda(args) => crate::lambda_cmd::bench(args).await,
     }
 }
 
@@ -186,4 +220,120 @@ async fn runtime_rate(epochs: u64) -> Result<f64> {
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
     Ok(report.invocations as f64 / report.elapsed_s)
+}
+
+/// Flink 2.x nexmark V2 throughput per core, the figures we compare with.
+const FLINK_PER_CORE: [(u32, f64); 4] = [(0, 380e3), (5, 75e3), (7, 23e3), (12, 195e3)];
+
+/// Wall time of one bounded NEXMark run on a fresh in-process runtime.
+async fn nexmark_run_seconds(query: u32, args: &NexmarkBenchArgs) -> Result<(f64, usize)> {
+    let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
+    let regs = registries();
+    let ctx = session(&regs.sources, args.group_size);
+    let options = PlanOptions {
+        group_size: args.group_size,
+        ..Default::default()
+    };
+    let plan = plan_query(&ctx, &sql, &options)
+        .await
+        .with_context(|| format!("planning NEXMark q{query}"))?;
+    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let report = run_local(&plan, &runtime, &options, args.epochs, |_, _| {})
+        .await
+        .with_context(|| format!("running NEXMark q{query}"))?;
+    let rows = regs
+        .collect
+        .sink(&plan.query_code)
+        .batches()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    Ok((report.elapsed_s, rows))
+}
+
+async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut rows_out = vec![];
+    for &query in &args.queries {
+        let mut seconds = vec![];
+        let mut result_rows = 0;
+        let mut failure = None;
+        for _ in 0..args.repeat.max(1) {
+            match nexmark_run_seconds(query, &args).await {
+                Ok((s, rows)) => {
+                    seconds.push(s);
+                    result_rows = rows;
+                }
+                Err(e) => {
+                    // One query that cannot run must not hide the others' figures.
+                    failure = Some(format!("{e:#}"));
+                    break;
+                }
+            }
+        }
+        if let Some(error) = failure {
+            rows_out.push(json!({ "query": query, "error": error }));
+            continue;
+        }
+        let median_s = median(seconds);
+        // Like Flink's nexmark: all events of the stream over the time (and
+        // cores) taken, whichever of the three tables the query reads.
+        let per_core = args.events as f64 / median_s / cores as f64;
+        let flink = FLINK_PER_CORE
+            .iter()
+            .find(|(q, _)| *q == query)
+            .map(|(_, f)| *f);
+        rows_out.push(json!({
+            "query": query,
+            "events": args.events,
+            "seconds": (median_s * 1000.0).round() / 1000.0,
+            "events_per_s_per_core": per_core.round(),
+            "result_rows": result_rows,
+            "flink_per_core": flink,
+            "ratio_to_flink": flink.map(|f| (per_core / f * 100.0).round() / 100.0),
+        }));
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({ "cores": cores, "repeat": args.repeat, "rate": args.rate,
+                    "epochs": args.epochs, "group_size": args.group_size, "queries": rows_out })
+        );
+        return Ok(());
+    }
+    println!(
+        "NEXMark, {} events at {} events/s of event time, {} epochs, group size {}, \
+         {} core(s) visible; medians of {} runs",
+        args.events, args.rate, args.epochs, args.group_size, cores, args.repeat
+    );
+    println!(
+        "{:<6} {:>9} {:>16} {:>12} {:>16} {:>9}",
+        "query", "seconds", "events/s/core", "result rows", "Flink/core", "ratio"
+    );
+    for r in &rows_out {
+        if let Some(error) = r["error"].as_str() {
+            let first_line = error.lines().next().unwrap_or("");
+            println!(
+                "q{:<5} failed: {}",
+                r["query"].as_u64().unwrap_or(0),
+                first_line.chars().take(160).collect::<String>()
+            );
+            continue;
+        }
+        let number = |key: &str| r[key].as_f64().unwrap_or(0.0);
+        println!(
+            "q{:<5} {:>9.3} {:>16.0} {:>12.0} {:>16} {:>9}",
+            r["query"].as_u64().unwrap_or(0),
+            number("seconds"),
+            number("events_per_s_per_core"),
+            number("result_rows"),
+            r["flink_per_core"]
+                .as_f64()
+                .map_or("-".to_string(), |f| format!("{f:.0}")),
+            r["ratio_to_flink"]
+                .as_f64()
+                .map_or("-".to_string(), |f| format!("{f:.2}x")),
+        );
+    }
+    Ok(())
 }

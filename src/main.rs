@@ -2,8 +2,10 @@
 //! as a DAG of functions passing Arrow data in their payloads.
 
 mod bench;
+mod lambda_cmd;
 mod registry;
 mod run;
+mod ysb;
 
 use std::path::PathBuf;
 
@@ -33,13 +35,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a query on the in-process function runtime.
-    Run(run::RunArgs),
+    /// Run a query on the in-process function runtime (or --backend lambda).
+    Run {
+        #[command(flatten)]
+        args: run::RunArgs,
+        #[command(flatten)]
+        lambda: lambda_cmd::LambdaArgs,
+    },
+    /// Deploy a query's functions to Lambda (--backend lambda).
+    Deploy(lambda_cmd::DeployArgs),
+    /// Delete every Lambda function of a query (a SQL file or its query code).
+    Destroy(lambda_cmd::DestroyArgs),
+    /// List the queries deployed on Lambda and their functions.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
+    Package(lambda_cmd::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
     Nexmark(run::NexmarkArgs),
     /// Benchmarks that print figures (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
+    #[command(subcommand)]
+    Ysb(ysb::YsbCommand),
 }
 
 /// How a query is planned.
@@ -67,8 +88,16 @@ async fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Explain { file, plan, json } => run::explain(&file, &plan, json).await,
-        Command::Run(args) => run::run(args).await,
+        Command::Run { args, lambda } => match lambda.backend {
+            lambda_cmd::Backend::Local => run::run(args).await,
+            lambda_cmd::Backend::Lambda => lambda_cmd::run(&args.file, &args.common, &lambda).await,
+        },
+        Command::Deploy(args) => lambda_cmd::deploy(args).await,
+        Command::Destroy(args) => lambda_cmd::destroy(args).await,
+        Command::Status { json } => lambda_cmd::status(json).await,
+        Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
+        Command::Ysb(cmd) => ysb::ysb(cmd).await,
     }
 }

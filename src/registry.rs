@@ -11,15 +11,23 @@ use skein_engine::source::SourceRegistry;
 pub struct Registries {
     pub sources: SourceRegistry,
     pub sinks: SinkRegistry,
+    // skein-function includes this module too and never reads it.
+    #[allow(dead_code)]
     pub collect: CollectSinkFactory,
 }
 
 pub fn registries() -> Registries {
     let mut sources = SourceRegistry::default();
     skein_generators::table::register(&mut sources);
+    skein_connectors::register(&mut sources);
     let collect = CollectSinkFactory::default();
     let mut sinks = SinkRegistry::default();
     sinks.register("COLLECT", Arc::new(collect.clone()));
+    skein_sinks::register(&mut sinks, &mut sources);
+    sinks.register(
+        skein_sinks::results::KIND,
+        Arc::new(skein_sinks::results::ResultsSinkFactory),
+    );
     Registries {
         sources,
         sinks,

@@ -1,1 +1,15 @@
-//! placeholder
+//! Sources of Skein: Kafka (pull, partition-assigned per source instance)
+//! and record decoders (JSON, CSV, raw) straight into Arrow.
+
+pub mod decode;
+pub mod error;
+pub mod kafka;
+
+use std::sync::Arc;
+
+use skein_engine::source::SourceRegistry;
+
+/// Register every source kind of this crate.
+pub fn register(registry: &mut SourceRegistry) {
+    registry.register(kafka::KIND, Arc::new(kafka::KafkaSourceFactory));
+}

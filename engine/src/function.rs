@@ -231,11 +231,14 @@ impl StageFunction {
     }
 
     async fn run_source(&self, t: Trigger) -> Result<Response> {
-        if self.readers.is_empty() {
+        if !self.ctx.inputs.is_empty() {
             return Err(EngineError::Invocation {
                 name: self.name.clone(),
-                reason: "a trigger reached a stage that reads no source".into(),
+                reason: "a trigger reached a stage that takes payloads".into(),
             });
+        }
+        if self.readers.is_empty() {
+            return self.run_constant(t).await;
         }
         let mut state = self.state.lock().await;
         let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
@@ -291,6 +294,21 @@ impl StageFunction {
             events,
             rows_out,
         })
+    }
+
+    /// A stage with no input at all: its rows go out with the first epoch;
+    /// later epochs send empty payloads so downstream counts complete.
+    async fn run_constant(&self, t: Trigger) -> Result<Response> {
+        let header = self.header(&t.qid, t.epoch, None, t.last, vec![]);
+        if t.epoch > 0 {
+            self.route(header, None).await?;
+            return Ok(Response { status: "ran".into(), events: 0, rows_out: 0 });
+        }
+        let plan = bind_leaves(&self.plan, &mut |input| {
+            Err(EngineError::plan(format!("constant stage has an input {input:?}")))
+        })?;
+        let rows_out = self.run_and_route(plan, header).await?;
+        Ok(Response { status: "ran".into(), events: 0, rows_out })
     }
 
     async fn take_payload(&self, p: Payload) -> Result<Response> {

@@ -505,9 +505,12 @@ impl Cutter {
                 s.kind = StageKind::Single;
                 s.members = 1;
             } else if s.inputs.is_empty() {
-                // A plan with no input at all (e.g. SELECT 1): one function.
-                s.kind = StageKind::Single;
+                // Constant input (VALUES, generate_series, SELECT 1): one
+                // function, triggered like a source; it emits its rows in
+                // the first epoch and nothing after.
+                s.kind = StageKind::Source;
                 s.members = 1;
+                s.stateful = false;
             } else {
                 return Err(EngineError::plan(format!(
                     "stage {id} mixes hash and gathering inputs"

@@ -473,3 +473,16 @@ async fn session_windows_close_when_the_gap_has_passed() {
         "sessions were only emitted at the end: {epochs:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_side_input_joins_the_stream() {
+    let h = harness(4, 5_000);
+    run_and_verify(
+        &h,
+        "SELECT s.label, count(*) AS n FROM bid b \
+         JOIN (VALUES (1000, 'first'), (1001, 'second'), (1013, 'third')) AS s(id, label) ON b.auction = s.id \
+         GROUP BY s.label",
+        4,
+    )
+    .await;
+}

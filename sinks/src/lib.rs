@@ -1,1 +1,59 @@
-//! placeholder
+//! Sinks of Skein. Redis (generic layouts and YSB's, exactly once with the
+//! source offsets in the same MULTI/EXEC).
+
+pub mod error;
+pub mod redis;
+// Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
+pub mod results;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::sink::SinkRegistry;
+use skein_engine::source::{EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry};
+
+/// Register every sink kind of this crate, and a write-only table kind for
+/// each so that `CREATE EXTERNAL TABLE ... STORED AS <KIND>` declares one.
+pub fn register(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
+    sinks.register(redis::KIND, Arc::new(redis::RedisSinkFactory));
+    tables.register(redis::KIND, Arc::new(SinkTableFactory));
+}
+
+/// Declares sink tables: they have a schema but cannot be read.
+#[derive(Debug, Default)]
+pub struct SinkTableFactory;
+
+impl SourceFactory for SinkTableFactory {
+    fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
+        Ok(Arc::new(SinkTable {
+            name: format!("{} {}", config.kind, config.location),
+            schema,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct SinkTable {
+    name: String,
+    schema: SchemaRef,
+}
+
+#[async_trait]
+impl Source for SinkTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn parallelism(&self) -> usize {
+        1
+    }
+
+    async fn pull(&self, _spec: EpochSpec) -> EngineResult<MicroBatch> {
+        Err(EngineError::Source {
+            source_name: self.name.clone(),
+            reason: "a sink table can be written (INSERT INTO), not read".into(),
+        })
+    }
+}

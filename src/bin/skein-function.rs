@@ -1,9 +1,12 @@
 //! `skein-function`: the Lambda bootstrap binary (runtime `provided.al2023`).
 //!
 //! One binary serves every function of every query; what an invocation asks for
-//! is told apart by the shape of its JSON payload. For now it answers probes,
-//! which the test harness uses to check that a deployed function runs and sees
-//! the environment it was created with:
+//! is told apart by the shape of its JSON payload. A probe (below) reports what
+//! the function sees; anything else is a stage request (a trigger or a data
+//! payload) for the generic stage handler, built once per warm instance from
+//! the cloud context in `SKEIN_CONTEXT` (read from the object store named by
+//! `SKEIN_STORE` when it was spilled there). Probes, which the test harness
+//! uses to check that a deployed function runs and sees its environment:
 //!
 //! ```json
 //! {"probe": {}}                                    -> report in the response
@@ -20,6 +23,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+#[path = "../registry.rs"]
+mod registry;
+
+use std::time::Duration;
+
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
@@ -27,6 +35,11 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use skein_engine::EngineError;
+use skein_engine::context::{CONTEXT_ENV, CloudContext};
+use skein_engine::function::{FunctionEnv, StageFunction};
+use skein_lambda::{LambdaInvoker, STORE_ENV};
+use tokio::sync::OnceCell;
 
 /// Variables a Lambda runtime must provide; `lambda_runtime` panics without them.
 const RUNTIME_VARS: [&str; 4] = [
@@ -54,7 +67,10 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         std::process::exit(2);
     }
 
-    lambda_runtime::run(service_fn(handle)).await
+    // The stage handler of this instance: built on the first stage request
+    // (a cold start), then kept with its arena while the instance is warm.
+    let stage: Arc<OnceCell<StageFunction>> = Arc::new(OnceCell::new());
+    lambda_runtime::run(service_fn(move |event| handle(event, stage.clone()))).await
 }
 
 /// Plain lines on stdout, which the Lambda runtime forwards to the function's
@@ -78,6 +94,11 @@ fn init_logging() {
 #[derive(Debug)]
 enum Request {
     Probe(Probe),
+    /// A trigger or a data payload for the stage handler.
+    Stage(Value),
+    /// Lambda's record of an async invocation that failed all its retries
+    /// (this function is then a query's dead-letter function).
+    DeadLetter(Value),
 }
 
 impl Request {
@@ -92,16 +113,53 @@ impl Request {
         if let Some(probe) = fields.remove("probe") {
             return Probe::parse(probe).map(Request::Probe);
         }
+        // Lambda's on-failure record: {"requestContext", "requestPayload", ...}.
+        if fields.contains_key("requestContext") && fields.contains_key("requestPayload") {
+            return Ok(Request::DeadLetter(Value::Object(fields)));
+        }
+        if fields.contains_key("trigger") || fields.contains_key("uuid") {
+            return Ok(Request::Stage(Value::Object(fields)));
+        }
         let keys: Vec<&String> = fields.keys().collect();
         Err(invalid(format!(
-            "unrecognised payload with keys {keys:?}; expected {{\"probe\": {{...}}}}"
+            "unrecognised payload with keys {keys:?}; expected {{\"probe\": {{...}}}}, \
+             {{\"trigger\": {{...}}}} or a data payload {{\"uuid\": ...}}"
         )))
     }
 }
 
-async fn handle(event: LambdaEvent<Value>) -> Result<Value, Diagnostic> {
+async fn handle(
+    event: LambdaEvent<Value>,
+    stage: Arc<OnceCell<StageFunction>>,
+) -> Result<Value, Diagnostic> {
     let (payload, context) = event.into_parts();
     match Request::parse(payload)? {
+        Request::DeadLetter(record) => {
+            let url = std::env::var(STORE_ENV).map_err(|_| {
+                internal(format!("a dead letter arrived but {STORE_ENV} is not set"))
+            })?;
+            let store = skein_lambda::store::open(&url).map_err(|e| internal(e.to_string()))?;
+            let key = skein_lambda::dead_letter::record(&store, &record, &context.request_id)
+                .await
+                .map_err(|e| internal(format!("recording a dead letter: {e}")))?;
+            tracing::warn!(%key, "async invocation failed its retries; recorded");
+            Ok(serde_json::json!({ "recorded": key }))
+        }
+        Request::Stage(request) => {
+            let function = &context.env_config.function_name;
+            let stage = stage
+                .get_or_try_init(build_stage)
+                .await
+                .map_err(|e| engine_error(function, &e))?;
+            let bytes = serde_json::to_vec(&request)
+                .map_err(|e| internal(format!("re-encoding the request: {e}")))?;
+            let response = stage
+                .handle(&bytes)
+                .await
+                .map_err(|e| engine_error(function, &e))?;
+            serde_json::to_value(&response)
+                .map_err(|e| internal(format!("encoding the response: {e}")))
+        }
         Request::Probe(probe) => {
             let report = ProbeReport::new(&context);
             tracing::info!(recorded = probe.record_to.is_some(), "probe answered");
@@ -110,6 +168,49 @@ async fn handle(event: LambdaEvent<Value>) -> Result<Value, Diagnostic> {
             }
             serde_json::to_value(&report).map_err(|e| internal(format!("encoding report: {e}")))
         }
+    }
+}
+
+/// The stage handler from the cloud context in the environment.
+async fn build_stage() -> Result<StageFunction, EngineError> {
+    let value = std::env::var(CONTEXT_ENV).map_err(|_| {
+        EngineError::Context(format!(
+            "{CONTEXT_ENV} is not set: this function was not deployed by skein"
+        ))
+    })?;
+    let store = match std::env::var(STORE_ENV) {
+        Ok(url) if !url.is_empty() => {
+            Some(skein_lambda::store::open(&url).map_err(|e| EngineError::Context(e.to_string()))?)
+        }
+        _ => None,
+    };
+    let ctx = CloudContext::from_env(&value, store.as_ref()).await?;
+    let sdk = skein_lambda::sdk_config().await;
+    let registry::Registries { sources, sinks, .. } = registry::registries();
+    let env = FunctionEnv {
+        sources,
+        sinks,
+        store,
+        invoker: Arc::new(LambdaInvoker::new(&sdk)),
+        max_backoff: Duration::from_secs(2),
+    };
+    let stage = StageFunction::new(ctx, env)?;
+    tracing::info!(stage = stage.name(), "stage handler ready");
+    Ok(stage)
+}
+
+/// An engine error as a Lambda error; the message names this function (the
+/// stage) and, for payload errors, the payload's uuid.
+fn engine_error(function: &str, e: &EngineError) -> Diagnostic {
+    let error_type = match e {
+        EngineError::BadPayload { .. } | EngineError::BadEnvelope(_) => "Skein.InvalidPayload",
+        EngineError::Context(_) => "Skein.Context",
+        _ => "Skein.Engine",
+    };
+    tracing::warn!(function, error = %e, "stage request failed");
+    Diagnostic {
+        error_type: error_type.into(),
+        error_message: format!("{function}: {e}"),
     }
 }
 
@@ -256,6 +357,14 @@ mod tests {
             panic!("probe with record_to not parsed");
         };
         assert_eq!(p.record_to.as_deref(), Some("s3://b/k"));
+        assert!(matches!(
+            Request::parse(json!({"trigger": {"qid": "q", "epoch": 0, "last": true}})),
+            Ok(Request::Stage(_))
+        ));
+        assert!(matches!(
+            Request::parse(json!({"uuid": {}, "data": ""})),
+            Ok(Request::Stage(_))
+        ));
     }
 
     #[test]
@@ -263,6 +372,7 @@ mod tests {
         for (payload, needle) in [
             (json!([1, 2]), "expected a JSON object"),
             (json!({"nonsense": 1}), "unrecognised payload"),
+            (json!("text"), "expected a JSON object"),
             (json!({"probe": 7}), "bad probe"),
             (json!({"probe": {"record_too": "x"}}), "unknown field"),
         ] {

@@ -1,0 +1,701 @@
+//! The Lambda backend on the command line: `skein deploy`, `skein run
+//! --backend lambda`, `skein destroy`, `skein status` and `skein package`.
+//!
+//! Every function runs the `skein-function` binary that sits next to this
+//! one (or `--function-binary`), zipped as `bootstrap`. Results of a query
+//! without `INSERT INTO` go to the `RESULTS` sink in the deployment's object
+//! store (`--store`, default `s3://skein`) and are read back from there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use aws_sdk_lambda::types::Architecture;
+use clap::{Args, ValueEnum};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::json;
+use skein_engine::driver::{destroy as destroy_functions, trigger_epoch};
+use skein_engine::invoke::{FunctionService, FunctionSpec};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
+use skein_engine::verify::{compare, single_process};
+use skein_lambda::dead_letter;
+use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
+use skein_lambda::package::{bootstrap_zip, code_sha256};
+use skein_lambda::{
+    CodeSource, LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions,
+};
+use skein_sinks::results;
+
+use crate::PlanArgs;
+use crate::registry::registries;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The in-process function runtime.
+    #[default]
+    Local,
+    /// AWS Lambda (or a stand-in at AWS_ENDPOINT_URL).
+    Lambda,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Arch {
+    #[value(name = "x86_64")]
+    X86_64,
+    Arm64,
+}
+
+impl Arch {
+    fn lambda(self) -> Architecture {
+        match self {
+            Arch::X86_64 => Architecture::X8664,
+            Arch::Arm64 => Architecture::Arm64,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "arm64",
+        }
+    }
+
+    fn host() -> Option<Arch> {
+        match std::env::consts::ARCH {
+            "x86_64" => Some(Arch::X86_64),
+            "aarch64" => Some(Arch::Arm64),
+            _ => None,
+        }
+    }
+}
+
+/// Where and how functions are deployed.
+#[derive(Args, Clone, Debug)]
+pub struct LambdaArgs {
+    /// Where the functions run.
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// A ready bootstrap.zip (default: zip the skein-function next to this binary).
+    #[arg(long)]
+    pub zip: Option<PathBuf>,
+    /// The skein-function binary to package when no --zip is given.
+    #[arg(long, env = "SKEIN_FUNCTION_BINARY")]
+    pub function_binary: Option<PathBuf>,
+    /// Execution role of the functions.
+    #[arg(
+        long,
+        env = "SKEIN_LAMBDA_ROLE",
+        default_value = "arn:aws:iam::000000000000:role/skein"
+    )]
+    pub role: String,
+    /// Memory of each function, MB.
+    #[arg(long, default_value_t = 512)]
+    pub memory: i32,
+    /// Timeout of each function, seconds (a synchronous hop waits for the rest of the DAG).
+    #[arg(long, default_value_t = 300)]
+    pub timeout: i32,
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    pub arch: Arch,
+    /// Object store for spilled contexts, code and results: s3://bucket or file:///dir.
+    #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]
+    pub store: String,
+    /// On-failure destination (SQS, SNS or Lambda ARN) of async invocations
+    /// (default: the query's dead-letter function `<query-code>-dlq`, which
+    /// records them in the store).
+    #[arg(long)]
+    pub on_failure: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct DeployArgs {
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[command(flatten)]
+    pub lambda: LambdaArgs,
+    /// One JSON line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DestroyArgs {
+    /// A SQL file or a query code (as `skein status` lists them).
+    pub query: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PackageArgs {
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    pub arch: Arch,
+    /// The skein-function binary (default: next to this binary).
+    #[arg(long, env = "SKEIN_FUNCTION_BINARY")]
+    pub function_binary: Option<PathBuf>,
+    /// Where to write the zip (default: bootstrap.zip next to the binary).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn function_binary(given: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.clone());
+    }
+    let me = std::env::current_exe().context("locating the skein binary")?;
+    let sibling = me.with_file_name("skein-function");
+    if !sibling.exists() {
+        bail!(
+            "{} not found: build it (cargo build --bin skein-function) or pass --function-binary",
+            sibling.display()
+        );
+    }
+    Ok(sibling)
+}
+
+/// The binary stripped of symbols and debug info (a debug build shrinks
+/// from ~250 MB, Lambda's unzipped limit, to ~160 MB); as is when `strip`
+/// is missing.
+fn stripped(binary: &Path) -> Result<Vec<u8>> {
+    let out = std::env::temp_dir().join(format!("skein-bootstrap-{}", std::process::id()));
+    let ok = std::process::Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&out)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    let bytes = if ok {
+        std::fs::read(&out)
+    } else {
+        std::fs::read(binary)
+    };
+    let _ = std::fs::remove_file(&out);
+    bytes.with_context(|| format!("reading {}", binary.display()))
+}
+
+/// `skein package`: bootstrap.zip of the built skein-function.
+pub fn package(args: PackageArgs) -> Result<()> {
+    if Arch::host() != Some(args.arch) {
+        bail!(
+            "skein package zips the skein-function built for this machine ({}); for {} build it with \
+             cargo-lambda or docker/ and pass --zip to deploy",
+            std::env::consts::ARCH,
+            args.arch.name()
+        );
+    }
+    let binary = function_binary(&args.function_binary)?;
+    let zip = bootstrap_zip(&stripped(&binary)?, true)?;
+    let out = args
+        .out
+        .unwrap_or_else(|| binary.with_file_name("bootstrap.zip"));
+    std::fs::write(&out, &zip).with_context(|| format!("writing {}", out.display()))?;
+    if args.json {
+        println!(
+            "{}",
+            json!({"path": out.display().to_string(), "bytes": zip.len(), "arch": args.arch.name()})
+        );
+    } else {
+        println!(
+            "{} ({} bytes, {})",
+            out.display(),
+            zip.len(),
+            args.arch.name()
+        );
+    }
+    Ok(())
+}
+
+/// Everything a Lambda command talks to.
+struct Connection {
+    sdk: aws_config::SdkConfig,
+    store: Arc<dyn ObjectStore>,
+    store_url: String,
+}
+
+async fn connect(store_url: &str) -> Result<Connection> {
+    let sdk = skein_lambda::sdk_config().await;
+    skein_lambda::store::ensure_bucket(&sdk, store_url).await?;
+    let store = skein_lambda::store::open(store_url)?;
+    Ok(Connection {
+        sdk,
+        store,
+        store_url: store_url.trim_end_matches('/').to_string(),
+    })
+}
+
+/// The code to deploy: a zip in S3 under its hash (uploaded once, not with
+/// every function), or the zip itself for a file store.
+async fn code(b: &Connection, args: &LambdaArgs) -> Result<(CodeSource, String)> {
+    let zip = match &args.zip {
+        Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
+        None => {
+            let binary = function_binary(&args.function_binary)?;
+            // Stored, not deflated: deflating a debug build takes minutes.
+            bootstrap_zip(&stripped(&binary)?, false)?
+        }
+    };
+    let sha = code_sha256(&zip);
+    let Some(bucket) = skein_lambda::store::s3_bucket(&b.store_url) else {
+        return Ok((CodeSource::Zip(Arc::new(zip)), sha));
+    };
+    let hex_sha = sha.replace(['/', '+', '='], "_");
+    let key = format!("skein/code/{hex_sha}.zip");
+    let path = StorePath::from(key.as_str());
+    if b.store.head(&path).await.is_err() {
+        b.store
+            .put(&path, zip.into())
+            .await
+            .context("uploading the function code")?;
+    }
+    Ok((
+        CodeSource::S3 {
+            bucket: bucket.to_string(),
+            key,
+        },
+        sha,
+    ))
+}
+
+fn run_id() -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!("{millis}-{:04x}", std::process::id() & 0xffff)
+}
+
+fn options(p: &PlanArgs) -> PlanOptions {
+    PlanOptions {
+        group_size: p.group_size,
+        encoding: p.encoding,
+        invoke_async: p.invoke_async,
+    }
+}
+
+/// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
+async fn plan(
+    sql: &str,
+    p: &PlanArgs,
+    store_url: &str,
+) -> Result<(QueryPlan, datafusion::prelude::SessionContext)> {
+    let regs = registries();
+    let ctx = session(&regs.sources, p.group_size);
+    let mut plan = plan_query(&ctx, sql, &options(p))
+        .await
+        .context("planning the query")?;
+    if plan.sink.kind.eq_ignore_ascii_case("COLLECT") {
+        plan.sink = results::config(&results_location(store_url));
+    }
+    Ok((plan, ctx))
+}
+
+fn results_location(store_url: &str) -> String {
+    format!("{}/skein/results", store_url.trim_end_matches('/'))
+}
+
+/// Deploy the query's dead-letter function (unless --on-failure names
+/// another destination), then every stage function.
+async fn deploy_plan(
+    b: &Connection,
+    args: &LambdaArgs,
+    plan: &QueryPlan,
+    p: &PlanArgs,
+    epochs: Option<u64>,
+) -> Result<Vec<Deployed>> {
+    let (code, code_sha256) = code(b, args).await?;
+    let extra_env = BTreeMap::from([
+        (STORE_ENV.to_string(), b.store_url.clone()),
+        // A new id per deployment: every function starts from a fresh instance.
+        (RUN_ENV.to_string(), run_id()),
+    ]);
+    let mut service_options = ServiceOptions {
+        code,
+        code_sha256,
+        role: args.role.clone(),
+        memory_mb: args.memory,
+        timeout_s: args.timeout,
+        arch: args.arch.lambda(),
+        extra_env: extra_env.clone(),
+        on_failure: None,
+    };
+    service_options.on_failure = match &args.on_failure {
+        Some(arn) => Some(arn.clone()),
+        None => {
+            let dlq = LambdaFunctionService::new(&b.sdk, Some(service_options.clone()));
+            let name = dead_letter::function_name(&plan.query_code);
+            dlq.create(FunctionSpec {
+                name: name.clone(),
+                environment: BTreeMap::new(),
+                concurrency: skein_engine::planner::STATELESS_CONCURRENCY,
+            })
+            .await?;
+            Some(dlq.function_arn(&name).await?)
+        }
+    };
+    let service = LambdaFunctionService::new(&b.sdk, Some(service_options));
+    Ok(deploy_functions(plan, &service, &b.store, &options(p), epochs, &extra_env).await?)
+}
+
+/// `skein deploy FILE.sql --backend lambda`.
+pub async fn deploy(args: DeployArgs) -> Result<()> {
+    if args.lambda.backend != Backend::Lambda {
+        bail!(
+            "skein deploy needs --backend lambda (the local backend deploys as part of skein run)"
+        );
+    }
+    let sql = read_sql(&args.file)?;
+    let b = connect(&args.lambda.store).await?;
+    let (plan, _) = plan(&sql, &args.plan, &b.store_url).await?;
+    let start = Instant::now();
+    let deployed = deploy_plan(&b, &args.lambda, &plan, &args.plan, None).await?;
+    let secs = start.elapsed().as_secs_f64();
+    if args.json {
+        let functions: Vec<_> = deployed
+            .iter()
+            .map(|d| json!({"name": d.name, "concurrency": d.concurrency, "spilled": d.spilled}))
+            .collect();
+        println!(
+            "{}",
+            json!({"query_code": plan.query_code, "functions": functions, "deploy_s": secs})
+        );
+    } else {
+        for d in &deployed {
+            println!(
+                "{}  concurrency {}{}",
+                d.name,
+                if d.concurrency >= skein_engine::planner::STATELESS_CONCURRENCY {
+                    "unreserved".to_string()
+                } else {
+                    d.concurrency.to_string()
+                },
+                if d.spilled {
+                    "  (context in the object store)"
+                } else {
+                    ""
+                }
+            );
+        }
+        println!(
+            "query {}: {} functions deployed in {secs:.2} s",
+            plan.query_code,
+            deployed.len()
+        );
+    }
+    Ok(())
+}
+
+/// `skein run FILE.sql --backend lambda`: deploy for this run, trigger the
+/// source stage once per epoch, read the results back, optionally verify.
+/// Invocations between functions happen in other processes, so the JSON
+/// line reports `invocations` and `payload_bytes` as null.
+pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaArgs) -> Result<()> {
+    if common.plan.invoke_async {
+        bail!(
+            "--invoke-async is not supported by skein run --backend lambda yet: the run could not tell when the last async hop has finished"
+        );
+    }
+    let sql = read_sql(file)?;
+    let b = connect(&args.store).await?;
+    let (plan, ctx) = plan(&sql, &common.plan, &b.store_url).await?;
+    let epochs = common.epochs.max(1);
+    let deploy_start = Instant::now();
+    let deployed = deploy_plan(&b, args, &plan, &common.plan, Some(epochs)).await?;
+    let deploy_s = deploy_start.elapsed().as_secs_f64();
+    let collects = plan.sink.kind == results::KIND;
+    if collects {
+        results::clear(&plan.sink.location, &plan.query_code).await?;
+    }
+    for stale in object_keys(
+        &b.store,
+        &format!("{}/{}", dead_letter::PREFIX, plan.query_code),
+    )
+    .await?
+    {
+        b.store.delete(&stale).await?;
+    }
+    let invoker = LambdaInvoker::new(&b.sdk);
+    let start = Instant::now();
+    let mut events = 0;
+    for epoch in 0..epochs {
+        events += trigger_epoch(&plan, &invoker, epoch, epoch + 1 == epochs)
+            .await
+            .with_context(|| format!("epoch {epoch}"))?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let rows: Vec<RecordBatch> = if collects {
+        results::read(&plan.sink.location, &plan.query_code).await?
+    } else {
+        vec![]
+    };
+    let result_rows: usize = rows.iter().map(|b| b.num_rows()).sum();
+    let dead_letters = dead_letter::list(&b.store, &plan.query_code).await?;
+    let mut verified = None;
+    let mut diff = None;
+    if common.verify {
+        if !collects {
+            bail!(
+                "--verify on Lambda needs a query without INSERT INTO (its rows are read back from the store)"
+            );
+        }
+        let expected = single_process(&ctx, &plan)
+            .await
+            .context("single-process DataFusion run")?;
+        let cmp = compare(&expected, &rows, plan.ordered)?;
+        verified = Some(cmp.equal);
+        if !cmp.equal {
+            diff = Some(cmp);
+        }
+    }
+    let events_per_s = if elapsed > 0.0 {
+        events as f64 / elapsed
+    } else {
+        0.0
+    };
+    if common.json {
+        println!(
+            "{}",
+            json!({
+                "stages": plan.stages.len(),
+                "functions": deployed.len(),
+                "invocations": null,
+                "payload_bytes": null,
+                "events": events,
+                "events_per_s": events_per_s.round(),
+                "result_rows": result_rows,
+                "verified": verified,
+                "epochs": epochs,
+                "elapsed_s": elapsed,
+                "query_code": plan.query_code,
+                "backend": "lambda",
+                "deploy_s": deploy_s,
+                "spilled_contexts": deployed.iter().filter(|d| d.spilled).count(),
+                "dead_letters": dead_letters.len(),
+            })
+        );
+    } else {
+        let shown = limit_rows(&rows, common.show);
+        println!("{}", pretty_format_batches(&shown)?);
+        println!(
+            "{result_rows} result rows; {events} events in {epochs} epochs, {elapsed:.3} s on Lambda, \
+             {events_per_s:.0} events/s\n{} stages, {} functions (deployed in {deploy_s:.2} s){}",
+            plan.stages.len(),
+            deployed.len(),
+            match verified {
+                Some(true) => "\nverified: equal to single-process DataFusion",
+                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
+                None => "",
+            }
+        );
+    }
+    if let Some(first) = dead_letters.first() {
+        bail!(
+            "{} async invocations failed every retry and were dead-lettered; first: {}",
+            dead_letters.len(),
+            first["responsePayload"]
+        );
+    }
+    if let Some(cmp) = diff {
+        bail!(
+            "verification failed: {} rows expected, {} produced; first differences:\n{}",
+            cmp.expected_rows,
+            cmp.got_rows,
+            cmp.differences.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// `skein destroy FILE.sql|QUERY_CODE`.
+pub async fn destroy(args: DestroyArgs) -> Result<()> {
+    let code = if Path::new(&args.query).is_file() {
+        let sql = read_sql(Path::new(&args.query))?;
+        skein_engine::planner::query_code(&sql)
+    } else {
+        args.query.clone()
+    };
+    let sdk = skein_lambda::sdk_config().await;
+    let service = LambdaFunctionService::new(&sdk, None);
+    let n = destroy_functions(&code, &service).await?;
+    println!("query {code}: {n} functions deleted");
+    Ok(())
+}
+
+/// `skein status`: deployed queries and their functions.
+pub async fn status(as_json: bool) -> Result<()> {
+    let sdk = skein_lambda::sdk_config().await;
+    let service = LambdaFunctionService::new(&sdk, None);
+    let mut queries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for name in service.list("").await? {
+        if let Some(code) = query_code_of(&name) {
+            queries.entry(code.to_string()).or_default().insert(name);
+        }
+    }
+    // Dead letters of each query, when the store is there to ask.
+    let mut dead: BTreeMap<String, usize> = BTreeMap::new();
+    let store_url = std::env::var("SKEIN_STORE").unwrap_or_else(|_| "s3://skein".into());
+    if let Ok(store) = skein_lambda::store::open(&store_url) {
+        for code in queries.keys() {
+            let n = dead_letter::list(&store, code)
+                .await
+                .map(|v| v.len())
+                .unwrap_or(0);
+            if n > 0 {
+                dead.insert(code.clone(), n);
+            }
+        }
+    }
+    if as_json {
+        println!("{}", json!({"queries": queries, "dead_letters": dead}));
+    } else if queries.is_empty() {
+        println!("no queries deployed");
+    } else {
+        for (code, names) in &queries {
+            let dl = dead
+                .get(code)
+                .map(|n| format!(", {n} dead letters"))
+                .unwrap_or_default();
+            println!("{code}: {} functions{dl}", names.len());
+            for n in names {
+                println!("  {n}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The query code of a function named `<query-code>-<stage:02>-<member:02>`
+/// (or `<query-code>-dlq`, its dead-letter function).
+fn query_code_of(name: &str) -> Option<&str> {
+    if let Some(code) = name.strip_suffix("-dlq").filter(|c| !c.is_empty()) {
+        return Some(code);
+    }
+    let mut parts = name.rsplitn(3, '-');
+    let member = parts.next()?;
+    let stage = parts.next()?;
+    let code = parts.next()?;
+    let two_digits = |s: &str| s.len() >= 2 && s.bytes().all(|b| b.is_ascii_digit());
+    (two_digits(member) && two_digits(stage) && !code.is_empty()).then_some(code)
+}
+
+async fn object_keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Result<Vec<StorePath>> {
+    use futures::TryStreamExt;
+    Ok(store
+        .list(Some(&StorePath::from(prefix)))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await?)
+}
+
+fn read_sql(file: &Path) -> Result<String> {
+    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
+    let mut out = vec![];
+    let mut left = n;
+    for b in batches {
+        if left == 0 {
+            break;
+        }
+        let take = b.num_rows().min(left);
+        out.push(b.slice(0, take));
+        left -= take;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_codes_from_function_names() {
+        assert_eq!(query_code_of("q0123456789-01-03"), Some("q0123456789"));
+        assert_eq!(query_code_of("skein-smoke-1-2"), None);
+        assert_eq!(query_code_of("plain"), None);
+        assert_eq!(query_code_of("q0123456789-dlq"), Some("q0123456789"));
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct BenchLambdaArgs {
+    /// NEXMark query whose launch is timed.
+    #[arg(long, default_value_t = 5)]
+    pub query: u32,
+    /// Members of each function group.
+    #[arg(long, default_value_t = 4)]
+    pub group_size: usize,
+    /// Warm invocations to time.
+    #[arg(long, default_value_t = 30)]
+    pub warm: usize,
+    #[command(flatten)]
+    pub lambda: LambdaArgs,
+}
+
+/// `skein bench lambda`: query launch time (deploy of every function of a
+/// NEXMark query, cold = create, warm = re-deploy; code uploaded beforehand,
+/// no compilation) and the overhead of one hop (a probe invocation through
+/// the Lambda API: the first after a deploy starts an instance, later ones
+/// reuse it). Prints one JSON line; leaves nothing deployed.
+pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
+    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
+    let b = connect(&args.lambda.store).await?;
+    let p = PlanArgs {
+        group_size: args.group_size,
+        encoding: Default::default(),
+        invoke_async: false,
+    };
+    let (plan, _) = plan(&sql, &p, &b.store_url).await?;
+    let lister = LambdaFunctionService::new(&b.sdk, None);
+    destroy_functions(&plan.query_code, &lister).await?;
+    code(&b, &args.lambda).await?; // upload once, outside the timings
+
+    let t = Instant::now();
+    let deployed = deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    let deploy_cold_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    let deploy_warm_s = t.elapsed().as_secs_f64();
+
+    let invoker = LambdaInvoker::new(&b.sdk);
+    let target = &deployed.last().context("no functions deployed")?.name;
+    let probe = || async {
+        let t = Instant::now();
+        skein_engine::invoke::invoke_with_retry(
+            &invoker,
+            target,
+            br#"{"probe": true}"#.to_vec(),
+            skein_engine::invoke::InvocationType::Sync,
+            std::time::Duration::from_millis(200),
+            50,
+        )
+        .await?;
+        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let cold_ms = probe().await?;
+    let mut warm = vec![];
+    for _ in 0..args.warm.max(1) {
+        warm.push(probe().await?);
+    }
+    warm.sort_by(|a, b| a.total_cmp(b));
+    destroy_functions(&plan.query_code, &lister).await?;
+    println!(
+        "{}",
+        json!({
+            "query": args.query,
+            "functions": deployed.len() + 1,
+            "deploy_cold_s": deploy_cold_s,
+            "deploy_warm_s": deploy_warm_s,
+            "hop_cold_ms": cold_ms,
+            "hop_warm_ms_median": warm[warm.len() / 2],
+            "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! The Lambda backend end to end on ministack: `skein deploy / run / status /
+//! destroy --backend lambda` as a user runs them, with the real
+//! `skein-function` binary as every function's bootstrap. Results must equal
+//! single-process DataFusion and the in-process backend on the same input.
+
+mod common;
+
+use std::process::Command;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skein_engine::EngineError;
+use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
+use skein_lambda::LambdaInvoker;
+
+const SKEIN: &str = env!("CARGO_BIN_EXE_skein");
+const FUNCTION_BINARY: &str = env!("CARGO_BIN_EXE_skein-function");
+
+/// Runs the CLI against ministack with its own bucket; returns stdout, or
+/// fails the test with stderr.
+fn skein(store: &str, args: &[&str]) -> String {
+    let endpoint = common::require_aws();
+    let (id, secret) = common::aws_credentials();
+    let out = Command::new(SKEIN)
+        .args(args)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .env("AWS_REGION", common::aws_region())
+        .env("SKEIN_STORE", store)
+        .env("SKEIN_FUNCTION_BINARY", FUNCTION_BINARY)
+        .output()
+        .expect("running skein");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "skein {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn json_line(text: &str) -> Value {
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in {text:?}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+fn write_sql(name: &str, sql: &str) -> String {
+    let path = std::env::temp_dir().join(format!("{}.sql", common::unique_name(name)));
+    std::fs::write(&path, sql).expect("writing the query");
+    path.display().to_string()
+}
+
+fn nexmark_tables(events: u64, partitions: usize) -> String {
+    ["person", "auction", "bid"]
+        .iter()
+        .map(|t| {
+            format!(
+                "CREATE EXTERNAL TABLE {t} STORED AS NEXMARK LOCATION '{t}' OPTIONS ('events' '{events}', \
+                 'rate' '1000', 'partitions' '{partitions}', 'event_time' 'date_time');"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Runs `file` on Lambda and in-process; both must verify, with the same rows.
+fn run_both(store: &str, file: &str, group_size: &str, epochs: &str) -> (Value, Value) {
+    let common_args = [
+        "--group-size",
+        group_size,
+        "--epochs",
+        epochs,
+        "--verify",
+        "--json",
+    ];
+    let mut lambda_args = vec!["run", file, "--backend", "lambda"];
+    lambda_args.extend(common_args);
+    let on_lambda = json_line(&skein(store, &lambda_args));
+    let mut local_args = vec!["run", file];
+    local_args.extend(common_args);
+    let local = json_line(&skein(store, &local_args));
+    assert_eq!(on_lambda["verified"], Value::Bool(true), "{on_lambda}");
+    assert_eq!(local["verified"], Value::Bool(true), "{local}");
+    assert_eq!(
+        on_lambda["result_rows"], local["result_rows"],
+        "lambda {on_lambda} local {local}"
+    );
+    assert_eq!(
+        on_lambda["events"], local["events"],
+        "lambda {on_lambda} local {local}"
+    );
+    assert_eq!(
+        on_lambda["functions"], local["functions"],
+        "lambda {on_lambda} local {local}"
+    );
+    assert!(
+        on_lambda["result_rows"].as_u64().unwrap_or(0) > 0,
+        "{on_lambda}"
+    );
+    (on_lambda, local)
+}
+
+/// A shuffling group-by over a group of 4, fed by 4 source instances at once
+/// (so every member, at reserved concurrency 1, is throttled and retried),
+/// with a filter literal large enough that the source contexts pass Lambda's
+/// 4 KB environment limit and must be read back from S3. Then destroy.
+#[tokio::test(flavor = "multi_thread")]
+async fn shuffled_group_by_on_lambda() {
+    let store = format!("s3://{}", common::unique_name("skein-lambda-shuffle"));
+    // Random hex does not compress: the context cannot fit in 4 KB.
+    let literal: String = (0..6000)
+        .map(|_| format!("{:x}", rand::random::<u8>() % 16))
+        .collect();
+    let sql = format!(
+        "{}\nSELECT auction, count(*) AS bids, max(price) AS top FROM bid WHERE channel <> '{literal}' GROUP BY auction",
+        nexmark_tables(4000, 4)
+    );
+    let file = write_sql("shuffle", &sql);
+
+    let deployed = json_line(&skein(
+        &store,
+        &[
+            "deploy",
+            &file,
+            "--backend",
+            "lambda",
+            "--group-size",
+            "4",
+            "--json",
+        ],
+    ));
+    let code = deployed["query_code"]
+        .as_str()
+        .expect("query_code")
+        .to_string();
+    let functions = deployed["functions"].as_array().expect("functions").clone();
+    assert!(
+        functions.iter().any(|f| f["spilled"] == Value::Bool(true)),
+        "no context was spilled: {deployed}"
+    );
+
+    // Group members reserve concurrency 1 on Lambda itself.
+    let lambda = aws_sdk_lambda::Client::new(&common::aws_sdk_config().await);
+    let members: Vec<&str> = functions
+        .iter()
+        .filter(|f| f["concurrency"] == 1)
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(members.len() >= 4, "{deployed}");
+    for m in &members {
+        let c = lambda
+            .get_function_concurrency()
+            .function_name(*m)
+            .send()
+            .await
+            .expect("GetFunctionConcurrency");
+        assert_eq!(c.reserved_concurrent_executions(), Some(1), "{m}");
+    }
+
+    let (on_lambda, _) = run_both(&store, &file, "4", "3");
+    assert_eq!(on_lambda["query_code"], Value::String(code.clone()));
+    assert!(
+        on_lambda["spilled_contexts"].as_u64().unwrap_or(0) > 0,
+        "{on_lambda}"
+    );
+
+    throttles_are_retried_not_lost(&lambda, &code).await;
+    corrupt_payload_is_an_error_naming_uuid_and_stage(&code).await;
+    poisoned_async_payload_ends_as_a_dead_letter(&store, &code).await;
+
+    // The stage functions and the query's dead-letter function.
+    let status = json_line(&skein(&store, &["status", "--json"]));
+    assert_eq!(
+        status["queries"][&code].as_array().map(Vec::len),
+        Some(functions.len() + 1),
+        "{status}"
+    );
+    skein(&store, &["destroy", &file]);
+    let status = json_line(&skein(&store, &["status", "--json"]));
+    assert!(
+        status["queries"].get(&code).is_none(),
+        "functions left behind: {status}"
+    );
+    let left = lambda.list_functions().send().await.expect("ListFunctions");
+    assert!(
+        !left
+            .functions()
+            .iter()
+            .filter_map(|f| f.function_name())
+            .any(|n| n.starts_with(&code)),
+        "functions of {code} left behind"
+    );
+}
+
+/// A windowed aggregate (NEXMark q7: the highest bid per 10 s tumbling
+/// window) over several epochs: window state lives in warm function
+/// instances across invocations.
+#[tokio::test(flavor = "multi_thread")]
+async fn windowed_aggregate_on_lambda() {
+    let store = format!("s3://{}", common::unique_name("skein-lambda-window"));
+    let query = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/queries/nexmark/q7.sql"
+    ))
+    .expect("q7");
+    let file = write_sql("q7", &format!("{}\n{query}", nexmark_tables(6000, 2)));
+    run_both(&store, &file, "2", "4");
+    skein(&store, &["destroy", &file]);
+}
+
+/// A source function limited to one instance and triggered four times at
+/// once: raw calls are throttled (429 -> EngineError::Throttled), and with
+/// `invoke_with_retry` every one of them is served.
+async fn throttles_are_retried_not_lost(lambda: &aws_sdk_lambda::Client, code: &str) {
+    let source = format!("{code}-01-00");
+    lambda
+        .put_function_concurrency()
+        .function_name(&source)
+        .reserved_concurrent_executions(1)
+        .send()
+        .await
+        .expect("PutFunctionConcurrency");
+    let invoker = LambdaInvoker::new(&common::aws_sdk_config().await);
+    let trigger = json!({"trigger": {"qid": code, "epoch": 2, "last": true}})
+        .to_string()
+        .into_bytes();
+    let mut throttled = 0;
+    for _round in 0..3 {
+        let calls = (0..4).map(|_| invoker.invoke(&source, trigger.clone(), InvocationType::Sync));
+        for r in futures::future::join_all(calls).await {
+            match r {
+                Ok(_) => {}
+                Err(EngineError::Throttled { .. }) => throttled += 1,
+                Err(e) => panic!("{source}: {e}"),
+            }
+        }
+        if throttled > 0 {
+            break;
+        }
+    }
+    assert!(
+        throttled > 0,
+        "four concurrent calls to {source} at concurrency 1 were never throttled"
+    );
+    let calls = (0..4).map(|_| {
+        invoke_with_retry(
+            &invoker,
+            &source,
+            trigger.clone(),
+            InvocationType::Sync,
+            Duration::from_millis(500),
+            100,
+        )
+    });
+    for r in futures::future::join_all(calls).await {
+        r.unwrap_or_else(|e| panic!("{source} with retries: {e}"));
+    }
+}
+
+/// A poisoned payload sent asynchronously (Event): Lambda retries it, then
+/// hands it to the query's dead-letter function, and `skein status` counts it.
+async fn poisoned_async_payload_ends_as_a_dead_letter(store: &str, code: &str) {
+    let member = format!("{code}-02-01");
+    let invoker = LambdaInvoker::new(&common::aws_sdk_config().await);
+    let poisoned = json!({
+        "uuid": {"qid": "poison-async", "seq_num": 0, "seq_len": 4},
+        "epoch": 0, "shuffle_id": 1, "encoding": "zstd", "data": "AAAA"
+    });
+    invoker
+        .invoke(
+            &member,
+            poisoned.to_string().into_bytes(),
+            InvocationType::Async,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("Event invoke of {member}: {e}"));
+    let counted = common::within(90, "waiting for the dead letter", async {
+        loop {
+            let status = json_line(&skein(store, &["status", "--json"]));
+            if let Some(n) = status["dead_letters"][code].as_u64() {
+                break n;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+    assert_eq!(counted, 1);
+}
+
+/// A corrupt payload comes back as a function error naming the payload's
+/// uuid and the stage; the function keeps serving.
+async fn corrupt_payload_is_an_error_naming_uuid_and_stage(code: &str) {
+    let member = format!("{code}-02-00");
+    let invoker = LambdaInvoker::new(&common::aws_sdk_config().await);
+    let corrupt = json!({
+        "uuid": {"qid": "poison", "seq_num": 0, "seq_len": 4},
+        "epoch": 0, "shuffle_id": 1, "encoding": "zstd", "data": "%%% not base64"
+    });
+    let err = invoker
+        .invoke(
+            &member,
+            corrupt.to_string().into_bytes(),
+            InvocationType::Sync,
+        )
+        .await
+        .expect_err("a corrupt payload must fail");
+    let text = err.to_string();
+    assert!(text.contains(&member) && text.contains("poison"), "{text}");
+    let probe = invoker
+        .invoke(
+            &member,
+            br#"{"probe": true}"#.to_vec(),
+            InvocationType::Sync,
+        )
+        .await;
+    assert!(probe.is_ok(), "{member} stopped serving: {probe:?}");
+}
