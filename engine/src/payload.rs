@@ -284,19 +284,14 @@ pub fn encode_payloads(
     limit: usize,
 ) -> Result<Vec<Payload>> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let chunks: Vec<Vec<RecordBatch>> = if rows == 0 {
-        vec![vec![]]
+    let datas: Vec<String> = if rows == 0 {
+        vec![String::new()]
     } else {
-        split_to_fit(header.encoding, schema, batches, limit)?
+        encode_to_fit(header.encoding, schema, batches, limit)?
     };
-    let count = chunks.len() as u32;
-    let mut out = Vec::with_capacity(chunks.len());
-    for (i, chunk) in chunks.into_iter().enumerate() {
-        let data = if chunk.is_empty() {
-            String::new()
-        } else {
-            encode_data(header.encoding, schema, &chunk)?
-        };
+    let count = datas.len() as u32;
+    let mut out = Vec::with_capacity(datas.len());
+    for (i, data) in datas.into_iter().enumerate() {
         out.push(Payload {
             uuid: PayloadId {
                 qid: header.qid.clone(),
@@ -324,36 +319,49 @@ pub fn encode_payloads(
     Ok(out)
 }
 
-/// Split rows into groups whose encoded size fits `limit`. Starts from one
-/// group and halves any group that is too big, so the common case encodes once.
-fn split_to_fit(
+/// Encode rows as `data` strings that each fit `limit`. The common case
+/// encodes once; a too-large output is cut into as many equal row ranges as
+/// its size suggests, and any range still too large is halved again.
+fn encode_to_fit(
     encoding: Encoding,
     schema: &SchemaRef,
     batches: &[RecordBatch],
     limit: usize,
-) -> Result<Vec<Vec<RecordBatch>>> {
+) -> Result<Vec<String>> {
     let budget = limit.saturating_sub(ENVELOPE_ALLOWANCE);
-    let mut pending: Vec<Vec<RecordBatch>> = vec![
-        batches
-            .iter()
-            .filter(|b| b.num_rows() > 0)
-            .cloned()
-            .collect(),
-    ];
+    let group: Vec<RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).cloned().collect();
+    let whole = encode_data(encoding, schema, &group)?;
+    if whole.len() <= budget {
+        return Ok(vec![whole]);
+    }
+    let rows: usize = group.iter().map(|b| b.num_rows()).sum();
+    // Aim a little under the budget so most pieces fit the first time.
+    let pieces = (whole.len() as f64 / (budget as f64 * 0.85)).ceil().max(2.0) as usize;
+    let per = rows.div_ceil(pieces);
+    let mut pending: Vec<Vec<RecordBatch>> = vec![];
+    let mut rest = group;
+    while !rest.is_empty() {
+        let left: usize = rest.iter().map(|b| b.num_rows()).sum();
+        let (piece, tail) = halve(&rest, per.min(left));
+        pending.push(piece);
+        rest = tail;
+    }
+    pending.reverse();
     let mut done = vec![];
-    while let Some(group) = pending.pop() {
-        let encoded_len = encode_data(encoding, schema, &group)?.len();
-        if encoded_len <= budget {
-            done.push(group);
+    while let Some(piece) = pending.pop() {
+        let data = encode_data(encoding, schema, &piece)?;
+        if data.len() <= budget {
+            done.push(data);
             continue;
         }
-        let rows: usize = group.iter().map(|b| b.num_rows()).sum();
-        if rows <= 1 {
+        let n: usize = piece.iter().map(|b| b.num_rows()).sum();
+        if n <= 1 {
             return Err(EngineError::Context(format!(
-                "one row encodes to {encoded_len} bytes, above the payload limit of {limit}"
+                "one row encodes to {} bytes, above the payload limit of {limit}",
+                data.len()
             )));
         }
-        let (left, right) = halve(&group, rows / 2);
+        let (left, right) = halve(&piece, n / 2);
         // Push right first so fragments stay in row order.
         pending.push(right);
         pending.push(left);
