@@ -224,12 +224,21 @@ struct Generated {
 fn malformed_record(n: u64, ad: &str) -> Vec<u8> {
     match n % 5 {
         0 => b"{\"ad_id\": \"".to_vec(),
-        1 => format!("{{\"event_type\": \"view\", \"event_time\": \"{}\"}}", now_ms()).into_bytes(),
-        2 => format!("{{\"ad_id\": \"{ad}\", \"event_type\": \"view\", \"event_time\": \"yesterday\"}}")
-            .into_bytes(),
+        1 => format!(
+            "{{\"event_type\": \"view\", \"event_time\": \"{}\"}}",
+            now_ms()
+        )
+        .into_bytes(),
+        2 => format!(
+            "{{\"ad_id\": \"{ad}\", \"event_type\": \"view\", \"event_time\": \"yesterday\"}}"
+        )
+        .into_bytes(),
         3 => b"this is not JSON".to_vec(),
-        _ => format!("{{\"ad_id\": 17, \"event_type\": \"view\", \"event_time\": \"{}\"}}", now_ms())
-            .into_bytes(),
+        _ => format!(
+            "{{\"ad_id\": 17, \"event_type\": \"view\", \"event_time\": \"{}\"}}",
+            now_ms()
+        )
+        .into_bytes(),
     }
 }
 
@@ -244,7 +253,9 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await
-        .with_context(|| format!("creating topic {topic} at {brokers} (scripts/services.sh start kafka)"))?;
+        .with_context(|| {
+            format!("creating topic {topic} at {brokers} (scripts/services.sh start kafka)")
+        })?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
@@ -332,7 +343,10 @@ async fn generate(a: &GenerateArgs) -> Result<()> {
         malformed,
         views: truth.total_views(),
     };
-    std::fs::write(c.dir.join("generated.json"), serde_json::to_vec(&generated)?)?;
+    std::fs::write(
+        c.dir.join("generated.json"),
+        serde_json::to_vec(&generated)?,
+    )?;
     if c.quiet {
         // `bench` prints one line of its own.
     } else if c.json {
@@ -400,7 +414,12 @@ async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
     let c = &a.common;
     let offsets = stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic)
         .await
-        .with_context(|| format!("reading stored offsets from {} (scripts/services.sh start redis)", c.redis))?;
+        .with_context(|| {
+            format!(
+                "reading stored offsets from {} (scripts/services.sh start redis)",
+                c.redis
+            )
+        })?;
     let resumed: i64 = offsets.values().sum();
     let sql = ysb_sql(a, &offsets);
     let Registries { sources, sinks, .. } = registries();
@@ -446,8 +465,12 @@ pub struct CheckReport {
 
 async fn read_truth(dir: &Path) -> Result<BTreeMap<(String, i64), u64>> {
     let path = dir.join("truth.csv");
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {} (run `skein ysb generate` first)", path.display()))?;
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (run `skein ysb generate` first)",
+            path.display()
+        )
+    })?;
     let mut out = BTreeMap::new();
     for line in text.lines().skip(1) {
         let mut f = line.split(',');
@@ -590,7 +613,10 @@ async fn bench(a: BenchArgs) -> Result<()> {
         quiet: true,
         ..common.clone()
     };
-    eprintln!("setting up and publishing {} events to {}", a.events, common.topic);
+    eprintln!(
+        "setting up and publishing {} events to {}",
+        a.events, common.topic
+    );
     setup(&quiet).await?;
     generate(&GenerateArgs {
         common: quiet.clone(),
@@ -601,7 +627,8 @@ async fn bench(a: BenchArgs) -> Result<()> {
     })
     .await?;
     let (brokers, topic) = (common.brokers.clone(), common.topic.clone());
-    let (raw_events, raw_s) = tokio::task::spawn_blocking(move || raw_drain(&brokers, &topic)).await??;
+    let (raw_events, raw_s) =
+        tokio::task::spawn_blocking(move || raw_drain(&brokers, &topic)).await??;
     let raw_rate = raw_events as f64 / raw_s;
     let (report, _, _) = run_query(&YsbRunArgs {
         common: quiet.clone(),

@@ -7,7 +7,9 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
+use datafusion::arrow::array::{
+    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use redis::AsyncCommands;
 use skein_engine::payload::SourceOffset;
@@ -18,7 +20,11 @@ use skein_sinks::redis::stored_offsets;
 fn ysb_batch(campaign: &str, windows: &[i64], counts: &[i64]) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
         Field::new("campaign_id", DataType::Utf8, false),
-        Field::new("window_start", DataType::Timestamp(TimeUnit::Millisecond, None), false),
+        Field::new(
+            "window_start",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
         Field::new("seen_count", DataType::Int64, false),
     ]));
     let columns: Vec<ArrayRef> = vec![
@@ -71,9 +77,13 @@ async fn ysb_layout_is_exactly_once() {
         offsets: offsets(topic, at),
         last: false,
     };
-    sink.write(write(0, batch.clone(), 100)).await.expect("first write");
+    sink.write(write(0, batch.clone(), 100))
+        .await
+        .expect("first write");
     // The same epoch again (a replay): nothing changes.
-    sink.write(write(0, batch.clone(), 100)).await.expect("replay");
+    sink.write(write(0, batch.clone(), 100))
+        .await
+        .expect("replay");
     // A later epoch adds to the same windows.
     sink.write(write(1, ysb_batch(&campaign, &[10_000], &[5]), 150))
         .await
@@ -107,7 +117,11 @@ async fn hash_layout_with_key_template_and_ttl() {
     let prefix = common::unique_name("user");
     let sink = sink(
         &url,
-        &[("layout", "hash"), ("key", &format!("{prefix}:{{campaign_id}}")), ("ttl.seconds", "60")],
+        &[
+            ("layout", "hash"),
+            ("key", &format!("{prefix}:{{campaign_id}}")),
+            ("ttl.seconds", "60"),
+        ],
     );
     let batch = ysb_batch("c1", &[10_000], &[7]);
     sink.write(SinkWrite {

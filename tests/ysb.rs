@@ -22,10 +22,23 @@ use serde_json::Value;
 /// Runs `skein ysb <cmd> <args> --json`; returns the last stdout line as JSON.
 fn ysb(cmd: &str, topic: &str, dir: &Path, seed: u64, extra: &[&str]) -> (bool, Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(["ysb", cmd, "--topic", topic, "--seed", &seed.to_string(), "--json"])
+        .args([
+            "ysb",
+            cmd,
+            "--topic",
+            topic,
+            "--seed",
+            &seed.to_string(),
+            "--json",
+        ])
         .arg("--dir")
         .arg(dir)
-        .args(["--brokers", &common::kafka_brokers(), "--redis", &common::redis_url()])
+        .args([
+            "--brokers",
+            &common::kafka_brokers(),
+            "--redis",
+            &common::redis_url(),
+        ])
         .args(extra)
         .env("RUST_BACKTRACE", "0")
         .output()
@@ -34,7 +47,11 @@ fn ysb(cmd: &str, topic: &str, dir: &Path, seed: u64, extra: &[&str]) -> (bool, 
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let last = stdout.lines().last().unwrap_or_default();
     let json = serde_json::from_str(last).unwrap_or(Value::Null);
-    (out.status.success(), json, format!("stdout: {stdout}\nstderr: {stderr}"))
+    (
+        out.status.success(),
+        json,
+        format!("stdout: {stdout}\nstderr: {stderr}"),
+    )
 }
 
 fn require_services() {
@@ -55,7 +72,11 @@ fn prepare(topic: &str, dir: &Path, seed: u64, events: u64, extra: &[&str]) -> V
 
 fn assert_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) {
     let (ok, check, log) = ysb("check", topic, dir, seed, &[]);
-    assert_eq!(check["exact"], Value::Bool(true), "ysb check: {check} {log}");
+    assert_eq!(
+        check["exact"],
+        Value::Bool(true),
+        "ysb check: {check} {log}"
+    );
     assert!(ok, "ysb check exited non-zero: {log}");
     assert_eq!(check["views"].as_u64(), Some(expected_views), "{check}");
     assert_eq!(check["missing"].as_u64(), Some(0));
@@ -91,7 +112,13 @@ fn malformed_events_go_to_the_dead_letter_topic() {
     let generated = prepare(&topic, &dir, seed, 50_000, &["--malformed-percent", "1"]);
     let malformed = generated["malformed"].as_u64().unwrap();
     assert_eq!(malformed, 500, "{generated}");
-    let (ok, run, log) = ysb("run", &topic, &dir, seed, &["--until-drained", "--dead-letter-topic", &dead]);
+    let (ok, run, log) = ysb(
+        "run",
+        &topic,
+        &dir,
+        seed,
+        &["--until-drained", "--dead-letter-topic", &dead],
+    );
     assert!(ok, "ysb run failed: {log}");
     assert_eq!(run["dead_letters"].as_u64(), Some(malformed), "{run}");
     assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
@@ -107,7 +134,8 @@ fn malformed_events_go_to_the_dead_letter_topic() {
         .expect("dead-letter topic metadata");
     let mut tpl = TopicPartitionList::new();
     for p in metadata.topics()[0].partitions() {
-        tpl.add_partition_offset(&dead, p.id(), Offset::Beginning).unwrap();
+        tpl.add_partition_offset(&dead, p.id(), Offset::Beginning)
+            .unwrap();
     }
     consumer.assign(&tpl).expect("assign");
     let mut seen = BTreeSet::new();
@@ -117,14 +145,17 @@ fn malformed_events_go_to_the_dead_letter_topic() {
             continue;
         };
         let m = m.expect("consuming dead letters");
-        let letter: Value = serde_json::from_slice(m.payload().unwrap_or_default())
-            .expect("a dead letter is JSON");
+        let letter: Value =
+            serde_json::from_slice(m.payload().unwrap_or_default()).expect("a dead letter is JSON");
         assert_eq!(letter["topic"].as_str(), Some(topic.as_str()), "{letter}");
         assert!(
             !letter["reason"].as_str().unwrap_or_default().is_empty(),
             "dead letter without a reason: {letter}"
         );
-        let key = (letter["partition"].as_i64().unwrap(), letter["offset"].as_i64().unwrap());
+        let key = (
+            letter["partition"].as_i64().unwrap(),
+            letter["offset"].as_i64().unwrap(),
+        );
         assert!(seen.insert(key), "dead letter {key:?} twice");
     }
     assert_eq!(seen.len() as u64, malformed, "dead letters found");
@@ -148,16 +179,31 @@ fn killed_three_times_still_exact() {
     let mut rng = rand::random::<u64>();
     for round in 0..3 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
-            .args(["ysb", "run", "--topic", &topic, "--seed", &seed.to_string(), "--json"])
+            .args([
+                "ysb",
+                "run",
+                "--topic",
+                &topic,
+                "--seed",
+                &seed.to_string(),
+                "--json",
+            ])
             .arg("--dir")
             .arg(&dir)
-            .args(["--brokers", &common::kafka_brokers(), "--redis", &common::redis_url()])
+            .args([
+                "--brokers",
+                &common::kafka_brokers(),
+                "--redis",
+                &common::redis_url(),
+            ])
             .args(slow)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("starting skein ysb run");
-        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let after = Duration::from_millis(800 + (rng >> 33) % 1500);
         std::thread::sleep(after);
         // Child::kill sends SIGKILL: no chance to flush or clean up.
@@ -171,7 +217,10 @@ fn killed_three_times_still_exact() {
     eprintln!("final run: {run}");
     // The kills interrupted the work: some was done before, some was left.
     let resumed = run["resumed_from"].as_i64().unwrap_or_default();
-    assert!(resumed > 0 && resumed < 200_000, "the kills did not land mid-run: {run}");
+    assert!(
+        resumed > 0 && resumed < 200_000,
+        "the kills did not land mid-run: {run}"
+    );
     assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
 }
 

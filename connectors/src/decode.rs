@@ -67,7 +67,10 @@ pub struct RecordDecoder {
 enum Raw<'a> {
     Null,
     /// String contents without quotes; `escaped` if they hold a backslash.
-    Str { bytes: &'a [u8], escaped: bool },
+    Str {
+        bytes: &'a [u8],
+        escaped: bool,
+    },
     Num(&'a [u8]),
     Bool(bool),
     /// An object or array: no declared type takes one.
@@ -177,7 +180,11 @@ impl RecordDecoder {
         Ok((batch, rejected))
     }
 
-    fn check<'a>(&self, raw: &[Option<Raw<'a>>], typed: &mut Vec<Typed<'a>>) -> std::result::Result<(), String> {
+    fn check<'a>(
+        &self,
+        raw: &[Option<Raw<'a>>],
+        typed: &mut Vec<Typed<'a>>,
+    ) -> std::result::Result<(), String> {
         for (field, value) in self.schema.fields().iter().zip(raw) {
             let name = field.name();
             let v = match value {
@@ -317,7 +324,9 @@ fn scan_json<'a>(
             match s.next() {
                 Some(b',') => continue,
                 Some(b'}') => break,
-                Some(c) => return Err(s.error(&format!("expected ',' or '}}', found {:?}", c as char))),
+                Some(c) => {
+                    return Err(s.error(&format!("expected ',' or '}}', found {:?}", c as char)));
+                }
                 None => return Err("truncated JSON object".into()),
             }
         }
@@ -371,7 +380,10 @@ impl<'a> Scanner<'a> {
         let start = self.i;
         let mut escaped = false;
         loop {
-            match self.b[self.i..].iter().position(|&c| c == b'"' || c == b'\\') {
+            match self.b[self.i..]
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\')
+            {
                 None => {
                     self.i = self.b.len();
                     return Err(self.error("unterminated string"));
@@ -505,10 +517,7 @@ fn scan_csv<'a>(
         }
     }
     if fields != out.len() {
-        return Err(format!(
-            "expected {} CSV fields, found {fields}",
-            out.len()
-        ));
+        return Err(format!("expected {} CSV fields, found {fields}", out.len()));
     }
     Ok(())
 }
@@ -531,9 +540,7 @@ impl ColumnBuilder {
     fn new(data_type: &DataType, rows: usize) -> Self {
         match data_type {
             DataType::Utf8 => ColumnBuilder::Utf8(StringBuilder::with_capacity(rows, rows * 16)),
-            DataType::Utf8View => {
-                ColumnBuilder::Utf8View(StringViewBuilder::with_capacity(rows))
-            }
+            DataType::Utf8View => ColumnBuilder::Utf8View(StringViewBuilder::with_capacity(rows)),
             DataType::Binary => {
                 ColumnBuilder::Binary(BinaryBuilder::with_capacity(rows, rows * 64))
             }
@@ -637,12 +644,19 @@ mod tests {
         assert_eq!(batch.column(0).as_string::<i32>().value(1), "a\"2");
         let ts = batch.column(2).as_primitive::<TimestampNanosecondType>();
         assert_eq!(ts.value(0), 1_000_000_000);
-        let n = batch.column(3).as_any().downcast_ref::<Int64Array>().unwrap();
+        let n = batch
+            .column(3)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
         assert!(n.is_null(0));
         assert_eq!(n.value(1), 7);
         let idx: Vec<usize> = rejected.iter().map(|r| r.index).collect();
         assert_eq!(idx, vec![2, 3, 4, 5, 6]);
-        assert!(rejected[2].reason.contains("missing field \"ad_id\""), "{rejected:?}");
+        assert!(
+            rejected[2].reason.contains("missing field \"ad_id\""),
+            "{rejected:?}"
+        );
     }
 
     #[test]

@@ -175,11 +175,17 @@ pub fn parse_offsets(s: &str) -> Result<BTreeMap<i32, i64>> {
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .map(|p| {
-            let (part, off) = p
-                .split_once(':')
-                .ok_or_else(|| ConnectorError::Config(format!("offsets: {p:?} is not partition:offset")))?;
-            let part = part.trim().parse().map_err(|_| ConnectorError::Config(format!("offsets: bad partition in {p:?}")))?;
-            let off = off.trim().parse().map_err(|_| ConnectorError::Config(format!("offsets: bad offset in {p:?}")))?;
+            let (part, off) = p.split_once(':').ok_or_else(|| {
+                ConnectorError::Config(format!("offsets: {p:?} is not partition:offset"))
+            })?;
+            let part = part
+                .trim()
+                .parse()
+                .map_err(|_| ConnectorError::Config(format!("offsets: bad partition in {p:?}")))?;
+            let off = off
+                .trim()
+                .parse()
+                .map_err(|_| ConnectorError::Config(format!("offsets: bad offset in {p:?}")))?;
             Ok((part, off))
         })
         .collect()
@@ -382,7 +388,10 @@ impl PartitionReader {
         let waiting_since = Instant::now();
         for &p in positions.keys() {
             loop {
-                match self.consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT) {
+                match self
+                    .consumer
+                    .fetch_watermarks(&config.topic, p, METADATA_TIMEOUT)
+                {
                     Ok((_, high)) => {
                         targets.insert(p, high);
                         break;
@@ -432,8 +441,7 @@ impl PartitionReader {
                 }
             }
         }
-        let (batch, rejected) =
-            decoder.decode(records.iter().map(|&(s, e, _, _)| &buf[s..e]))?;
+        let (batch, rejected) = decoder.decode(records.iter().map(|&(s, e, _, _)| &buf[s..e]))?;
         if !rejected.is_empty() {
             dead_letters.fetch_add(rejected.len() as u64, Ordering::Relaxed);
             DEAD_LETTERS.fetch_add(rejected.len() as u64, Ordering::Relaxed);
@@ -447,7 +455,11 @@ impl PartitionReader {
                 offset: *o,
             })
             .collect();
-        let batches: Vec<RecordBatch> = if batch.num_rows() > 0 { vec![batch] } else { vec![] };
+        let batches: Vec<RecordBatch> = if batch.num_rows() > 0 {
+            vec![batch]
+        } else {
+            vec![]
+        };
         Ok(MicroBatch { batches, offsets })
     }
 
@@ -506,15 +518,12 @@ impl PartitionReader {
 pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
-    fn create(
-        &self,
-        config: &SourceConfig,
-        schema: SchemaRef,
-    ) -> EngineResult<Arc<dyn Source>> {
-        let kafka = KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {
-            source_name: config.location.clone(),
-            reason: e.to_string(),
-        })?;
+    fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
+        let kafka =
+            KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {
+                source_name: config.location.clone(),
+                reason: e.to_string(),
+            })?;
         let source = KafkaSource::new(kafka, schema).map_err(|e| EngineError::Source {
             source_name: config.location.clone(),
             reason: e.to_string(),

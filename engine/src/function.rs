@@ -302,13 +302,23 @@ impl StageFunction {
         let header = self.header(&t.qid, t.epoch, None, t.last, vec![]);
         if t.epoch > 0 {
             self.route(header, None).await?;
-            return Ok(Response { status: "ran".into(), events: 0, rows_out: 0 });
+            return Ok(Response {
+                status: "ran".into(),
+                events: 0,
+                rows_out: 0,
+            });
         }
         let plan = bind_leaves(&self.plan, &mut |input| {
-            Err(EngineError::plan(format!("constant stage has an input {input:?}")))
+            Err(EngineError::plan(format!(
+                "constant stage has an input {input:?}"
+            )))
         })?;
         let rows_out = self.run_and_route(plan, header).await?;
-        Ok(Response { status: "ran".into(), events: 0, rows_out })
+        Ok(Response {
+            status: "ran".into(),
+            events: 0,
+            rows_out,
+        })
     }
 
     async fn take_payload(&self, p: Payload) -> Result<Response> {

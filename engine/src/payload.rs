@@ -329,14 +329,20 @@ fn encode_to_fit(
     limit: usize,
 ) -> Result<Vec<String>> {
     let budget = limit.saturating_sub(ENVELOPE_ALLOWANCE);
-    let group: Vec<RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).cloned().collect();
+    let group: Vec<RecordBatch> = batches
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .cloned()
+        .collect();
     let whole = encode_data(encoding, schema, &group)?;
     if whole.len() <= budget {
         return Ok(vec![whole]);
     }
     let rows: usize = group.iter().map(|b| b.num_rows()).sum();
     // Aim a little under the budget so most pieces fit the first time.
-    let pieces = (whole.len() as f64 / (budget as f64 * 0.85)).ceil().max(2.0) as usize;
+    let pieces = (whole.len() as f64 / (budget as f64 * 0.85))
+        .ceil()
+        .max(2.0) as usize;
     let per = rows.div_ceil(pieces);
     let mut pending: Vec<Vec<RecordBatch>> = vec![];
     let mut rest = group;

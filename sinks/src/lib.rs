@@ -12,7 +12,9 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::sink::SinkRegistry;
-use skein_engine::source::{EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry};
+use skein_engine::source::{
+    EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry,
+};
 
 /// Register every sink kind of this crate, and a write-only table kind for
 /// each so that `CREATE EXTERNAL TABLE ... STORED AS <KIND>` declares one.

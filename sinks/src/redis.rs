@@ -30,7 +30,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit, TimestampMillisecondType};
+use datafusion::arrow::datatypes::{
+    DataType, Int64Type, SchemaRef, TimeUnit, TimestampMillisecondType,
+};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use redis::aio::MultiplexedConnection;
 use skein_engine::error::{EngineError, Result as EngineResult};
@@ -106,13 +108,16 @@ pub struct RedisSinkConfig {
 impl RedisSinkConfig {
     pub fn from_sink_config(config: &SinkConfig) -> Result<Self> {
         let opt = |k: &str| config.options.get(k).cloned();
-        let need = |k: &str| {
-            opt(k).ok_or_else(|| SinkError::Config(format!("option {k:?} is required")))
-        };
+        let need =
+            |k: &str| opt(k).ok_or_else(|| SinkError::Config(format!("option {k:?} is required")));
         let layout = match opt("layout").as_deref().unwrap_or("string") {
-            "string" => Layout::String { value: need("value")? },
+            "string" => Layout::String {
+                value: need("value")?,
+            },
             "hash" => Layout::Hash,
-            "list" => Layout::List { value: need("value")? },
+            "list" => Layout::List {
+                value: need("value")?,
+            },
             "ysb" => {
                 let (key_column, ad_lookup) = match (opt("campaign.column"), opt("ad.column")) {
                     (Some(c), None) => (c, false),
@@ -142,7 +147,10 @@ impl RedisSinkConfig {
             _ => need("key")?,
         };
         let ttl_seconds = opt("ttl.seconds")
-            .map(|v| v.parse().map_err(|_| SinkError::Config(format!("ttl.seconds = {v:?}"))))
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| SinkError::Config(format!("ttl.seconds = {v:?}")))
+            })
             .transpose()?;
         let url = if config.location.starts_with("redis://") {
             config.location.clone()
@@ -203,7 +211,10 @@ impl RedisSink {
                 .zip(&stored)
                 .any(|(new, old)| old.is_none_or(|old| *new > old));
             if !advances {
-                debug!(epoch = write.epoch, "redis sink: replayed epoch, nothing to write");
+                debug!(
+                    epoch = write.epoch,
+                    "redis sink: replayed epoch, nothing to write"
+                );
                 return Ok(());
             }
         }
@@ -291,7 +302,9 @@ impl RedisSink {
         // Which windows and window lists exist already (one round trip).
         let mut probe = redis::pipe();
         for (campaign, window) in counts.keys() {
-            probe.hget(campaign, window.to_string()).hget(campaign, "windows");
+            probe
+                .hget(campaign, window.to_string())
+                .hget(campaign, "windows");
         }
         let existing: Vec<Option<String>> = probe.query_async(con).await?;
         let now = SystemTime::now()
@@ -322,7 +335,8 @@ impl RedisSink {
                 }
             };
             pipe.hincr(&window_uuid, "seen_count", *n).ignore();
-            pipe.hset(&window_uuid, "time_updated", now.to_string()).ignore();
+            pipe.hset(&window_uuid, "time_updated", now.to_string())
+                .ignore();
             if let Some(ttl) = self.config.ttl_seconds {
                 pipe.expire(&window_uuid, ttl as i64).ignore();
             }
@@ -341,7 +355,12 @@ impl RedisSink {
             write.schema.index_of(name).map_err(|_| {
                 SinkError::Config(format!(
                     "the YSB layout needs a column {name:?}; the query gives {:?}",
-                    write.schema.fields().iter().map(|f| f.name()).collect::<Vec<_>>()
+                    write
+                        .schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name())
+                        .collect::<Vec<_>>()
                 ))
             })
         };
@@ -415,7 +434,9 @@ pub const AD_CAMPAIGN_HASH: &str = "ysb:ad_campaign";
 fn latest_offsets(offsets: &[SourceOffset]) -> BTreeMap<String, i64> {
     let mut out: BTreeMap<String, i64> = BTreeMap::new();
     for o in offsets {
-        let e = out.entry(format!("{}:{}", o.source, o.partition)).or_insert(o.offset);
+        let e = out
+            .entry(format!("{}:{}", o.source, o.partition))
+            .or_insert(o.offset);
         *e = (*e).max(o.offset);
     }
     out
@@ -497,10 +518,12 @@ impl KeyTemplate {
 #[async_trait]
 impl Sink for RedisSink {
     async fn write(&self, write: SinkWrite<'_>) -> EngineResult<()> {
-        self.write_inner(write).await.map_err(|e| EngineError::Sink {
-            sink: self.config.url.clone(),
-            reason: e.to_string(),
-        })
+        self.write_inner(write)
+            .await
+            .map_err(|e| EngineError::Sink {
+                sink: self.config.url.clone(),
+                reason: e.to_string(),
+            })
     }
 }
 
