@@ -5,6 +5,7 @@ pub mod error;
 pub mod redis;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
+pub mod store;
 
 use std::sync::Arc;
 

@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
+use crate::store::s3_from_env;
 use async_trait::async_trait;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -76,32 +76,6 @@ pub fn open(location: &str) -> Result<(Arc<dyn ObjectStore>, String)> {
         location,
         "expected s3://bucket/prefix or file:///absolute/dir",
     ))
-}
-
-/// S3 from the `AWS_*` variables; empty values (emulators set some) skipped.
-fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
-    let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
-    for (key, value) in std::env::vars() {
-        if value.is_empty() || !key.starts_with("AWS_") {
-            continue;
-        }
-        if let Ok(k) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
-            builder = builder.with_config(k, value);
-        }
-    }
-    if std::env::var("AWS_REGION")
-        .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
-        .is_err()
-    {
-        builder = builder.with_region("us-east-1");
-    }
-    let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .unwrap_or_default();
-    if endpoint.starts_with("http://") {
-        builder = builder.with_allow_http(true);
-    }
-    builder.build()
 }
 
 fn query_dir(prefix: &str, query: &str) -> Path {

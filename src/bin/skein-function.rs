@@ -29,7 +29,6 @@ mod registry;
 use std::time::Duration;
 
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -39,6 +38,7 @@ use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
+use skein_sinks::store::s3_from_env;
 use tokio::sync::OnceCell;
 
 /// Variables a Lambda runtime must provide; `lambda_runtime` panics without them.
@@ -292,28 +292,6 @@ fn open_target(target: &str) -> Result<(Arc<dyn ObjectStore>, Path), Diagnostic>
             "record_to {target:?}: expected s3://bucket/key or file:///path"
         )))
     }
-}
-
-/// S3 from the `AWS_*` variables a Lambda runtime sets. Empty values are
-/// skipped: emulators set e.g. `AWS_SESSION_TOKEN=""`, which is no token.
-fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
-    let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
-    for (key, value) in std::env::vars() {
-        if value.is_empty() || !key.starts_with("AWS_") {
-            continue;
-        }
-        if let Ok(config_key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
-            builder = builder.with_config(config_key, value);
-        }
-    }
-    // A local stand-in (AWS_ENDPOINT_URL=http://...) speaks plain HTTP.
-    let endpoint = std::env::var("AWS_ENDPOINT_URL_S3")
-        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
-        .unwrap_or_default();
-    if endpoint.starts_with("http://") {
-        builder = builder.with_allow_http(true);
-    }
-    builder.build()
 }
 
 fn invalid(message: String) -> Diagnostic {
