@@ -33,6 +33,7 @@ use skein_sinks::results;
 
 use crate::PlanArgs;
 use crate::registry::registries;
+use crate::run::{limit_rows, read_sql};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -590,24 +591,6 @@ async fn object_keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Result<Vec<S
         .map_ok(|m| m.location)
         .try_collect()
         .await?)
-}
-
-fn read_sql(file: &Path) -> Result<String> {
-    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
-}
-
-fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
-    let mut out = vec![];
-    let mut left = n;
-    for b in batches {
-        if left == 0 {
-            break;
-        }
-        let take = b.num_rows().min(left);
-        out.push(b.slice(0, take));
-        left -= take;
-    }
-    out
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ fn options(p: &PlanArgs) -> PlanOptions {
     }
 }
 
-fn read_sql(file: &Path) -> Result<String> {
+pub fn read_sql(file: &Path) -> Result<String> {
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
 }
 
@@ -248,7 +248,7 @@ pub async fn run_sql(
     Ok(out)
 }
 
-fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
+pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
     let mut out = vec![];
     let mut left = n;
     for b in batches {
