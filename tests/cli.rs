@@ -1,18 +1,7 @@
 //! The `skein` command line on the embedded default: no external service.
 
-use std::process::Command;
-
-fn skein(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(args)
-        .output()
-        .expect("run skein");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+mod common;
+use common::skein;
 
 #[test]
 fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {

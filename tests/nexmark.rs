@@ -3,21 +3,11 @@
 //! few agree with results computed here, by hand, from the generator's events.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use skein_generators::nexmark::{EventRef, NexmarkConfig, NexmarkGenerator};
 
-fn skein(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(args)
-        .output()
-        .expect("run skein");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+mod common;
+use common::skein;
 
 /// Run query `n` on 100,000 events, groups of 4, and check it verifies.
 fn verifies(query: u32) {

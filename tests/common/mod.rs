@@ -161,14 +161,18 @@ pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T
         .unwrap_or_else(|_| panic!("{what}: no result within {secs} s"))
 }
 
-/// An error and all its sources on one line: SDK errors say little at the top.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
-    }
-    text
+/// An error and all its sources on one line (the deployer's own helper).
+pub use skein_lambda::error_chain;
+
+/// Run the `skein` binary built for these tests: (success, stdout, stderr).
+pub fn skein(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .output()
+        .expect("run skein");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
