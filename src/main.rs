@@ -3,6 +3,7 @@
 
 mod bench;
 mod lambda_cmd;
+mod publish;
 mod registry;
 mod run;
 mod ysb;
@@ -58,6 +59,8 @@ enum Command {
     /// Benchmarks that print figures (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Publish NEXMark or YSB events to Kafka or Kinesis.
+    Gen(publish::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
     #[command(subcommand)]
     Ysb(ysb::YsbCommand),
@@ -99,5 +102,6 @@ async fn main() -> Result<()> {
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
+        Command::Gen(args) => publish::gen_command(args).await,
     }
 }

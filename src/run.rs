@@ -69,6 +69,10 @@ pub struct NexmarkArgs {
     /// Print the stage DAG instead of running.
     #[arg(long)]
     pub explain: bool,
+    /// Where q10 writes its files: file:///dir or s3://bucket/prefix
+    /// (default: skein-nexmark-q10 in the temporary directory).
+    #[arg(long)]
+    pub output: Option<String>,
     #[command(flatten)]
     pub common: CommonRunArgs,
 }
@@ -112,7 +116,10 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
-    let sql = nexmark_sql(args.query, args.events, args.rate, args.sources)?;
+    let sql = match &args.output {
+        Some(output) => nexmark_sql_to(args.query, args.events, args.rate, args.sources, output)?,
+        None => nexmark_sql(args.query, args.events, args.rate, args.sources)?,
+    };
     if args.explain {
         return explain_sql(&sql, &args.common.plan, args.common.json).await;
     }
@@ -121,11 +128,28 @@ pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
     Ok(())
 }
 
-/// The NEXMark tables over the built-in generator, then query N.
+/// The NEXMark tables over the built-in generator, then query N; q10's
+/// files go to the default output.
 pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result<String> {
+    let output = format!(
+        "file://{}",
+        std::env::temp_dir().join("skein-nexmark-q10").display()
+    );
+    nexmark_sql_to(query, events, rate, sources, &output)
+}
+
+/// [`nexmark_sql`] with the location a query writing files (q10) writes to.
+pub fn nexmark_sql_to(
+    query: u32,
+    events: u64,
+    rate: u64,
+    sources: usize,
+    output: &str,
+) -> Result<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("queries/nexmark/q{query}.sql"));
     let body = std::fs::read_to_string(&path)
-        .with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?;
+        .with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?
+        .replace("{{output}}", output);
     let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
     Ok(format!("{tables}\n{body}"))
 }
@@ -148,6 +172,13 @@ pub async fn run_sql(
         .await
         .context("planning the query")?;
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let files_sink = plan.sink.kind.eq_ignore_ascii_case(skein_sinks::files::KIND);
+    if files_sink && args.verify {
+        // Verification reads back what this query wrote: only this run's files.
+        skein_sinks::files::clear(&plan.sink.location, &plan.query_code)
+            .await
+            .context("clearing the files of an earlier run")?;
+    }
 
     let stop = match args.duration {
         Some(duration) => StopAfter::Duration {
@@ -180,7 +211,19 @@ pub async fn run_sql(
     .context("running the query")?;
     bar.finish_and_clear();
 
-    let results: Vec<RecordBatch> = collect.sink(&plan.query_code).batches();
+    // Rows INSERTed into files can be read back; other sinks keep theirs.
+    let results: Vec<RecordBatch> = if files_sink {
+        skein_sinks::files::read(
+            &plan.sink.location,
+            &plan.query_code,
+            skein_sinks::files::format_of(&plan.sink)?,
+            plan.output_schema.clone(),
+        )
+        .await
+        .context("reading back the files the query wrote")?
+    } else {
+        collect.sink(&plan.query_code).batches()
+    };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     let mut diff = None;
     if args.verify {

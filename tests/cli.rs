@@ -90,3 +90,37 @@ fn a_bad_query_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_ysb_generator_table_runs_the_ysb_aggregate_and_verifies() {
+    let dir = std::env::temp_dir().join(format!("skein-cli-ysb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ysb.sql");
+    // 50,000 events at 10,000/s: five seconds of event time in 10 s windows.
+    std::fs::write(
+        &file,
+        "CREATE EXTERNAL TABLE ad_events STORED AS YSB LOCATION 'ad_events' \
+           OPTIONS ('events' '50000', 'rate' '10000', 'partitions' '2');\n\
+         SELECT ad_id, tumble(event_time, INTERVAL '10' SECOND) AS w, COUNT(*) AS views \
+         FROM ad_events WHERE event_type = 'view' \
+         GROUP BY ad_id, tumble(event_time, INTERVAL '10' SECOND);\n",
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = skein(&[
+        "run",
+        file.to_str().unwrap(),
+        "--epochs",
+        "3",
+        "--group-size",
+        "4",
+        "--verify",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["events"], 50_000, "{v}");
+    // 1,000 ads, each seen in the one window.
+    assert_eq!(v["result_rows"], 1000, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}

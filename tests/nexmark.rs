@@ -197,3 +197,26 @@ fn q7_finds_the_highest_bids_of_each_ten_second_window() {
     got.sort_unstable();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn q10_logs_bids_to_files_partitioned_by_day_and_minute() {
+    let dir = std::env::temp_dir().join(common::unique_name("q10-files"));
+    let output = format!("file://{}", dir.display());
+    // 20,000 events at 100/s: 200 s of event time, so four minutes of files.
+    let (ok, stdout, stderr) = skein(&[
+        "nexmark", "--query", "10", "--events", "20000", "--rate", "100", "--epochs", "4",
+        "--output", &output, "--verify", "--json",
+    ]);
+    assert!(ok, "q10 failed:\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["result_rows"], 18_400, "46 of every 50 events are bids: {v}");
+    let day = dir.join("dt=2020-01-01");
+    let mut minutes: Vec<String> = std::fs::read_dir(&day)
+        .unwrap_or_else(|e| panic!("{}: {e}", day.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    minutes.sort();
+    assert_eq!(minutes, ["hm=00:00", "hm=00:01", "hm=00:02", "hm=00:03"]);
+    let _ = std::fs::remove_dir_all(dir);
+}

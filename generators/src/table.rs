@@ -15,6 +15,7 @@ use skein_engine::source::{
 
 use crate::Slice;
 use crate::nexmark::{EventKind, NexmarkBatchBuilder, NexmarkConfig, NexmarkGenerator, schema_for};
+use crate::ysb::{YsbBatchBuilder, YsbConfig, YsbGenerator, ysb_schema};
 
 /// Events generated per batch inside one pull.
 const CHUNK_EVENTS: u64 = 16_384;
@@ -22,6 +23,63 @@ const CHUNK_EVENTS: u64 = 16_384;
 /// Register the generator kinds.
 pub fn register(registry: &mut SourceRegistry) {
     registry.register("NEXMARK", Arc::new(NexmarkSourceFactory));
+    registry.register("YSB", Arc::new(YsbSourceFactory));
+}
+
+/// A declared schema must be the generator's; none declared takes it.
+fn check_declared(table: &str, declared: &SchemaRef, schema: &SchemaRef) -> Result<()> {
+    if declared.fields().is_empty() {
+        return Ok(());
+    }
+    for (d, g) in declared.fields().iter().zip(schema.fields().iter()) {
+        if d.name() != g.name() || d.data_type() != g.data_type() {
+            return Err(bad(
+                table,
+                format!(
+                    "declared column {} {} does not match the generator's {} {}",
+                    d.name(),
+                    d.data_type(),
+                    g.name(),
+                    g.data_type()
+                ),
+            ));
+        }
+    }
+    if declared.fields().len() != schema.fields().len() {
+        return Err(bad(
+            table,
+            format!("declare all {} columns or none", schema.fields().len()),
+        ));
+    }
+    Ok(())
+}
+
+/// This instance's events of this epoch: `[start, end)` of its slice. A
+/// bounded run over a known number of epochs splits the slice evenly; else
+/// each epoch takes `per_epoch` events (one second of event time by default).
+fn epoch_range(
+    max_events: Option<u64>,
+    slice: Slice,
+    spec: &EpochSpec,
+    per_epoch: u64,
+) -> (u64, u64) {
+    match (max_events, spec.epochs) {
+        (Some(total), Some(epochs)) => {
+            let len = slice.len_of(total);
+            let per = len.div_ceil(epochs.max(1));
+            (
+                (per * spec.epoch).min(len),
+                (per * (spec.epoch + 1)).min(len),
+            )
+        }
+        _ => {
+            let (s, e) = (per_epoch * spec.epoch, per_epoch * (spec.epoch + 1));
+            match max_events {
+                Some(total) => (s.min(slice.len_of(total)), e.min(slice.len_of(total))),
+                None => (s, e),
+            }
+        }
+    }
 }
 
 /// `CREATE EXTERNAL TABLE` statements for the three NEXMark tables.
@@ -59,6 +117,48 @@ fn parse_opt<T: std::str::FromStr>(config: &SourceConfig, key: &str) -> Result<O
         .transpose()
 }
 
+/// The options every generator table takes, and how they split the stream
+/// over instances and epochs.
+#[derive(Debug, Clone)]
+struct Split {
+    table: String,
+    seed: Option<u64>,
+    /// Events per second of event time (the generator's rate).
+    rate: Option<u64>,
+    max_events: Option<u64>,
+    partitions: usize,
+    events_per_epoch: Option<u64>,
+}
+
+impl Split {
+    fn parse(table: &str, config: &SourceConfig) -> Result<Self> {
+        let partitions: usize = parse_opt(config, "partitions")?.unwrap_or(1);
+        if partitions == 0 {
+            return Err(bad(table, "partitions must be at least 1"));
+        }
+        Ok(Split {
+            table: table.to_string(),
+            seed: parse_opt(config, "seed")?,
+            rate: parse_opt(config, "rate")?,
+            max_events: parse_opt(config, "events")?,
+            partitions,
+            events_per_epoch: parse_opt(config, "events_per_epoch")?,
+        })
+    }
+
+    /// This instance's slice and its `[start, end)` events of this epoch;
+    /// `rate` is the generator's events per second of event time.
+    fn range(&self, spec: &EpochSpec, rate: u64) -> Result<(Slice, u64, u64)> {
+        let slice = Slice::new(spec.instance as u32, spec.instances.max(1) as u32)
+            .map_err(|e| bad(&self.table, e.to_string()))?;
+        let per_epoch = self
+            .events_per_epoch
+            .unwrap_or_else(|| rate.div_ceil(spec.instances.max(1) as u64));
+        let (start, end) = epoch_range(self.max_events, slice, spec, per_epoch);
+        Ok((slice, start, end))
+    }
+}
+
 struct NexmarkSourceFactory;
 
 impl SourceFactory for NexmarkSourceFactory {
@@ -71,52 +171,23 @@ impl SourceFactory for NexmarkSourceFactory {
             other => return Err(bad(other, "LOCATION must be 'person', 'auction' or 'bid'")),
         };
         let schema = schema_for(kind);
-        // A declared schema must be the generator's; none declared takes it.
-        if !declared.fields().is_empty() {
-            for (d, g) in declared.fields().iter().zip(schema.fields().iter()) {
-                if d.name() != g.name() || d.data_type() != g.data_type() {
-                    return Err(bad(
-                        &table,
-                        format!(
-                            "declared column {} {} does not match the generator's {} {}",
-                            d.name(),
-                            d.data_type(),
-                            g.name(),
-                            g.data_type()
-                        ),
-                    ));
-                }
-            }
-            if declared.fields().len() != schema.fields().len() {
-                return Err(bad(
-                    &table,
-                    format!("declare all {} columns or none", schema.fields().len()),
-                ));
-            }
-        }
-        let mut gen_config = NexmarkConfig::default();
-        if let Some(seed) = parse_opt(config, "seed")? {
-            gen_config.seed = seed;
-        }
-        if let Some(rate) = parse_opt(config, "rate")? {
-            gen_config.first_event_rate = rate;
-        }
-        gen_config.max_events = parse_opt(config, "events")?;
-        let partitions: usize = parse_opt(config, "partitions")?.unwrap_or(1);
-        if partitions == 0 {
-            return Err(bad(&table, "partitions must be at least 1"));
-        }
-        let events_per_epoch: Option<u64> = parse_opt(config, "events_per_epoch")?;
+        check_declared(&table, &declared, &schema)?;
+        let split = Split::parse(&table, config)?;
+        let defaults = NexmarkConfig::default();
+        let gen_config = NexmarkConfig {
+            seed: split.seed.unwrap_or(defaults.seed),
+            first_event_rate: split.rate.unwrap_or(defaults.first_event_rate),
+            max_events: split.max_events,
+            ..defaults
+        };
         gen_config
             .validate()
             .map_err(|e| bad(&table, e.to_string()))?;
         Ok(Arc::new(NexmarkSource {
-            table,
             kind,
             schema,
             config: gen_config,
-            partitions,
-            events_per_epoch,
+            split,
         }))
     }
 }
@@ -124,12 +195,10 @@ impl SourceFactory for NexmarkSourceFactory {
 /// One NEXMark table fed by the generator.
 #[derive(Debug)]
 pub struct NexmarkSource {
-    table: String,
     kind: EventKind,
     schema: SchemaRef,
     config: NexmarkConfig,
-    partitions: usize,
-    events_per_epoch: Option<u64>,
+    split: Split,
 }
 
 #[async_trait]
@@ -139,38 +208,14 @@ impl Source for NexmarkSource {
     }
 
     fn parallelism(&self) -> usize {
-        self.partitions
+        self.split.partitions
     }
 
     async fn pull(&self, spec: EpochSpec) -> Result<MicroBatch> {
-        let slice = Slice::new(spec.instance as u32, spec.instances.max(1) as u32)
-            .map_err(|e| bad(&self.table, e.to_string()))?;
-        // This instance's events of this epoch: [start, end) of its slice.
-        let (start, end) = match (self.config.max_events, spec.epochs) {
-            (Some(total), Some(epochs)) => {
-                let len = slice.len_of(total);
-                let per = len.div_ceil(epochs.max(1));
-                (
-                    (per * spec.epoch).min(len),
-                    (per * (spec.epoch + 1)).min(len),
-                )
-            }
-            _ => {
-                // Unbounded: one second of event time per epoch by default.
-                let per = self.events_per_epoch.unwrap_or_else(|| {
-                    self.config
-                        .first_event_rate
-                        .div_ceil(spec.instances.max(1) as u64)
-                });
-                let (s, e) = (per * spec.epoch, per * (spec.epoch + 1));
-                match self.config.max_events {
-                    Some(total) => (s.min(slice.len_of(total)), e.min(slice.len_of(total))),
-                    None => (s, e),
-                }
-            }
-        };
+        let (slice, start, end) = self.split.range(&spec, self.config.first_event_rate)?;
+        let table = &self.split.table;
         let mut generator = NexmarkGenerator::with_slice(self.config.clone(), slice)
-            .map_err(|e| bad(&self.table, e.to_string()))?;
+            .map_err(|e| bad(table, e.to_string()))?;
         generator.seek(start);
         let mut batches = vec![];
         let mut builder =
@@ -185,9 +230,7 @@ impl Source for NexmarkSource {
                 }
                 produced += 1;
             }
-            let out = builder
-                .finish()
-                .map_err(|e| bad(&self.table, e.to_string()))?;
+            let out = builder.finish().map_err(|e| bad(table, e.to_string()))?;
             let b = out.get(self.kind).clone();
             if b.num_rows() > 0 {
                 batches.push(b);
@@ -199,10 +242,181 @@ impl Source for NexmarkSource {
         Ok(MicroBatch {
             batches,
             offsets: vec![SourceOffset {
-                source: format!("nexmark/{}", self.table),
+                source: format!("nexmark/{table}"),
                 partition: spec.instance as i32,
                 offset: end as i64,
             }],
         })
+    }
+}
+
+struct YsbSourceFactory;
+
+impl SourceFactory for YsbSourceFactory {
+    fn create(&self, config: &SourceConfig, declared: SchemaRef) -> Result<Arc<dyn Source>> {
+        let table = config.location.clone();
+        let schema = ysb_schema();
+        check_declared(&table, &declared, &schema)?;
+        let split = Split::parse(&table, config)?;
+        let defaults = YsbConfig::default();
+        let gen_config = YsbConfig {
+            seed: split.seed.unwrap_or(defaults.seed),
+            events_per_second: split.rate.unwrap_or(defaults.events_per_second),
+            base_time_ms: parse_opt(config, "base_time_ms")?.unwrap_or(defaults.base_time_ms),
+            max_events: split.max_events,
+            ..defaults
+        };
+        gen_config
+            .validate()
+            .map_err(|e| bad(&table, e.to_string()))?;
+        Ok(Arc::new(YsbSource {
+            schema,
+            config: gen_config,
+            split,
+        }))
+    }
+}
+
+/// YSB's `ad_events` fed by the generator (`STORED AS YSB`), with the same
+/// options as a NEXMark table: `events`, `rate`, `seed`, `partitions`,
+/// `events_per_epoch`, and `base_time_ms` (event time of event 0).
+#[derive(Debug)]
+pub struct YsbSource {
+    schema: SchemaRef,
+    config: YsbConfig,
+    split: Split,
+}
+
+#[async_trait]
+impl Source for YsbSource {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn parallelism(&self) -> usize {
+        self.split.partitions
+    }
+
+    async fn pull(&self, spec: EpochSpec) -> Result<MicroBatch> {
+        let (slice, start, end) = self.split.range(&spec, self.config.events_per_second)?;
+        let table = &self.split.table;
+        let mut generator = YsbGenerator::with_slice(self.config.clone(), slice)
+            .map_err(|e| bad(table, e.to_string()))?;
+        generator.seek(start);
+        let mut batches = vec![];
+        let mut builder = YsbBatchBuilder::with_capacity(CHUNK_EVENTS.min(end - start) as usize);
+        let mut produced = start;
+        while produced < end {
+            match generator.next_event() {
+                Some(ev) => builder.append(&ev),
+                None => break,
+            }
+            produced += 1;
+            if builder.len() as u64 == CHUNK_EVENTS {
+                batches.push(builder.finish().map_err(|e| bad(table, e.to_string()))?);
+            }
+        }
+        if !builder.is_empty() {
+            batches.push(builder.finish().map_err(|e| bad(table, e.to_string()))?);
+        }
+        Ok(MicroBatch {
+            batches,
+            offsets: vec![SourceOffset {
+                source: format!("ysb/{table}"),
+                partition: spec.instance as i32,
+                offset: produced as i64,
+            }],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Array, AsArray, RecordBatch};
+    use datafusion::arrow::datatypes::Schema;
+    use std::collections::BTreeMap;
+
+    fn ysb_table(options: &[(&str, &str)]) -> Arc<dyn Source> {
+        let config = SourceConfig {
+            kind: "YSB".into(),
+            location: "ad_events".into(),
+            options: options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+        };
+        YsbSourceFactory
+            .create(&config, Arc::new(Schema::empty()))
+            .unwrap()
+    }
+
+    fn ad_ids(batches: &[RecordBatch]) -> Vec<String> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                let a = b.column(2).as_string::<i32>();
+                (0..a.len())
+                    .map(|i| a.value(i).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn ysb_table_epochs_and_instances_cover_the_stream_once() {
+        let events = 10_000u64;
+        let table = ysb_table(&[("events", "10000"), ("partitions", "3")]);
+        let mut rows = 0usize;
+        let mut per_instance = vec![];
+        for instance in 0..3 {
+            let mut got = vec![];
+            for epoch in 0..4 {
+                let mb = table
+                    .pull(EpochSpec {
+                        instance,
+                        instances: 3,
+                        epoch,
+                        epochs: Some(4),
+                    })
+                    .await
+                    .unwrap();
+                rows += mb.batches.iter().map(|b| b.num_rows()).sum::<usize>();
+                got.extend(ad_ids(&mb.batches));
+            }
+            per_instance.push(got);
+        }
+        assert_eq!(rows as u64, events);
+        // Slice i holds events i, i+3, ...: compare with one generator.
+        let mut single = YsbGenerator::new(YsbConfig {
+            max_events: Some(events),
+            ..YsbConfig::default()
+        })
+        .unwrap();
+        let mut n = 0usize;
+        while let Some(ev) = single.next_event() {
+            assert_eq!(per_instance[n % 3][n / 3], ev.ad_id, "event {n}");
+            n += 1;
+        }
+        assert_eq!(n as u64, events);
+    }
+
+    #[test]
+    fn ysb_table_rejects_a_wrong_declared_schema() {
+        let config = SourceConfig {
+            kind: "YSB".into(),
+            location: "ad_events".into(),
+            options: BTreeMap::new(),
+        };
+        let declared = Arc::new(Schema::new(vec![datafusion::arrow::datatypes::Field::new(
+            "ad",
+            datafusion::arrow::datatypes::DataType::Utf8,
+            false,
+        )]));
+        let err = YsbSourceFactory
+            .create(&config, declared)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not match"), "{err}");
     }
 }

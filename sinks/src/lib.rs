@@ -1,7 +1,12 @@
-//! Sinks of Skein. Redis (generic layouts and YSB's, exactly once with the
-//! source offsets in the same MULTI/EXEC).
+//! Sinks of Skein: Redis (generic layouts and YSB's, exactly once with the
+//! source offsets in the same MULTI/EXEC), Kafka and Kinesis (a message per
+//! row), and files on a local disk or S3.
 
+pub mod encode;
 pub mod error;
+pub mod files;
+pub mod kafka;
+pub mod kinesis;
 pub mod redis;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
@@ -22,6 +27,14 @@ use skein_engine::source::{
 pub fn register(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
     sinks.register(redis::KIND, Arc::new(redis::RedisSinkFactory));
     tables.register(redis::KIND, Arc::new(SinkTableFactory));
+    sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
+    tables.register(files::KIND, Arc::new(SinkTableFactory));
+    // A Kinesis stream is written, not read (there is no Kinesis source yet).
+    sinks.register(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));
+    tables.register(kinesis::KIND, Arc::new(SinkTableFactory));
+    // `STORED AS KAFKA` tables are declared by the Kafka source (connectors);
+    // INSERT INTO one writes through this sink.
+    sinks.register(kafka::KIND, Arc::new(kafka::KafkaSinkFactory));
 }
 
 /// Declares sink tables: they have a schema but cannot be read.

@@ -1,0 +1,263 @@
+//! Rows as messages: the key and value bytes the Kafka and Kinesis sinks
+//! send for each row of a batch.
+//!
+//! Options (of the sink table):
+//! - `'format' 'json'` (default): the value is the row as one JSON object.
+//!   Timestamps are written as integer milliseconds since the epoch, which is
+//!   what Skein's own JSON decoder reads, so a topic Skein writes is a topic
+//!   Skein can read.
+//! - `'format' 'raw'`: the value is the bytes of one string or binary column,
+//!   `'value' '<column>'` (default `value`), sent as they are.
+//! - `'key' '<column>'`: the message key (Kafka) or partition key (Kinesis),
+//!   the column's value as text. Without it Kafka messages have no key.
+
+use std::collections::BTreeMap;
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::arrow::json::LineDelimitedWriter;
+use std::sync::Arc;
+
+use crate::error::{Result, SinkError};
+
+/// How a row's value is laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ValueFormat {
+    Json,
+    Raw { column: String },
+}
+
+/// One row, encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedRow {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+}
+
+/// Turns batches into messages, as a sink table's options say.
+#[derive(Debug, Clone)]
+pub struct RowEncoder {
+    format: ValueFormat,
+    key: Option<String>,
+}
+
+/// The options the encoder reads; a sink passes the others on (e.g. to librdkafka).
+pub const ENCODER_OPTIONS: &[&str] = &["format", "key", "value"];
+
+impl RowEncoder {
+    pub fn new(format: ValueFormat, key: Option<String>) -> Self {
+        RowEncoder { format, key }
+    }
+
+    pub fn from_options(options: &BTreeMap<String, String>) -> Result<Self> {
+        let format = match options.get("format").map(String::as_str).unwrap_or("json") {
+            "json" => ValueFormat::Json,
+            "raw" => ValueFormat::Raw {
+                column: options
+                    .get("value")
+                    .cloned()
+                    .unwrap_or_else(|| "value".into()),
+            },
+            other => {
+                return Err(SinkError::Config(format!(
+                    "format {other:?}: a message sink writes 'json' or 'raw'"
+                )));
+            }
+        };
+        let key = options.get("key").filter(|k| !k.is_empty()).cloned();
+        Ok(RowEncoder { format, key })
+    }
+
+    pub fn key_column(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The messages of `batch`, one per row, in row order.
+    pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<EncodedRow>> {
+        let rows = batch.num_rows();
+        let keys = match &self.key {
+            Some(name) => Some(text_column(batch, name, "key")?),
+            None => None,
+        };
+        let values: Vec<Vec<u8>> = match &self.format {
+            ValueFormat::Json => json_rows(batch)?,
+            ValueFormat::Raw { column } => bytes_column(batch, column)?,
+        };
+        debug_assert_eq!(values.len(), rows);
+        Ok(values
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| EncodedRow {
+                key: keys.as_ref().and_then(|k| k[i].clone()),
+                value,
+            })
+            .collect())
+    }
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str, role: &str) -> Result<&'a ArrayRef> {
+    batch.column_by_name(name).ok_or_else(|| {
+        let names: Vec<&str> = batch
+            .schema_ref()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        SinkError::Config(format!(
+            "{role} column {name:?} is not among the written columns {names:?}"
+        ))
+    })
+}
+
+/// A column's values as text bytes (nulls stay `None`).
+fn text_column(batch: &RecordBatch, name: &str, role: &str) -> Result<Vec<Option<Vec<u8>>>> {
+    let col = column(batch, name, role)?;
+    let text = cast(col, &DataType::Utf8)?;
+    let text = text.as_string::<i32>();
+    Ok((0..text.len())
+        .map(|i| (!text.is_null(i)).then(|| text.value(i).as_bytes().to_vec()))
+        .collect())
+}
+
+/// A string or binary column's bytes, as they are; a null value is an error
+/// (a message without a value would be a tombstone, not a row).
+fn bytes_column(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<u8>>> {
+    let col = column(batch, name, "value")?;
+    let bin = match col.data_type() {
+        DataType::Binary => col.clone(),
+        DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View
+        | DataType::LargeBinary
+        | DataType::BinaryView => cast(col, &DataType::Binary)?,
+        other => {
+            return Err(SinkError::Config(format!(
+                "raw value column {name:?} is {other}; it must be a string or binary column"
+            )));
+        }
+    };
+    let bin = bin.as_binary::<i32>();
+    (0..bin.len())
+        .map(|i| {
+            if bin.is_null(i) {
+                Err(SinkError::Other(format!(
+                    "row {i}: the raw value column {name:?} is null"
+                )))
+            } else {
+                Ok(bin.value(i).to_vec())
+            }
+        })
+        .collect()
+}
+
+/// Each row as one JSON object, timestamps as integer milliseconds.
+fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+    let batch = timestamps_as_millis(batch)?;
+    let mut buf = Vec::with_capacity(batch.num_rows() * 64);
+    {
+        let mut w = LineDelimitedWriter::new(&mut buf);
+        w.write(&batch)?;
+        w.finish()?;
+    }
+    // JSON escapes newlines inside strings, so every '\n' ends a row.
+    let rows: Vec<Vec<u8>> = buf
+        .split(|b| *b == b'\n')
+        .filter(|r| !r.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    if rows.len() != batch.num_rows() {
+        return Err(SinkError::Other(format!(
+            "JSON encoding gave {} lines for {} rows",
+            rows.len(),
+            batch.num_rows()
+        )));
+    }
+    Ok(rows)
+}
+
+fn timestamps_as_millis(batch: &RecordBatch) -> Result<RecordBatch> {
+    if !batch
+        .schema_ref()
+        .fields()
+        .iter()
+        .any(|f| matches!(f.data_type(), DataType::Timestamp(..)))
+    {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (f, c) in batch.schema_ref().fields().iter().zip(batch.columns()) {
+        if matches!(f.data_type(), DataType::Timestamp(..)) {
+            let ms = cast(c, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
+            columns.push(cast(&ms, &DataType::Int64)?);
+            fields.push(Field::new(f.name(), DataType::Int64, f.is_nullable()));
+        } else {
+            columns.push(c.clone());
+            fields.push(f.as_ref().clone());
+        }
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
+
+    fn batch() -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Millisecond, None),
+                false,
+            ),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![7, 8])),
+                Arc::new(StringArray::from(vec![Some("a\nb \"q\""), None])),
+                Arc::new(TimestampMillisecondArray::from(vec![1_700_000_000_123, 5])),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn json_rows_with_keys_and_millisecond_timestamps() {
+        let enc = RowEncoder::new(ValueFormat::Json, Some("id".into()));
+        let rows = enc.encode(&batch()).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].key.as_deref(), Some(&b"7"[..]));
+        let v: serde_json::Value = serde_json::from_slice(&rows[0].value).unwrap();
+        assert_eq!(v["name"], "a\nb \"q\"");
+        assert_eq!(v["at"], 1_700_000_000_123i64);
+        let v: serde_json::Value = serde_json::from_slice(&rows[1].value).unwrap();
+        assert!(v.get("name").is_none() || v["name"].is_null());
+    }
+
+    #[test]
+    fn raw_values_and_clear_errors() {
+        let opts: BTreeMap<String, String> = [("format", "raw"), ("value", "name"), ("key", "id")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let enc = RowEncoder::from_options(&opts).unwrap();
+        let err = enc.encode(&batch()).unwrap_err().to_string();
+        assert!(err.contains("row 1") && err.contains("null"), "{err}");
+        let one = batch().slice(0, 1);
+        assert_eq!(enc.encode(&one).unwrap()[0].value, b"a\nb \"q\"");
+        let missing = RowEncoder::new(ValueFormat::Json, Some("nope".into()));
+        let err = missing.encode(&batch()).unwrap_err().to_string();
+        assert!(err.contains("\"nope\"") && err.contains("id"), "{err}");
+        let mut bad = opts.clone();
+        bad.insert("format".into(), "avro".into());
+        assert!(RowEncoder::from_options(&bad).is_err());
+    }
+}

@@ -1,0 +1,468 @@
+//! `skein gen nexmark|ysb --to kafka://host:port/topic | kinesis://stream`:
+//! publishes generated events through the Kafka or Kinesis sink.
+//!
+//! Each event is rendered as the JSON record its benchmark defines (YSB's
+//! reference fields with `event_time` as a string of ms; NEXMark's flat
+//! records with times as ms) and written as a `raw` value, so what lands in
+//! the topic is byte for byte what a reference consumer expects. NEXMark
+//! goes to one topic or stream per table, `<name>-person`, `<name>-auction`
+//! and `<name>-bid`, or just `<name>` with `--table`.
+//!
+//! With `--rate` the publisher paces itself against the wall clock and event
+//! time advances at the same rate from now; the progress bar shows how far
+//! it lags behind that target.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use datafusion::arrow::array::{BinaryBuilder, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use indicatif::{ProgressBar, ProgressStyle};
+use skein_engine::sink::{Sink, SinkWrite};
+use skein_generators::nexmark::{EventKind, JsonLayout, NexmarkConfig, NexmarkGenerator};
+use skein_generators::ysb::{YsbConfig, YsbGenerator};
+use skein_sinks::kafka::KafkaSink;
+use skein_sinks::kinesis::{KinesisSink, ensure_stream};
+use tokio::task::JoinSet;
+
+use crate::run::parse_duration;
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Benchmark {
+    Nexmark,
+    Ysb,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NexmarkTable {
+    Person,
+    Auction,
+    Bid,
+    All,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GenArgs {
+    /// Which benchmark's events.
+    pub benchmark: Benchmark,
+    /// Where to: kafka://host:port[,host:port]/topic or kinesis://stream.
+    #[arg(long)]
+    pub to: String,
+    /// Events to publish (all tables together for NEXMark).
+    #[arg(long)]
+    pub events: Option<u64>,
+    /// Events per second of wall-clock time (and of event time); as fast as
+    /// possible without it.
+    #[arg(long)]
+    pub rate: Option<u64>,
+    /// Stop after this long (30s, 2m, ...).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// NEXMark: publish one table only, to exactly the named topic or stream.
+    #[arg(long, value_enum, default_value_t = NexmarkTable::All)]
+    pub table: NexmarkTable,
+    /// Generator seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Partitions (Kafka) or shards (Kinesis) of a topic or stream this
+    /// command creates because it does not exist yet.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// Writes in flight at once (each waits for its acknowledgements).
+    #[arg(long, default_value_t = 4)]
+    pub in_flight: usize,
+    /// One JSON line at the end instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where events go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    Kafka { brokers: String, topic: String },
+    Kinesis { stream: String },
+}
+
+impl Destination {
+    pub fn parse(url: &str) -> Result<Self> {
+        if let Some(rest) = url.strip_prefix("kafka://") {
+            let (brokers, topic) = rest
+                .split_once('/')
+                .filter(|(b, t)| !b.is_empty() && !t.is_empty() && !t.contains('/'))
+                .with_context(|| format!("{url:?}: expected kafka://host:port/topic"))?;
+            return Ok(Destination::Kafka {
+                brokers: brokers.to_string(),
+                topic: topic.to_string(),
+            });
+        }
+        if let Some(stream) = url.strip_prefix("kinesis://") {
+            if stream.is_empty() || stream.contains('/') {
+                bail!("{url:?}: expected kinesis://stream");
+            }
+            return Ok(Destination::Kinesis {
+                stream: stream.to_string(),
+            });
+        }
+        bail!("{url:?}: --to takes kafka://host:port/topic or kinesis://stream")
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Destination::Kafka { topic, .. } => topic,
+            Destination::Kinesis { stream } => stream,
+        }
+    }
+
+    fn with_name(&self, name: String) -> Self {
+        match self {
+            Destination::Kafka { brokers, .. } => Destination::Kafka {
+                brokers: brokers.clone(),
+                topic: name,
+            },
+            Destination::Kinesis { .. } => Destination::Kinesis { stream: name },
+        }
+    }
+
+    /// Creates the topic or stream if missing, and opens a raw-value sink on it.
+    async fn open(&self, partitions: i32) -> Result<Arc<dyn Sink>> {
+        let options: BTreeMap<String, String> = match self {
+            Destination::Kafka { brokers, .. } => [
+                ("bootstrap.servers", brokers.as_str()),
+                ("format", "raw"),
+                ("value", "value"),
+            ],
+            Destination::Kinesis { .. } => [
+                ("format", "raw"),
+                ("value", "value"),
+                ("max.attempts", "50"),
+            ],
+        }
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Ok(match self {
+            Destination::Kafka { brokers, topic } => {
+                crate::ysb::create_topic(brokers, topic, partitions).await?;
+                Arc::new(KafkaSink::new(topic, &options)?)
+            }
+            Destination::Kinesis { stream } => {
+                ensure_stream(stream, partitions).await?;
+                Arc::new(KinesisSink::new(stream, &options)?)
+            }
+        })
+    }
+}
+
+/// Renders events as JSON records, per output.
+trait EventSource {
+    /// Appends up to `max` events to the builders (one per output); returns
+    /// how many it appended, 0 when the stream is exhausted.
+    fn fill(&mut self, max: u64, out: &mut [BinaryBuilder], buf: &mut Vec<u8>) -> u64;
+}
+
+struct Ysb(YsbGenerator);
+
+impl EventSource for Ysb {
+    fn fill(&mut self, max: u64, out: &mut [BinaryBuilder], buf: &mut Vec<u8>) -> u64 {
+        let mut n = 0;
+        while n < max {
+            let Some(ev) = self.0.next_event() else { break };
+            buf.clear();
+            ev.write_json(buf);
+            out[0].append_value(&buf);
+            n += 1;
+        }
+        n
+    }
+}
+
+struct Nexmark {
+    generator: NexmarkGenerator,
+    /// Output index per kind (person, auction, bid); `None` drops the kind.
+    route: [Option<usize>; 3],
+}
+
+impl EventSource for Nexmark {
+    fn fill(&mut self, max: u64, out: &mut [BinaryBuilder], buf: &mut Vec<u8>) -> u64 {
+        let mut n = 0;
+        while n < max {
+            buf.clear();
+            let Some(kind) = self.generator.next_json(JsonLayout::Flat, buf) else {
+                break;
+            };
+            let slot = match kind {
+                EventKind::Person => self.route[0],
+                EventKind::Auction => self.route[1],
+                EventKind::Bid => self.route[2],
+            };
+            if let Some(i) = slot {
+                out[i].append_value(&buf);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+fn value_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "value",
+        DataType::Binary,
+        false,
+    )]))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// What a publishing run did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GenReport {
+    pub benchmark: String,
+    pub destinations: Vec<String>,
+    pub events: u64,
+    pub elapsed_s: f64,
+    pub events_per_s: f64,
+    pub target_rate: Option<u64>,
+    /// Events behind the target rate when the run ended (0 without --rate).
+    pub lag_events: u64,
+}
+
+pub async fn gen_command(a: GenArgs) -> Result<()> {
+    let report = publish(&a).await?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "published {} {} events to {} in {:.2} s ({:.0} events/s{})",
+            report.events,
+            report.benchmark,
+            report.destinations.join(", "),
+            report.elapsed_s,
+            report.events_per_s,
+            match report.target_rate {
+                Some(r) => format!(", target {r}/s, {} behind at the end", report.lag_events),
+                None => String::new(),
+            }
+        );
+    }
+    Ok(())
+}
+
+pub async fn publish(a: &GenArgs) -> Result<GenReport> {
+    if a.events.is_none() && a.duration.is_none() {
+        bail!("say how much to publish: --events N and/or --duration D");
+    }
+    if a.rate == Some(0) {
+        bail!("--rate must be at least 1 event/s");
+    }
+    let destination = Destination::parse(&a.to)?;
+    let base_time_ms = now_ms();
+    let (mut source, names): (Box<dyn EventSource + Send>, Vec<String>) = match a.benchmark {
+        Benchmark::Ysb => {
+            let mut config = YsbConfig {
+                seed: a.seed,
+                base_time_ms,
+                ..YsbConfig::default()
+            };
+            if let Some(r) = a.rate {
+                config.events_per_second = r;
+            }
+            (
+                Box::new(Ysb(YsbGenerator::new(config)?)),
+                vec![destination.name().to_string()],
+            )
+        }
+        Benchmark::Nexmark => {
+            let mut config = NexmarkConfig {
+                seed: a.seed,
+                base_time_ms,
+                ..NexmarkConfig::default()
+            };
+            if let Some(r) = a.rate {
+                config.first_event_rate = r;
+            }
+            let base = destination.name();
+            let (route, names) = match a.table {
+                NexmarkTable::All => (
+                    [Some(0), Some(1), Some(2)],
+                    vec![
+                        format!("{base}-person"),
+                        format!("{base}-auction"),
+                        format!("{base}-bid"),
+                    ],
+                ),
+                NexmarkTable::Person => ([Some(0), None, None], vec![base.to_string()]),
+                NexmarkTable::Auction => ([None, Some(0), None], vec![base.to_string()]),
+                NexmarkTable::Bid => ([None, None, Some(0)], vec![base.to_string()]),
+            };
+            (
+                Box::new(Nexmark {
+                    generator: NexmarkGenerator::new(config)?,
+                    route,
+                }),
+                names,
+            )
+        }
+    };
+    let mut sinks = Vec::with_capacity(names.len());
+    for n in &names {
+        let d = destination.with_name(n.clone());
+        let sink = d
+            .open(a.partitions)
+            .await
+            .with_context(|| format!("opening {d:?}"))?;
+        sinks.push(sink);
+    }
+    let destinations: Vec<String> = names
+        .iter()
+        .map(|n| match &destination {
+            Destination::Kafka { brokers, .. } => format!("kafka://{brokers}/{n}"),
+            Destination::Kinesis { .. } => format!("kinesis://{n}"),
+        })
+        .collect();
+
+    let bar = if a.json {
+        ProgressBar::hidden()
+    } else {
+        match a.events {
+            Some(n) => ProgressBar::new(n),
+            None => ProgressBar::no_length(),
+        }
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{spinner} {human_pos}/{human_len} sent {wide_bar} {per_sec} {msg} [{elapsed}]",
+        )
+        .expect("progress template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+
+    // Chunks small enough to pace a rate smoothly (about 20 per second).
+    let chunk = a.rate.map_or(20_000, |r| (r / 20).clamp(1, 20_000));
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut epoch = 0u64;
+    let mut writes: JoinSet<skein_engine::Result<()>> = JoinSet::new();
+    let mut buf = Vec::with_capacity(1024);
+    let schema = value_schema();
+    loop {
+        let want = match a.events {
+            Some(total) => chunk.min(total - sent),
+            None => chunk,
+        };
+        if want == 0 || a.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        if let Some(rate) = a.rate {
+            // Wait until the target has caught up with what was sent.
+            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let mut builders: Vec<BinaryBuilder> = (0..sinks.len())
+            .map(|_| BinaryBuilder::with_capacity(want as usize / sinks.len() + 1, 0))
+            .collect();
+        let n = source.fill(want, &mut builders, &mut buf);
+        if n == 0 {
+            break;
+        }
+        for (i, mut b) in builders.into_iter().enumerate() {
+            let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish())])?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            while writes.len() >= a.in_flight.max(1) {
+                if let Some(done) = writes.join_next().await {
+                    done.context("a write task failed")??;
+                }
+            }
+            let sink = sinks[i].clone();
+            let (schema, e) = (schema.clone(), epoch);
+            writes.spawn(async move {
+                sink.write(SinkWrite {
+                    query: "gen",
+                    epoch: e,
+                    member: i as u32,
+                    schema,
+                    batches: vec![batch],
+                    offsets: vec![],
+                    last: false,
+                })
+                .await
+            });
+        }
+        epoch += 1;
+        sent += n;
+        bar.set_position(sent);
+        if let Some(rate) = a.rate {
+            let target = (started.elapsed().as_secs_f64() * rate as f64) as u64;
+            bar.set_message(format!("lag {}", target.saturating_sub(sent)));
+        }
+    }
+    while let Some(done) = writes.join_next().await {
+        done.context("a write task failed")??;
+    }
+    bar.finish_and_clear();
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let lag_events = a.rate.map_or(0, |rate| {
+        ((elapsed_s * rate as f64) as u64)
+            .saturating_sub(sent)
+            .min(a.events.map_or(u64::MAX, |t| t - sent))
+    });
+    Ok(GenReport {
+        benchmark: match a.benchmark {
+            Benchmark::Nexmark => "nexmark".into(),
+            Benchmark::Ysb => "ysb".into(),
+        },
+        destinations,
+        events: sent,
+        elapsed_s,
+        events_per_s: sent as f64 / elapsed_s.max(1e-9),
+        target_rate: a.rate,
+        lag_events,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_parse_or_say_what_is_expected() {
+        assert_eq!(
+            Destination::parse("kafka://127.0.0.1:9092,h:1/bids").unwrap(),
+            Destination::Kafka {
+                brokers: "127.0.0.1:9092,h:1".into(),
+                topic: "bids".into()
+            }
+        );
+        assert_eq!(
+            Destination::parse("kinesis://s1").unwrap(),
+            Destination::Kinesis {
+                stream: "s1".into()
+            }
+        );
+        for bad in [
+            "kafka://host",
+            "kafka:///t",
+            "kinesis://",
+            "s3://b/k",
+            "kinesis://a/b",
+        ] {
+            let err = Destination::parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("expected") || err.contains("takes"),
+                "{bad}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! Publishing and the message sinks on the real services: `skein gen` to
+//! Kafka and Kinesis, `INSERT INTO` Kafka and Kinesis tables, what Skein
+//! writes read back by Skein, and delivery errors reported, not swallowed.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use aws_sdk_kinesis::types::ShardIteratorType;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
+
+/// (key, value) of every message of `topic`, partition by partition.
+fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", common::unique_name("publish-test"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    let mut tpl = TopicPartitionList::new();
+    let mut total = 0i64;
+    for p in metadata.topics()[0].partitions() {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+            .expect("watermarks");
+        total += high - low;
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = vec![];
+    let started = std::time::Instant::now();
+    while (out.len() as i64) < total {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{topic}: read {} of {total} messages in 60 s",
+            out.len()
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m.expect("a message");
+            out.push((
+                m.key().map(<[u8]>::to_vec),
+                m.payload().unwrap_or_default().to_vec(),
+            ));
+        }
+    }
+    out
+}
+
+/// `skein` with the AWS stand-in's settings in its environment.
+fn skein_aws(args: &[&str]) -> (bool, String, String) {
+    let (id, secret) = common::aws_credentials();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(args)
+        .env("AWS_ENDPOINT_URL", common::aws_endpoint())
+        .env("AWS_REGION", common::aws_region())
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .output()
+        .expect("run skein");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// (partition key, data) of every record of `stream`, all shards.
+async fn drain_stream(stream: &str) -> Vec<(String, Vec<u8>)> {
+    let config = common::aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    let shards = kinesis
+        .list_shards()
+        .stream_name(stream)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("ListShards {stream}: {}", common::error_chain(&e)));
+    let mut out = vec![];
+    for shard in shards.shards() {
+        let mut iterator = kinesis
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GetShardIterator: {}", common::error_chain(&e)))
+            .shard_iterator;
+        let mut reads = 0;
+        while let Some(it) = iterator.take() {
+            reads += 1;
+            assert!(reads <= 200, "shard {} did not drain", shard.shard_id());
+            let page = kinesis
+                .get_records()
+                .shard_iterator(it)
+                .limit(10_000)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("GetRecords: {}", common::error_chain(&e)));
+            if page.records().is_empty() {
+                break;
+            }
+            for r in page.records() {
+                out.push((r.partition_key().to_string(), r.data().as_ref().to_vec()));
+            }
+            iterator = page.next_shard_iterator;
+        }
+    }
+    out
+}
+
+fn report(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().last().expect("a JSON line");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+fn write_sql(name: &str, sql: &str) -> String {
+    let path = std::env::temp_dir().join(format!("{}.sql", common::unique_name(name)));
+    std::fs::write(&path, sql).unwrap();
+    path.display().to_string()
+}
+
+/// The bids among the first `events` NEXMark events (seed 0).
+fn bids(events: u64) -> Vec<(i64, i64)> {
+    let generator = NexmarkGenerator::new(NexmarkConfig {
+        max_events: Some(events),
+        ..NexmarkConfig::default()
+    })
+    .unwrap();
+    generator
+        .into_events()
+        .filter_map(|e| match e {
+            Event::Bid(b) => Some((b.auction as i64, b.price as i64)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn gen_ysb_to_kafka_publishes_reference_records() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("gen-ysb");
+    let to = format!("kafka://{brokers}/{topic}");
+    let (ok, stdout, stderr) =
+        common::skein(&["gen", "ysb", "--to", &to, "--events", "20000", "--json"]);
+    assert!(ok, "skein gen failed:\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["events"], 20000, "{r}");
+    let messages = drain_topic(&brokers, &topic);
+    assert_eq!(messages.len(), 20000);
+    let mut ads = BTreeSet::new();
+    for (_, value) in &messages {
+        let v: serde_json::Value = serde_json::from_slice(value).expect("a JSON record");
+        for field in [
+            "user_id",
+            "page_id",
+            "ad_id",
+            "ad_type",
+            "event_type",
+            "ip_address",
+        ] {
+            assert!(v[field].is_string(), "{field} in {v}");
+        }
+        let t = v["event_time"].as_str().expect("event_time is a string");
+        assert!(t.parse::<i64>().is_ok(), "event_time {t:?} is epoch ms");
+        assert!(["view", "click", "purchase"].contains(&v["event_type"].as_str().unwrap()));
+        ads.insert(v["ad_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ads.len(), 1000, "100 campaigns x 10 ads");
+}
+
+#[test]
+fn gen_nexmark_to_kafka_writes_one_topic_per_table_at_the_rate() {
+    let brokers = common::require_kafka();
+    let base = common::unique_name("gen-nx");
+    let to = format!("kafka://{brokers}/{base}");
+    let (ok, stdout, stderr) = common::skein(&[
+        "gen", "nexmark", "--to", &to, "--events", "10000", "--rate", "20000", "--json",
+    ]);
+    assert!(ok, "skein gen failed:\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["events"], 10000, "{r}");
+    // Paced at 20,000/s, 10,000 events take at least about half a second.
+    assert!(r["elapsed_s"].as_f64().unwrap() >= 0.45, "{r}");
+    // 1 : 3 : 46 per 50 events.
+    let counts: Vec<usize> = ["person", "auction", "bid"]
+        .iter()
+        .map(|t| drain_topic(&brokers, &format!("{base}-{t}")).len())
+        .collect();
+    assert_eq!(counts, vec![200, 600, 9200]);
+    let bids = drain_topic(&brokers, &format!("{base}-bid"));
+    let v: serde_json::Value = serde_json::from_slice(&bids[0].1).unwrap();
+    for field in [
+        "auction",
+        "bidder",
+        "price",
+        "channel",
+        "url",
+        "date_time",
+        "extra",
+    ] {
+        assert!(!v[field].is_null(), "{field} in {v}");
+    }
+}
+
+#[tokio::test]
+async fn gen_ysb_to_kinesis_puts_every_event_over_the_shards() {
+    common::require_aws();
+    let stream = common::unique_name("gen-ysb");
+    let to = format!("kinesis://{stream}");
+    // 1,234 records: three PutRecords calls of at most 500.
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        skein_aws(&[
+            "gen",
+            "ysb",
+            "--to",
+            &to,
+            "--events",
+            "1234",
+            "--partitions",
+            "2",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "skein gen failed:\n{stderr}");
+    assert_eq!(report(&stdout)["events"], 1234);
+    let records = drain_stream(&stream).await;
+    assert_eq!(records.len(), 1234);
+    let distinct: BTreeSet<&Vec<u8>> = records.iter().map(|(_, d)| d).collect();
+    assert_eq!(distinct.len(), 1234, "no record twice");
+    let keys: BTreeSet<&String> = records.iter().map(|(k, _)| k).collect();
+    assert!(keys.len() > 1000, "partition keys spread the records");
+}
+
+#[test]
+fn insert_into_kafka_keys_rows_and_skein_reads_them_back() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("insert-kafka");
+    let write = write_sql(
+        "insert-kafka",
+        &format!(
+            "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' OPTIONS ('events' '20000', 'partitions' '2');
+             CREATE EXTERNAL TABLE out (auction BIGINT, price BIGINT, date_time TIMESTAMP)
+               STORED AS KAFKA LOCATION '{topic}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'key' 'auction');
+             INSERT INTO out SELECT auction, price, date_time FROM bid WHERE auction % 3 = 0"
+        ),
+    );
+    let (ok, _, stderr) = common::skein(&["run", &write, "--epochs", "3", "--json"]);
+    assert!(ok, "INSERT INTO kafka failed:\n{stderr}");
+    let expected: Vec<(i64, i64)> = bids(20_000)
+        .into_iter()
+        .filter(|(a, _)| a % 3 == 0)
+        .collect();
+    let messages = drain_topic(&brokers, &topic);
+    assert_eq!(messages.len(), expected.len());
+    let mut got = vec![];
+    for (key, value) in &messages {
+        let v: serde_json::Value = serde_json::from_slice(value).unwrap();
+        let auction = v["auction"].as_i64().unwrap();
+        assert_eq!(
+            key.as_deref(),
+            Some(auction.to_string().as_bytes()),
+            "the key is the auction column"
+        );
+        assert!(v["date_time"].is_i64(), "timestamps as ms: {v}");
+        got.push((auction, v["price"].as_i64().unwrap()));
+    }
+    got.sort();
+    let mut want = expected.clone();
+    want.sort();
+    assert_eq!(got, want);
+
+    // The topic read back through Skein's Kafka source.
+    let read = write_sql(
+        "read-kafka",
+        &format!(
+            "CREATE EXTERNAL TABLE bids_in (auction BIGINT, price BIGINT, date_time TIMESTAMP)
+               STORED AS KAFKA LOCATION '{topic}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');
+             SELECT count(*) AS n, sum(price) AS total FROM bids_in"
+        ),
+    );
+    let (ok, stdout, stderr) = common::skein(&["run", &read, "--epochs", "2"]);
+    assert!(ok, "reading the topic back failed:\n{stderr}");
+    let total: i64 = want.iter().map(|(_, p)| p).sum();
+    let row = format!("| {} | {total} |", want.len());
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.split_whitespace().collect::<String>()
+                == row.split_whitespace().collect::<String>()),
+        "expected the row {row} in:\n{stdout}"
+    );
+}
+
+#[test]
+fn insert_into_kafka_reports_delivery_errors() {
+    let topic = common::unique_name("undeliverable");
+    // Nothing listens on port 9: every message times out undelivered.
+    let sql = write_sql(
+        "undeliverable",
+        &format!(
+            "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '500');
+             CREATE EXTERNAL TABLE out (id BIGINT, name VARCHAR) STORED AS KAFKA LOCATION '{topic}'
+               OPTIONS ('bootstrap.servers' '127.0.0.1:9', 'message.timeout.ms' '1500');
+             INSERT INTO out SELECT id, name FROM person"
+        ),
+    );
+    let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
+    assert!(!ok, "a run whose rows cannot be delivered must fail");
+    assert!(
+        stderr.contains(&format!("kafka topic {topic}")) && stderr.contains("delivery failed"),
+        "the error names the topic and the delivery failure:\n{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn insert_into_kinesis_uses_the_key_column_as_partition_key() {
+    common::require_aws();
+    let stream = common::unique_name("insert-kinesis");
+    create_stream(&stream).await;
+    let sql = write_sql(
+        "insert-kinesis",
+        &format!(
+            "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '50000');
+             CREATE EXTERNAL TABLE people (id BIGINT, name VARCHAR, city VARCHAR)
+               STORED AS KINESIS LOCATION '{stream}' OPTIONS ('key' 'id');
+             INSERT INTO people SELECT id, name, city FROM person"
+        ),
+    );
+    let (ok, _, stderr) =
+        tokio::task::spawn_blocking(move || skein_aws(&["run", &sql, "--epochs", "2"]))
+            .await
+            .unwrap();
+    assert!(ok, "INSERT INTO kinesis failed:\n{stderr}");
+    let records = drain_stream(&stream).await;
+    // 1 person per 50 events.
+    assert_eq!(records.len(), 1000);
+    let mut ids = BTreeMap::new();
+    for (key, data) in &records {
+        let v: serde_json::Value = serde_json::from_slice(data).unwrap();
+        assert_eq!(key, &v["id"].as_i64().unwrap().to_string());
+        ids.insert(key.clone(), v["name"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1000, "every person once");
+}
+
+async fn create_stream(stream: &str) {
+    use aws_sdk_kinesis::types::StreamStatus;
+    let config = common::aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    kinesis
+        .create_stream()
+        .stream_name(stream)
+        .shard_count(2)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", common::error_chain(&e)));
+    common::within(30, "waiting for the stream to become ACTIVE", async {
+        loop {
+            let summary = kinesis
+                .describe_stream_summary()
+                .stream_name(stream)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", common::error_chain(&e)));
+            if summary
+                .stream_description_summary()
+                .map(|s| s.stream_status())
+                == Some(&StreamStatus::Active)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn q10_writes_its_files_to_s3() {
+    common::require_aws();
+    let s3 = common::s3_client().await;
+    let bucket = "skein-q10-test";
+    common::ensure_bucket(&s3, bucket).await;
+    let prefix = common::unique_name("q10");
+    let output = format!("s3://{bucket}/{prefix}");
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        skein_aws(&[
+            "nexmark", "--query", "10", "--events", "10000", "--epochs", "2", "--output", &output,
+            "--verify", "--json",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "q10 to S3 failed:\n{stderr}");
+    assert_eq!(report(&stdout)["verified"], true, "{stdout}");
+    let listed = s3
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(&prefix)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("ListObjectsV2: {}", common::error_chain(&e)));
+    let keys: Vec<&str> = listed.contents().iter().filter_map(|o| o.key()).collect();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter()
+            .all(|k| k.contains("/dt=2020-01-01/hm=") && k.ends_with(".json")),
+        "{keys:?}"
+    );
+}
