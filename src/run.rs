@@ -172,7 +172,10 @@ pub async fn run_sql(
         .await
         .context("planning the query")?;
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
-    let files_sink = plan.sink.kind.eq_ignore_ascii_case(skein_sinks::files::KIND);
+    let files_sink = plan
+        .sink
+        .kind
+        .eq_ignore_ascii_case(skein_sinks::files::KIND);
     if files_sink && args.verify {
         // Verification reads back what this query wrote: only this run's files.
         skein_sinks::files::clear(&plan.sink.location, &plan.query_code)

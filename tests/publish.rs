@@ -419,3 +419,226 @@ async fn q10_writes_its_files_to_s3() {
         "{keys:?}"
     );
 }
+
+/// (key, value) of the committed messages of `topic` (read_committed).
+fn drain_committed(brokers: &str, topic: &str, expect: usize) -> Vec<Vec<u8>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", common::unique_name("publish-committed"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = vec![];
+    let mut ended = BTreeSet::new();
+    let started = std::time::Instant::now();
+    // Past `expect`, keep reading to the end: extra messages must show.
+    while ended.len() < partitions || out.len() < expect {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{topic}: {} messages in 60 s",
+            out.len()
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                out.push(m.payload().unwrap_or_default().to_vec());
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("{topic}: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use skein_engine::payload::SourceOffset;
+    use skein_engine::sink::{Sink, SinkWrite};
+    use std::sync::Arc;
+
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("eo-out");
+    let offsets_topic = common::unique_name("eo-offsets");
+    let checkpoint = common::unique_name("cp");
+    let options: BTreeMap<String, String> = [
+        ("bootstrap.servers", brokers.as_str()),
+        ("checkpoint", checkpoint.as_str()),
+        ("offsets.topic", offsets_topic.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+    let batch = |from: i64| {
+        RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(
+                (from..from + 100).collect::<Vec<_>>(),
+            ))],
+        )
+        .unwrap()
+    };
+    let write = |epoch: u64, from: i64, offset: i64| SinkWrite {
+        query: "q",
+        epoch,
+        member: 0,
+        schema: schema.clone(),
+        batches: vec![batch(from)],
+        offsets: vec![SourceOffset {
+            source: "input".into(),
+            partition: 0,
+            offset,
+        }],
+        last: false,
+    };
+    let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
+    sink.write(write(0, 0, 100)).await.unwrap();
+    sink.write(write(1, 100, 200)).await.unwrap();
+    // The same epoch again (a re-delivery) writes nothing.
+    sink.write(write(1, 100, 200)).await.unwrap();
+    // A new writer (a restarted engine) knows the committed offsets too.
+    drop(sink);
+    let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
+    sink.write(write(1, 100, 200)).await.unwrap();
+    sink.write(write(2, 200, 300)).await.unwrap();
+
+    let (b, o, c) = (brokers.clone(), offsets_topic.clone(), checkpoint.clone());
+    let stored = tokio::task::spawn_blocking(move || {
+        skein_sinks::kafka::stored_offsets(&b, &o, &c, "input")
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(stored, [(0, 300)].into_iter().collect());
+    let t = topic.clone();
+    let values = tokio::task::spawn_blocking(move || drain_committed(&brokers, &t, 300))
+        .await
+        .unwrap();
+    let mut ns: Vec<i64> = values
+        .iter()
+        .map(|v| {
+            serde_json::from_slice::<serde_json::Value>(v).unwrap()["n"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ns.sort();
+    assert_eq!(ns, (0..300).collect::<Vec<_>>(), "every row once");
+}
+
+#[tokio::test]
+async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
+    use aws_sdk_kinesis::primitives::Blob;
+    use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+    use skein_generators::ysb::{YsbConfig, YsbGenerator};
+
+    common::require_aws();
+    let stream = common::unique_name("ysb-in");
+    let dead = common::unique_name("ysb-dead");
+    create_stream(&stream).await;
+    create_stream(&dead).await;
+    let to = format!("kinesis://{stream}");
+    let (ok, _, stderr) = tokio::task::spawn_blocking(move || {
+        skein_aws(&["gen", "ysb", "--to", &to, "--events", "3000", "--json"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "skein gen failed:\n{stderr}");
+    // Seven records no decoder accepts.
+    let config = common::aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    let bad = [
+        "not json",
+        "{\"ad_id\": \"a\"}",
+        "{\"ad_id\": 5, \"event_type\": \"view\", \"event_time\": \"1\"}",
+        "{\"ad_id\": \"a\", \"event_type\": \"view\", \"event_time\": \"soon\"}",
+        "{\"ad_id\": \"a\", \"event_type\": \"view\"",
+        "[]",
+        "",
+    ];
+    let entries = bad
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            PutRecordsRequestEntry::builder()
+                .partition_key(format!("bad-{i}"))
+                .data(Blob::new(if b.is_empty() {
+                    b"\x00".to_vec()
+                } else {
+                    b.as_bytes().to_vec()
+                }))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let put = kinesis
+        .put_records()
+        .stream_name(&stream)
+        .set_records(Some(entries))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
+    assert_eq!(put.failed_record_count(), Some(0));
+
+    let sql = write_sql(
+        "kinesis-source",
+        &format!(
+            "CREATE EXTERNAL TABLE ad_events (ad_id VARCHAR NOT NULL, event_type VARCHAR NOT NULL, event_time TIMESTAMP NOT NULL)
+               STORED AS KINESIS LOCATION '{stream}'
+               OPTIONS ('format' 'json', 'parallelism' '2', 'dead.letter.stream' '{dead}');
+             SELECT event_type, count(*) AS n FROM ad_events GROUP BY event_type ORDER BY event_type"
+        ),
+    );
+    let (ok, stdout, stderr) =
+        tokio::task::spawn_blocking(move || skein_aws(&["run", &sql, "--epochs", "2"]))
+            .await
+            .unwrap();
+    assert!(ok, "reading the stream failed:\n{stderr}");
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut generator = YsbGenerator::new(YsbConfig {
+        max_events: Some(3000),
+        ..YsbConfig::default()
+    })
+    .unwrap();
+    while let Some(ev) = generator.next_event() {
+        *expected.entry(ev.event_type.to_string()).or_default() += 1;
+    }
+    for (event_type, n) in &expected {
+        let row = format!("|{event_type}|{n}|");
+        assert!(
+            stdout.lines().any(|l| l.replace(' ', "") == row),
+            "expected the row {row} in:\n{stdout}"
+        );
+    }
+    let letters = drain_stream(&dead).await;
+    assert_eq!(
+        letters.len(),
+        bad.len(),
+        "every bad record dead-lettered once"
+    );
+    for (_, data) in &letters {
+        let v: serde_json::Value = serde_json::from_slice(data).unwrap();
+        assert_eq!(v["stream"], stream.as_str());
+        assert!(!v["reason"].as_str().unwrap().is_empty(), "{v}");
+        assert!(
+            v["sequence_number"].is_string() && v["shard"].is_string(),
+            "{v}"
+        );
+    }
+}

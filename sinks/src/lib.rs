@@ -29,11 +29,9 @@ pub fn register(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
     tables.register(redis::KIND, Arc::new(SinkTableFactory));
     sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
     tables.register(files::KIND, Arc::new(SinkTableFactory));
-    // A Kinesis stream is written, not read (there is no Kinesis source yet).
+    // `STORED AS KAFKA` and `STORED AS KINESIS` tables are declared by their
+    // sources (connectors); INSERT INTO one writes through these sinks.
     sinks.register(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));
-    tables.register(kinesis::KIND, Arc::new(SinkTableFactory));
-    // `STORED AS KAFKA` tables are declared by the Kafka source (connectors);
-    // INSERT INTO one writes through this sink.
     sinks.register(kafka::KIND, Arc::new(kafka::KafkaSinkFactory));
 }
 
