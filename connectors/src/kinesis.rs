@@ -34,8 +34,10 @@ use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::backoff::Backoff;
 use skein_engine::error::{EngineError, Result as EngineResult};
-use skein_engine::source::{EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory};
-use tokio::sync::Mutex;
+use skein_engine::source::{
+    EpochSpec, MicroBatch, PushedRecord, Source, SourceConfig, SourceFactory,
+};
+use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
 
 use crate::decode::{Format, RecordDecoder};
@@ -122,6 +124,7 @@ pub struct KinesisSource {
     decoder: Arc<RecordDecoder>,
     /// Opened on the first pull: planning must not need AWS.
     reader: Mutex<Option<ShardReader>>,
+    client: OnceCell<Client>,
     dead_letters: Arc<AtomicU64>,
 }
 
@@ -141,7 +144,6 @@ struct Shard {
 }
 
 struct ShardReader {
-    client: Client,
     shards: Vec<Shard>,
 }
 
@@ -160,7 +162,57 @@ impl KinesisSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
             reader: Mutex::new(None),
+            client: OnceCell::new(),
             dead_letters: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    async fn client(&self) -> &Client {
+        self.client
+            .get_or_init(|| async {
+                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
+                Client::new(&sdk)
+            })
+            .await
+    }
+
+    /// Decodes `records` (shard, sequence number, data) into a micro-batch;
+    /// the rejected ones are counted and dead-lettered.
+    async fn decode_records(&self, records: &[(&str, &str, &[u8])]) -> EngineResult<MicroBatch> {
+        let (batch, rejected) = self
+            .decoder
+            .decode(records.iter().map(|(_, _, d)| *d))
+            .map_err(|e| self.error(e))?;
+        if !rejected.is_empty() {
+            self.dead_letters
+                .fetch_add(rejected.len() as u64, Ordering::Relaxed);
+            let bad: Vec<Undecodable> = rejected
+                .into_iter()
+                .map(|r| {
+                    let (shard, seq, bytes) = records[r.index];
+                    Undecodable {
+                        shard: shard.to_string(),
+                        sequence_number: seq.to_string(),
+                        reason: r.reason,
+                        data: bytes.to_vec(),
+                    }
+                })
+                .collect();
+            if self.config.dead_letter_stream.is_none() {
+                for u in &bad {
+                    warn!(stream = %self.config.stream, shard = %u.shard, sequence = %u.sequence_number, reason = %u.reason, "undecodable record");
+                }
+            }
+            self.send_dead_letters(bad).await?;
+        }
+        let batches = if batch.num_rows() > 0 {
+            vec![batch]
+        } else {
+            vec![]
+        };
+        Ok(MicroBatch {
+            batches,
+            offsets: vec![],
         })
     }
 
@@ -177,8 +229,7 @@ impl KinesisSource {
     }
 
     async fn open(&self, spec: &EpochSpec) -> EngineResult<ShardReader> {
-        let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-        let client = Client::new(&sdk);
+        let client = self.client().await;
         let mut ids = vec![];
         let mut next: Option<String> = None;
         loop {
@@ -244,7 +295,7 @@ impl KinesisSource {
                 last_sequence: None,
             });
         }
-        Ok(ShardReader { client, shards })
+        Ok(ShardReader { shards })
     }
 
     /// A fresh iterator just after the last record read of `shard`.
@@ -272,10 +323,11 @@ impl KinesisSource {
             .shard_iterator)
     }
 
-    async fn send_dead_letters(&self, client: &Client, bad: Vec<Undecodable>) -> EngineResult<()> {
+    async fn send_dead_letters(&self, bad: Vec<Undecodable>) -> EngineResult<()> {
         let Some(stream) = &self.config.dead_letter_stream else {
             return Ok(());
         };
+        let client = self.client().await;
         for chunk in bad.chunks(500) {
             let mut entries: Vec<PutRecordsRequestEntry> = chunk
                 .iter()
@@ -349,6 +401,7 @@ impl Source for KinesisSource {
             *slot = Some(self.open(&spec).await?);
         }
         let reader = slot.as_mut().expect("opened above");
+        let client = self.client().await;
         let started = Instant::now();
         let budget = self.config.max_records_per_pull;
         let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
@@ -359,8 +412,7 @@ impl Source for KinesisSource {
                     break;
                 };
                 let limit = ((budget - data.len()) as i32).clamp(1, MAX_RECORDS_PER_GET);
-                let resp = reader
-                    .client
+                let resp = client
                     .get_records()
                     .shard_iterator(iterator)
                     .limit(limit)
@@ -371,7 +423,7 @@ impl Source for KinesisSource {
                     Err(e) => {
                         let service = e.as_service_error();
                         if service.is_some_and(|s| s.is_expired_iterator_exception()) {
-                            shard.iterator = self.renew(&reader.client, shard).await?;
+                            shard.iterator = self.renew(client, shard).await?;
                             continue;
                         }
                         if service.is_some_and(|s| {
@@ -404,42 +456,100 @@ impl Source for KinesisSource {
                 }
             }
         }
-        let (batch, rejected) = self
-            .decoder
-            .decode(data.iter().map(|(_, _, d)| d.as_slice()))
-            .map_err(|e| self.error(e))?;
-        if !rejected.is_empty() {
-            self.dead_letters
-                .fetch_add(rejected.len() as u64, Ordering::Relaxed);
-            let bad: Vec<Undecodable> = rejected
-                .into_iter()
-                .map(|r| {
-                    let (shard, seq, bytes) = &data[r.index];
-                    Undecodable {
-                        shard: reader.shards[*shard].id.clone(),
-                        sequence_number: seq.clone(),
-                        reason: r.reason,
-                        data: bytes.clone(),
-                    }
-                })
-                .collect();
-            if self.config.dead_letter_stream.is_none() {
-                for u in &bad {
-                    warn!(stream = %self.config.stream, shard = %u.shard, sequence = %u.sequence_number, reason = %u.reason, "undecodable record");
-                }
-            }
-            self.send_dead_letters(&reader.client, bad).await?;
-        }
-        let batches = if batch.num_rows() > 0 {
-            vec![batch]
-        } else {
-            vec![]
-        };
-        Ok(MicroBatch {
-            batches,
-            offsets: vec![],
-        })
+        let records: Vec<(&str, &str, &[u8])> = data
+            .iter()
+            .map(|(shard, seq, d)| {
+                (
+                    reader.shards[*shard].id.as_str(),
+                    seq.as_str(),
+                    d.as_slice(),
+                )
+            })
+            .collect();
+        self.decode_records(&records).await
     }
+
+    async fn decode_pushed(&self, records: &[PushedRecord]) -> EngineResult<MicroBatch> {
+        let records: Vec<(&str, &str, &[u8])> = records
+            .iter()
+            .map(|r| (r.partition.as_str(), r.position.as_str(), r.data.as_slice()))
+            .collect();
+        self.decode_records(&records).await
+    }
+}
+
+/// A batch a Lambda Kinesis event-source mapping delivered: `{"Records":
+/// [{"eventSource": "aws:kinesis", "eventID": "<shard>:<sequence>",
+/// "kinesis": {"data": <base64>, "sequenceNumber", "partitionKey"}}, ...]}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KinesisEventBatch {
+    /// Stable for the batch (a retried batch has the same first record):
+    /// FNV-1a of its first shard and sequence number.
+    pub batch_id: u64,
+    pub records: Vec<PushedRecord>,
+}
+
+/// Reads an event-source-mapping event; `None` if `event` is not one, an
+/// error naming the record and field if it is one but malformed.
+pub fn parse_kinesis_event(
+    event: &serde_json::Value,
+) -> Option<std::result::Result<KinesisEventBatch, String>> {
+    use base64::Engine;
+    let records = event.get("Records")?.as_array()?;
+    let is_kinesis = records
+        .first()
+        .and_then(|r| r.get("eventSource"))
+        .and_then(|s| s.as_str())
+        == Some("aws:kinesis");
+    if !is_kinesis {
+        return None;
+    }
+    let parse = || -> std::result::Result<KinesisEventBatch, String> {
+        let mut out = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            let field = |path: &[&str]| -> std::result::Result<&str, String> {
+                let mut v = r;
+                for p in path {
+                    v = v
+                        .get(p)
+                        .ok_or_else(|| format!("record {i}: no {}", path.join(".")))?;
+                }
+                v.as_str()
+                    .ok_or_else(|| format!("record {i}: {} is not a string", path.join(".")))
+            };
+            let sequence = field(&["kinesis", "sequenceNumber"])?;
+            let data = base64::engine::general_purpose::STANDARD
+                .decode(field(&["kinesis", "data"])?)
+                .map_err(|e| format!("record {i}: kinesis.data is not base64: {e}"))?;
+            // eventID is "<shard id>:<sequence number>".
+            let shard = field(&["eventID"])?
+                .split_once(':')
+                .map(|(shard, _)| shard.to_string())
+                .ok_or_else(|| format!("record {i}: eventID is not <shard>:<sequence>"))?;
+            out.push(PushedRecord {
+                partition: shard,
+                position: sequence.to_string(),
+                data,
+            });
+        }
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        if let Some(first) = out.first() {
+            for b in first
+                .partition
+                .bytes()
+                .chain([0x1f])
+                .chain(first.position.bytes())
+            {
+                hash ^= u64::from(b);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        Ok(KinesisEventBatch {
+            batch_id: hash,
+            records: out,
+        })
+    };
+    Some(parse())
 }
 
 /// Builds [`KinesisSource`]s from `STORED AS KINESIS` tables.
@@ -472,6 +582,39 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<BTreeMap<_, _>>(),
         }
+    }
+
+    #[test]
+    fn event_source_mapping_batches_parse() {
+        let event = serde_json::json!({"Records": [
+            {"eventSource": "aws:kinesis", "eventID": "shardId-000000000001:4959",
+             "kinesis": {"data": "eyJhIjogMX0=", "sequenceNumber": "4959", "partitionKey": "k"}},
+            {"eventSource": "aws:kinesis", "eventID": "shardId-000000000001:4960",
+             "kinesis": {"data": "", "sequenceNumber": "4960", "partitionKey": "k"}}
+        ]});
+        let batch = parse_kinesis_event(&event).unwrap().unwrap();
+        assert_eq!(batch.records.len(), 2);
+        assert_eq!(batch.records[0].data, br#"{"a": 1}"#);
+        assert_eq!(batch.records[0].partition, "shardId-000000000001");
+        assert_eq!(batch.records[1].position, "4960");
+        let again = parse_kinesis_event(&event).unwrap().unwrap();
+        assert_eq!(
+            batch.batch_id, again.batch_id,
+            "a retried batch keeps its id"
+        );
+
+        assert!(parse_kinesis_event(&serde_json::json!({"trigger": {}})).is_none());
+        let sqs = serde_json::json!({"Records": [{"eventSource": "aws:sqs"}]});
+        assert!(parse_kinesis_event(&sqs).is_none());
+        let bad = serde_json::json!({"Records": [
+            {"eventSource": "aws:kinesis", "eventID": "s:1", "kinesis": {"data": "%%", "sequenceNumber": "1"}}
+        ]});
+        let err = parse_kinesis_event(&bad).unwrap().unwrap_err();
+        assert!(err.contains("record 0") && err.contains("base64"), "{err}");
+        let missing =
+            serde_json::json!({"Records": [{"eventSource": "aws:kinesis", "eventID": "s:1"}]});
+        let err = parse_kinesis_event(&missing).unwrap().unwrap_err();
+        assert!(err.contains("kinesis.sequenceNumber"), "{err}");
     }
 
     #[test]

@@ -34,7 +34,7 @@ use crate::payload::{
 use crate::planner::session;
 use crate::ring::HashRing;
 use crate::sink::{Sink, SinkRegistry, SinkWrite};
-use crate::source::{EpochSpec, Source, SourceRegistry};
+use crate::source::{EpochSpec, PushedRecord, Source, SourceRegistry};
 use crate::window::{SessionSpec, window_ends};
 
 /// What a function instance needs from the world it runs in.
@@ -272,7 +272,22 @@ impl StageFunction {
             bound.insert(r.table.clone(), mb.batches);
         }
         drop(state);
-        let plan = bind_leaves(&self.plan, &mut |input| match input {
+        let plan = self.bind_sources(&bound)?;
+        let header = self.header(&t.qid, t.epoch, watermark, t.last, offsets);
+        let rows_out = self.run_and_route(plan, header).await?;
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+        })
+    }
+
+    /// The stage's plan with its source leaves bound to `bound` (per table).
+    fn bind_sources(
+        &self,
+        bound: &BTreeMap<String, Vec<RecordBatch>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        bind_leaves(&self.plan, &mut |input| match input {
             StageInput::Source { table, projection } => {
                 let batches = bound.get(table).cloned().unwrap_or_default();
                 match projection {
@@ -286,8 +301,47 @@ impl StageFunction {
             StageInput::Shuffle { shuffle_id } => Err(EngineError::plan(format!(
                 "source stage has a shuffle input {shuffle_id}"
             ))),
-        })?;
-        let header = self.header(&t.qid, t.epoch, watermark, t.last, offsets);
+        })
+    }
+
+    /// Run this source stage on records a platform pushed to it (one batch
+    /// of a Lambda Kinesis event-source mapping) instead of pulling.
+    ///
+    /// Pushed batches arrive per shard, independently, with no epoch that
+    /// every source instance shares; later stages count epochs from all
+    /// instances, so only a stage that writes the sink itself (filters and
+    /// projections) takes pushes. `batch_id` names the batch (a retried
+    /// batch keeps it) and is the epoch of the sink write, so a sink that
+    /// names its writes by epoch (files) replaces a retried batch's output.
+    pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
+        let refuse = |reason: &str| EngineError::Invocation {
+            name: self.name.clone(),
+            reason: reason.to_string(),
+        };
+        if !matches!(self.ctx.next, NextHop::Sink(_)) {
+            return Err(refuse(
+                "pushed records need a query whose source stage writes the sink \
+                 (no shuffle, window or aggregate after the source)",
+            ));
+        }
+        let [reader] = self.readers.as_slice() else {
+            return Err(refuse(
+                "pushed records need a stage that reads exactly one source table",
+            ));
+        };
+        let mb = reader
+            .source
+            .decode_pushed(records)
+            .await
+            .map_err(|e| EngineError::Source {
+                source_name: reader.table.clone(),
+                reason: format!("{}: {e}", self.name),
+            })?;
+        let events = mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+        let bound: BTreeMap<String, Vec<RecordBatch>> =
+            [(reader.table.clone(), mb.batches)].into_iter().collect();
+        let plan = self.bind_sources(&bound)?;
+        let header = self.header("pushed", batch_id, None, false, mb.offsets);
         let rows_out = self.run_and_route(plan, header).await?;
         Ok(Response {
             status: "ran".into(),

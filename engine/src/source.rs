@@ -57,6 +57,26 @@ pub trait Source: Send + Sync + std::fmt::Debug {
 
     /// Pull the micro-batch of `spec.epoch` for instance `spec.instance`.
     async fn pull(&self, spec: EpochSpec) -> Result<MicroBatch>;
+
+    /// Decode records a platform pushed to the function (a batch of a Lambda
+    /// Kinesis event-source mapping) as a pull would have read them.
+    async fn decode_pushed(&self, records: &[PushedRecord]) -> Result<MicroBatch> {
+        let _ = records;
+        Err(EngineError::Source {
+            source_name: format!("{self:?}"),
+            reason: "this source does not take pushed records".into(),
+        })
+    }
+}
+
+/// One record pushed to a function, with where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PushedRecord {
+    /// Partition or shard, e.g. `shardId-000000000000`.
+    pub partition: String,
+    /// Position within it, e.g. a Kinesis sequence number.
+    pub position: String,
+    pub data: Vec<u8>,
 }
 
 /// Builds sources from their config. One factory per kind.
