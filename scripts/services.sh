@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # Starts, stops and reports the real services the integration tests use:
 #
-#   scripts/services.sh start  [kafka|redis|ministack ...]   (default: all)
-#   scripts/services.sh stop   [kafka|redis|ministack ...]
-#   scripts/services.sh status [kafka|redis|ministack ...]
+#   scripts/services.sh start  [SERVICE ...]   (default: kafka redis ministack)
+#   scripts/services.sh stop   [SERVICE ...]
+#   scripts/services.sh status [SERVICE ...]
 #
-#   kafka      Apache Kafka (KRaft, one broker+controller)  127.0.0.1:9092
-#   redis      redis-server                                 127.0.0.1:6379
-#   ministack  S3, Kinesis and Lambda stand-in              http://127.0.0.1:4566
+#   kafka         Apache Kafka (KRaft, one broker+controller)  127.0.0.1:9092
+#   redis         redis-server                                 127.0.0.1:6379
+#   ministack     S3, Kinesis and Lambda stand-in              http://127.0.0.1:4566
+#   kafka-outage  a second Kafka broker that keeps its data    127.0.0.1:9094
+#                 across stop and start (controller on 9095; the ports come
+#                 from KAFKA_OUTAGE_PORT and KAFKA_OUTAGE_CONTROLLER_PORT)
 #
 # Everything binds 127.0.0.1 only. Pids, logs and data live in .services/ of
-# this clone; `stop` only ever signals processes whose pid file it wrote, and
-# each service starts with fresh, empty state. Run scripts/setup.sh first.
+# this clone (or $SKEIN_STATE); `stop` only ever signals processes whose pid
+# file it wrote. kafka, redis and ministack start with fresh, empty state;
+# kafka-outage starts with the data it had when it was stopped (remove
+# .services/kafka-outage for a fresh one). Run scripts/setup.sh first.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+# What start, stop and status act on when no service is named.
 ALL_SERVICES=(kafka redis ministack)
+KNOWN_SERVICES=(kafka redis ministack kafka-outage)
 
 # --- helpers -------------------------------------------------------------------
 
@@ -28,6 +35,7 @@ pid_file() { echo "$SKEIN_STATE/$1/pid"; }
 cmd_marker() {
     case $1 in
         kafka) echo "kafka.Kafka" ;;
+        kafka-outage) echo "$SKEIN_STATE/kafka-outage/server.properties" ;;
         redis) echo "redis-server" ;;
         ministack) echo "ministack" ;;
     esac
@@ -47,6 +55,7 @@ our_pid() {
 service_port() {
     case $1 in
         kafka) echo "$KAFKA_PORT" ;;
+        kafka-outage) echo "$KAFKA_OUTAGE_PORT" ;;
         redis) echo "$REDIS_PORT" ;;
         ministack) echo "$MINISTACK_PORT" ;;
     esac
@@ -85,8 +94,9 @@ wait_ready() {
 }
 
 # Common preamble of every start_*: returns 1 when there is nothing to do.
+# With a second argument of 1 the state of an earlier start is kept.
 prepare_start() {
-    local name=$1 port pid
+    local name=$1 keep=${2:-0} port pid
     port="$(service_port "$name")"
     if pid="$(our_pid "$name")"; then
         log "$name: already running (pid $pid)"
@@ -95,7 +105,7 @@ prepare_start() {
     if port_open "$port"; then
         die "$name: port 127.0.0.1:$port is taken by a process this script did not start; stop it (see: ss -ltnp 'sport = :$port') and run scripts/services.sh start $name again"
     fi
-    rm -rf "${SKEIN_STATE:?}/$name"
+    ((keep)) || rm -rf "${SKEIN_STATE:?}/$name"
     mkdir -p "$SKEIN_STATE/$name"
 }
 
@@ -113,19 +123,34 @@ kafka_cluster_id() {
 
 start_kafka() {
     prepare_start kafka || return 0
+    start_kafka_broker kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT"
+}
+
+# The same single-node broker on its own ports; a stop keeps its data (log
+# segments and KRaft metadata), so the next start serves the same topics and
+# offsets: a broker outage, not a new broker.
+start_kafka-outage() {
+    prepare_start kafka-outage 1 || return 0
+    start_kafka_broker kafka-outage "$KAFKA_OUTAGE_PORT" "$KAFKA_OUTAGE_CONTROLLER_PORT"
+}
+
+# start_kafka_broker NAME PORT CONTROLLER_PORT: formats the storage in
+# $SKEIN_STATE/NAME/data unless it holds a formatted one already.
+start_kafka_broker() {
+    local name=$1 port=$2 controller_port=$3
     need java
     [[ -f $KAFKA_LIBS/.complete ]] || die "Kafka jars not found in $KAFKA_LIBS: run scripts/setup.sh first"
-    port_open "$KAFKA_CONTROLLER_PORT" \
-        && die "kafka: controller port 127.0.0.1:$KAFKA_CONTROLLER_PORT is taken by another process"
+    port_open "$controller_port" \
+        && die "$name: controller port 127.0.0.1:$controller_port is taken by another process"
 
-    local dir="$SKEIN_STATE/kafka"
+    local dir="$SKEIN_STATE/$name"
     cat >"$dir/server.properties" <<EOF
 # Single-node KRaft: this process is both broker and controller.
 process.roles=broker,controller
 node.id=1
-controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.quorum.voters=1@127.0.0.1:$controller_port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller_port
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -156,12 +181,17 @@ EOF
     local java_opts=(-Xmx512m -Xms128m -XX:+UseG1GC -Djava.awt.headless=true -Djava.net.preferIPv4Stack=true
                      "-Dlog4j2.configurationFile=$dir/log4j2.properties"
                      -cp "$KAFKA_LIBS/*")
-    java "${java_opts[@]}" kafka.tools.StorageTool format \
-        -t "$(kafka_cluster_id)" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
-        || { cat "$dir/format.log" >&2; die "kafka: formatting the storage failed"; }
-    launch kafka "$dir/log" java "${java_opts[@]}" kafka.Kafka "$dir/server.properties"
+    if [[ -f $dir/data/meta.properties ]]; then
+        log "$name: keeping the data in $dir/data"
+    else
+        java "${java_opts[@]}" kafka.tools.StorageTool format \
+            -t "$(kafka_cluster_id)" -c "$dir/server.properties" >"$dir/format.log" 2>&1 \
+            || { cat "$dir/format.log" >&2; die "$name: formatting the storage failed"; }
+    fi
+    # launch truncates the log, so the readiness line below is this start's.
+    launch "$name" "$dir/log" java "${java_opts[@]}" kafka.Kafka "$dir/server.properties"
     # The broker logs this once it serves clients on its listener.
-    wait_ready kafka 90 "grep -q 'Kafka Server started' '$dir/log' && port_open $KAFKA_PORT"
+    wait_ready "$name" 90 "grep -q 'Kafka Server started' '$dir/log' && port_open $port"
 }
 
 # --- Redis ---------------------------------------------------------------------
@@ -226,14 +256,14 @@ status_service() {
     port="$(service_port "$name")"
     if pid="$(our_pid "$name")"; then
         if port_open "$port"; then
-            printf '%-10s running   pid %-8s 127.0.0.1:%s\n' "$name" "$pid" "$port"
+            printf '%-12s running   pid %-8s 127.0.0.1:%s\n' "$name" "$pid" "$port"
         else
-            printf '%-10s starting  pid %-8s 127.0.0.1:%s not open yet\n' "$name" "$pid" "$port"
+            printf '%-12s starting  pid %-8s 127.0.0.1:%s not open yet\n' "$name" "$pid" "$port"
         fi
     elif port_open "$port"; then
-        printf '%-10s foreign   127.0.0.1:%s is taken by a process this script did not start\n' "$name" "$port"
+        printf '%-12s foreign   127.0.0.1:%s is taken by a process this script did not start\n' "$name" "$port"
     else
-        printf '%-10s stopped\n' "$name"
+        printf '%-12s stopped\n' "$name"
     fi
 }
 
@@ -251,7 +281,7 @@ shift
 services=("$@")
 ((${#services[@]} > 0)) || services=("${ALL_SERVICES[@]}")
 for s in "${services[@]}"; do
-    [[ " ${ALL_SERVICES[*]} " == *" $s "* ]] || { log "unknown service: $s"; usage; }
+    [[ " ${KNOWN_SERVICES[*]} " == *" $s "* ]] || { log "unknown service: $s"; usage; }
 done
 mkdir -p "$SKEIN_STATE"
 

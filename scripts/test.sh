@@ -19,6 +19,11 @@ t0=$SECONDS
 scripts/setup.sh
 t_setup=$((SECONDS - t0))
 
+# Services a test starts for itself (tests/ysb_outage.rs: a Kafka broker it
+# stops and starts) live here; the tests stop them, and so does the exit
+# handler if the run is interrupted.
+export SKEIN_TEST_STATE="$SKEIN_STATE/tests"
+
 # Stop only the services this run started; ones already running stay up.
 started=()
 cleanup() {
@@ -26,6 +31,10 @@ cleanup() {
     if ((${#started[@]} > 0)); then
         scripts/services.sh stop "${started[@]}" || true
     fi
+    local d
+    for d in "$SKEIN_TEST_STATE"/*/; do
+        [[ -d $d ]] && SKEIN_STATE="${d%/}" scripts/services.sh stop kafka-outage >/dev/null 2>&1 || true
+    done
     exit "$rc"
 }
 trap cleanup EXIT

@@ -5,11 +5,15 @@
 //!   old results of those campaigns and the run's offsets removed;
 //! * `generate`: events into the topic (4 partitions), the ground truth into
 //!   `<dir>/truth.csv`; `--malformed-percent` mixes in undecodable records;
-//! * `run`: `queries/ysb.sql`, resuming from the offsets stored in Redis;
-//! * `check`: Redis against the ground truth, and the latency
-//!   `time_updated - window end` as YSB's `updated.txt` reports it.
+//! * `run`: `queries/ysb.sql`, resuming from the offsets stored in Redis,
+//!   until the offsets committed there reach the end of the topic (or for
+//!   `--duration`, however many epochs come back empty);
+//! * `check`: Redis against the ground truth and against counts recomputed
+//!   from the topic itself, the dead-letter topic against the topic's
+//!   undecodable records, and the latency `time_updated - window end` as
+//!   YSB's `updated.txt` reports it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,9 +31,9 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use skein_connectors::kafka::{DEAD_LETTERS, format_offsets};
-use skein_engine::driver::{RunReport, StopAfter, run_local_until};
+use skein_engine::driver::{RunReport, deploy, trigger_epoch};
 use skein_engine::local::LocalRuntime;
-use skein_engine::planner::{PlanOptions, plan_query, session};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_generators::ysb::{
     ADS_PER_CAMPAIGN, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig, YsbGenerator,
     YsbGroundTruth,
@@ -50,8 +54,9 @@ pub enum YsbCommand {
     Generate(GenerateArgs),
     /// Run queries/ysb.sql: Kafka -> Skein -> Redis.
     Run(YsbRunArgs),
-    /// Compare Redis with the ground truth; exits non-zero on any difference.
-    Check(YsbArgs),
+    /// Compare Redis with the ground truth and with counts recomputed from the
+    /// topic; exits non-zero on any difference.
+    Check(CheckArgs),
     /// Pre-load a fresh topic, then time a raw rdkafka drain and Skein's drain.
     Bench(BenchArgs),
 }
@@ -109,10 +114,12 @@ pub struct GenerateArgs {
 pub struct YsbRunArgs {
     #[command(flatten)]
     pub common: YsbArgs,
-    /// Stop once an epoch finds nothing new (the default).
+    /// Stop once an epoch finds nothing new and the offsets stored in Redis
+    /// have reached the end of every partition (the default).
     #[arg(long, conflicts_with = "duration")]
     pub until_drained: bool,
-    /// Run this long (it still stops early when the topic is drained).
+    /// Run this long, pulling whatever arrives meanwhile (an empty epoch does
+    /// not end the run).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Time between epochs.
@@ -125,6 +132,16 @@ pub struct YsbRunArgs {
     #[arg(long, default_value_t = 250_000)]
     pub max_records: usize,
     /// Where undecodable records go (default: `<topic>-dead-letters`).
+    #[arg(long)]
+    pub dead_letter_topic: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: YsbArgs,
+    /// The dead-letter topic to compare with the topic's undecodable records
+    /// (default: `<topic>-dead-letters`, as `ysb run` uses).
     #[arg(long)]
     pub dead_letter_topic: Option<String>,
 }
@@ -143,6 +160,11 @@ fn checkpoint(topic: &str) -> String {
     format!("ysb:{topic}")
 }
 
+/// Where `ysb run` sends undecodable records unless told otherwise.
+fn default_dead_letter_topic(topic: &str) -> String {
+    format!("{topic}-dead-letters")
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -152,8 +174,13 @@ fn now_ms() -> i64 {
 
 async fn redis_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
     let client = redis::Client::open(url).with_context(|| format!("Redis URL {url}"))?;
+    // The client's default of 500 ms per reply is short on a loaded machine
+    // (a debug build reading a large hash, CI running tests side by side).
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
     client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .with_context(|| format!("connecting to Redis at {url} (scripts/services.sh start redis)"))
 }
@@ -371,7 +398,7 @@ pub fn ysb_sql(a: &YsbRunArgs, offsets: &BTreeMap<i32, i64>) -> String {
     let dlt = a
         .dead_letter_topic
         .clone()
-        .unwrap_or_else(|| format!("{}-dead-letters", c.topic));
+        .unwrap_or_else(|| default_dead_letter_topic(&c.topic));
     YSB_SQL
         .replace("{{topic}}", &c.topic)
         .replace("{{brokers}}", &c.brokers)
@@ -421,6 +448,11 @@ async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
             )
         })?;
     let resumed: i64 = offsets.values().sum();
+    let dlt = a
+        .dead_letter_topic
+        .clone()
+        .unwrap_or_else(|| default_dead_letter_topic(&c.topic));
+    create_dead_letter_topic(&c.brokers, &dlt).await?;
     let sql = ysb_sql(a, &offsets);
     let Registries { sources, sinks, .. } = registries();
     let options = PlanOptions {
@@ -433,37 +465,281 @@ async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
         .await
         .context("planning queries/ysb.sql")?;
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
-    let stop = StopAfter::Duration {
-        duration: a.duration.unwrap_or(Duration::from_secs(365 * 86_400)),
-        interval: a.interval,
-    };
     let dead_before = DEAD_LETTERS.load(Ordering::Relaxed);
-    let report = run_local_until(&plan, &runtime, &options, stop, |_, _| {})
+    let report = drive(&plan, &runtime, &options, a)
         .await
         .context("running queries/ysb.sql")?;
     let dead = DEAD_LETTERS.load(Ordering::Relaxed) - dead_before;
     Ok((report, dead, resumed))
 }
 
-/// The result of comparing Redis with the ground truth.
+/// The dead-letter topic, created compacted if it does not exist: letters
+/// are keyed `<topic>/<partition>/<offset>`, so the copy a replayed epoch
+/// sends again after a crash replaces the first one when Kafka compacts.
+async fn create_dead_letter_topic(brokers: &str, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .context("Kafka admin client")?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))
+                .set("cleanup.policy", "compact")],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .with_context(|| {
+            format!("creating the dead-letter topic {topic} at {brokers} (scripts/services.sh start kafka)")
+        })?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => bail!("creating the dead-letter topic {name}: {code}"),
+        }
+    }
+    Ok(())
+}
+
+/// Empty epochs in a row, with the broker answering and no offset moving,
+/// after which `--until-drained` gives up on reaching the high watermarks
+/// (a partition that ends in transaction markers never gets there).
+const STUCK_EPOCHS: u32 = 50;
+
+/// The epoch loop of `ysb run`. Unlike the engine's generic driver, an empty
+/// epoch is not the end: with `--duration` the run keeps pulling until the
+/// time is up (a producer may still be writing), and `--until-drained` stops
+/// only once the offsets committed to Redis have reached every partition's
+/// high watermark, so a pull that came back empty because the broker was
+/// away does not end the run early.
+async fn drive(
+    plan: &QueryPlan,
+    runtime: &Arc<LocalRuntime>,
+    options: &PlanOptions,
+    a: &YsbRunArgs,
+) -> Result<RunReport> {
+    let c = &a.common;
+    let store = runtime.store();
+    let names = deploy(plan, runtime.as_ref(), &store, options, None).await?;
+    let stats = runtime.stats();
+    let before_inv = stats.invocations.load(Ordering::Relaxed);
+    let before_bytes = stats.payload_bytes.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let deadline = a.duration.map(|d| started + d);
+    let mut watermarks: Option<Arc<HighWatermarks>> = None;
+    let (mut events, mut epoch) = (0u64, 0u64);
+    let mut stuck: (u32, BTreeMap<i32, i64>) = (0, BTreeMap::new());
+    loop {
+        let last = deadline.is_some_and(|d| Instant::now() >= d);
+        let fired = Instant::now();
+        let pulled = trigger_epoch(plan, runtime.as_ref(), epoch, last).await?;
+        runtime.wait_idle().await;
+        events += pulled;
+        epoch += 1;
+        if last {
+            break;
+        }
+        if deadline.is_none() && pulled == 0 {
+            if watermarks.is_none() {
+                watermarks = Some(Arc::new(HighWatermarks::new(&c.brokers, &c.topic)?));
+            }
+            let w = watermarks.clone().expect("set above");
+            match drained(w, c).await? {
+                Drained::Yes => {
+                    // One more (empty) epoch flushes whatever state is left.
+                    trigger_epoch(plan, runtime.as_ref(), epoch, true).await?;
+                    runtime.wait_idle().await;
+                    epoch += 1;
+                    break;
+                }
+                Drained::BrokerAway => stuck = (0, BTreeMap::new()),
+                Drained::Behind(stored) => {
+                    if stored == stuck.1 {
+                        stuck.0 += 1;
+                    } else {
+                        stuck = (1, stored);
+                    }
+                    if stuck.0 >= STUCK_EPOCHS {
+                        tracing::warn!(
+                            topic = %c.topic,
+                            stored = ?stuck.1,
+                            "{STUCK_EPOCHS} empty epochs without progress below the high watermarks; stopping"
+                        );
+                        trigger_epoch(plan, runtime.as_ref(), epoch, true).await?;
+                        runtime.wait_idle().await;
+                        epoch += 1;
+                        break;
+                    }
+                }
+            }
+        } else {
+            stuck = (0, BTreeMap::new());
+        }
+        tokio::time::sleep(a.interval.saturating_sub(fired.elapsed())).await;
+    }
+    let elapsed_s = started.elapsed().as_secs_f64();
+    let pending = runtime.pending().await;
+    if !pending.is_empty() {
+        bail!("functions left waiting for input: {}", pending.join("; "));
+    }
+    let failed = runtime.dead_letters();
+    if let Some(first) = failed.first() {
+        bail!(
+            "{} async invocations failed; first, of {}: {}",
+            failed.len(),
+            first.function,
+            first.error
+        );
+    }
+    Ok(RunReport {
+        query_code: plan.query_code.clone(),
+        stages: plan.stages.len(),
+        functions: names.len(),
+        epochs: epoch,
+        invocations: stats.invocations.load(Ordering::Relaxed) - before_inv,
+        payload_bytes: stats.payload_bytes.load(Ordering::Relaxed) - before_bytes,
+        events,
+        elapsed_s,
+        events_per_s: if elapsed_s > 0.0 {
+            events as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        result_rows: 0,
+        verified: None,
+    })
+}
+
+/// A consumer kept open to ask for high watermarks.
+struct HighWatermarks {
+    consumer: rdkafka::consumer::BaseConsumer,
+    topic: String,
+}
+
+impl HighWatermarks {
+    /// No request yet: this works while the broker is away.
+    fn new(brokers: &str, topic: &str) -> Result<Self> {
+        let consumer: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", format!("skein-ysb-watermarks-{topic}"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .context("Kafka consumer for high watermarks")?;
+        Ok(HighWatermarks {
+            consumer,
+            topic: topic.to_string(),
+        })
+    }
+
+    /// (low, high) per partition, or `None` while the broker does not answer.
+    fn fetch(&self) -> Option<BTreeMap<i32, (i64, i64)>> {
+        use rdkafka::consumer::Consumer;
+        let timeout = Duration::from_secs(5);
+        let unknown = |e: rdkafka::error::KafkaError| {
+            tracing::debug!(topic = %self.topic, "high watermarks unknown: {e}");
+        };
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(&self.topic), timeout)
+            .map_err(unknown)
+            .ok()?;
+        let topic = metadata.topics().iter().find(|t| t.name() == self.topic)?;
+        if topic.error().is_some() || topic.partitions().is_empty() {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        for p in topic.partitions() {
+            let w = self
+                .consumer
+                .fetch_watermarks(&self.topic, p.id(), timeout)
+                .map_err(unknown)
+                .ok()?;
+            out.insert(p.id(), w);
+        }
+        Some(out)
+    }
+}
+
+enum Drained {
+    Yes,
+    /// The broker did not answer: nothing can be concluded.
+    BrokerAway,
+    /// Some stored offset is below its high watermark: these are the stored ones.
+    Behind(BTreeMap<i32, i64>),
+}
+
+/// Have the offsets committed to Redis reached every partition's end?
+async fn drained(w: Arc<HighWatermarks>, c: &YsbArgs) -> Result<Drained> {
+    let stored = stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic)
+        .await
+        .with_context(|| format!("reading stored offsets from {}", c.redis))?;
+    let Some(marks) = tokio::task::spawn_blocking(move || w.fetch()).await? else {
+        return Ok(Drained::BrokerAway);
+    };
+    let done = marks
+        .iter()
+        .all(|(p, (low, high))| stored.get(p).copied().unwrap_or(*low) >= *high);
+    Ok(if done {
+        Drained::Yes
+    } else {
+        Drained::Behind(stored)
+    })
+}
+
+/// The result of comparing Redis with the ground truth and with the topic.
 #[derive(Debug, Serialize)]
 pub struct CheckReport {
+    /// Redis matches the ground truth and the topic, and every undecodable
+    /// record of the topic is in the dead-letter topic.
     pub exact: bool,
+    /// Redis matches the ground truth file of `ysb generate`.
+    pub truth_exact: bool,
+    /// Redis matches the counts recomputed from the topic.
+    pub topic_exact: bool,
+    /// Every undecodable record has a dead letter (with a reason), and no
+    /// dead letter names a record that decodes.
+    pub dead_letters_exact: bool,
     /// Windows in the ground truth.
     pub windows: usize,
     /// Views counted in Redis.
     pub views: u64,
     /// Views in the ground truth.
     pub expected_views: u64,
+    /// Windows of the ground truth that Redis lacks, has but does not
+    /// expect, or counts differently.
     pub missing: usize,
     pub extra: usize,
     pub wrong: usize,
+    /// Records read back from the topic, the undecodable ones among them.
+    pub topic_records: u64,
+    pub topic_malformed: u64,
+    /// Windows and views recomputed from the topic.
+    pub topic_windows: usize,
+    pub topic_views: u64,
+    /// Views in the topic whose ad has no campaign.
+    pub topic_unknown_ad_views: u64,
+    /// Windows of the topic's counts that Redis lacks, has but the topic does
+    /// not give, or counts differently.
+    pub topic_missing: usize,
+    pub topic_extra: usize,
+    pub topic_wrong: usize,
+    pub topic_read_s: f64,
+    pub dead_letter_topic: String,
+    /// Distinct records of this topic found in the dead-letter topic.
+    pub dead_letters: u64,
+    /// Letters beyond the first for a record (a crash replay sends again).
+    pub dead_letter_duplicates: u64,
+    /// Undecodable records without a letter; letters for records that decode.
+    pub dead_letters_missing: usize,
+    pub dead_letters_extra: usize,
+    pub dead_letters_without_reason: u64,
     pub latency_ms_p50: i64,
     pub latency_ms_p99: i64,
     pub latency_ms_max: i64,
 }
 
-async fn read_truth(dir: &Path) -> Result<BTreeMap<(String, i64), u64>> {
+type Counts = BTreeMap<(String, i64), u64>;
+
+async fn read_truth(dir: &Path) -> Result<Counts> {
     let path = dir.join("truth.csv");
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -482,11 +758,26 @@ async fn read_truth(dir: &Path) -> Result<BTreeMap<(String, i64), u64>> {
     Ok(out)
 }
 
-pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
-    let truth = read_truth(&a.dir).await?;
-    let mut con = redis_connection(&a.redis).await?;
-    let mut found: BTreeMap<(String, i64), (u64, i64)> = BTreeMap::new();
-    for campaign in campaigns(a.seed).campaign_ids() {
+/// (missing, extra, wrong) windows of `found` against `expected`.
+fn compare(
+    expected: &Counts,
+    found: &BTreeMap<(String, i64), (u64, i64)>,
+) -> (usize, usize, usize) {
+    let missing = expected.keys().filter(|k| !found.contains_key(*k)).count();
+    let extra = found.keys().filter(|k| !expected.contains_key(*k)).count();
+    let wrong = expected
+        .iter()
+        .filter(|(k, v)| found.get(*k).is_some_and(|(n, _)| n != *v))
+        .count();
+    (missing, extra, wrong)
+}
+
+/// What Redis holds for the campaigns of `seed`: (campaign, window start)
+/// -> (seen_count, time_updated).
+async fn read_redis(redis: &str, seed: u64) -> Result<BTreeMap<(String, i64), (u64, i64)>> {
+    let mut con = redis_connection(redis).await?;
+    let mut found = BTreeMap::new();
+    for campaign in campaigns(seed).campaign_ids() {
         let fields: HashMap<String, String> = con.hgetall(campaign).await?;
         for (field, uuid) in fields {
             if field == "windows" {
@@ -505,12 +796,37 @@ pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
             );
         }
     }
-    let missing = truth.keys().filter(|k| !found.contains_key(*k)).count();
-    let extra = found.keys().filter(|k| !truth.contains_key(*k)).count();
-    let wrong = truth
-        .iter()
-        .filter(|(k, v)| found.get(*k).is_some_and(|(n, _)| n != *v))
-        .count();
+    Ok(found)
+}
+
+pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
+    check_report_with(a, &default_dead_letter_topic(&a.topic)).await
+}
+
+async fn check_report_with(a: &YsbArgs, dead_letter_topic: &str) -> Result<CheckReport> {
+    let truth = read_truth(&a.dir).await?;
+    let (brokers, topic, seed) = (a.brokers.clone(), a.topic.clone(), a.seed);
+    let recount = tokio::task::spawn_blocking(move || recount_topic(&brokers, &topic, seed));
+    let (brokers, topic, dlt) = (
+        a.brokers.clone(),
+        a.topic.clone(),
+        dead_letter_topic.to_string(),
+    );
+    let letters = tokio::task::spawn_blocking(move || read_dead_letters(&brokers, &dlt, &topic));
+    let found = read_redis(&a.redis, a.seed).await?;
+    let recount = recount.await.context("recount task")??;
+    let letters = letters.await.context("dead-letter task")??;
+
+    let (missing, extra, wrong) = compare(&truth, &found);
+    let truth_exact = missing == 0 && extra == 0 && wrong == 0;
+    let (topic_missing, topic_extra, topic_wrong) = compare(&recount.counts, &found);
+    let topic_exact =
+        topic_missing == 0 && topic_extra == 0 && topic_wrong == 0 && recount.unknown_ad_views == 0;
+    let dead_letters_missing = recount.malformed.difference(&letters.keys).count();
+    let dead_letters_extra = letters.keys.difference(&recount.malformed).count();
+    let dead_letters_exact =
+        dead_letters_missing == 0 && dead_letters_extra == 0 && letters.without_reason == 0;
+
     let mut latencies: Vec<i64> = found
         .iter()
         .map(|((_, w), (_, updated))| updated - (w + WINDOW_MS))
@@ -524,26 +840,52 @@ pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
         latencies[i]
     };
     Ok(CheckReport {
-        exact: missing == 0 && extra == 0 && wrong == 0,
+        exact: truth_exact && topic_exact && dead_letters_exact,
+        truth_exact,
+        topic_exact,
+        dead_letters_exact,
         windows: truth.len(),
         views: found.values().map(|(n, _)| n).sum(),
         expected_views: truth.values().sum(),
         missing,
         extra,
         wrong,
+        topic_records: recount.records,
+        topic_malformed: recount.malformed.len() as u64,
+        topic_windows: recount.counts.len(),
+        topic_views: recount.counts.values().sum(),
+        topic_unknown_ad_views: recount.unknown_ad_views,
+        topic_missing,
+        topic_extra,
+        topic_wrong,
+        topic_read_s: recount.elapsed_s,
+        dead_letter_topic: dead_letter_topic.to_string(),
+        dead_letters: letters.keys.len() as u64,
+        dead_letter_duplicates: letters.records - letters.keys.len() as u64,
+        dead_letters_missing,
+        dead_letters_extra,
+        dead_letters_without_reason: letters.without_reason,
         latency_ms_p50: pct(0.5),
         latency_ms_p99: pct(0.99),
         latency_ms_max: latencies.last().copied().unwrap_or(0),
     })
 }
 
-async fn check(a: &YsbArgs) -> Result<()> {
-    let r = check_report(a).await?;
-    if a.json {
+async fn check(a: &CheckArgs) -> Result<()> {
+    let dlt = a
+        .dead_letter_topic
+        .clone()
+        .unwrap_or_else(|| default_dead_letter_topic(&a.common.topic));
+    let r = check_report_with(&a.common, &dlt).await?;
+    if a.common.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "{}: {} windows, {} views counted ({} expected); {} missing, {} extra, {} wrong\n\
+            "{}\n\
+             ground truth: {} windows, {} views counted ({} expected); {} missing, {} extra, {} wrong\n\
+             topic: {} records ({} undecodable) read in {:.2} s give {} windows, {} views; \
+             {} missing, {} extra, {} wrong\n\
+             dead letters in {}: {} records ({} duplicates); {} missing, {} extra, {} without a reason\n\
              latency (time_updated - window end): p50 {} ms, p99 {} ms, max {} ms",
             if r.exact { "EXACT" } else { "DIFFERENT" },
             r.windows,
@@ -552,15 +894,347 @@ async fn check(a: &YsbArgs) -> Result<()> {
             r.missing,
             r.extra,
             r.wrong,
+            r.topic_records,
+            r.topic_malformed,
+            r.topic_read_s,
+            r.topic_windows,
+            r.topic_views,
+            r.topic_missing,
+            r.topic_extra,
+            r.topic_wrong,
+            r.dead_letter_topic,
+            r.dead_letters,
+            r.dead_letter_duplicates,
+            r.dead_letters_missing,
+            r.dead_letters_extra,
+            r.dead_letters_without_reason,
             r.latency_ms_p50,
             r.latency_ms_p99,
             r.latency_ms_max
         );
     }
-    if !r.exact {
-        bail!("Redis differs from the ground truth");
+    let mut differences = vec![];
+    if !r.truth_exact {
+        differences.push("the ground truth");
+    }
+    if !r.topic_exact {
+        differences.push("the counts recomputed from the topic");
+    }
+    if !r.dead_letters_exact {
+        differences.push("the dead letters the topic calls for");
+    }
+    if !differences.is_empty() {
+        bail!("Redis differs from {}", differences.join(" and "));
     }
     Ok(())
+}
+
+/// The topic read back and counted again, with a decoder of its own (serde,
+/// only the three fields the query uses), so that a fault of the engine's
+/// decoder shows up as a difference rather than being repeated.
+struct TopicCount {
+    records: u64,
+    /// (campaign, window start) -> views.
+    counts: Counts,
+    /// (partition, offset) of every record that does not decode.
+    malformed: BTreeSet<(i32, i64)>,
+    unknown_ad_views: u64,
+    elapsed_s: f64,
+}
+
+/// The fields of one event the query reads; serde skips the others.
+#[derive(Deserialize)]
+struct EventFields<'a> {
+    #[serde(borrow)]
+    ad_id: std::borrow::Cow<'a, str>,
+    #[serde(borrow)]
+    event_type: std::borrow::Cow<'a, str>,
+    event_time: EventTime,
+}
+
+/// Milliseconds since the epoch, as a JSON integer or a string holding one
+/// (YSB writes strings); what the query's `TIMESTAMP` column accepts.
+struct EventTime(i64);
+
+impl<'de> Deserialize<'de> for EventTime {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = EventTime;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("milliseconds as an integer or a string")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<EventTime, E> {
+                Ok(EventTime(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<EventTime, E> {
+                i64::try_from(v)
+                    .map(EventTime)
+                    .map_err(|_| E::custom("out of range"))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<EventTime, E> {
+                v.trim()
+                    .parse()
+                    .map(EventTime)
+                    .map_err(|_| E::custom("not an integer"))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// The largest record the query decodes (the Kafka source's default
+/// `max.record.bytes`).
+const MAX_RECORD_BYTES: usize = 1 << 20;
+
+/// Counts of one group of partitions.
+#[derive(Default)]
+struct PartialCount {
+    records: u64,
+    counts: HashMap<(usize, i64), u64>,
+    malformed: Vec<(i32, i64)>,
+    unknown_ad_views: u64,
+}
+
+impl PartialCount {
+    fn add(&mut self, campaigns: &YsbCampaigns, partition: i32, offset: i64, payload: &[u8]) {
+        self.records += 1;
+        let event = (payload.len() <= MAX_RECORD_BYTES)
+            .then(|| serde_json::from_slice::<EventFields<'_>>(payload).ok())
+            .flatten()
+            // The column is TIMESTAMP (nanoseconds): it must fit.
+            .filter(|e| e.event_time.0.checked_mul(1_000_000).is_some());
+        let Some(event) = event else {
+            self.malformed.push((partition, offset));
+            return;
+        };
+        if event.event_type != "view" {
+            return;
+        }
+        match campaigns.campaign_index_of_ad(&event.ad_id) {
+            Some(c) => {
+                let window = event.event_time.0.div_euclid(WINDOW_MS) * WINDOW_MS;
+                *self.counts.entry((c, window)).or_insert(0) += 1;
+            }
+            None => self.unknown_ad_views += 1,
+        }
+    }
+}
+
+/// Consumer settings of the read-back: no group offsets, large fetches.
+fn read_back_consumer(brokers: &str, purpose: &str) -> Result<rdkafka::consumer::BaseConsumer> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("skein-ysb-{purpose}-{}", now_ms()))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    for (key, value) in skein_connectors::kafka::FETCH_DEFAULTS {
+        config.set(*key, *value);
+    }
+    config
+        .create()
+        .with_context(|| format!("Kafka consumer for {purpose} at {brokers}"))
+}
+
+/// (partition, low, high) of every partition of `topic`; empty if the topic
+/// does not exist.
+fn partition_ranges(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+) -> Result<Vec<(i32, i64, i64)>> {
+    use rdkafka::consumer::Consumer;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .with_context(|| format!("metadata of {topic} (scripts/services.sh start kafka)"))?;
+    let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+        return Ok(vec![]);
+    };
+    if t.error().is_some() {
+        // UnknownTopicOrPartition: nothing there.
+        return Ok(vec![]);
+    }
+    let mut out = vec![];
+    for p in t.partitions() {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{}", p.id()))?;
+        out.push((p.id(), low, high));
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Reads `ranges` of `topic` (each partition from low up to high), handing
+/// every record to `each`. Fails if nothing arrives for a minute.
+fn read_ranges(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+    ranges: &[(i32, i64, i64)],
+    mut each: impl FnMut(i32, i64, &[u8]),
+) -> Result<()> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let mut next: HashMap<i32, (i64, i64)> = HashMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for &(p, low, high) in ranges {
+        if low < high {
+            next.insert(p, (low, high));
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+        }
+    }
+    if next.is_empty() {
+        return Ok(());
+    }
+    consumer.assign(&tpl)?;
+    let mut last_progress = Instant::now();
+    while !next.is_empty() {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => tracing::warn!(topic, "reading back: {e}"),
+            Some(Ok(m)) => {
+                let (p, off) = (m.partition(), m.offset());
+                if let Some((pos, high)) = next.get_mut(&p) {
+                    if off >= *pos && off < *high {
+                        each(p, off, m.payload().unwrap_or_default());
+                        *pos = off + 1;
+                        last_progress = Instant::now();
+                    }
+                    if *pos >= *high {
+                        next.remove(&p);
+                    }
+                }
+            }
+        }
+        if last_progress.elapsed() > Duration::from_secs(60) {
+            bail!("reading {topic} back: no record for 60 s, still to read {next:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Recount the views per (campaign, window) from the whole topic, one
+/// thread per group of partitions.
+fn recount_topic(brokers: &str, topic: &str, seed: u64) -> Result<TopicCount> {
+    let started = Instant::now();
+    let campaigns = campaigns(seed);
+    let ranges = partition_ranges(&read_back_consumer(brokers, "recount")?, topic)?;
+    if ranges.is_empty() {
+        bail!("topic {topic} not found at {brokers} (run `skein ysb generate` first)");
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, ranges.len());
+    let groups: Vec<Vec<(i32, i64, i64)>> = (0..threads)
+        .map(|t| {
+            ranges
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| i % threads == t)
+                .map(|(_, r)| *r)
+                .collect()
+        })
+        .collect();
+    let partials: Vec<Result<PartialCount>> = std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|group| {
+                let campaigns = &campaigns;
+                s.spawn(move || -> Result<PartialCount> {
+                    let consumer = read_back_consumer(brokers, "recount")?;
+                    let mut partial = PartialCount::default();
+                    read_ranges(&consumer, topic, group, |p, off, payload| {
+                        partial.add(campaigns, p, off, payload)
+                    })?;
+                    Ok(partial)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("recount thread panicked")))
+            })
+            .collect()
+    });
+    let mut out = TopicCount {
+        records: 0,
+        counts: BTreeMap::new(),
+        malformed: BTreeSet::new(),
+        unknown_ad_views: 0,
+        elapsed_s: 0.0,
+    };
+    for partial in partials {
+        let partial = partial?;
+        out.records += partial.records;
+        out.unknown_ad_views += partial.unknown_ad_views;
+        out.malformed.extend(partial.malformed);
+        for ((c, window), n) in partial.counts {
+            *out.counts
+                .entry((campaigns.campaign_ids()[c].clone(), window))
+                .or_insert(0) += n;
+        }
+    }
+    out.elapsed_s = started.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// The letters of one source topic found in a dead-letter topic.
+struct DeadLetterSummary {
+    /// Letters, duplicates included.
+    records: u64,
+    /// Distinct (partition, offset) they name.
+    keys: BTreeSet<(i32, i64)>,
+    without_reason: u64,
+}
+
+/// One dead letter as the Kafka source writes it.
+#[derive(Deserialize)]
+struct Letter<'a> {
+    #[serde(borrow)]
+    topic: std::borrow::Cow<'a, str>,
+    partition: i32,
+    offset: i64,
+    #[serde(borrow, default)]
+    reason: std::borrow::Cow<'a, str>,
+}
+
+/// Reads the whole dead-letter topic (none there: no letters).
+fn read_dead_letters(brokers: &str, dlt: &str, topic: &str) -> Result<DeadLetterSummary> {
+    let consumer = read_back_consumer(brokers, "dead-letters")?;
+    let ranges = partition_ranges(&consumer, dlt)?;
+    let mut out = DeadLetterSummary {
+        records: 0,
+        keys: BTreeSet::new(),
+        without_reason: 0,
+    };
+    let mut unreadable = 0u64;
+    read_ranges(
+        &consumer,
+        dlt,
+        &ranges,
+        |_, _, payload| match serde_json::from_slice::<Letter<'_>>(payload) {
+            Ok(l) if l.topic == topic => {
+                out.records += 1;
+                out.keys.insert((l.partition, l.offset));
+                if l.reason.trim().is_empty() {
+                    out.without_reason += 1;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => unreadable += 1,
+        },
+    )?;
+    if unreadable > 0 {
+        tracing::warn!(
+            dlt,
+            unreadable,
+            "records of the dead-letter topic that are not letters"
+        );
+    }
+    Ok(out)
 }
 
 /// Read every record of `topic` with a plain rdkafka consumer, no parsing:
@@ -587,16 +1261,30 @@ fn raw_drain(brokers: &str, topic: &str) -> Result<(u64, f64)> {
         tpl.add_partition_offset(topic, p.id(), Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
+    // librdkafka's batch API, as the Kafka source reads: a `poll` per record
+    // caps one thread near 0.55 M records/s here (docs/benchmarks.md).
+    let consumer = skein_connectors::kafka::BatchConsumer::new(consumer);
     let started = Instant::now();
     let mut n = 0i64;
     let mut bytes = 0usize;
+    let mut error = None;
     while n < total {
         if started.elapsed() > Duration::from_secs(600) {
             bail!("raw drain: {n} of {total} records after 10 minutes");
         }
-        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
-            bytes += m?.payload_len();
-            n += 1;
+        consumer.read(
+            Duration::from_millis(100),
+            usize::MAX,
+            |fetched| match fetched {
+                skein_connectors::kafka::Fetched::Record { payload, .. } => {
+                    bytes += payload.len();
+                    n += 1;
+                }
+                skein_connectors::kafka::Fetched::Error(e) => error = Some(e),
+            },
+        );
+        if let Some(e) = error.take() {
+            bail!("raw drain: {e}");
         }
     }
     tracing::debug!(bytes, "raw drain done");
@@ -670,4 +1358,63 @@ async fn bench(a: BenchArgs) -> Result<()> {
         bail!("the Skein run's counts differ from the ground truth");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recount_decodes_like_the_query_and_rejects_every_malformed_kind() {
+        let campaigns = campaigns(5);
+        let ad = campaigns.ad_ids()[13].clone();
+        let campaign = campaigns.campaign_of(&ad).unwrap().to_string();
+        let mut partial = PartialCount::default();
+        // Both forms of event_time, extra fields of any kind skipped.
+        let good = [
+            format!(
+                r#"{{"user_id": "u", "ad_id": "{ad}", "event_type": "view", "event_time": "12345", "ip_address": "1.2.3.4"}}"#
+            ),
+            format!(
+                r#"{{"ad_id": "{ad}", "nested": {{"a": [1, 2]}}, "event_type": "view", "event_time": 19999}}"#
+            ),
+            format!(r#"{{"ad_id": "{ad}", "event_type": "click", "event_time": "12345"}}"#),
+        ];
+        for (i, r) in good.iter().enumerate() {
+            partial.add(&campaigns, 0, i as i64, r.as_bytes());
+        }
+        for n in 0..5 {
+            partial.add(&campaigns, 1, n as i64, &malformed_record(n, &ad));
+        }
+        partial.add(
+            &campaigns,
+            1,
+            5,
+            br#"{"ad_id": null, "event_type": "view", "event_time": 1}"#,
+        );
+        partial.add(
+            &campaigns,
+            1,
+            6,
+            br#"{"ad_id": "x", "event_type": "view", "event_time": 1.5}"#,
+        );
+        partial.add(&campaigns, 1, 7, b"");
+        let unknown = br#"{"ad_id": "not-an-ad", "event_type": "view", "event_time": 1}"#;
+        partial.add(&campaigns, 2, 0, unknown);
+
+        assert_eq!(partial.records, 12);
+        assert_eq!(
+            partial.malformed,
+            (0..8).map(|o| (1, o)).collect::<Vec<_>>(),
+            "every malformed kind is rejected, nothing else"
+        );
+        assert_eq!(partial.unknown_ad_views, 1);
+        let c = campaigns.campaign_index_of_ad(&ad).unwrap();
+        assert_eq!(campaigns.campaign_ids()[c], campaign);
+        let expected: HashMap<(usize, i64), u64> = [((c, 10_000), 2)].into_iter().collect();
+        assert_eq!(
+            partial.counts, expected,
+            "two views in window 10 000; the click is not one"
+        );
+    }
 }

@@ -44,6 +44,15 @@ use crate::error::{Result, SinkError};
 
 pub const KIND: &str = "REDIS";
 
+/// Replies can take longer than the client's default 500 ms on a loaded
+/// machine (a MULTI/EXEC of thousands of commands); a timeout there would
+/// fail a write that Redis is about to apply.
+fn connection_config() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(30)))
+}
+
 /// The hash holding a checkpoint's offsets.
 pub fn offsets_key(checkpoint: &str) -> String {
     format!("skein:offsets:{checkpoint}")
@@ -56,7 +65,9 @@ pub async fn stored_offsets(
     topic: &str,
 ) -> Result<BTreeMap<i32, i64>> {
     let client = redis::Client::open(url)?;
-    let mut con = client.get_multiplexed_async_connection().await?;
+    let mut con = client
+        .get_multiplexed_async_connection_with_config(&connection_config())
+        .await?;
     let all: HashMap<String, i64> = redis::cmd("HGETALL")
         .arg(offsets_key(checkpoint))
         .query_async(&mut con)
@@ -190,7 +201,10 @@ impl RedisSink {
         if let Some(c) = slot.as_ref() {
             return Ok(c.clone());
         }
-        let c = self.client.get_multiplexed_async_connection().await?;
+        let c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&connection_config())
+            .await?;
         *slot = Some(c.clone());
         Ok(c)
     }

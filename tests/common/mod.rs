@@ -176,3 +176,16 @@ pub fn skein(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into(),
     )
 }
+
+/// A TCP port nothing listens on right now (the OS picks it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding 127.0.0.1:0 for a free port")
+}
+
+/// A script of this repository, e.g. `scripts/services.sh`.
+pub fn repo_path(relative: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}

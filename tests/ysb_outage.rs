@@ -1,0 +1,312 @@
+//! YSB with the Kafka broker stopped mid-run: `skein ysb run --until-drained`
+//! is reading the topic when the broker process is stopped (SIGTERM, a
+//! clean shutdown), stays down for 10 s, and is started again with its data;
+//! more events are written to it then. The run must wait for the broker
+//! rather than take the silence for a drained topic, read what was written
+//! before and after, and finish with counts exact.
+//!
+//! The broker is this test's own: `scripts/services.sh start kafka-outage`
+//! with a private state directory and free ports, so the shared broker on
+//! 127.0.0.1:9092 that other tests use is never touched. It needs Java and
+//! the Kafka jars (`scripts/setup.sh`) and Redis (`scripts/services.sh start
+//! redis`).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A single-node Kafka of this test, started and stopped through
+/// `scripts/services.sh ... kafka-outage`, which keeps its data across a stop.
+struct Broker {
+    state: PathBuf,
+    port: u16,
+    controller_port: u16,
+}
+
+impl Broker {
+    fn start(state: PathBuf) -> Broker {
+        let broker = Broker {
+            state,
+            port: common::free_port(),
+            controller_port: common::free_port(),
+        };
+        broker.services("start");
+        broker
+    }
+
+    fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `scripts/services.sh <action> kafka-outage` for this broker.
+    fn services(&self, action: &str) {
+        let script = common::repo_path("scripts/services.sh");
+        let out = Command::new(&script)
+            .args([action, "kafka-outage"])
+            .env("SKEIN_STATE", &self.state)
+            .env("KAFKA_OUTAGE_PORT", self.port.to_string())
+            .env(
+                "KAFKA_OUTAGE_CONTROLLER_PORT",
+                self.controller_port.to_string(),
+            )
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+        assert!(
+            out.status.success(),
+            "`SKEIN_STATE={} KAFKA_OUTAGE_PORT={} KAFKA_OUTAGE_CONTROLLER_PORT={} \
+             scripts/services.sh {action} kafka-outage` failed (it needs Java and the \
+             Kafka jars: run scripts/setup.sh):\n{}{}",
+            self.state.display(),
+            self.port,
+            self.controller_port,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        // Also when the test fails: no broker is left behind.
+        let _ = Command::new(common::repo_path("scripts/services.sh"))
+            .args(["stop", "kafka-outage"])
+            .env("SKEIN_STATE", &self.state)
+            .env("KAFKA_OUTAGE_PORT", self.port.to_string())
+            .env(
+                "KAFKA_OUTAGE_CONTROLLER_PORT",
+                self.controller_port.to_string(),
+            )
+            .output();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// Runs `skein ysb <cmd> ... --json` against `brokers`: (ok, last line, log).
+fn ysb(
+    cmd: &str,
+    brokers: &str,
+    topic: &str,
+    dir: &Path,
+    seed: u64,
+    extra: &[&str],
+) -> (bool, Value, String) {
+    let out = ysb_command(cmd, brokers, topic, dir, seed, extra)
+        .output()
+        .expect("running skein");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or(Value::Null);
+    (
+        out.status.success(),
+        json,
+        format!("stdout: {stdout}\nstderr: {stderr}"),
+    )
+}
+
+fn ysb_command(
+    cmd: &str,
+    brokers: &str,
+    topic: &str,
+    dir: &Path,
+    seed: u64,
+    extra: &[&str],
+) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+    c.args([
+        "ysb",
+        cmd,
+        "--topic",
+        topic,
+        "--seed",
+        &seed.to_string(),
+        "--json",
+    ])
+    .arg("--dir")
+    .arg(dir)
+    .args(["--brokers", brokers, "--redis", &common::redis_url()])
+    .args(extra)
+    .env("RUST_BACKTRACE", "0");
+    c
+}
+
+/// Sum of the offsets the run has committed to Redis so far.
+fn committed(redis: &mut redis::Connection, topic: &str) -> i64 {
+    let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
+    let fields: Vec<(String, i64)> = redis::cmd("HGETALL")
+        .arg(&key)
+        .query(redis)
+        .expect("HGETALL of the stored offsets");
+    fields.iter().map(|(_, o)| o).sum()
+}
+
+fn still_running(child: &mut Child, stderr: &Path, when: &str) {
+    if let Some(status) = child.try_wait().expect("waiting for ysb run") {
+        panic!(
+            "ysb run ended ({status}) {when}; its stderr:\n{}",
+            std::fs::read_to_string(stderr).unwrap_or_default()
+        );
+    }
+}
+
+/// truth.csv of `dir`: (campaign, window start) -> views.
+fn read_truth(dir: &Path) -> BTreeMap<(String, i64), u64> {
+    let path = dir.join("truth.csv");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            assert_eq!(f.len(), 3, "{}: bad line {line:?}", path.display());
+            (
+                (f[0].to_string(), f[1].parse().expect("window start")),
+                f[2].parse().expect("views"),
+            )
+        })
+        .collect()
+}
+
+/// Each `ysb generate` writes the truth of its own events: the topic's is
+/// the sum of both.
+fn write_merged_truth(dir: &Path, first: &BTreeMap<(String, i64), u64>) {
+    let mut merged = read_truth(dir);
+    for (k, v) in first {
+        *merged.entry(k.clone()).or_insert(0) += v;
+    }
+    let mut text = String::from("campaign_id,window_start_ms,views\n");
+    for ((c, w), v) in &merged {
+        text.push_str(&format!("{c},{w},{v}\n"));
+    }
+    std::fs::write(dir.join("truth.csv"), text).expect("writing truth.csv");
+}
+
+#[test]
+fn broker_stopped_for_ten_seconds_mid_run_still_exact() {
+    common::require_redis();
+    let name = common::unique_name("ysb-outage");
+    let dir = std::env::temp_dir().join(&name);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // Under scripts/test.sh, in a directory its exit handler sweeps, so an
+    // interrupted run leaves no broker behind.
+    let state = match std::env::var_os("SKEIN_TEST_STATE") {
+        Some(root) => PathBuf::from(root).join(&name),
+        None => dir.join("services"),
+    };
+    let broker = Broker::start(state);
+    let brokers = broker.brokers();
+    let seed = 21;
+    let (before, after) = (40_000u64, 10_000u64);
+
+    let (ok, _, log) = ysb("setup", &brokers, &name, &dir, seed, &[]);
+    assert!(ok, "ysb setup failed: {log}");
+    let generate = |events: u64| {
+        let (ok, generated, log) = ysb(
+            "generate",
+            &brokers,
+            &name,
+            &dir,
+            seed,
+            &["--events", &events.to_string()],
+        );
+        assert!(ok, "ysb generate failed: {log}");
+        generated
+    };
+    let first = generate(before);
+    let first_truth = read_truth(&dir);
+
+    // At most 2 x 100 records per epoch and at least 200 ms per epoch: the
+    // first 40 000 records take the run 40 s or more however fast the
+    // machine, so it is still reading when the broker goes away, and still
+    // running when the second batch, written after the broker is back, lands.
+    // (The consumer may well have fetched all of the first batch before the
+    // stop; the second one it can only get from the restarted broker.)
+    let stderr = dir.join("run.stderr");
+    let mut child = ysb_command(
+        "run",
+        &brokers,
+        &name,
+        &dir,
+        seed,
+        &[
+            "--until-drained",
+            "--max-records",
+            "100",
+            "--interval",
+            "200ms",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+    .spawn()
+    .expect("starting skein ysb run");
+
+    let mut redis = redis::Client::open(common::redis_url())
+        .and_then(|c| c.get_connection())
+        .expect("Redis connection");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while committed(&mut redis, &name) == 0 {
+        still_running(&mut child, &stderr, "before its first commit");
+        assert!(Instant::now() < deadline, "nothing committed after 180 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    broker.services("stop");
+    let at_stop = committed(&mut redis, &name);
+    eprintln!("broker stopped with {at_stop} of {before} records committed");
+    assert!(
+        at_stop < before as i64,
+        "the run was done before the broker stopped: the outage did not land mid-run"
+    );
+    still_running(&mut child, &stderr, "as the broker stopped");
+    std::thread::sleep(Duration::from_secs(10));
+    // Nothing to fetch for 10 s is not the end of the topic.
+    still_running(&mut child, &stderr, "while the broker was down");
+    broker.services("start");
+    let second = generate(after);
+    write_merged_truth(&dir, &first_truth);
+    let events = before + after;
+
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while child.try_wait().expect("waiting").is_none() {
+        if Instant::now() > deadline {
+            child.kill().ok();
+            panic!("ysb run not done 600 s after the broker came back");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().expect("ysb run output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ysb run failed after the outage: {stdout}\n{}",
+        std::fs::read_to_string(&stderr).unwrap_or_default()
+    );
+    let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
+    eprintln!("run: {run}");
+    // One run read every record once, those written after the outage too:
+    // nothing skipped, nothing read twice.
+    assert_eq!(run["events"].as_u64(), Some(events), "{run}");
+
+    let (ok, check, log) = ysb("check", &brokers, &name, &dir, seed, &[]);
+    assert_eq!(
+        check["exact"],
+        Value::Bool(true),
+        "ysb check: {check} {log}"
+    );
+    assert!(ok, "ysb check exited non-zero: {log}");
+    assert_eq!(check["truth_exact"], Value::Bool(true), "{check}");
+    assert_eq!(check["topic_exact"], Value::Bool(true), "{check}");
+    assert_eq!(check["topic_records"].as_u64(), Some(events), "{check}");
+    let views = first["views"].as_u64().unwrap() + second["views"].as_u64().unwrap();
+    assert_eq!(check["views"].as_u64(), Some(views), "{check}");
+    assert_eq!(committed(&mut redis, &name), events as i64);
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&dir);
+}
