@@ -2,6 +2,7 @@
 //! as a DAG of functions passing Arrow data in their payloads.
 
 mod bench;
+mod checkpoint;
 mod lambda_cmd;
 mod publish;
 mod registry;

@@ -168,9 +168,12 @@ pub async fn run_sql(
     } = registries();
     let ctx: SessionContext = session(&sources, args.plan.group_size);
     let opts = options(&args.plan);
-    let plan: QueryPlan = plan_query(&ctx, sql, &opts)
+    let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
         .context("planning the query")?;
+    for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
+        tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
+    }
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
     let files_sink = plan
         .sink

@@ -642,3 +642,83 @@ async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
         );
     }
 }
+
+#[test]
+fn kafka_to_kafka_exactly_once_resumes_where_the_sink_committed() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let brokers = common::require_kafka();
+    let input = common::unique_name("eo-in");
+    let output = common::unique_name("eo-out");
+    let offsets_topic = common::unique_name("eo-offsets");
+    let checkpoint = common::unique_name("eo-cp");
+    let admin_created = common::skein(&[
+        "gen",
+        "ysb",
+        "--to",
+        &format!("kafka://{brokers}/{input}"),
+        "--events",
+        "0",
+        "--partitions",
+        "2",
+    ]);
+    assert!(
+        admin_created.0,
+        "creating the input topic: {}",
+        admin_created.2
+    );
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    for n in 0..3000 {
+        let value = format!("{{\"n\": {n}}}");
+        producer
+            .send(
+                BaseRecord::<(), _>::to(&input)
+                    .partition(n % 2)
+                    .payload(&value),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+
+    let sql = write_sql(
+        "eo-kafka",
+        &format!(
+            "CREATE EXTERNAL TABLE numbers (n BIGINT NOT NULL) STORED AS KAFKA LOCATION '{input}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'startup' 'checkpoint', 'parallelism' '2',
+                        'max.records.per.pull' '400');
+             CREATE EXTERNAL TABLE evens (n BIGINT) STORED AS KAFKA LOCATION '{output}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'checkpoint' '{checkpoint}',
+                        'offsets.topic' '{offsets_topic}');
+             INSERT INTO evens SELECT n FROM numbers WHERE n % 2 = 0"
+        ),
+    );
+    // Two epochs of at most 400 records per instance: part of the input.
+    let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "2"]);
+    assert!(ok, "first run failed:\n{stderr}");
+    let after_first = drain_committed(&brokers, &output, 0).len();
+    assert!(
+        after_first > 0 && after_first < 1500,
+        "the first run wrote part of the evens: {after_first}"
+    );
+    // The second run resumes from the committed offsets and finishes.
+    let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "4"]);
+    assert!(ok, "second run failed:\n{stderr}");
+    let values = drain_committed(&brokers, &output, 1500);
+    let mut ns: Vec<i64> = values
+        .iter()
+        .map(|v| {
+            serde_json::from_slice::<serde_json::Value>(v).unwrap()["n"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ns.sort();
+    assert_eq!(
+        ns,
+        (0..3000).filter(|n| n % 2 == 0).collect::<Vec<i64>>(),
+        "every even number once across the two runs"
+    );
+}

@@ -63,28 +63,51 @@ pub struct RecordDecoder {
 }
 
 /// One value as found in a record, before it is checked against its type.
-#[derive(Debug, Clone, Copy)]
-enum Raw<'a> {
+/// Positions are byte offsets into the record, so that the scratch space
+/// holding them can outlive any one record.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Raw {
     Null,
     /// String contents without quotes; `escaped` if they hold a backslash.
     Str {
-        bytes: &'a [u8],
+        start: u32,
+        end: u32,
         escaped: bool,
     },
-    Num(&'a [u8]),
+    Num {
+        start: u32,
+        end: u32,
+    },
     Bool(bool),
     /// An object or array: no declared type takes one.
     Nested,
 }
 
 /// A value checked against its column type, ready to append.
-enum Typed<'a> {
+#[derive(Debug)]
+enum Typed {
     Null,
-    Str(Cow<'a, str>),
-    Bytes(&'a [u8]),
+    /// `record[start..end]`, checked to be UTF-8.
+    Str {
+        start: u32,
+        end: u32,
+    },
+    /// A string whose escapes were resolved.
+    Owned(String),
+    Bytes {
+        start: u32,
+        end: u32,
+    },
     I64(i64),
     F64(f64),
     Bool(bool),
+}
+
+/// What the scanner found about a record as a whole.
+#[derive(Debug, Clone, Copy)]
+struct Scanned {
+    /// Every byte is ASCII, so every slice of the record is UTF-8.
+    ascii: bool,
 }
 
 impl RecordDecoder {
@@ -121,7 +144,8 @@ impl RecordDecoder {
                 .collect(),
             schema,
             format,
-            max_record_bytes,
+            // Positions are kept as u32.
+            max_record_bytes: max_record_bytes.min(u32::MAX as usize),
         })
     }
 
@@ -129,61 +153,44 @@ impl RecordDecoder {
         &self.schema
     }
 
+    /// A builder that decodes records one at a time into one batch; room
+    /// for `capacity` rows is reserved up front.
+    pub fn builder(&self, capacity: usize) -> BatchBuilder<'_> {
+        BatchBuilder {
+            decoder: self,
+            columns: self
+                .schema
+                .fields()
+                .iter()
+                .map(|f| ColumnBuilder::new(f.data_type(), capacity))
+                .collect(),
+            rejected: vec![],
+            records: 0,
+            raw: vec![None; self.names.len()],
+            typed: Vec::with_capacity(self.names.len()),
+            quotes: Vec::with_capacity(64),
+            keys: vec![],
+        }
+    }
+
     /// Decode every record; rejected ones add no row.
     pub fn decode<'a>(
         &self,
         records: impl ExactSizeIterator<Item = &'a [u8]>,
     ) -> Result<(RecordBatch, Vec<Rejected>)> {
-        let mut columns: Vec<ColumnBuilder> = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| ColumnBuilder::new(f.data_type(), records.len()))
-            .collect();
-        let mut rejected = vec![];
-        let mut raw: Vec<Option<Raw<'a>>> = vec![None; self.names.len()];
-        let mut typed: Vec<Typed<'a>> = Vec::with_capacity(self.names.len());
-        for (index, record) in records.enumerate() {
-            raw.iter_mut().for_each(|r| *r = None);
-            typed.clear();
-            let outcome = if record.len() > self.max_record_bytes {
-                Err(format!(
-                    "record of {} bytes exceeds the limit of {} bytes",
-                    record.len(),
-                    self.max_record_bytes
-                ))
-            } else {
-                match self.format {
-                    Format::Json => scan_json(record, &self.names, &mut raw),
-                    Format::Csv { delimiter } => scan_csv(record, delimiter, &mut raw),
-                    Format::Raw => {
-                        raw[0] = Some(Raw::Str {
-                            bytes: record,
-                            escaped: false,
-                        });
-                        Ok(())
-                    }
-                }
-                .and_then(|()| self.check(&raw, &mut typed))
-            };
-            match outcome {
-                Ok(()) => {
-                    for (col, value) in columns.iter_mut().zip(typed.drain(..)) {
-                        col.append(value);
-                    }
-                }
-                Err(reason) => rejected.push(Rejected { index, reason }),
-            }
+        let mut builder = self.builder(records.len());
+        for record in records {
+            builder.push(record);
         }
-        let arrays: Vec<ArrayRef> = columns.into_iter().map(ColumnBuilder::finish).collect();
-        let batch = RecordBatch::try_new(self.schema.clone(), arrays)?;
-        Ok((batch, rejected))
+        builder.finish()
     }
 
-    fn check<'a>(
+    fn check(
         &self,
-        raw: &[Option<Raw<'a>>],
-        typed: &mut Vec<Typed<'a>>,
+        record: &[u8],
+        scanned: Scanned,
+        raw: &[Option<Raw>],
+        typed: &mut Vec<Typed>,
     ) -> std::result::Result<(), String> {
         for (field, value) in self.schema.fields().iter().zip(raw) {
             let name = field.name();
@@ -191,7 +198,7 @@ impl RecordDecoder {
                 None | Some(Raw::Null) if field.is_nullable() => Typed::Null,
                 None => return Err(format!("missing field {name:?}")),
                 Some(Raw::Null) => return Err(format!("field {name:?} is null")),
-                Some(v) => typed_value(field.data_type(), *v, self.format)
+                Some(v) => typed_value(field.data_type(), *v, self.format, record, scanned)
                     .map_err(|why| format!("field {name:?}: {why}"))?,
             };
             typed.push(v);
@@ -200,17 +207,123 @@ impl RecordDecoder {
     }
 }
 
-fn typed_value<'a>(
+/// Decodes records one at a time into the columns of one batch.
+pub struct BatchBuilder<'d> {
+    decoder: &'d RecordDecoder,
+    columns: Vec<ColumnBuilder>,
+    rejected: Vec<Rejected>,
+    /// Records pushed so far, rejected ones included.
+    records: usize,
+    raw: Vec<Option<Raw>>,
+    typed: Vec<Typed>,
+    /// Positions of the quotes of the record being scanned.
+    quotes: Vec<u32>,
+    /// The keys of the last record the fast scanner read, in order, with
+    /// their columns: records of one stream mostly repeat their keys.
+    keys: Vec<(Vec<u8>, Option<usize>)>,
+}
+
+impl BatchBuilder<'_> {
+    /// Decode one record into a row, or reject it; returns the reason of a
+    /// rejection (the record is also listed in what `finish` returns).
+    pub fn push(&mut self, record: &[u8]) -> Option<&str> {
+        let d = self.decoder;
+        let index = self.records;
+        self.records += 1;
+        self.raw.iter_mut().for_each(|r| *r = None);
+        self.typed.clear();
+        let outcome = if record.len() > d.max_record_bytes {
+            Err(format!(
+                "record of {} bytes exceeds the limit of {} bytes",
+                record.len(),
+                d.max_record_bytes
+            ))
+        } else {
+            match d.format {
+                Format::Json => {
+                    match fast_scan_json(
+                        record,
+                        &d.names,
+                        &mut self.raw,
+                        &mut self.quotes,
+                        &mut self.keys,
+                    ) {
+                        Some(scanned) => Ok(scanned),
+                        None => {
+                            // Anything unusual (escapes, nesting, bad syntax):
+                            // the careful scanner decides, and says why.
+                            self.raw.iter_mut().for_each(|r| *r = None);
+                            scan_json(record, &d.names, &mut self.raw)
+                                .map(|()| Scanned { ascii: false })
+                        }
+                    }
+                }
+                Format::Csv { delimiter } => {
+                    scan_csv(record, delimiter, &mut self.raw).map(|()| Scanned { ascii: false })
+                }
+                Format::Raw => {
+                    self.raw[0] = Some(Raw::Str {
+                        start: 0,
+                        end: record.len() as u32,
+                        escaped: false,
+                    });
+                    Ok(Scanned { ascii: false })
+                }
+            }
+            .and_then(|scanned| d.check(record, scanned, &self.raw, &mut self.typed))
+        };
+        match outcome {
+            Ok(()) => {
+                for (col, value) in self.columns.iter_mut().zip(self.typed.drain(..)) {
+                    col.append(value, record);
+                }
+                None
+            }
+            Err(reason) => {
+                self.rejected.push(Rejected { index, reason });
+                self.rejected.last().map(|r| r.reason.as_str())
+            }
+        }
+    }
+
+    /// Records pushed so far, rejected ones included.
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
+    /// The batch of every accepted record, and the rejected ones.
+    pub fn finish(self) -> Result<(RecordBatch, Vec<Rejected>)> {
+        let arrays: Vec<ArrayRef> = self
+            .columns
+            .into_iter()
+            .map(ColumnBuilder::finish)
+            .collect();
+        let batch = RecordBatch::try_new(self.decoder.schema.clone(), arrays)?;
+        Ok((batch, self.rejected))
+    }
+}
+
+fn span(record: &[u8], start: u32, end: u32) -> &[u8] {
+    &record[start as usize..end as usize]
+}
+
+fn typed_value(
     data_type: &DataType,
-    raw: Raw<'a>,
+    raw: Raw,
     format: Format,
-) -> std::result::Result<Typed<'a>, String> {
+    record: &[u8],
+    scanned: Scanned,
+) -> std::result::Result<Typed, String> {
     // JSON strings are accepted for numbers too: YSB, for one, writes its
     // event times as strings.
-    let text = |raw: Raw<'a>| -> std::result::Result<Cow<'a, str>, String> {
+    let text = |raw: Raw| -> std::result::Result<Cow<'_, str>, String> {
         match raw {
-            Raw::Str { bytes, escaped } => unescape(bytes, escaped),
-            Raw::Num(bytes) => std::str::from_utf8(bytes)
+            Raw::Str {
+                start,
+                end,
+                escaped,
+            } => unescape(span(record, start, end), escaped),
+            Raw::Num { start, end } => std::str::from_utf8(span(record, start, end))
                 .map(Cow::Borrowed)
                 .map_err(|e| e.to_string()),
             Raw::Bool(b) => Ok(Cow::Borrowed(if b { "true" } else { "false" })),
@@ -220,21 +333,49 @@ fn typed_value<'a>(
     };
     Ok(match data_type {
         DataType::Binary => match raw {
-            Raw::Str { bytes, .. } => Typed::Bytes(bytes),
+            Raw::Str { start, end, .. } => Typed::Bytes { start, end },
             _ => return Err("expected bytes".into()),
         },
         DataType::Utf8 | DataType::Utf8View => match raw {
-            Raw::Str { .. } => Typed::Str(text(raw)?),
+            Raw::Str {
+                start,
+                end,
+                escaped: false,
+            } => {
+                if !scanned.ascii {
+                    std::str::from_utf8(span(record, start, end))
+                        .map_err(|e| format!("invalid UTF-8: {e}"))?;
+                }
+                Typed::Str { start, end }
+            }
+            Raw::Str { .. } => Typed::Owned(text(raw)?.into_owned()),
             // CSV fields are all text; JSON must match.
-            Raw::Num(_) | Raw::Bool(_) if format != Format::Json => Typed::Str(text(raw)?),
+            Raw::Num { start, end } if format != Format::Json => {
+                text(raw)?;
+                Typed::Str { start, end }
+            }
+            Raw::Bool(_) if format != Format::Json => Typed::Owned(text(raw)?.into_owned()),
             _ => return Err("expected a string".into()),
         },
         DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, None) => {
-            let t = text(raw)?;
-            let n: i64 = t
-                .trim()
-                .parse()
-                .map_err(|_| format!("expected an integer, got {:?}", truncate(&t)))?;
+            let n = match raw {
+                Raw::Str {
+                    start,
+                    end,
+                    escaped: false,
+                }
+                | Raw::Num { start, end } => plain_integer(span(record, start, end)),
+                _ => None,
+            };
+            let n: i64 = match n {
+                Some(n) => n,
+                None => {
+                    let t = text(raw)?;
+                    t.trim()
+                        .parse()
+                        .map_err(|_| format!("expected an integer, got {:?}", truncate(&t)))?
+                }
+            };
             match data_type {
                 DataType::Int32 if i32::try_from(n).is_err() => {
                     return Err(format!("{n} does not fit a 32-bit integer"));
@@ -272,6 +413,27 @@ fn typed_value<'a>(
     })
 }
 
+/// `-?[0-9]{1,18}` as an integer (it cannot overflow); anything else is
+/// left to `str::parse` and its error.
+fn plain_integer(b: &[u8]) -> Option<i64> {
+    let (negative, digits) = match b.first() {
+        Some(b'-') => (true, &b[1..]),
+        _ => (false, b),
+    };
+    if digits.is_empty() || digits.len() > 18 {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &c in digits {
+        let d = c.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n * 10 + d as i64;
+    }
+    Some(if negative { -n } else { n })
+}
+
 fn truncate(s: &str) -> &str {
     match s.char_indices().nth(40) {
         Some((i, _)) => &s[..i],
@@ -295,11 +457,160 @@ fn unescape(bytes: &[u8], escaped: bool) -> std::result::Result<Cow<'_, str>, St
         .map_err(|e| format!("bad string escape: {e}"))
 }
 
-/// Scan one flat JSON object, keeping the raw values of declared fields.
-fn scan_json<'a>(
-    record: &'a [u8],
+/// The positions of every `"` of `record` into `quotes`, 16 bytes at a time.
+/// Returns `None` if the record holds a backslash (its quotes may be
+/// escaped, so they do not delimit strings), else whether it is all ASCII.
+fn find_quotes(record: &[u8], quotes: &mut Vec<u32>) -> Option<bool> {
+    quotes.clear();
+    let mut high = 0u32;
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8,
+        };
+        // SAFETY: SSE2 is part of every x86_64 target; each load reads the
+        // 16 bytes at `i`, which are inside `record` (unaligned load).
+        unsafe {
+            let quote = _mm_set1_epi8(b'"' as i8);
+            let backslash = _mm_set1_epi8(b'\\' as i8);
+            while i + 16 <= record.len() {
+                let chunk = _mm_loadu_si128(record.as_ptr().add(i) as *const __m128i);
+                if _mm_movemask_epi8(_mm_cmpeq_epi8(chunk, backslash)) != 0 {
+                    return None;
+                }
+                high |= _mm_movemask_epi8(chunk) as u32;
+                let mut q = _mm_movemask_epi8(_mm_cmpeq_epi8(chunk, quote)) as u32;
+                while q != 0 {
+                    quotes.push(i as u32 + q.trailing_zeros());
+                    q &= q - 1;
+                }
+                i += 16;
+            }
+        }
+    }
+    for (j, &c) in record.iter().enumerate().skip(i) {
+        match c {
+            b'"' => quotes.push(j as u32),
+            b'\\' => return None,
+            _ => high |= (c >> 7) as u32,
+        }
+    }
+    Some(high == 0)
+}
+
+/// The common case of [`scan_json`] without byte-by-byte string scanning: a
+/// flat object of strings, numbers and literals without backslashes. The
+/// quotes are found first (vectorised), then the structure is walked from
+/// quote to quote. Returns `None` whenever the record is anything else, and
+/// [`scan_json`] then decides (with the same results for every record this
+/// accepts).
+fn fast_scan_json(
+    record: &[u8],
     names: &[Vec<u8>],
-    out: &mut [Option<Raw<'a>>],
+    out: &mut [Option<Raw>],
+    quotes: &mut Vec<u32>,
+    keys: &mut Vec<(Vec<u8>, Option<usize>)>,
+) -> Option<Scanned> {
+    let ascii = find_quotes(record, quotes)?;
+    let b = record;
+    let ws = |mut i: usize| {
+        while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\r') {
+            i += 1;
+        }
+        i
+    };
+    let mut q = quotes.iter().map(|&p| p as usize);
+    let mut i = ws(0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = ws(i + 1);
+    let mut nth_key = 0;
+    loop {
+        // The key: its quotes are the next two.
+        if b.get(i) != Some(&b'"') || q.next() != Some(i) {
+            return None;
+        }
+        let key_end = q.next()?;
+        let key = &b[i + 1..key_end];
+        i = ws(key_end + 1);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = ws(i + 1);
+        let value = match *b.get(i)? {
+            b'"' => {
+                if q.next() != Some(i) {
+                    return None;
+                }
+                let end = q.next()?;
+                let v = Raw::Str {
+                    start: (i + 1) as u32,
+                    end: end as u32,
+                    escaped: false,
+                };
+                i = end + 1;
+                v
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                Raw::Num {
+                    start: start as u32,
+                    end: i as u32,
+                }
+            }
+            b't' if b[i..].starts_with(b"true") => {
+                i += 4;
+                Raw::Bool(true)
+            }
+            b'f' if b[i..].starts_with(b"false") => {
+                i += 5;
+                Raw::Bool(false)
+            }
+            b'n' if b[i..].starts_with(b"null") => {
+                i += 4;
+                Raw::Null
+            }
+            _ => return None,
+        };
+        let slot = match keys.get(nth_key) {
+            Some((k, slot)) if k.as_slice() == key => *slot,
+            _ => {
+                let slot = names.iter().position(|n| n.as_slice() == key);
+                keys.truncate(nth_key);
+                if nth_key < 64 {
+                    keys.push((key.to_vec(), slot));
+                }
+                slot
+            }
+        };
+        nth_key += 1;
+        if let Some(slot) = slot {
+            out[slot] = Some(value);
+        }
+        i = ws(i);
+        match b.get(i) {
+            Some(b',') => i = ws(i + 1),
+            Some(b'}') => break,
+            _ => return None,
+        }
+    }
+    if ws(i + 1) != b.len() || q.next().is_some() {
+        return None;
+    }
+    Some(Scanned { ascii })
+}
+
+/// Scan one flat JSON object, keeping the raw values of declared fields.
+fn scan_json(
+    record: &[u8],
+    names: &[Vec<u8>],
+    out: &mut [Option<Raw>],
 ) -> std::result::Result<(), String> {
     let mut s = Scanner { b: record, i: 0 };
     s.ws();
@@ -311,7 +622,8 @@ fn scan_json<'a>(
         loop {
             s.ws();
             s.expect(b'"')?;
-            let (key, _) = s.string()?;
+            let (key_start, key_end, _) = s.string()?;
+            let key = &record[key_start..key_end];
             s.ws();
             s.expect(b':')?;
             s.ws();
@@ -343,7 +655,7 @@ struct Scanner<'a> {
     i: usize,
 }
 
-impl<'a> Scanner<'a> {
+impl Scanner<'_> {
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -375,8 +687,9 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// After the opening quote: the contents, and whether they hold escapes.
-    fn string(&mut self) -> std::result::Result<(&'a [u8], bool), String> {
+    /// After the opening quote: where the contents start and end, and
+    /// whether they hold escapes.
+    fn string(&mut self) -> std::result::Result<(usize, usize, bool), String> {
         let start = self.i;
         let mut escaped = false;
         loop {
@@ -391,9 +704,9 @@ impl<'a> Scanner<'a> {
                 Some(p) => {
                     self.i += p;
                     if self.b[self.i] == b'"' {
-                        let s = &self.b[start..self.i];
+                        let end = self.i;
                         self.i += 1;
-                        return Ok((s, escaped));
+                        return Ok((start, end, escaped));
                     }
                     escaped = true;
                     self.i += 2;
@@ -405,12 +718,16 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn value(&mut self) -> std::result::Result<Raw<'a>, String> {
+    fn value(&mut self) -> std::result::Result<Raw, String> {
         match self.peek() {
             Some(b'"') => {
                 self.i += 1;
-                let (bytes, escaped) = self.string()?;
-                Ok(Raw::Str { bytes, escaped })
+                let (start, end, escaped) = self.string()?;
+                Ok(Raw::Str {
+                    start: start as u32,
+                    end: end as u32,
+                    escaped,
+                })
             }
             Some(b'-' | b'0'..=b'9') => {
                 let start = self.i;
@@ -420,7 +737,10 @@ impl<'a> Scanner<'a> {
                 ) {
                     self.i += 1;
                 }
-                Ok(Raw::Num(&self.b[start..self.i]))
+                Ok(Raw::Num {
+                    start: start as u32,
+                    end: self.i as u32,
+                })
             }
             Some(b't') => self.literal(b"true", Raw::Bool(true)),
             Some(b'f') => self.literal(b"false", Raw::Bool(false)),
@@ -434,7 +754,7 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    fn literal(&mut self, word: &[u8], v: Raw<'a>) -> std::result::Result<Raw<'a>, String> {
+    fn literal(&mut self, word: &[u8], v: Raw) -> std::result::Result<Raw, String> {
         if self.b[self.i..].starts_with(word) {
             self.i += word.len();
             Ok(v)
@@ -466,17 +786,17 @@ impl<'a> Scanner<'a> {
 
 /// Split one delimited line into the declared columns, in order. Fields may
 /// be quoted with `"` (a doubled quote inside is one quote).
-fn scan_csv<'a>(
-    record: &'a [u8],
+fn scan_csv(
+    record: &[u8],
     delimiter: u8,
-    out: &mut [Option<Raw<'a>>],
+    out: &mut [Option<Raw>],
 ) -> std::result::Result<(), String> {
     let line = record.strip_suffix(b"\n").unwrap_or(record);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let mut fields = 0;
     let mut i = 0;
     loop {
-        let (bytes, escaped, next) = if line.get(i) == Some(&b'"') {
+        let (start, end, next) = if line.get(i) == Some(&b'"') {
             let start = i + 1;
             let mut j = start;
             let mut doubled = false;
@@ -494,19 +814,23 @@ fn scan_csv<'a>(
             if doubled {
                 return Err("doubled quotes in CSV fields are not supported".into());
             }
-            (&line[start..j], false, j + 1)
+            (start, j, j + 1)
         } else {
             let end = line[i..]
                 .iter()
                 .position(|&c| c == delimiter)
                 .map_or(line.len(), |p| i + p);
-            (&line[i..end], false, end)
+            (i, end, end)
         };
         if fields < out.len() {
-            out[fields] = Some(if bytes.is_empty() {
+            out[fields] = Some(if start == end {
                 Raw::Null
             } else {
-                Raw::Str { bytes, escaped }
+                Raw::Str {
+                    start: start as u32,
+                    end: end as u32,
+                    escaped: false,
+                }
             });
         }
         fields += 1;
@@ -564,13 +888,25 @@ impl ColumnBuilder {
         }
     }
 
-    fn append(&mut self, v: Typed<'_>) {
+    fn append(&mut self, v: Typed, record: &[u8]) {
+        let text = |start: u32, end: u32| {
+            let bytes = span(record, start, end);
+            // SAFETY: `typed_value` made a `Typed::Str` only of bytes that
+            // are UTF-8 (checked, or the record is all ASCII).
+            unsafe { std::str::from_utf8_unchecked(bytes) }
+        };
         match (self, v) {
-            (ColumnBuilder::Utf8(b), Typed::Str(s)) => b.append_value(s),
+            (ColumnBuilder::Utf8(b), Typed::Str { start, end }) => b.append_value(text(start, end)),
+            (ColumnBuilder::Utf8(b), Typed::Owned(s)) => b.append_value(s),
             (ColumnBuilder::Utf8(b), _) => b.append_null(),
-            (ColumnBuilder::Utf8View(b), Typed::Str(s)) => b.append_value(s),
+            (ColumnBuilder::Utf8View(b), Typed::Str { start, end }) => {
+                b.append_value(text(start, end))
+            }
+            (ColumnBuilder::Utf8View(b), Typed::Owned(s)) => b.append_value(s),
             (ColumnBuilder::Utf8View(b), _) => b.append_null(),
-            (ColumnBuilder::Binary(b), Typed::Bytes(s)) => b.append_value(s),
+            (ColumnBuilder::Binary(b), Typed::Bytes { start, end }) => {
+                b.append_value(span(record, start, end))
+            }
             (ColumnBuilder::Binary(b), _) => b.append_null(),
             (ColumnBuilder::Int32(b), Typed::I64(n)) => b.append_value(n as i32),
             (ColumnBuilder::Int32(b), _) => b.append_null(),
@@ -657,6 +993,55 @@ mod tests {
             rejected[2].reason.contains("missing field \"ad_id\""),
             "{rejected:?}"
         );
+    }
+
+    #[test]
+    fn fast_json_scan_agrees_with_the_careful_one() {
+        let names: Vec<Vec<u8>> = ["ad_id", "event_type", "event_time", "n"]
+            .iter()
+            .map(|n| n.as_bytes().to_vec())
+            .collect();
+        let long = format!(
+            r#"{{"user_id": "{}", "ad_id": "a-é-1", "event_type": "view", "event_time": "1795327431378", "ip_address": "1.2.3.4"}}"#,
+            "x".repeat(100)
+        );
+        let records: Vec<&[u8]> = vec![
+            br#"{"user_id": "e5626786-5783-4791-9b3d-a98a428d539b", "page_id": "a9bbae83-2d56-476d-ac64-7c5dd7b63837", "ad_id": "a6002d8a-46ea-4c7f-a04a-0a5aed875fce", "ad_type": "banner", "event_type": "view", "event_time": "1795327431378", "ip_address": "1.2.3.4"}"#,
+            br#"{"ad_id":"a","event_type":"click","event_time":12,"n":-3.5e2,"ok":true,"no":false,"z":null}"#,
+            b" {\n\t\"ad_id\" : \"a\" ,\r\n \"n\":7 } \n",
+            br#"{"ad_id": "a", "ad_id": "b"}"#,
+            br#"{}"#,
+            br#"{"ad_id": "a\"b", "event_type": "view"}"#,
+            br#"{"ad_id": "a", "x": {"y": 1}}"#,
+            br#"{"ad_id": "a", "x": [1, 2]}"#,
+            br#"{"ad_id": "a",}"#,
+            br#"{"ad_id": "a"} x"#,
+            br#"{"ad_id": "a""#,
+            br#"{"ad_id" "a"}"#,
+            br#"{"ad_id": tru}"#,
+            br#"{"ad_id": "a", "n": nul}"#,
+            br#"["ad_id"]"#,
+            br#"{"ad_id": "unterminated}"#,
+            long.as_bytes(),
+            b"",
+        ];
+        let (mut quotes, mut keys) = (vec![], vec![]);
+        let mut fast_taken = 0;
+        for record in records {
+            let mut careful = vec![None; names.len()];
+            let verdict = scan_json(record, &names, &mut careful);
+            let mut fast = vec![None; names.len()];
+            match fast_scan_json(record, &names, &mut fast, &mut quotes, &mut keys) {
+                Some(scanned) => {
+                    fast_taken += 1;
+                    assert!(verdict.is_ok(), "{:?}", String::from_utf8_lossy(record));
+                    assert_eq!(fast, careful, "{:?}", String::from_utf8_lossy(record));
+                    assert_eq!(scanned.ascii, record.is_ascii());
+                }
+                None => {}
+            }
+        }
+        assert_eq!(fast_taken, 5);
     }
 
     #[test]
