@@ -27,7 +27,8 @@ pub enum BenchCommand {
     /// NEXMark queries: events/s per core, generation included (as Flink's
     /// nexmark reports). Pin to one core: `taskset -c 0 skein bench nexmark`.
     Nexmark(NexmarkBenchArgs),
-    /// Lambda backend: query launch time and per-hop invocation overhead.
+    /// Lambda backend: query launch time and per-hop invocation overhead,
+    /// or (--exchange) payloads vs S3 between two functions.
     Lambda(crate::lambda_cmd::BenchLambdaArgs),
 }
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_lambda::types::Architecture;
@@ -25,6 +25,7 @@ use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
 use skein_lambda::dead_letter;
 use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
+use skein_lambda::esm;
 use skein_lambda::package::{bootstrap_zip, code_sha256};
 use skein_lambda::{
     CodeSource, LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions,
@@ -293,7 +294,38 @@ async fn plan(
     if plan.sink.kind.eq_ignore_ascii_case("COLLECT") {
         plan.sink = results::config(&results_location(store_url));
     }
+    for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
+        tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
+    }
     Ok((plan, ctx))
+}
+
+/// The Kinesis tables declared `'mode' 'push'`, with the function an
+/// event-source mapping feeds: the source stage's first member.
+fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> {
+    let mut out = vec![];
+    for stage in &plan.stages {
+        for leaf in &stage.sources {
+            let pushed = leaf.config.kind.eq_ignore_ascii_case("KINESIS")
+                && leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH);
+            if !pushed {
+                continue;
+            }
+            if stage.consumer.is_some() || stage.sources.len() != 1 {
+                bail!(
+                    "table {} is pushed ('mode' 'push'), but its stage does not write the sink \
+                     alone: pushed batches have no epoch shared by every source instance, so only \
+                     filters and projections straight into the sink take them",
+                    leaf.table
+                );
+            }
+            out.push((
+                leaf.config.location.clone(),
+                skein_engine::context::function_name(&plan.query_code, stage.id, 0),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 fn results_location(store_url: &str) -> String {
@@ -354,7 +386,18 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
     let b = connect(&args.lambda.store).await?;
     let (plan, _) = plan(&sql, &args.plan, &b.store_url).await?;
     let start = Instant::now();
+    let pushed = pushed_sources(&plan)?;
     let deployed = deploy_plan(&b, &args.lambda, &plan, &args.plan, None).await?;
+    let mut mappings = vec![];
+    if !pushed.is_empty() {
+        let lambda = aws_sdk_lambda::Client::new(&b.sdk);
+        let kinesis = aws_sdk_kinesis::Client::new(&b.sdk);
+        for (stream, function) in pushed {
+            let arn = esm::stream_arn(&kinesis, &stream).await?;
+            let uuid = esm::map_stream(&lambda, &arn, &function, 500).await?;
+            mappings.push(json!({"stream": stream, "function": function, "uuid": uuid}));
+        }
+    }
     let secs = start.elapsed().as_secs_f64();
     if args.json {
         let functions: Vec<_> = deployed
@@ -363,9 +406,16 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
             .collect();
         println!(
             "{}",
-            json!({"query_code": plan.query_code, "functions": functions, "deploy_s": secs})
+            json!({"query_code": plan.query_code, "functions": functions,
+                   "event_source_mappings": mappings, "deploy_s": secs})
         );
     } else {
+        for m in &mappings {
+            println!(
+                "{} -> {} (event-source mapping {})",
+                m["stream"], m["function"], m["uuid"]
+            );
+        }
         for d in &deployed {
             println!(
                 "{}  concurrency {}{}",
@@ -396,14 +446,21 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
 /// Invocations between functions happen in other processes, so the JSON
 /// line reports `invocations` and `payload_bytes` as null.
 pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaArgs) -> Result<()> {
-    if common.plan.invoke_async {
-        bail!(
-            "--invoke-async is not supported by skein run --backend lambda yet: the run could not tell when the last async hop has finished"
-        );
-    }
     let sql = read_sql(file)?;
     let b = connect(&args.store).await?;
     let (plan, ctx) = plan(&sql, &common.plan, &b.store_url).await?;
+    if !pushed_sources(&plan)?.is_empty() {
+        bail!(
+            "this query reads a pushed Kinesis table ('mode' 'push'): its event-source mapping \
+             runs it; deploy it with `skein deploy --backend lambda` and put records on the stream"
+        );
+    }
+    if common.plan.invoke_async && plan.sink.kind != results::KIND {
+        bail!(
+            "--invoke-async on Lambda needs a query without INSERT INTO: the run knows the last \
+             async hop has finished when the last stage's results of the last epoch are in the store"
+        );
+    }
     let epochs = common.epochs.max(1);
     let deploy_start = Instant::now();
     let deployed = deploy_plan(&b, args, &plan, &common.plan, Some(epochs)).await?;
@@ -427,6 +484,17 @@ pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaA
         events += trigger_epoch(&plan, &invoker, epoch, epoch + 1 == epochs)
             .await
             .with_context(|| format!("epoch {epoch}"))?;
+    }
+    if common.plan.invoke_async {
+        // The triggers returned once the sources had handed their payloads
+        // to Lambda; the rest of the DAG runs on its own.
+        wait_for_last_epoch(
+            &b,
+            &plan,
+            epochs - 1,
+            Duration::from_secs(args.timeout.max(1) as u64),
+        )
+        .await?;
     }
     let elapsed = start.elapsed().as_secs_f64();
     let rows: Vec<RecordBatch> = if collects {
@@ -512,6 +580,58 @@ pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaA
     Ok(())
 }
 
+/// Wait until every member of the sink stage has written its results of
+/// `epoch` (each writes once per epoch, rows or not), failing early when an
+/// async invocation has been dead-lettered.
+async fn wait_for_last_epoch(
+    b: &Connection,
+    plan: &QueryPlan,
+    epoch: u64,
+    timeout: Duration,
+) -> Result<()> {
+    let members = plan
+        .stages
+        .iter()
+        .find(|s| s.consumer.is_none())
+        .context("the plan has no sink stage")?
+        .members as usize;
+    let (store, prefix) = results::open(&plan.sink.location)?;
+    let dir = if prefix.is_empty() {
+        plan.query_code.clone()
+    } else {
+        format!("{prefix}/{}", plan.query_code)
+    };
+    // The RESULTS sink's key: <dir>/epoch-<epoch:08>-member-<member:04>.arrow.
+    let marker = format!("epoch-{epoch:08}-member-");
+    let start = Instant::now();
+    loop {
+        let written = object_keys(&store, &dir)
+            .await?
+            .iter()
+            .filter(|k| k.filename().is_some_and(|f| f.starts_with(&marker)))
+            .count();
+        if written >= members {
+            return Ok(());
+        }
+        let dead = dead_letter::list(&b.store, &plan.query_code).await?;
+        if let Some(first) = dead.first() {
+            bail!(
+                "{} async invocations failed every retry and were dead-lettered; first: {}",
+                dead.len(),
+                first["responsePayload"]
+            );
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "{written} of {members} members of the last stage wrote epoch {epoch} within {} s \
+                 (async hops still running, or lost)",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `skein destroy FILE.sql|QUERY_CODE`.
 pub async fn destroy(args: DestroyArgs) -> Result<()> {
     let code = if Path::new(&args.query).is_file() {
@@ -522,8 +642,14 @@ pub async fn destroy(args: DestroyArgs) -> Result<()> {
     };
     let sdk = skein_lambda::sdk_config().await;
     let service = LambdaFunctionService::new(&sdk, None);
+    // Event-source mappings first: they would keep invoking deleted functions.
+    let lambda = aws_sdk_lambda::Client::new(&sdk);
+    let mut unmapped = 0;
+    for name in service.list(&format!("{code}-")).await? {
+        unmapped += esm::unmap_function(&lambda, &name).await?;
+    }
     let n = destroy_functions(&code, &service).await?;
-    println!("query {code}: {n} functions deleted");
+    println!("query {code}: {n} functions and {unmapped} event-source mappings deleted");
     Ok(())
 }
 
@@ -617,6 +743,20 @@ pub struct BenchLambdaArgs {
     /// Warm invocations to time.
     #[arg(long, default_value_t = 30)]
     pub warm: usize,
+    /// Instead of the launch and hop figures: the exchange comparison of the
+    /// Flock paper's Table 2, payloads (sync and async) vs S3 between two functions.
+    #[arg(long)]
+    pub exchange: bool,
+    /// Bytes moved by --exchange, one figure per size.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_500, 15_000, 150_000, 1_500_000, 15_000_000])]
+    pub sizes: Vec<usize>,
+    /// Timed repetitions per size and method for --exchange (after one
+    /// untimed warm-up); medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// --exchange: one JSON line per size instead of a table.
+    #[arg(long)]
+    pub json: bool,
     #[command(flatten)]
     pub lambda: LambdaArgs,
 }
@@ -627,6 +767,9 @@ pub struct BenchLambdaArgs {
 /// the Lambda API: the first after a deploy starts an instance, later ones
 /// reuse it). Prints one JSON line; leaves nothing deployed.
 pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
+    if args.exchange {
+        return exchange_bench(args).await;
+    }
     let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
     let b = connect(&args.lambda.store).await?;
     let p = PlanArgs {
@@ -681,4 +824,171 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// Names of the two functions of `skein bench lambda --exchange`.
+const EXCHANGE_SENDER: &str = "skein-bench-exchange-send";
+const EXCHANGE_RECEIVER: &str = "skein-bench-exchange-recv";
+
+/// `skein bench lambda --exchange`: Flock's Table 2 on our functions. Two
+/// functions (the same bootstrap) are deployed; the command asks the sender
+/// to move each size to the receiver by each method (see
+/// `skein_lambda::exchange` for what is timed, all inside the sender) and
+/// reports medians. Methods alternate within each repetition so that a
+/// noisy moment hits all three alike. Leaves nothing deployed.
+async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
+    use skein_lambda::exchange::{ExchangeReport, ExchangeRequest, Method};
+
+    let b = connect(&args.lambda.store).await?;
+    let (code, code_sha256) = code(&b, &args.lambda).await?;
+    let options = ServiceOptions {
+        code,
+        code_sha256,
+        role: args.lambda.role.clone(),
+        memory_mb: args.lambda.memory.max(1024),
+        timeout_s: args.lambda.timeout,
+        arch: args.lambda.arch.lambda(),
+        extra_env: BTreeMap::from([
+            (STORE_ENV.to_string(), b.store_url.clone()),
+            (RUN_ENV.to_string(), run_id()),
+        ]),
+        on_failure: None,
+    };
+    let service = LambdaFunctionService::new(&b.sdk, Some(options));
+    for name in [EXCHANGE_SENDER, EXCHANGE_RECEIVER] {
+        service
+            .create(FunctionSpec {
+                name: name.to_string(),
+                environment: BTreeMap::new(),
+                concurrency: skein_engine::planner::STATELESS_CONCURRENCY,
+            })
+            .await
+            .with_context(|| format!("deploying {name}"))?;
+    }
+    let invoker = LambdaInvoker::new(&b.sdk);
+    let repeat = args.repeat.max(1);
+    let total = (args.sizes.len() * Method::ALL.len() * (repeat + 1)) as u64;
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} exchanges {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let run = run_id();
+    let mut counter = 0u64;
+    let result: Result<Vec<serde_json::Value>> = async {
+        let mut lines = vec![];
+        for &bytes in &args.sizes {
+            bar.set_message(format!("{bytes} bytes"));
+            let mut times: BTreeMap<&str, Vec<ExchangeReport>> = BTreeMap::new();
+            // Repetition 0 warms both functions up for this size; not timed.
+            for rep in 0..=repeat {
+                for method in Method::ALL {
+                    counter += 1;
+                    let request = ExchangeRequest::Send {
+                        bytes,
+                        method,
+                        to: EXCHANGE_RECEIVER.to_string(),
+                        tag: format!("{run}/{counter}"),
+                    };
+                    let answer = skein_engine::invoke::invoke_with_retry(
+                        &invoker,
+                        EXCHANGE_SENDER,
+                        request.to_json(),
+                        skein_engine::invoke::InvocationType::Sync,
+                        std::time::Duration::from_millis(500),
+                        50,
+                    )
+                    .await
+                    .with_context(|| format!("{} exchange of {bytes} bytes", method.name()))?;
+                    let report: ExchangeReport = serde_json::from_slice(&answer)
+                        .context("the sender's answer is not an exchange report")?;
+                    tracing::debug!(?report, rep, "exchange");
+                    if rep > 0 {
+                        times.entry(method.name()).or_default().push(report);
+                    }
+                    bar.inc(1);
+                }
+            }
+            lines.push(exchange_line(bytes, repeat, &times));
+        }
+        Ok(lines)
+    }
+    .await;
+    bar.finish_and_clear();
+    for name in [EXCHANGE_SENDER, EXCHANGE_RECEIVER] {
+        service.delete(name).await?;
+    }
+    let lines = result?;
+    if args.json {
+        for l in &lines {
+            println!("{l}");
+        }
+        return Ok(());
+    }
+    println!("payload vs S3 between two functions, medians of {repeat} (ms); ratio = payload / S3");
+    println!(
+        "{:>10} {:>9} {:>9} {:>9} {:>12} {:>10} {:>11} {:>9}",
+        "bytes", "sync", "async", "s3", "s3 put+get", "sync/s3", "async/s3", "fragments"
+    );
+    for l in &lines {
+        let f = |k: &str| l[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:>10} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>10.2} {:>11.2} {:>9}",
+            l["bytes"].as_u64().unwrap_or(0),
+            f("sync_ms"),
+            f("async_ms"),
+            f("s3_ms"),
+            f("s3_put_get_ms"),
+            f("ratio_sync_s3"),
+            f("ratio_async_s3"),
+            format!("{}/{}", l["sync_fragments"], l["async_fragments"]),
+        );
+    }
+    Ok(())
+}
+
+/// One size's figures: medians per method and the payload / S3 ratios.
+fn exchange_line(
+    bytes: usize,
+    repeat: usize,
+    times: &BTreeMap<&str, Vec<skein_lambda::exchange::ExchangeReport>>,
+) -> serde_json::Value {
+    let median = |mut xs: Vec<f64>| -> Option<f64> {
+        if xs.is_empty() {
+            return None;
+        }
+        xs.sort_by(|a, b| a.total_cmp(b));
+        Some(xs[xs.len() / 2])
+    };
+    let ms = |m: &str| {
+        median(
+            times
+                .get(m)
+                .map_or(vec![], |r| r.iter().map(|r| r.ms).collect()),
+        )
+    };
+    let s3_parts = median(times.get("s3").map_or(vec![], |r| {
+        r.iter()
+            .filter_map(|r| Some(r.put_ms? + r.get_ms?))
+            .collect()
+    }));
+    let first = |m: &str, f: fn(&skein_lambda::exchange::ExchangeReport) -> usize| {
+        times.get(m).and_then(|r| r.first()).map(f)
+    };
+    let round = |x: Option<f64>| x.map(|x| (x * 100.0).round() / 100.0);
+    let (sync, asyn, s3) = (ms("sync"), ms("async"), ms("s3"));
+    let ratio = |p: Option<f64>| round(p.zip(s3).map(|(p, s)| p / s));
+    json!({
+        "bytes": bytes,
+        "repeat": repeat,
+        "sync_ms": round(sync),
+        "async_ms": round(asyn),
+        "s3_ms": round(s3),
+        "s3_put_get_ms": round(s3_parts),
+        "ratio_sync_s3": ratio(sync),
+        "ratio_async_s3": ratio(asyn),
+        "sync_fragments": first("sync", |r| r.fragments),
+        "async_fragments": first("async", |r| r.fragments),
+        "payload_wire_bytes": first("sync", |r| r.wire_bytes),
+        "object_bytes": first("s3", |r| r.wire_bytes),
+    })
 }

@@ -214,6 +214,51 @@ async fn windowed_aggregate_on_lambda() {
     skein(&store, &["destroy", &file]);
 }
 
+/// The same windowed aggregate with every edge invoked with `Event`: the
+/// run ends when the last stage has written the last epoch, and reports what
+/// the in-process run reports. One sender per receiver (one source
+/// partition, groups of 1): ministack, unlike Lambda, dead-letters an async
+/// event that is still throttled after its two retries, so receivers at
+/// concurrency 1 must not be sent to by several functions at once here.
+#[tokio::test(flavor = "multi_thread")]
+async fn async_edges_on_lambda() {
+    let store = format!("s3://{}", common::unique_name("skein-lambda-async"));
+    let query = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/queries/nexmark/q7.sql"
+    ))
+    .expect("q7");
+    let file = write_sql("q7async", &format!("{}\n{query}", nexmark_tables(6000, 1)));
+    let args = [
+        "--group-size",
+        "1",
+        "--epochs",
+        "4",
+        "--invoke-async",
+        "--verify",
+        "--json",
+    ];
+    let mut lambda_args = vec!["run", file.as_str(), "--backend", "lambda"];
+    lambda_args.extend(args);
+    let on_lambda = json_line(&skein(&store, &lambda_args));
+    let mut local_args = vec!["run", file.as_str()];
+    local_args.extend(args);
+    let local = json_line(&skein(&store, &local_args));
+    assert_eq!(on_lambda["verified"], Value::Bool(true), "{on_lambda}");
+    assert_eq!(on_lambda["dead_letters"], json!(0), "{on_lambda}");
+    for key in ["result_rows", "events", "functions", "stages", "epochs"] {
+        assert_eq!(
+            on_lambda[key], local[key],
+            "{key}: lambda {on_lambda} local {local}"
+        );
+    }
+    assert!(
+        on_lambda["result_rows"].as_u64().unwrap_or(0) > 0,
+        "{on_lambda}"
+    );
+    skein(&store, &["destroy", &file]);
+}
+
 /// A source function limited to one instance and triggered four times at
 /// once: raw calls are throttled (429 -> EngineError::Throttled), and with
 /// `invoke_with_retry` every one of them is served.

@@ -3,13 +3,17 @@
 //! * [`invoker`]: [`LambdaInvoker`], Invoke (RequestResponse or Event);
 //! * [`service`]: [`LambdaFunctionService`], create / configure / list / delete;
 //! * [`store`]: the object store (S3 or a directory) from a URL and `AWS_*`;
-//! * [`package`]: the `bootstrap.zip` Lambda expects.
+//! * [`package`]: the `bootstrap.zip` Lambda expects;
+//! * [`exchange`]: the payload-vs-S3 exchange benchmark (Flock's Table 2);
+//! * [`esm`]: Kinesis event-source mappings for pushed source stages.
 //!
 //! Every AWS call uses the standard credential chain and honours
 //! `AWS_ENDPOINT_URL`; nothing (bucket, role, region) is hard-coded.
 
 pub mod dead_letter;
 pub mod deploy;
+pub mod esm;
+pub mod exchange;
 pub mod invoker;
 pub mod package;
 pub mod service;

@@ -17,6 +17,9 @@
 //! reads; it takes `s3://bucket/key` (S3 configured from the usual `AWS_*`
 //! variables) or `file:///absolute/path`.
 //!
+//! `{"exchange": {...}}` requests are the two sides of `skein bench lambda
+//! --exchange` (payloads vs S3 between two functions; `skein_lambda::exchange`).
+//!
 //! Bad input never panics the function: it becomes a Lambda error whose type
 //! and message say what was wrong.
 
@@ -34,9 +37,11 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use skein_connectors::kinesis::{KinesisEventBatch, parse_kinesis_event};
 use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
+use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
 use skein_sinks::store::s3_from_env;
 use tokio::sync::OnceCell;
@@ -70,7 +75,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     // The stage handler of this instance: built on the first stage request
     // (a cold start), then kept with its arena while the instance is warm.
     let stage: Arc<OnceCell<StageFunction>> = Arc::new(OnceCell::new());
-    lambda_runtime::run(service_fn(move |event| handle(event, stage.clone()))).await
+    let exchange_env: Arc<OnceCell<ExchangeEnv>> = Arc::new(OnceCell::new());
+    lambda_runtime::run(service_fn(move |event| {
+        handle(event, stage.clone(), exchange_env.clone())
+    }))
+    .await
 }
 
 /// Plain lines on stdout, which the Lambda runtime forwards to the function's
@@ -99,11 +108,20 @@ enum Request {
     /// Lambda's record of an async invocation that failed all its retries
     /// (this function is then a query's dead-letter function).
     DeadLetter(Value),
+    /// A step of the payload-vs-S3 exchange benchmark (`skein bench lambda --exchange`).
+    Exchange(ExchangeRequest),
+    /// A batch of a Kinesis event-source mapping, for a pushed source stage.
+    Kinesis(KinesisEventBatch),
 }
 
 impl Request {
     /// Tells the kind of payload by its top-level keys.
     fn parse(payload: Value) -> Result<Self, Diagnostic> {
+        if let Some(batch) = parse_kinesis_event(&payload) {
+            return batch
+                .map(Request::Kinesis)
+                .map_err(|e| invalid(format!("bad Kinesis event: {e}")));
+        }
         let Value::Object(mut fields) = payload else {
             return Err(invalid(format!(
                 "expected a JSON object, got {}",
@@ -112,6 +130,11 @@ impl Request {
         };
         if let Some(probe) = fields.remove("probe") {
             return Probe::parse(probe).map(Request::Probe);
+        }
+        if let Some(exchange) = fields.remove(exchange::REQUEST_KEY) {
+            return serde_json::from_value(exchange)
+                .map(Request::Exchange)
+                .map_err(|e| invalid(format!("bad exchange request: {e}")));
         }
         // Lambda's on-failure record: {"requestContext", "requestPayload", ...}.
         if fields.contains_key("requestContext") && fields.contains_key("requestPayload") {
@@ -131,9 +154,22 @@ impl Request {
 async fn handle(
     event: LambdaEvent<Value>,
     stage: Arc<OnceCell<StageFunction>>,
+    exchange_env: Arc<OnceCell<ExchangeEnv>>,
 ) -> Result<Value, Diagnostic> {
     let (payload, context) = event.into_parts();
     match Request::parse(payload)? {
+        Request::Exchange(request) => {
+            let env = exchange_env
+                .get_or_try_init(build_exchange_env)
+                .await
+                .map_err(internal)?;
+            exchange::handle(request, env)
+                .await
+                .map_err(|e| Diagnostic {
+                    error_type: "Skein.Exchange".into(),
+                    error_message: format!("{}: {e}", context.env_config.function_name),
+                })
+        }
         Request::DeadLetter(record) => {
             let url = std::env::var(STORE_ENV).map_err(|_| {
                 internal(format!("a dead letter arrived but {STORE_ENV} is not set"))
@@ -144,6 +180,19 @@ async fn handle(
                 .map_err(|e| internal(format!("recording a dead letter: {e}")))?;
             tracing::warn!(%key, "async invocation failed its retries; recorded");
             Ok(serde_json::json!({ "recorded": key }))
+        }
+        Request::Kinesis(batch) => {
+            let function = &context.env_config.function_name;
+            let stage = stage
+                .get_or_try_init(build_stage)
+                .await
+                .map_err(|e| engine_error(function, &e))?;
+            let response = stage
+                .run_pushed(batch.batch_id, &batch.records)
+                .await
+                .map_err(|e| engine_error(function, &e))?;
+            serde_json::to_value(&response)
+                .map_err(|e| internal(format!("encoding the response: {e}")))
         }
         Request::Stage(request) => {
             let function = &context.env_config.function_name;
@@ -197,6 +246,18 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");
     Ok(stage)
+}
+
+/// The invoker and store of the exchange benchmark, once per instance.
+async fn build_exchange_env() -> Result<ExchangeEnv, String> {
+    let url = std::env::var(STORE_ENV)
+        .map_err(|_| format!("an exchange request arrived but {STORE_ENV} is not set"))?;
+    let store = skein_lambda::store::open(&url).map_err(|e| e.to_string())?;
+    let sdk = skein_lambda::sdk_config().await;
+    Ok(ExchangeEnv {
+        invoker: Arc::new(LambdaInvoker::new(&sdk)),
+        store,
+    })
 }
 
 /// An engine error as a Lambda error; the message names this function (the
@@ -343,6 +404,10 @@ mod tests {
             Request::parse(json!({"uuid": {}, "data": ""})),
             Ok(Request::Stage(_))
         ));
+        assert!(matches!(
+            Request::parse(json!({"exchange": {"fetch": {"key": "k"}}})),
+            Ok(Request::Exchange(_))
+        ));
     }
 
     #[test]
@@ -353,6 +418,15 @@ mod tests {
             (json!("text"), "expected a JSON object"),
             (json!({"probe": 7}), "bad probe"),
             (json!({"probe": {"record_too": "x"}}), "unknown field"),
+            (
+                json!({"exchange": {"teleport": {}}}),
+                "bad exchange request",
+            ),
+            (
+                json!({"Records": [{"eventSource": "aws:kinesis", "eventID": "s:1",
+                                    "kinesis": {"data": "%", "sequenceNumber": "1"}}]}),
+                "bad Kinesis event",
+            ),
         ] {
             let err = Request::parse(payload).unwrap_err();
             assert_eq!(err.error_type, "Skein.InvalidPayload");

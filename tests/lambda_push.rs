@@ -1,0 +1,196 @@
+//! Kinesis pushed by a Lambda event-source mapping, on ministack: `skein
+//! deploy` maps a `'mode' 'push'` stream to the query's source function (the
+//! real `skein-function` binary), records put on the stream arrive in the
+//! function in batches, and the function's stage writes them to S3 files.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use aws_sdk_kinesis::types::StreamStatus;
+use skein_generators::ysb::{YsbConfig, YsbGenerator};
+
+const SKEIN: &str = env!("CARGO_BIN_EXE_skein");
+const FUNCTION_BINARY: &str = env!("CARGO_BIN_EXE_skein-function");
+
+fn skein(store: &str, args: &[&str]) -> (bool, String, String) {
+    let endpoint = common::require_aws();
+    let (id, secret) = common::aws_credentials();
+    let out = Command::new(SKEIN)
+        .args(args)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .env("AWS_REGION", common::aws_region())
+        .env("SKEIN_STORE", store)
+        .env("SKEIN_FUNCTION_BINARY", FUNCTION_BINARY)
+        .output()
+        .expect("running skein");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn create_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str, shards: i32) {
+    kinesis
+        .create_stream()
+        .stream_name(stream)
+        .shard_count(shards)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", common::error_chain(&e)));
+    common::within(30, "waiting for the stream to become ACTIVE", async {
+        loop {
+            let summary = kinesis
+                .describe_stream_summary()
+                .stream_name(stream)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", common::error_chain(&e)));
+            if summary
+                .stream_description_summary()
+                .map(|s| s.stream_status())
+                == Some(&StreamStatus::Active)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+}
+
+/// Every JSON row under `prefix` of `bucket`: (ad_id, count of rows).
+async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, u64> {
+    let listed = s3
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(prefix)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("ListObjectsV2: {}", common::error_chain(&e)));
+    let mut out = BTreeMap::new();
+    for key in listed.contents().iter().filter_map(|o| o.key()) {
+        let body = s3
+            .get_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GetObject {key}: {}", common::error_chain(&e)))
+            .body
+            .collect()
+            .await
+            .unwrap()
+            .into_bytes();
+        for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let v: serde_json::Value = serde_json::from_slice(line).unwrap();
+            *out.entry(v["ad_id"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
+    common::require_aws();
+    let config = common::aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    let lambda = aws_sdk_lambda::Client::new(&config);
+    let s3 = common::s3_client().await;
+    let bucket = "skein-push-test";
+    common::ensure_bucket(&s3, bucket).await;
+    let store = format!("s3://{bucket}/store");
+    let stream = common::unique_name("push-in");
+    create_stream(&kinesis, &stream, 2).await;
+    let prefix = common::unique_name("views");
+
+    let sql = std::env::temp_dir().join(format!("{}.sql", common::unique_name("push")));
+    std::fs::write(
+        &sql,
+        format!(
+            "CREATE EXTERNAL TABLE ad_events (ad_id VARCHAR NOT NULL, event_type VARCHAR NOT NULL, event_time TIMESTAMP NOT NULL)
+               STORED AS KINESIS LOCATION '{stream}' OPTIONS ('format' 'json', 'mode' 'push');
+             CREATE EXTERNAL TABLE views (ad_id VARCHAR, event_time TIMESTAMP)
+               STORED AS FILES LOCATION 's3://{bucket}/{prefix}' OPTIONS ('format' 'json');
+             INSERT INTO views SELECT ad_id, event_time FROM ad_events WHERE event_type = 'view'"
+        ),
+    )
+    .unwrap();
+    let sql = sql.display().to_string();
+
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking({
+        let (store, sql) = (store.clone(), sql.clone());
+        move || skein(&store, &["deploy", &sql, "--backend", "lambda", "--json"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "deploy failed:\n{stdout}\n{stderr}");
+    let deployed: serde_json::Value = serde_json::from_str(
+        stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .expect("a JSON line"),
+    )
+    .unwrap();
+    let mappings = deployed["event_source_mappings"]
+        .as_array()
+        .expect("mappings listed");
+    assert_eq!(mappings.len(), 1, "{deployed}");
+    let function = mappings[0]["function"].as_str().unwrap().to_string();
+
+    // 4,000 events; the views among them must land in S3, each once.
+    let to = format!("kinesis://{stream}");
+    let (ok, _, stderr) = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || skein(&store, &["gen", "ysb", "--to", &to, "--events", "4000"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "gen failed:\n{stderr}");
+    let mut expected: BTreeMap<String, u64> = BTreeMap::new();
+    let mut generator = YsbGenerator::new(YsbConfig {
+        max_events: Some(4000),
+        ..YsbConfig::default()
+    })
+    .unwrap();
+    while let Some(ev) = generator.next_event() {
+        if ev.is_view() {
+            *expected.entry(ev.ad_id.to_string()).or_default() += 1;
+        }
+    }
+    let want: u64 = expected.values().sum();
+    let got = common::within(120, "the views arriving in S3", async {
+        loop {
+            let got = rows_in(&s3, bucket, &prefix).await;
+            if got.values().sum::<u64>() >= want {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    assert_eq!(got, expected, "every view once, nothing else");
+
+    let (ok, _, stderr) = tokio::task::spawn_blocking({
+        let (store, sql) = (store.clone(), sql.clone());
+        move || skein(&store, &["destroy", &sql])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "destroy failed:\n{stderr}");
+    let left = lambda
+        .list_event_source_mappings()
+        .function_name(&function)
+        .send()
+        .await
+        .map(|r| r.event_source_mappings().len())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "destroy removes the mapping");
+}
