@@ -210,7 +210,10 @@ fn q10_logs_bids_to_files_partitioned_by_day_and_minute() {
     assert!(ok, "q10 failed:\n{stderr}");
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(v["verified"], true, "{v}");
-    assert_eq!(v["result_rows"], 18_400, "46 of every 50 events are bids: {v}");
+    assert_eq!(
+        v["result_rows"], 18_400,
+        "46 of every 50 events are bids: {v}"
+    );
     let day = dir.join("dt=2020-01-01");
     let mut minutes: Vec<String> = std::fs::read_dir(&day)
         .unwrap_or_else(|e| panic!("{}: {e}", day.display()))

@@ -136,7 +136,7 @@ fn bids(events: u64) -> Vec<(i64, i64)> {
     generator
         .into_events()
         .filter_map(|e| match e {
-            Event::Bid(b) => Some((b.auction as i64, b.price as i64)),
+            Event::Bid(b) => Some((b.auction, b.price)),
             _ => None,
         })
         .collect()
