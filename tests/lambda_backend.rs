@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -14,30 +12,11 @@ use skein_engine::EngineError;
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
 use skein_lambda::LambdaInvoker;
 
-const SKEIN: &str = env!("CARGO_BIN_EXE_skein");
-const FUNCTION_BINARY: &str = env!("CARGO_BIN_EXE_skein-function");
-
 /// Runs the CLI against ministack with its own bucket; returns stdout, or
 /// fails the test with stderr.
 fn skein(store: &str, args: &[&str]) -> String {
-    let endpoint = common::require_aws();
-    let (id, secret) = common::aws_credentials();
-    let out = Command::new(SKEIN)
-        .args(args)
-        .env("AWS_ENDPOINT_URL", endpoint)
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret)
-        .env("AWS_REGION", common::aws_region())
-        .env("SKEIN_STORE", store)
-        .env("SKEIN_FUNCTION_BINARY", FUNCTION_BINARY)
-        .output()
-        .expect("running skein");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "skein {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, stdout, stderr) = common::skein_on_aws(Some(store), args);
+    assert!(ok, "skein {args:?} failed:\n{stdout}\n{stderr}");
     stdout
 }
 

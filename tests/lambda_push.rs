@@ -6,63 +6,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
-use aws_sdk_kinesis::types::StreamStatus;
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
-
-const SKEIN: &str = env!("CARGO_BIN_EXE_skein");
-const FUNCTION_BINARY: &str = env!("CARGO_BIN_EXE_skein-function");
-
-fn skein(store: &str, args: &[&str]) -> (bool, String, String) {
-    let endpoint = common::require_aws();
-    let (id, secret) = common::aws_credentials();
-    let out = Command::new(SKEIN)
-        .args(args)
-        .env("AWS_ENDPOINT_URL", endpoint)
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret)
-        .env("AWS_REGION", common::aws_region())
-        .env("SKEIN_STORE", store)
-        .env("SKEIN_FUNCTION_BINARY", FUNCTION_BINARY)
-        .output()
-        .expect("running skein");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-async fn create_stream(kinesis: &aws_sdk_kinesis::Client, stream: &str, shards: i32) {
-    kinesis
-        .create_stream()
-        .stream_name(stream)
-        .shard_count(shards)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", common::error_chain(&e)));
-    common::within(30, "waiting for the stream to become ACTIVE", async {
-        loop {
-            let summary = kinesis
-                .describe_stream_summary()
-                .stream_name(stream)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", common::error_chain(&e)));
-            if summary
-                .stream_description_summary()
-                .map(|s| s.stream_status())
-                == Some(&StreamStatus::Active)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-}
 
 /// Every JSON row under `prefix` of `bucket`: (ad_id, count of rows).
 async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, u64> {
@@ -100,14 +46,13 @@ async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMa
 async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
     common::require_aws();
     let config = common::aws_sdk_config().await;
-    let kinesis = aws_sdk_kinesis::Client::new(&config);
     let lambda = aws_sdk_lambda::Client::new(&config);
     let s3 = common::s3_client().await;
     let bucket = "skein-push-test";
     common::ensure_bucket(&s3, bucket).await;
     let store = format!("s3://{bucket}/store");
     let stream = common::unique_name("push-in");
-    create_stream(&kinesis, &stream, 2).await;
+    common::create_stream(&stream, 2).await;
     let prefix = common::unique_name("views");
 
     let sql = std::env::temp_dir().join(format!("{}.sql", common::unique_name("push")));
@@ -126,7 +71,12 @@ async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
 
     let (ok, stdout, stderr) = tokio::task::spawn_blocking({
         let (store, sql) = (store.clone(), sql.clone());
-        move || skein(&store, &["deploy", &sql, "--backend", "lambda", "--json"])
+        move || {
+            common::skein_on_aws(
+                Some(&store),
+                &["deploy", &sql, "--backend", "lambda", "--json"],
+            )
+        }
     })
     .await
     .unwrap();
@@ -149,7 +99,12 @@ async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
     let to = format!("kinesis://{stream}");
     let (ok, _, stderr) = tokio::task::spawn_blocking({
         let store = store.clone();
-        move || skein(&store, &["gen", "ysb", "--to", &to, "--events", "4000"])
+        move || {
+            common::skein_on_aws(
+                Some(&store),
+                &["gen", "ysb", "--to", &to, "--events", "4000"],
+            )
+        }
     })
     .await
     .unwrap();
@@ -180,7 +135,7 @@ async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
 
     let (ok, _, stderr) = tokio::task::spawn_blocking({
         let (store, sql) = (store.clone(), sql.clone());
-        move || skein(&store, &["destroy", &sql])
+        move || common::skein_on_aws(Some(&store), &["destroy", &sql])
     })
     .await
     .unwrap();

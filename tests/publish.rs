@@ -7,7 +7,6 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use aws_sdk_kinesis::types::ShardIteratorType;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
@@ -48,68 +47,6 @@ fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
                 m.key().map(<[u8]>::to_vec),
                 m.payload().unwrap_or_default().to_vec(),
             ));
-        }
-    }
-    out
-}
-
-/// `skein` with the AWS stand-in's settings in its environment.
-fn skein_aws(args: &[&str]) -> (bool, String, String) {
-    let (id, secret) = common::aws_credentials();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(args)
-        .env("AWS_ENDPOINT_URL", common::aws_endpoint())
-        .env("AWS_REGION", common::aws_region())
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret)
-        .output()
-        .expect("run skein");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
-/// (partition key, data) of every record of `stream`, all shards.
-async fn drain_stream(stream: &str) -> Vec<(String, Vec<u8>)> {
-    let config = common::aws_sdk_config().await;
-    let kinesis = aws_sdk_kinesis::Client::new(&config);
-    let shards = kinesis
-        .list_shards()
-        .stream_name(stream)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("ListShards {stream}: {}", common::error_chain(&e)));
-    let mut out = vec![];
-    for shard in shards.shards() {
-        let mut iterator = kinesis
-            .get_shard_iterator()
-            .stream_name(stream)
-            .shard_id(shard.shard_id())
-            .shard_iterator_type(ShardIteratorType::TrimHorizon)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GetShardIterator: {}", common::error_chain(&e)))
-            .shard_iterator;
-        let mut reads = 0;
-        while let Some(it) = iterator.take() {
-            reads += 1;
-            assert!(reads <= 200, "shard {} did not drain", shard.shard_id());
-            let page = kinesis
-                .get_records()
-                .shard_iterator(it)
-                .limit(10_000)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("GetRecords: {}", common::error_chain(&e)));
-            if page.records().is_empty() {
-                break;
-            }
-            for r in page.records() {
-                out.push((r.partition_key().to_string(), r.data().as_ref().to_vec()));
-            }
-            iterator = page.next_shard_iterator;
         }
     }
     out
@@ -216,23 +153,26 @@ async fn gen_ysb_to_kinesis_puts_every_event_over_the_shards() {
     let to = format!("kinesis://{stream}");
     // 1,234 records: three PutRecords calls of at most 500.
     let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
-        skein_aws(&[
-            "gen",
-            "ysb",
-            "--to",
-            &to,
-            "--events",
-            "1234",
-            "--partitions",
-            "2",
-            "--json",
-        ])
+        common::skein_on_aws(
+            None,
+            &[
+                "gen",
+                "ysb",
+                "--to",
+                &to,
+                "--events",
+                "1234",
+                "--partitions",
+                "2",
+                "--json",
+            ],
+        )
     })
     .await
     .unwrap();
     assert!(ok, "skein gen failed:\n{stderr}");
     assert_eq!(report(&stdout)["events"], 1234);
-    let records = drain_stream(&stream).await;
+    let records = common::drain_stream(&stream).await;
     assert_eq!(records.len(), 1234);
     let distinct: BTreeSet<&Vec<u8>> = records.iter().map(|(_, d)| d).collect();
     assert_eq!(distinct.len(), 1234, "no record twice");
@@ -327,7 +267,7 @@ fn insert_into_kafka_reports_delivery_errors() {
 async fn insert_into_kinesis_uses_the_key_column_as_partition_key() {
     common::require_aws();
     let stream = common::unique_name("insert-kinesis");
-    create_stream(&stream).await;
+    common::create_stream(&stream, 2).await;
     let sql = write_sql(
         "insert-kinesis",
         &format!(
@@ -337,12 +277,13 @@ async fn insert_into_kinesis_uses_the_key_column_as_partition_key() {
              INSERT INTO people SELECT id, name, city FROM person"
         ),
     );
-    let (ok, _, stderr) =
-        tokio::task::spawn_blocking(move || skein_aws(&["run", &sql, "--epochs", "2"]))
-            .await
-            .unwrap();
+    let (ok, _, stderr) = tokio::task::spawn_blocking(move || {
+        common::skein_on_aws(None, &["run", &sql, "--epochs", "2"])
+    })
+    .await
+    .unwrap();
     assert!(ok, "INSERT INTO kinesis failed:\n{stderr}");
-    let records = drain_stream(&stream).await;
+    let records = common::drain_stream(&stream).await;
     // 1 person per 50 events.
     assert_eq!(records.len(), 1000);
     let mut ids = BTreeMap::new();
@@ -354,38 +295,6 @@ async fn insert_into_kinesis_uses_the_key_column_as_partition_key() {
     assert_eq!(ids.len(), 1000, "every person once");
 }
 
-async fn create_stream(stream: &str) {
-    use aws_sdk_kinesis::types::StreamStatus;
-    let config = common::aws_sdk_config().await;
-    let kinesis = aws_sdk_kinesis::Client::new(&config);
-    kinesis
-        .create_stream()
-        .stream_name(stream)
-        .shard_count(2)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", common::error_chain(&e)));
-    common::within(30, "waiting for the stream to become ACTIVE", async {
-        loop {
-            let summary = kinesis
-                .describe_stream_summary()
-                .stream_name(stream)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", common::error_chain(&e)));
-            if summary
-                .stream_description_summary()
-                .map(|s| s.stream_status())
-                == Some(&StreamStatus::Active)
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-}
-
 #[tokio::test]
 async fn q10_writes_its_files_to_s3() {
     common::require_aws();
@@ -395,10 +304,13 @@ async fn q10_writes_its_files_to_s3() {
     let prefix = common::unique_name("q10");
     let output = format!("s3://{bucket}/{prefix}");
     let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
-        skein_aws(&[
-            "nexmark", "--query", "10", "--events", "10000", "--epochs", "2", "--output", &output,
-            "--verify", "--json",
-        ])
+        common::skein_on_aws(
+            None,
+            &[
+                "nexmark", "--query", "10", "--events", "10000", "--epochs", "2", "--output",
+                &output, "--verify", "--json",
+            ],
+        )
     })
     .await
     .unwrap();
@@ -551,11 +463,14 @@ async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
     common::require_aws();
     let stream = common::unique_name("ysb-in");
     let dead = common::unique_name("ysb-dead");
-    create_stream(&stream).await;
-    create_stream(&dead).await;
+    common::create_stream(&stream, 2).await;
+    common::create_stream(&dead, 2).await;
     let to = format!("kinesis://{stream}");
     let (ok, _, stderr) = tokio::task::spawn_blocking(move || {
-        skein_aws(&["gen", "ysb", "--to", &to, "--events", "3000", "--json"])
+        common::skein_on_aws(
+            None,
+            &["gen", "ysb", "--to", &to, "--events", "3000", "--json"],
+        )
     })
     .await
     .unwrap();
@@ -605,10 +520,11 @@ async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
              SELECT event_type, count(*) AS n FROM ad_events GROUP BY event_type ORDER BY event_type"
         ),
     );
-    let (ok, stdout, stderr) =
-        tokio::task::spawn_blocking(move || skein_aws(&["run", &sql, "--epochs", "2"]))
-            .await
-            .unwrap();
+    let (ok, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        common::skein_on_aws(None, &["run", &sql, "--epochs", "2"])
+    })
+    .await
+    .unwrap();
     assert!(ok, "reading the stream failed:\n{stderr}");
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
     let mut generator = YsbGenerator::new(YsbConfig {
@@ -626,7 +542,7 @@ async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
             "expected the row {row} in:\n{stdout}"
         );
     }
-    let letters = drain_stream(&dead).await;
+    let letters = common::drain_stream(&dead).await;
     assert_eq!(
         letters.len(),
         bad.len(),

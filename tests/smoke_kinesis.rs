@@ -4,10 +4,9 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType, StreamStatus};
+use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 
 const SHARDS: i32 = 2;
 const RECORDS: usize = 40;
@@ -18,31 +17,7 @@ async fn kinesis_put_get_on_two_shards() {
     let kinesis = aws_sdk_kinesis::Client::new(&config);
     let stream = common::unique_name("skein-smoke");
 
-    kinesis
-        .create_stream()
-        .stream_name(&stream)
-        .shard_count(SHARDS)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", common::error_chain(&e)));
-    common::within(30, "waiting for the stream to become ACTIVE", async {
-        loop {
-            let summary = kinesis
-                .describe_stream_summary()
-                .stream_name(&stream)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", common::error_chain(&e)));
-            let status = summary
-                .stream_description_summary()
-                .map(|s| s.stream_status());
-            if status == Some(&StreamStatus::Active) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
+    common::create_stream(&stream, SHARDS).await;
 
     let sent: BTreeSet<String> = (0..RECORDS).map(|i| format!("record-{i}")).collect();
     let entries = sent

@@ -177,6 +177,112 @@ pub fn skein(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Run `skein` with the AWS stand-in's settings in its environment, and,
+/// given a store, the object store and function binary the Lambda backend
+/// deploys with: (success, stdout, stderr).
+pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String) {
+    let endpoint = require_aws();
+    let (id, secret) = aws_credentials();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
+    command
+        .args(args)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_REGION", aws_region())
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
+    if let Some(store) = store {
+        command.env("SKEIN_STORE", store).env(
+            "SKEIN_FUNCTION_BINARY",
+            env!("CARGO_BIN_EXE_skein-function"),
+        );
+    }
+    let out = command.output().expect("run skein");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Creates a Kinesis stream of `shards` shards and waits until it is ACTIVE.
+pub async fn create_stream(stream: &str, shards: i32) {
+    use aws_sdk_kinesis::types::StreamStatus;
+    let config = aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    kinesis
+        .create_stream()
+        .stream_name(stream)
+        .shard_count(shards)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("CreateStream {stream}: {}", error_chain(&e)));
+    within(30, "waiting for the stream to become ACTIVE", async {
+        loop {
+            let summary = kinesis
+                .describe_stream_summary()
+                .stream_name(stream)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("DescribeStreamSummary: {}", error_chain(&e)));
+            if summary
+                .stream_description_summary()
+                .map(|s| s.stream_status())
+                == Some(&StreamStatus::Active)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+}
+
+/// (partition key, data) of every record of `stream`, all shards, read
+/// from the trim horizon until each shard comes back empty.
+pub async fn drain_stream(stream: &str) -> Vec<(String, Vec<u8>)> {
+    use aws_sdk_kinesis::types::ShardIteratorType;
+    let config = aws_sdk_config().await;
+    let kinesis = aws_sdk_kinesis::Client::new(&config);
+    let shards = kinesis
+        .list_shards()
+        .stream_name(stream)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("ListShards {stream}: {}", error_chain(&e)));
+    let mut out = vec![];
+    for shard in shards.shards() {
+        let mut iterator = kinesis
+            .get_shard_iterator()
+            .stream_name(stream)
+            .shard_id(shard.shard_id())
+            .shard_iterator_type(ShardIteratorType::TrimHorizon)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GetShardIterator: {}", error_chain(&e)))
+            .shard_iterator;
+        let mut reads = 0;
+        while let Some(it) = iterator.take() {
+            reads += 1;
+            assert!(reads <= 200, "shard {} did not drain", shard.shard_id());
+            let page = kinesis
+                .get_records()
+                .shard_iterator(it)
+                .limit(10_000)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("GetRecords: {}", error_chain(&e)));
+            if page.records().is_empty() {
+                break;
+            }
+            for r in page.records() {
+                out.push((r.partition_key().to_string(), r.data().as_ref().to_vec()));
+            }
+            iterator = page.next_shard_iterator;
+        }
+    }
+    out
+}
+
 /// A TCP port nothing listens on right now (the OS picks it).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
