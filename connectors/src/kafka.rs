@@ -55,6 +55,7 @@ use tracing::{debug, warn};
 
 use crate::decode::{Format, RecordDecoder};
 use crate::error::{ConnectorError, Result};
+use crate::options;
 
 /// The `STORED AS` name of this source.
 pub const KIND: &str = "KAFKA";
@@ -266,18 +267,8 @@ pub struct KafkaSourceConfig {
 
 impl KafkaSourceConfig {
     pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
-        let bad = |k: &str, v: &str| ConnectorError::Config(format!("option {k} = {v:?}"));
-        let number = |k: &str, default: usize| -> Result<usize> {
-            config
-                .option(k)
-                .map(|v| v.parse::<usize>().map_err(|_| bad(k, v)))
-                .unwrap_or(Ok(default))
-        };
-        if config.location.is_empty() {
-            return Err(ConnectorError::Config(
-                "LOCATION must name the topic".into(),
-            ));
-        }
+        let number = |k: &str, default: usize| options::number(config, k, default);
+        options::require_location(config, "topic")?;
         let client: BTreeMap<String, String> = config
             .options
             .iter()
@@ -295,12 +286,9 @@ impl KafkaSourceConfig {
             "committed" => Startup::Committed,
             "offsets" => Startup::Offsets(parse_offsets(config.option("offsets").unwrap_or(""))?),
             "checkpoint" => Startup::Checkpoint,
-            other => return Err(bad("startup", other)),
+            other => return Err(options::bad("startup", other)),
         };
-        let parallelism = number("parallelism", 1)?;
-        if parallelism == 0 {
-            return Err(bad("parallelism", "0"));
-        }
+        let parallelism = options::parallelism(config)?;
         Ok(KafkaSourceConfig {
             topic: config.location.clone(),
             format: Format::from_str(config.option("format").unwrap_or("json"))?,

@@ -42,6 +42,7 @@ use tracing::warn;
 
 use crate::decode::{Format, RecordDecoder};
 use crate::error::{ConnectorError, Result};
+use crate::options;
 
 /// The table kind, as registered.
 pub const KIND: &str = "KINESIS";
@@ -71,18 +72,8 @@ pub struct KinesisSourceConfig {
 
 impl KinesisSourceConfig {
     pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
-        let bad = |k: &str, v: &str| ConnectorError::Config(format!("option {k} = {v:?}"));
-        let number = |k: &str, default: usize| -> Result<usize> {
-            config
-                .option(k)
-                .map(|v| v.parse::<usize>().map_err(|_| bad(k, v)))
-                .unwrap_or(Ok(default))
-        };
-        if config.location.is_empty() {
-            return Err(ConnectorError::Config(
-                "LOCATION must name the stream".into(),
-            ));
-        }
+        let number = |k: &str, default: usize| options::number(config, k, default);
+        options::require_location(config, "stream")?;
         let startup = match config.option("startup").unwrap_or("trim_horizon") {
             "trim_horizon" | "earliest" => KinesisStartup::TrimHorizon,
             "latest" => KinesisStartup::Latest,
@@ -93,15 +84,14 @@ impl KinesisSourceConfig {
                     )
                 })?;
                 KinesisStartup::AtTimestamp {
-                    ms: v.parse().map_err(|_| bad("startup.timestamp.ms", v))?,
+                    ms: v
+                        .parse()
+                        .map_err(|_| options::bad("startup.timestamp.ms", v))?,
                 }
             }
-            other => return Err(bad("startup", other)),
+            other => return Err(options::bad("startup", other)),
         };
-        let parallelism = number("parallelism", 1)?;
-        if parallelism == 0 {
-            return Err(bad("parallelism", "0"));
-        }
+        let parallelism = options::parallelism(config)?;
         Ok(KinesisSourceConfig {
             stream: config.location.clone(),
             format: config.option("format").unwrap_or("json").parse()?,

@@ -6,6 +6,7 @@ pub mod decode;
 pub mod error;
 pub mod kafka;
 pub mod kinesis;
+mod options;
 
 use std::sync::Arc;
 
