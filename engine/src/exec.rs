@@ -111,13 +111,13 @@ impl TableProviderFactory for SourceTableFactory {
             .registry
             .create(&config, schema)
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
-        if let Some(col) = config.option(OPT_EVENT_TIME) {
-            if source.schema().index_of(col).is_err() {
-                return Err(DataFusionError::Plan(format!(
-                    "table {}: event_time column {col:?} is not in its schema",
-                    cmd.name
-                )));
-            }
+        if let Some(col) = config.option(OPT_EVENT_TIME)
+            && source.schema().index_of(col).is_err()
+        {
+            return Err(DataFusionError::Plan(format!(
+                "table {}: event_time column {col:?} is not in its schema",
+                cmd.name
+            )));
         }
         Ok(Arc::new(SourceTable::new(
             cmd.name.to_string(),
@@ -342,15 +342,17 @@ pub fn as_source_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&SourceScanExec> 
     plan.downcast_ref::<SourceScanExec>()
 }
 
+/// What [`rewrite_leaves`] calls for each leaf: the leaf and the plan it
+/// stands for, and the plan to put in its place.
+pub type LeafRewrite<'a, E> =
+    dyn FnMut(&StageInputExec, &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>, E> + 'a;
+
 /// A copy of `plan` with each [`StageInputExec`] leaf replaced by what `f`
 /// returns for it. Every node above a leaf is rebuilt (so no operator state
 /// is shared with the original) and other leaves are reset.
 pub fn rewrite_leaves<E: From<DataFusionError>>(
     plan: &Arc<dyn ExecutionPlan>,
-    f: &mut dyn FnMut(
-        &StageInputExec,
-        &Arc<dyn ExecutionPlan>,
-    ) -> Result<Arc<dyn ExecutionPlan>, E>,
+    f: &mut LeafRewrite<'_, E>,
 ) -> Result<Arc<dyn ExecutionPlan>, E> {
     if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
         return f(leaf, plan);

@@ -607,10 +607,10 @@ impl StageFunction {
 }
 
 fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {
-    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
-        if let StageInput::Shuffle { shuffle_id } = leaf.input {
-            out.insert(shuffle_id, plan.schema());
-        }
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>()
+        && let StageInput::Shuffle { shuffle_id } = leaf.input
+    {
+        out.insert(shuffle_id, plan.schema());
     }
     for c in plan.children() {
         collect_leaf_schemas(c, out);

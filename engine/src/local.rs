@@ -341,10 +341,10 @@ impl FunctionService for LocalRuntime {
     async fn create(&self, spec: FunctionSpec) -> Result<()> {
         let mut functions = self.functions.write().await;
         // Same environment: keep the warm instance, as Lambda keeps its code.
-        if let Some(existing) = functions.get(&spec.name) {
-            if existing.spec == spec {
-                return Ok(());
-            }
+        if let Some(existing) = functions.get(&spec.name)
+            && existing.spec == spec
+        {
+            return Ok(());
         }
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
         functions.insert(

@@ -436,8 +436,13 @@ mod tests {
     fn round_trip_each_encoding() {
         for enc in [Encoding::Zstd, Encoding::Lz4, Encoding::None] {
             let b = batch(1000, 0);
-            let ps = encode_payloads(&header(enc), &b.schema(), &[b.clone()], SYNC_PAYLOAD_LIMIT)
-                .unwrap();
+            let ps = encode_payloads(
+                &header(enc),
+                &b.schema(),
+                std::slice::from_ref(&b),
+                SYNC_PAYLOAD_LIMIT,
+            )
+            .unwrap();
             assert_eq!(ps.len(), 1);
             let json = ps[0].to_json();
             assert!(
@@ -496,7 +501,7 @@ mod tests {
         let good = encode_payloads(
             &header(Encoding::Zstd),
             &b.schema(),
-            &[b.clone()],
+            std::slice::from_ref(&b),
             SYNC_PAYLOAD_LIMIT,
         )
         .unwrap()

@@ -722,10 +722,10 @@ fn window_sizes(plan: &LogicalPlan) -> Vec<i64> {
                         "hop" => f.args.get(2),
                         _ => None,
                     };
-                    if let Some(Expr::Literal(v, _)) = size_arg {
-                        if let Some(ms) = literal_interval_ms(v) {
-                            sizes.push(ms);
-                        }
+                    if let Some(Expr::Literal(v, _)) = size_arg
+                        && let Some(ms) = literal_interval_ms(v)
+                    {
+                        sizes.push(ms);
                     }
                 }
                 Ok(TreeNodeRecursion::Continue)

@@ -56,8 +56,9 @@ fn bids(rows: usize, parts: usize) -> Vec<Vec<RecordBatch>> {
         x ^= x << 17;
         x
     };
-    let mut cols: Vec<(Vec<i64>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>)> =
-        vec![Default::default(); parts];
+    // auction, bidder, price, channel, date_time columns of each partition.
+    type Columns = (Vec<i64>, Vec<i64>, Vec<i64>, Vec<String>, Vec<i64>);
+    let mut cols: Vec<Columns> = vec![Default::default(); parts];
     for i in 0..rows {
         let c = &mut cols[i % parts];
         c.0.push((next() % 40) as i64 + 1000);
