@@ -145,7 +145,9 @@ impl Destination {
         .collect();
         Ok(match self {
             Destination::Kafka { brokers, topic } => {
-                crate::ysb::create_topic(brokers, topic, partitions).await?;
+                skein_sinks::kafka::ensure_topic(brokers, topic, partitions, &[])
+                    .await
+                    .map_err(anyhow::Error::msg)?;
                 Arc::new(KafkaSink::new(topic, &options)?)
             }
             Destination::Kinesis { stream } => {

@@ -22,11 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use object_store::memory::InMemory;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaErrorCode;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -38,6 +35,7 @@ use skein_generators::ysb::{
     ADS_PER_CAMPAIGN, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig, YsbGenerator,
     YsbGroundTruth,
 };
+use skein_sinks::kafka::ensure_topic;
 use skein_sinks::redis::{AD_CAMPAIGN_HASH, offsets_key, stored_offsets};
 
 use crate::registry::{Registries, registries};
@@ -269,32 +267,11 @@ fn malformed_record(n: u64, ad: &str) -> Vec<u8> {
     }
 }
 
-pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .context("Kafka admin client")?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await
-        .with_context(|| {
-            format!("creating topic {topic} at {brokers} (scripts/services.sh start kafka)")
-        })?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => bail!("creating topic {name}: {code}"),
-        }
-    }
-    Ok(())
-}
-
 async fn generate(a: &GenerateArgs) -> Result<()> {
     let c = &a.common;
-    create_topic(&c.brokers, &c.topic, a.partitions).await?;
+    ensure_topic(&c.brokers, &c.topic, a.partitions, &[])
+        .await
+        .map_err(anyhow::Error::msg)?;
     let config = YsbConfig {
         seed: c.seed,
         base_time_ms: now_ms(),
@@ -477,27 +454,9 @@ async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
 /// are keyed `<topic>/<partition>/<offset>`, so the copy a replayed epoch
 /// sends again after a crash replaces the first one when Kafka compacts.
 async fn create_dead_letter_topic(brokers: &str, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .context("Kafka admin client")?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))
-                .set("cleanup.policy", "compact")],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
+    ensure_topic(brokers, topic, 1, &[("cleanup.policy", "compact")])
         .await
-        .with_context(|| {
-            format!("creating the dead-letter topic {topic} at {brokers} (scripts/services.sh start kafka)")
-        })?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => bail!("creating the dead-letter topic {name}: {code}"),
-        }
-    }
-    Ok(())
+        .map_err(|e| anyhow::anyhow!("the dead-letter topic: {e}"))
 }
 
 /// Empty epochs in a row, with the broker answering and no offset moving,

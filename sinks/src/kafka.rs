@@ -117,10 +117,17 @@ impl SinkFactory for KafkaSinkFactory {
 pub struct KafkaSink {
     topic: String,
     encoder: RowEncoder,
-    producer: FutureProducer,
     options: BTreeMap<String, String>,
-    /// Set for exactly-once writes: the transactional producer's state.
-    exactly_once: Option<ExactlyOnce>,
+    delivery: Delivery,
+}
+
+/// How writes reach the topic; each holds only the producer it uses.
+enum Delivery {
+    /// The idempotent producer: every message acknowledged, a restart may
+    /// write an epoch again.
+    Idempotent(FutureProducer),
+    /// One transaction per write, with the offsets it covers.
+    ExactlyOnce(ExactlyOnce),
 }
 
 /// A transactional writer's checkpoint and what it has committed.
@@ -163,26 +170,27 @@ impl KafkaSink {
             return Err(sink_error(topic, "option 'bootstrap.servers' is required"));
         }
         let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(topic, e))?;
-        let producer: FutureProducer = producer_config(options)
-            .create()
-            .map_err(|e| sink_error(topic, format!("creating the producer: {e}")))?;
-        let exactly_once = options
-            .get("checkpoint")
-            .filter(|c| !c.is_empty())
-            .map(|checkpoint| ExactlyOnce {
+        let delivery = match options.get("checkpoint").filter(|c| !c.is_empty()) {
+            // The transactional producer is opened on the first write.
+            Some(checkpoint) => Delivery::ExactlyOnce(ExactlyOnce {
                 checkpoint: checkpoint.clone(),
                 offsets_topic: options
                     .get("offsets.topic")
                     .cloned()
                     .unwrap_or_else(|| DEFAULT_OFFSETS_TOPIC.into()),
                 writer: Mutex::new(None),
-            });
+            }),
+            None => Delivery::Idempotent(
+                producer_config(options)
+                    .create()
+                    .map_err(|e| sink_error(topic, format!("creating the producer: {e}")))?,
+            ),
+        };
         Ok(KafkaSink {
             topic: topic.to_string(),
             encoder,
-            producer,
             options: options.clone(),
-            exactly_once,
+            delivery,
         })
     }
 
@@ -190,9 +198,14 @@ impl KafkaSink {
     /// earlier writer with the same id) with the offsets committed so far.
     async fn open_writer(&self, eo: &ExactlyOnce, member: u32) -> Result<TransactionalWriter> {
         let brokers = self.options["bootstrap.servers"].clone();
-        ensure_offsets_topic(&brokers, &eo.offsets_topic)
-            .await
-            .map_err(|e| sink_error(&self.topic, e))?;
+        ensure_topic(
+            &brokers,
+            &eo.offsets_topic,
+            1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await
+        .map_err(|e| sink_error(&self.topic, e))?;
         let mut config = producer_config(&self.options);
         // librdkafka wants message.timeout.ms <= transaction.timeout.ms.
         if !self.options.contains_key("transaction.timeout.ms") {
@@ -292,22 +305,6 @@ impl KafkaSink {
             }
         }
     }
-
-    /// Sends the rows of `batches` and waits until every one is acknowledged.
-    /// Returns the number of messages written.
-    pub async fn send(
-        &self,
-        batches: &[datafusion::arrow::record_batch::RecordBatch],
-    ) -> Result<u64> {
-        send_rows(&self.producer, &self.topic, &self.encoder, batches).await
-    }
-
-    /// Waits until everything queued is delivered (or `timeout` passes).
-    pub fn flush(&self, timeout: Duration) -> Result<()> {
-        self.producer
-            .flush(timeout)
-            .map_err(|e| sink_error(&self.topic, format!("flush: {e}")))
-    }
 }
 
 /// Sends the rows of `batches` to `topic` and waits for every acknowledgement.
@@ -364,21 +361,36 @@ async fn await_deliveries(
     Ok(())
 }
 
-/// Creates the compacted offsets topic unless it exists.
-async fn ensure_offsets_topic(brokers: &str, topic: &str) -> std::result::Result<(), String> {
+/// Creates `topic` with `partitions` partitions (replication 1) and the
+/// given topic configs, unless it exists. The error names the brokers and
+/// the command that starts the local one.
+pub async fn ensure_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    configs: &[(&str, &str)],
+) -> std::result::Result<(), String> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
-        .map_err(|e| format!("admin client: {e}"))?;
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+        .map_err(|e| format!("Kafka admin client for {brokers}: {e}"))?;
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    for (k, v) in configs {
+        new = new.set(k, v);
+    }
     let results = admin
-        .create_topics(&[new], &AdminOptions::new())
+        .create_topics(
+            &[new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
         .await
-        .map_err(|e| format!("creating {topic}: {e}"))?;
+        .map_err(|e| {
+            format!("creating topic {topic} at {brokers}: {e} (scripts/services.sh start kafka)")
+        })?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("creating {t}: {e}")),
+            Err((t, e)) => return Err(format!("creating topic {t}: {e}")),
         }
     }
     Ok(())
@@ -467,9 +479,13 @@ pub fn stored_offsets(
 #[async_trait]
 impl Sink for KafkaSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
-        match &self.exactly_once {
-            Some(eo) => self.write_exactly_once(eo, &write).await,
-            None => self.send(&write.batches).await.map(|_| ()),
+        match &self.delivery {
+            Delivery::ExactlyOnce(eo) => self.write_exactly_once(eo, &write).await,
+            Delivery::Idempotent(producer) => {
+                send_rows(producer, &self.topic, &self.encoder, &write.batches)
+                    .await
+                    .map(|_| ())
+            }
         }
     }
 }
