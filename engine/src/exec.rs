@@ -111,8 +111,21 @@ impl TableProviderFactory for SourceTableFactory {
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
         // Event-time options are checked here, so a typo fails the
         // CREATE TABLE rather than a function later.
-        crate::watermark::EventTimeOptions::from_config(&config, &source.schema())
+        let event_time = crate::watermark::EventTimeOptions::from_config(&config, &source.schema())
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
+        if event_time.late == crate::watermark::LatePolicy::DeadLetter
+            && self
+                .registry
+                .dead_letters(&config)
+                .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?
+                .is_none()
+        {
+            return Err(DataFusionError::Plan(format!(
+                "table {}: 'late' 'dead-letter' needs a dead-letter destination \
+                 (for Kafka, 'dead.letter.topic'); {} tables declare none here",
+                cmd.name, config.kind
+            )));
+        }
         Ok(Arc::new(SourceTable::new(
             cmd.name.to_string(),
             config,

@@ -1,0 +1,334 @@
+//! Event time on a real Kafka broker: late rows (dropped or dead-lettered,
+//! never a second partial row), an empty topic that neither stalls nor ends
+//! a query, a topic that ends in transaction markers, and bad event-time
+//! options refused at CREATE TABLE.
+//!
+//! Needs Kafka on `SKEIN_KAFKA` (default 127.0.0.1:9092): `scripts/services.sh start`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// 10 s windows from here (a round number of windows since the epoch).
+const BASE_MS: i64 = 1_700_000_000_000;
+
+fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let results = rt
+        .block_on(admin.create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        ))
+        .expect("create topic");
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("creating {t}: {e}"));
+    }
+}
+
+/// `{"k", "v", "ts"}` records into one partition, in the order given.
+fn produce(brokers: &str, topic: &str, partition: i32, records: &[(&str, i64, i64)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for (k, v, ts) in records {
+        let value = format!(r#"{{"k":"{k}","v":{v},"ts":{ts}}}"#);
+        producer
+            .send(
+                BaseRecord::<(), _>::to(topic)
+                    .partition(partition)
+                    .payload(&value),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn write_sql(name: &str, sql: &str) -> String {
+    let path = std::env::temp_dir().join(format!("{}.sql", common::unique_name(name)));
+    std::fs::write(&path, sql).unwrap();
+    path.display().to_string()
+}
+
+/// Every JSON row the files sink wrote under `dir`.
+fn rows_under(dir: &Path) -> Vec<serde_json::Value> {
+    let mut out = vec![];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(rows_under(&path));
+        } else if path.extension().is_some_and(|x| x == "json") {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                if !line.trim().is_empty() {
+                    out.push(serde_json::from_str(line).unwrap());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The summary line of `skein run --json`.
+fn report(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not a report ({e}): {stdout}"))
+}
+
+/// Window start (ms) -> (count, sum) of the rows the query wrote.
+fn counts(rows: &[serde_json::Value]) -> BTreeMap<i64, Vec<(i64, i64)>> {
+    let mut out: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for r in rows {
+        let w = r["w"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("window as ms: {r}"));
+        out.entry(w)
+            .or_default()
+            .push((r["c"].as_i64().unwrap(), r["s"].as_i64().unwrap()));
+    }
+    out
+}
+
+/// One partition: 60 s of rows 100 ms apart, then one row for the first
+/// window, read in pulls of 50 records: by the time the last row comes,
+/// the first window has been emitted.
+fn late_table(brokers: &str, extra_options: &str) -> (String, String, std::path::PathBuf) {
+    let topic = common::unique_name("late");
+    create_topic(brokers, &topic, 1);
+    let mut records: Vec<(&str, i64, i64)> =
+        (0..600).map(|i| ("a", 1, BASE_MS + i * 100)).collect();
+    records.push(("a", 1000, BASE_MS + 5));
+    produce(brokers, &topic, 0, &records);
+    let out = std::env::temp_dir().join(common::unique_name("late-out"));
+    let sql = write_sql(
+        "late",
+        &format!(
+            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{topic}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts',
+                        'max.records.per.pull' '50' {extra_options});
+             CREATE EXTERNAL TABLE out (w BIGINT, c BIGINT, s BIGINT) STORED AS FILES LOCATION 'file://{}' OPTIONS ('format' 'json');
+             INSERT INTO out
+             SELECT CAST(tumble(ts, INTERVAL '10' SECOND) AS BIGINT) AS w, count(*) AS c, sum(v) AS s
+             FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND)",
+            out.display()
+        ),
+    );
+    (topic, sql, out)
+}
+
+#[test]
+fn a_late_row_is_dropped_and_counted_never_a_second_row() {
+    let brokers = common::require_kafka();
+    let (_, sql, out) = late_table(&brokers, "");
+    let (ok, stdout, stderr) = common::skein(&[
+        "run",
+        &sql,
+        "--until-drained",
+        "--interval",
+        "50ms",
+        "--group-size",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "run failed:\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["late_rows"], 1, "{r}");
+    assert_eq!(r["late_rows_by_table"]["ev"], 1, "{r}");
+    assert_eq!(r["events"], 601, "each record counted once: {r}");
+    let by_window = counts(&rows_under(&out));
+    assert_eq!(by_window.len(), 6, "six 10 s windows: {by_window:?}");
+    for (w, rows) in &by_window {
+        assert_eq!(
+            rows,
+            &vec![(100, 100)],
+            "window {w}: one row of 100 rows, v summing to 100"
+        );
+    }
+}
+
+#[test]
+fn a_late_row_goes_to_the_dead_letter_topic_with_its_window() {
+    let brokers = common::require_kafka();
+    let dead = common::unique_name("late-dead");
+    create_topic(&brokers, &dead, 1);
+    let (topic, sql, out) = late_table(
+        &brokers,
+        &format!(", 'late' 'dead-letter', 'dead.letter.topic' '{dead}'"),
+    );
+    let (ok, stdout, stderr) = common::skein(&[
+        "run",
+        &sql,
+        "--until-drained",
+        "--interval",
+        "50ms",
+        "--json",
+    ]);
+    assert!(ok, "run failed:\n{stderr}");
+    assert_eq!(report(&stdout)["late_rows"], 1);
+    assert_eq!(counts(&rows_under(&out)).len(), 6);
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", common::unique_name("late-dead-reader"))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&dead, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&tpl).unwrap();
+    let started = std::time::Instant::now();
+    let letter = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no dead letter in {dead}"
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
+            break serde_json::from_slice::<serde_json::Value>(m.payload().unwrap()).unwrap();
+        }
+    };
+    assert_eq!(letter["reason"], "late", "{letter}");
+    assert_eq!(letter["table"], "ev", "{letter}");
+    assert_eq!(letter["window_start_ms"], BASE_MS, "{letter}");
+    assert_eq!(letter["window_end_ms"], BASE_MS + 10_000, "{letter}");
+    assert!(letter["row"].is_object(), "{letter}");
+    let _ = topic;
+}
+
+#[test]
+fn an_empty_topic_neither_stalls_nor_ends_a_query() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("empty");
+    create_topic(&brokers, &topic, 2);
+    let sql = write_sql(
+        "empty",
+        &format!(
+            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{topic}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts', 'parallelism' '2');
+             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM ev GROUP BY 1"
+        ),
+    );
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = common::skein(&[
+        "run",
+        &sql,
+        "--duration",
+        "3s",
+        "--interval",
+        "200ms",
+        "--json",
+    ]);
+    assert!(ok, "run failed:\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["result_rows"], 0, "{r}");
+    assert!(
+        r["epochs"].as_u64().unwrap() > 5,
+        "kept running for its duration on an empty topic: {r}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let (ok, stdout, stderr) = common::skein(&["run", &sql, "--until-drained", "--json"]);
+    assert!(ok, "--until-drained on an empty topic: {stderr}");
+    assert_eq!(report(&stdout)["events"], 0);
+}
+
+#[test]
+fn a_topic_ending_in_transaction_markers_is_read_to_its_end() {
+    let brokers = common::require_kafka();
+    let input = common::unique_name("tx-in");
+    let output = common::unique_name("tx-out");
+    create_topic(&brokers, &input, 2);
+    create_topic(&brokers, &output, 2);
+    let records: Vec<(&str, i64, i64)> = (0..2000).map(|i| ("a", i, BASE_MS + i * 50)).collect();
+    produce(&brokers, &input, 0, &records[..1000]);
+    produce(&brokers, &input, 1, &records[1000..]);
+    // The exactly-once sink writes in transactions: the output topic's
+    // partitions end in commit markers.
+    let copy = write_sql(
+        "tx-copy",
+        &format!(
+            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{input}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'parallelism' '2');
+             CREATE EXTERNAL TABLE copy (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{output}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'checkpoint' '{}', 'key' 'k');
+             INSERT INTO copy SELECT k, v, ts FROM ev",
+            common::unique_name("tx-cp")
+        ),
+    );
+    let (ok, _, stderr) = common::skein(&["run", &copy, "--until-drained"]);
+    assert!(ok, "copy failed:\n{stderr}");
+    let windows = write_sql(
+        "tx-windows",
+        &format!(
+            "CREATE EXTERNAL TABLE copy (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{output}'
+               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts', 'parallelism' '2',
+                        'pull.timeout.ms' '30000');
+             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM copy GROUP BY 1"
+        ),
+    );
+    // A reader that waited for the markers would spend its 30 s pull timeout
+    // on every pull; this one must finish well inside it.
+    let started = std::time::Instant::now();
+    let (ok, stdout, stderr) = common::skein(&[
+        "run",
+        &windows,
+        "--until-drained",
+        "--interval",
+        "50ms",
+        "--json",
+    ]);
+    assert!(ok, "windows over a transactional topic failed:\n{stderr}");
+    let r = report(&stdout);
+    assert_eq!(r["events"], 2000, "{r}");
+    assert_eq!(
+        r["result_rows"], 10,
+        "100 s of event time in 10 s windows: {r}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "the run waited on transaction markers: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn bad_event_time_options_are_refused_with_their_name() {
+    let brokers = common::require_kafka();
+    for (options, named) in [
+        ("'lateness_ms' 'abc'", "lateness_ms"),
+        ("'idle.timeout' 'soon'", "idle.timeout"),
+        ("'late' 'keep'", "late"),
+        ("'late' 'dead-letter'", "dead.letter.topic"),
+    ] {
+        let sql = write_sql(
+            "bad-et",
+            &format!(
+                "CREATE EXTERNAL TABLE ev (k VARCHAR, ts TIMESTAMP) STORED AS KAFKA LOCATION 'nowhere'
+                   OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts', {options});
+                 SELECT count(*) FROM ev"
+            ),
+        );
+        let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
+        assert!(!ok, "{options} was accepted");
+        assert!(
+            stderr.contains(named),
+            "{options}: the error names {named}:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
