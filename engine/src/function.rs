@@ -554,11 +554,23 @@ impl StageFunction {
             idle: input.watermark.idle,
         };
         let output = &self.outputs[0];
+        // A stateful stage without windows holds its rows until the end of
+        // the run: its output must hold the watermark back too, or the rows
+        // it emits then would be behind the watermark downstream (late).
+        let holds_rows = self.ctx.mode != StageMode::Stream && !state.windows.is_windowed();
+        let out_watermark = if holds_rows && !input.last {
+            Watermark {
+                value: Some(i64::MIN),
+                idle: false,
+            }
+        } else {
+            state.watermark
+        };
         let header = self.header(
             output,
             &qid,
             epoch,
-            state.watermark,
+            out_watermark,
             input.last,
             input.offsets.clone(),
         );

@@ -104,6 +104,8 @@ impl WindowBuffer {
                     let emitted = self.emitted_sessions.entry(*edge).or_default();
                     release_sessions(batches, spec, watermark, emitted)?
                 }
+                // Whole sessions, emitted upstream once closed.
+                Some(Some(EdgeWindow::SessionStarts)) => std::mem::take(batches),
                 _ => continue,
             };
             closed.insert(*edge, out);

@@ -101,6 +101,7 @@ mod tests {
             inputs: vec![],
             sources: vec![],
             next: NextHop::Single { stage: 1 },
+            extra_outputs: vec![],
             encoding: Encoding::Zstd,
             invoke_async: false,
             epochs: None,
