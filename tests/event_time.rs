@@ -94,7 +94,7 @@ fn bursty_records(partition: i32, n: usize) -> Vec<Rec> {
                 burst_start += 10_000 + pause;
             }
             let mut key = (i * 31 + p * 7) % 8;
-            if (burst + key) % 4 == 0 {
+            if (burst + key).is_multiple_of(4) {
                 key = (key + 1) % 8;
             }
             Rec {
@@ -135,20 +135,26 @@ fn hop_starts(ts: i64, slide: i64, size: i64) -> Vec<i64> {
     starts
 }
 
+/// (count, sum of v) per group, from (group, v) pairs.
+fn count_sum<G: Ord>(rows: impl Iterator<Item = (G, i64)>) -> BTreeMap<G, (i64, i64)> {
+    let mut acc: BTreeMap<G, (i64, i64)> = BTreeMap::new();
+    for (group, v) in rows {
+        let e = acc.entry(group).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    acc
+}
+
 /// (window start, key, count, sum of v) per tumbling window and key.
 fn tumble_reference<'a>(
     records: impl Iterator<Item = &'a Rec>,
     size: i64,
 ) -> Vec<(i64, String, i64, i64)> {
-    let mut acc: BTreeMap<(i64, String), (i64, i64)> = BTreeMap::new();
-    for r in records {
-        let e = acc
-            .entry((tumble_start(r.ts, size), r.k.clone()))
-            .or_default();
-        e.0 += 1;
-        e.1 += r.v;
-    }
-    acc.into_iter().map(|((w, k), (n, s))| (w, k, n, s)).collect()
+    count_sum(records.map(|r| ((tumble_start(r.ts, size), r.k.clone()), r.v)))
+        .into_iter()
+        .map(|((w, k), (n, s))| (w, k, n, s))
+        .collect()
 }
 
 /// (window start, count, sum of v) per sliding window.
@@ -157,15 +163,11 @@ fn hop_reference<'a>(
     slide: i64,
     size: i64,
 ) -> Vec<(i64, i64, i64)> {
-    let mut acc: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-    for r in records {
-        for w in hop_starts(r.ts, slide, size) {
-            let e = acc.entry(w).or_default();
-            e.0 += 1;
-            e.1 += r.v;
-        }
-    }
-    acc.into_iter().map(|(w, (n, s))| (w, n, s)).collect()
+    let rows = records.flat_map(|r| hop_starts(r.ts, slide, size).into_iter().map(|w| (w, r.v)));
+    count_sum(rows)
+        .into_iter()
+        .map(|(w, (n, s))| (w, n, s))
+        .collect()
 }
 
 /// (key, session start, count, sum of v, last ts) per session: a key's
@@ -222,6 +224,13 @@ fn drain_args() -> Vec<&'static str> {
         // that pulls nothing.
         vec!["--duration", "600s", "--interval", "20ms"]
     }
+}
+
+/// The table `ev` of the test records in `topic`, event time `ts`.
+fn ev_table(topic: &str, options: &[(&str, String)]) -> String {
+    let mut options = options.to_vec();
+    options.push(("event_time", "ts".into()));
+    kafka_table("ev", "k VARCHAR, v BIGINT, ts TIMESTAMP", topic, &options)
 }
 
 fn kafka_table(name: &str, columns: &str, topic: &str, options: &[(&str, String)]) -> String {
@@ -389,14 +398,11 @@ fn check_window(window: Window, parallelism: usize, pull: usize, group_size: usi
     let what = format!(
         "{window:?} parallelism {parallelism}, max.records.per.pull {pull}, group size {group_size}"
     );
-    let source = kafka_table(
-        "ev",
-        "k VARCHAR, v BIGINT, ts TIMESTAMP",
+    let source = ev_table(
         &topic.name,
         &[
             ("parallelism", parallelism.to_string()),
             ("max.records.per.pull", pull.to_string()),
-            ("event_time", "ts".to_string()),
         ],
     );
     match window {
@@ -518,14 +524,11 @@ fn tumble_count_4x100k_same_range_parallelism_2_pull_5000() {
         })
         .collect();
     let topic = Topic::create("event-time-4x100k", records);
-    let source = kafka_table(
-        "ev",
-        "k VARCHAR, v BIGINT, ts TIMESTAMP",
+    let source = ev_table(
         &topic.name,
         &[
             ("parallelism", "2".into()),
             ("max.records.per.pull", "5000".into()),
-            ("event_time", "ts".into()),
         ],
     );
     let (dir, sink) = files_table("w TIMESTAMP, n BIGINT");
@@ -557,8 +560,7 @@ impl Drop for Running {
 /// partition 0 is written on for ~18 s of wall time, its event time running
 /// 10x as fast. With a short idle timeout, windows that only partition 0
 /// has rows in are written while the run goes on, not only at its end.
-#[test]
-fn idle_partitions_do_not_hold_windows_back() {
+fn check_idle_partitions(parallelism: usize) {
     let brokers = common::require_kafka();
     let name = common::unique_name("event-time-idle");
     create_topic(&brokers, &name, PARTITIONS);
@@ -581,13 +583,10 @@ fn idle_partitions_do_not_hold_windows_back() {
     writer.flush();
     let idle_until = BASE_MS + 2_000;
 
-    let source = kafka_table(
-        "ev",
-        "k VARCHAR, v BIGINT, ts TIMESTAMP",
+    let source = ev_table(
         &name,
         &[
-            ("parallelism", "2".into()),
-            ("event_time", "ts".into()),
+            ("parallelism", parallelism.to_string()),
             ("idle.timeout", "1s".into()),
         ],
     );
@@ -655,14 +654,28 @@ fn idle_partitions_do_not_hold_windows_back() {
         .iter()
         .map(|r| (millis(r, "w"), int(r, "n"), int(r, "s")))
         .collect();
-    let mut want: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-    for r in &written {
-        let e = want.entry(tumble_start(r.ts, 10_000)).or_default();
-        e.0 += 1;
-        e.1 += r.v;
-    }
-    let want: Vec<(i64, i64, i64)> = want.into_iter().map(|(w, (n, s))| (w, n, s)).collect();
-    assert_same_rows("idle partitions, tumble", &got, &want);
+    let want: Vec<(i64, i64, i64)> =
+        count_sum(written.iter().map(|r| (tumble_start(r.ts, 10_000), r.v)))
+            .into_iter()
+            .map(|(w, (n, s))| (w, n, s))
+            .collect();
+    assert_same_rows(
+        &format!("idle partitions, parallelism {parallelism}, tumble"),
+        &got,
+        &want,
+    );
+}
+
+/// One source instance owns the idle partitions and the running one.
+#[test]
+fn idle_partitions_do_not_hold_windows_back_parallelism_1() {
+    check_idle_partitions(1);
+}
+
+/// Instance 1 owns partitions 1 and 3, and so is idle as a whole.
+#[test]
+fn idle_partitions_do_not_hold_windows_back_parallelism_2() {
+    check_idle_partitions(2);
 }
 
 // ---------------------------------------------------------------------------
@@ -807,8 +820,18 @@ fn run_nexmark(query: u32, out_columns: &str, group_size: usize) -> PathBuf {
     let event_time = [("event_time", "date_time".to_string())];
     let tables = match query {
         8 => [
-            kafka_table("person", "id BIGINT, name VARCHAR, date_time TIMESTAMP", &format!("{p}-person"), &event_time),
-            kafka_table("auction", "id BIGINT, seller BIGINT, date_time TIMESTAMP", &format!("{p}-auction"), &event_time),
+            kafka_table(
+                "person",
+                "id BIGINT, name VARCHAR, date_time TIMESTAMP",
+                &format!("{p}-person"),
+                &event_time,
+            ),
+            kafka_table(
+                "auction",
+                "id BIGINT, seller BIGINT, date_time TIMESTAMP",
+                &format!("{p}-auction"),
+                &event_time,
+            ),
         ]
         .concat(),
         _ => kafka_table(
@@ -831,7 +854,11 @@ fn run_nexmark(query: u32, out_columns: &str, group_size: usize) -> PathBuf {
 }
 
 fn check_q5(group_size: usize) {
-    let dir = run_nexmark(5, "auction BIGINT, num BIGINT, window_start TIMESTAMP", group_size);
+    let dir = run_nexmark(
+        5,
+        "auction BIGINT, num BIGINT, window_start TIMESTAMP",
+        group_size,
+    );
     let got: Vec<_> = read_rows(&dir, true)
         .iter()
         .map(|r| (int(r, "auction"), int(r, "num"), millis(r, "window_start")))
@@ -863,7 +890,11 @@ fn check_q7(group_size: usize) {
 }
 
 fn check_q8(group_size: usize) {
-    let dir = run_nexmark(8, "id BIGINT, name VARCHAR, window_start TIMESTAMP", group_size);
+    let dir = run_nexmark(
+        8,
+        "id BIGINT, name VARCHAR, window_start TIMESTAMP",
+        group_size,
+    );
     let got: Vec<_> = read_rows(&dir, true)
         .iter()
         .map(|r| (int(r, "id"), text(r, "name"), millis(r, "window_start")))
@@ -924,9 +955,15 @@ fn reference_windows_by_hand() {
     // A gap of exactly 5 s continues the session; 5,001 ms ends it.
     assert_eq!(
         session_reference(recs(&[0, 5_000, 10_001]).iter(), 5_000),
-        vec![("a".into(), 0, 2, 2, 5_000), ("a".into(), 10_001, 1, 1, 10_001)]
+        vec![
+            ("a".into(), 0, 2, 2, 5_000),
+            ("a".into(), 10_001, 1, 1, 10_001)
+        ]
     );
     assert_eq!(parse_timestamp("2023-11-14T22:13:20"), Some(BASE_MS));
     assert_eq!(parse_timestamp("1970-01-01T00:00:00.5"), Some(500));
-    assert_eq!(parse_timestamp("2020-01-01T00:00:00.123"), Some(1_577_836_800_123));
+    assert_eq!(
+        parse_timestamp("2020-01-01T00:00:00.123"),
+        Some(1_577_836_800_123)
+    );
 }
