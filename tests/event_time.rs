@@ -215,10 +215,11 @@ fn has_until_drained() -> bool {
     })
 }
 
-/// Arguments that read the whole backlog, then flush all state.
+/// Arguments that read the whole backlog, then flush all state. A short
+/// interval: pulls of 777 records take a hundred epochs.
 fn drain_args() -> Vec<&'static str> {
     if has_until_drained() {
-        vec!["--until-drained"]
+        vec!["--until-drained", "--interval", "20ms"]
     } else {
         // Before --until-drained: a --duration run ends at the first epoch
         // that pulls nothing.
@@ -599,7 +600,9 @@ fn check_idle_partitions(parallelism: usize) {
         Command::new(env!("CARGO_BIN_EXE_skein"))
             .arg("run")
             .arg(&file)
-            .args(["--duration", "90s", "--interval", "250ms"])
+            // Outlasts partition 0's ~20 s of writes (an engine that stops at
+            // the first empty epoch stops soon after them).
+            .args(["--duration", "45s", "--interval", "250ms"])
             .args(["--group-size", "4", "--json"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
