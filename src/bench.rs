@@ -124,6 +124,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
         shuffle_id: 1,
         encoding,
         watermark: None,
+        idle: false,
         last: false,
         offsets: vec![],
     };

@@ -31,12 +31,16 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct CommonRunArgs {
     /// Number of epochs (micro-batches) to split a bounded input into.
-    #[arg(long, default_value_t = 10, conflicts_with = "duration")]
+    #[arg(long, default_value_t = 10, conflicts_with_all = ["duration", "until_drained"])]
     pub epochs: u64,
     /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, conflicts_with = "until_drained")]
     pub duration: Option<Duration>,
-    /// Time between epochs of a --duration run.
+    /// Run until every source partition (Kafka partition, Kinesis shard) has
+    /// reached the end it had when the run started, one epoch per --interval.
+    #[arg(long)]
+    pub until_drained: bool,
+    /// Time between epochs of a --duration or --until-drained run.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub interval: Duration,
     #[command(flatten)]
@@ -186,18 +190,23 @@ pub async fn run_sql(
             .context("clearing the files of an earlier run")?;
     }
 
-    let stop = match args.duration {
-        Some(duration) => StopAfter::Duration {
+    let stop = match (args.duration, args.until_drained) {
+        (_, true) => StopAfter::Drained {
+            interval: args.interval,
+        },
+        (Some(duration), false) => StopAfter::Duration {
             duration,
             interval: args.interval,
         },
-        None => StopAfter::Epochs(args.epochs),
+        (None, false) => StopAfter::Epochs(args.epochs),
     };
     let expected_epochs = match stop {
         StopAfter::Epochs(n) => n,
         StopAfter::Duration { duration, interval } => {
             (duration.as_millis() / interval.as_millis().max(1)) as u64 + 1
         }
+        // Unknown in advance: the bar counts up.
+        StopAfter::Drained { .. } => 0,
     };
     let bar = if args.json {
         ProgressBar::hidden()
@@ -256,6 +265,8 @@ pub async fn run_sql(
             "verified": report.verified,
             "epochs": report.epochs,
             "elapsed_s": report.elapsed_s,
+            "late_rows": report.late_rows,
+            "late_rows_by_table": report.late_rows_by_table,
             "query_code": report.query_code,
         });
         if let Some(q) = nexmark_query {
@@ -267,7 +278,7 @@ pub async fn run_sql(
         out.push_str(&pretty_format_batches(&shown)?.to_string());
         out.push_str(&format!(
             "\n{} result rows (showing {}); {} events in {} epochs, {:.3} s, {:.0} events/s\n\
-             {} stages, {} functions, {} invocations, {} payload bytes{}",
+             {} stages, {} functions, {} invocations, {} payload bytes, {} late rows{}",
             report.result_rows,
             report.result_rows.min(args.show),
             report.events,
@@ -278,6 +289,7 @@ pub async fn run_sql(
             report.functions,
             report.invocations,
             report.payload_bytes,
+            report.late_rows,
             match report.verified {
                 Some(true) => "\nverified: equal to single-process DataFusion",
                 Some(false) => "\nverified: DIFFERENT from single-process DataFusion",

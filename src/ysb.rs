@@ -565,6 +565,8 @@ async fn drive(
         },
         result_rows: 0,
         verified: None,
+        late_rows: runtime.late_rows().values().sum(),
+        late_rows_by_table: runtime.late_rows(),
     })
 }
 

@@ -50,7 +50,11 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
-use skein_engine::source::{EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory};
+use skein_engine::source::{
+    DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, Source,
+    SourceConfig, SourceFactory,
+};
+use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
 
 use crate::decode::{Format, RecordDecoder};
@@ -75,8 +79,6 @@ const OWN_OPTIONS: &[&str] = &[
     "max.record.bytes",
     "pull.timeout.ms",
     "dead.letter.topic",
-    "event_time",
-    "lateness_ms",
 ];
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -272,7 +274,11 @@ impl KafkaSourceConfig {
         let client: BTreeMap<String, String> = config
             .options
             .iter()
-            .filter(|(k, _)| k.contains('.') && !OWN_OPTIONS.contains(&k.as_str()))
+            .filter(|(k, _)| {
+                k.contains('.')
+                    && !OWN_OPTIONS.contains(&k.as_str())
+                    && !EVENT_TIME_OPTIONS.contains(&k.as_str())
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         if !client.contains_key("bootstrap.servers") {
@@ -433,6 +439,9 @@ struct PartitionReader {
     consumer: BatchConsumer,
     /// Next offset to read, per owned partition.
     positions: Mutex<BTreeMap<i32, i64>>,
+    /// Each owned partition's end offset when the reader was opened: what
+    /// `--until-drained` reads up to.
+    ends_at_open: BTreeMap<i32, i64>,
     /// Polled by `flush` when dead letters are sent (no thread of its own).
     dead_letter_producer: Option<BaseProducer>,
 }
@@ -498,9 +507,11 @@ impl PartitionReader {
             )));
         }
         let mut positions = BTreeMap::new();
+        let mut ends_at_open = BTreeMap::new();
         let mut assignment = TopicPartitionList::new();
         for &p in &owned {
             let (low, high) = consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT)?;
+            ends_at_open.insert(p, high);
             let start = match &config.startup {
                 Startup::Earliest => low,
                 Startup::Latest => high,
@@ -533,6 +544,7 @@ impl PartitionReader {
         Ok(PartitionReader {
             consumer: BatchConsumer::new(consumer),
             positions: Mutex::new(positions),
+            ends_at_open,
             dead_letter_producer,
         })
     }
@@ -579,8 +591,13 @@ impl PartitionReader {
             }
         }
         let mut lagging = parts.iter().filter(|(_, pos, high)| pos < high).count();
-        let backlog: i64 = parts.iter().map(|(_, pos, high)| (high - pos).max(0)).sum();
-        let mut builder = decoder.builder((backlog as usize).min(config.max_records_per_pull));
+        // One builder per partition, so event time is tracked per partition.
+        let mut builders: Vec<_> = parts
+            .iter()
+            .map(|(_, pos, high)| {
+                decoder.builder(((high - pos).max(0) as usize).min(config.max_records_per_pull))
+            })
+            .collect();
         let targets_known = started.elapsed();
         let mut undecodable: Vec<Undecodable> = Vec::new();
         let (mut records, mut bytes) = (0usize, 0usize);
@@ -597,16 +614,17 @@ impl PartitionReader {
             }
             let wait = (deadline - now).min(Duration::from_millis(100));
             let budget = config.max_records_per_pull - records;
-            self.consumer.read(wait, budget, |fetched| match fetched {
+            let seen = self.consumer.read(wait, budget, |fetched| match fetched {
                 Fetched::Error(e) => warn!(topic = %config.topic, "kafka consumer: {e}"),
                 Fetched::Record {
                     partition,
                     offset,
                     payload,
                 } => {
-                    let Some(part) = parts.iter_mut().find(|(p, _, _)| *p == partition) else {
+                    let Some(i) = parts.iter().position(|(p, _, _)| *p == partition) else {
                         return;
                     };
+                    let part = &mut parts[i];
                     if offset < part.1 {
                         return; // already read (a refetch after a reconnect)
                     }
@@ -617,7 +635,7 @@ impl PartitionReader {
                     }
                     records += 1;
                     bytes += payload.len();
-                    if let Some(reason) = builder.push(payload) {
+                    if let Some(reason) = builders[i].push(payload) {
                         undecodable.push(Undecodable {
                             partition,
                             offset,
@@ -627,11 +645,29 @@ impl PartitionReader {
                     }
                 }
             });
+            if seen == 0 {
+                lagging = self.step_over_markers(config, &mut parts);
+            }
         }
         for (p, pos, _) in &parts {
             positions.insert(*p, *pos);
         }
-        let (batch, _) = builder.finish()?;
+        let mut batches: Vec<RecordBatch> = vec![];
+        let mut partitions = Vec::with_capacity(parts.len());
+        for ((p, pos, high), builder) in parts.iter().zip(builders) {
+            let (batch, _) = builder.finish()?;
+            let mut progress = PartitionProgress {
+                partition: p.to_string(),
+                caught_up: pos >= high,
+                drained: self.ends_at_open.get(p).is_none_or(|end| pos >= end),
+                ..Default::default()
+            };
+            if batch.num_rows() > 0 {
+                progress.batches.push(batches.len());
+                batches.push(batch);
+            }
+            partitions.push(progress);
+        }
         debug!(
             topic = %config.topic,
             records,
@@ -654,12 +690,35 @@ impl PartitionReader {
                 offset: *o,
             })
             .collect();
-        let batches: Vec<RecordBatch> = if batch.num_rows() > 0 {
-            vec![batch]
-        } else {
-            vec![]
-        };
-        Ok(MicroBatch { batches, offsets })
+        Ok(MicroBatch {
+            batches,
+            offsets,
+            partitions,
+        })
+    }
+
+    /// A partition written by a transactional producer ends in a commit
+    /// marker, a record the consumer never hands out: its position cannot
+    /// reach the end offset by reading. librdkafka's position does step
+    /// over markers, so a partition that gave nothing takes its position
+    /// from there. Returns how many partitions still lag.
+    fn step_over_markers(
+        &self,
+        config: &KafkaSourceConfig,
+        parts: &mut [(i32, i64, i64)],
+    ) -> usize {
+        if let Ok(tpl) = self.consumer.consumer().position() {
+            for part in parts.iter_mut().filter(|(_, pos, high)| pos < high) {
+                if let Some(Offset::Offset(n)) = tpl
+                    .find_partition(&config.topic, part.0)
+                    .map(|e| e.offset())
+                    && n > part.1
+                {
+                    part.1 = n.min(part.2);
+                }
+            }
+        }
+        parts.iter().filter(|(_, pos, high)| pos < high).count()
     }
 
     /// Publish the rejected records and wait until the broker has them: the
@@ -707,11 +766,95 @@ impl PartitionReader {
     }
 }
 
+/// A Kafka table's dead-letter topic as the destination of rows a later
+/// stage rejects (late rows). The producer is opened on the first letter.
+pub struct KafkaDeadLetters {
+    topic: String,
+    brokers: String,
+    producer: std::sync::OnceLock<BaseProducer>,
+}
+
+impl std::fmt::Debug for KafkaDeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KafkaDeadLetters({})", self.topic)
+    }
+}
+
+impl KafkaDeadLetters {
+    fn producer(&self) -> Result<&BaseProducer> {
+        if let Some(p) = self.producer.get() {
+            return Ok(p);
+        }
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        c.set("enable.idempotence", "true");
+        let p: BaseProducer = c.create()?;
+        Ok(self.producer.get_or_init(|| p))
+    }
+
+    fn send_blocking(&self, letters: &[LateLetter]) -> Result<()> {
+        let producer = self.producer()?;
+        for l in letters {
+            let value = serde_json::json!({
+                "table": l.table,
+                "reason": l.reason,
+                "window_start_ms": l.window.map(|w| w.0),
+                "window_end_ms": l.window.map(|w| w.1),
+                "row": serde_json::from_str::<serde_json::Value>(&l.row)
+                    .unwrap_or_else(|_| serde_json::Value::String(l.row.clone())),
+            })
+            .to_string();
+            let mut record = BaseRecord::to(&self.topic).key(&l.key).payload(&value);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, back))
+                        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
+                    {
+                        producer.poll(Duration::from_millis(10));
+                        record = back;
+                    }
+                    Err((e, _)) => return Err(e.into()),
+                }
+            }
+        }
+        producer.flush(Duration::from_secs(30))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DeadLetterSink for KafkaDeadLetters {
+    async fn send(&self, letters: &[LateLetter]) -> EngineResult<()> {
+        tokio::task::block_in_place(|| self.send_blocking(letters)).map_err(|e| {
+            EngineError::Source {
+                source_name: self.topic.clone(),
+                reason: format!("dead letters: {e}"),
+            }
+        })
+    }
+}
+
 /// Builds [`KafkaSource`]s from `STORED AS KAFKA` tables.
 #[derive(Debug, Default)]
 pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
+    fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {
+        let kafka =
+            KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {
+                source_name: config.location.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(kafka.dead_letter_topic.clone().map(|topic| {
+            Arc::new(KafkaDeadLetters {
+                topic,
+                brokers: kafka.client["bootstrap.servers"].clone(),
+                producer: Default::default(),
+            }) as Arc<dyn DeadLetterSink>
+        }))
+    }
+
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
         let kafka =
             KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {

@@ -35,7 +35,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::backoff::Backoff;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::source::{
-    EpochSpec, MicroBatch, PushedRecord, Source, SourceConfig, SourceFactory,
+    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, Source, SourceConfig, SourceFactory,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
@@ -202,7 +202,7 @@ impl KinesisSource {
         };
         Ok(MicroBatch {
             batches,
-            offsets: vec![],
+            ..Default::default()
         })
     }
 
@@ -396,6 +396,7 @@ impl Source for KinesisSource {
         let budget = self.config.max_records_per_pull;
         let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
         let mut backoff = Backoff::new(Duration::from_secs(1));
+        let mut caught_up = vec![false; reader.shards.len()];
         for (index, shard) in reader.shards.iter_mut().enumerate() {
             while data.len() < budget && started.elapsed() < self.config.pull_timeout {
                 let Some(iterator) = shard.iterator.clone() else {
@@ -442,21 +443,38 @@ impl Source for KinesisSource {
                     ));
                 }
                 if n == 0 || page.millis_behind_latest() == Some(0) {
+                    caught_up[index] = true;
                     break;
                 }
             }
         }
-        let records: Vec<(&str, &str, &[u8])> = data
-            .iter()
-            .map(|(shard, seq, d)| {
-                (
-                    reader.shards[*shard].id.as_str(),
-                    seq.as_str(),
-                    d.as_slice(),
-                )
-            })
-            .collect();
-        self.decode_records(&records).await
+        // Decoded per shard, so event time is tracked per shard.
+        let mut out = MicroBatch::default();
+        for (index, shard) in reader.shards.iter().enumerate() {
+            let records: Vec<(&str, &str, &[u8])> = data
+                .iter()
+                .filter(|(i, _, _)| *i == index)
+                .map(|(_, seq, d)| (shard.id.as_str(), seq.as_str(), d.as_slice()))
+                .collect();
+            let closed = shard.iterator.is_none();
+            let mut progress = PartitionProgress {
+                partition: shard.id.clone(),
+                caught_up: caught_up[index] || closed,
+                // No end offset is known at open; caught up stands for it.
+                drained: caught_up[index] || closed,
+                finished: closed,
+                ..Default::default()
+            };
+            if !records.is_empty() {
+                let mb = self.decode_records(&records).await?;
+                for b in mb.batches {
+                    progress.batches.push(out.batches.len());
+                    out.batches.push(b);
+                }
+            }
+            out.partitions.push(progress);
+        }
+        Ok(out)
     }
 
     async fn decode_pushed(&self, records: &[PushedRecord]) -> EngineResult<MicroBatch> {

@@ -11,6 +11,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::{EngineError, Result};
 use crate::payload::{Payload, SourceOffset};
+use crate::watermark::{Watermark, WatermarkMin};
 
 /// What the arena says about one payload.
 #[derive(Debug)]
@@ -29,8 +30,9 @@ pub struct EpochInput {
     pub epoch: u64,
     /// Batches per input edge.
     pub edges: BTreeMap<u32, Vec<RecordBatch>>,
-    /// The lowest watermark among the senders: every one of them has passed it.
-    pub watermark: Option<i64>,
+    /// The lowest watermark among the senders that are not idle: every one
+    /// of them has passed it (see [`WatermarkMin`]).
+    pub watermark: Watermark,
     pub last: bool,
     pub offsets: Vec<SourceOffset>,
 }
@@ -72,7 +74,7 @@ impl EdgeSlot {
 #[derive(Debug, Default)]
 struct Slot {
     edges: HashMap<u32, EdgeSlot>,
-    watermark: Option<i64>,
+    watermark: WatermarkMin,
     last: bool,
     offsets: Vec<SourceOffset>,
 }
@@ -153,10 +155,12 @@ impl Arena {
         }
         *bit = true;
         edge.batches.extend(batches);
-        slot.watermark = match (slot.watermark, payload.watermark) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        // Fragments of one send repeat its watermark; adding it again does
+        // not change a minimum.
+        slot.watermark.add(Watermark {
+            value: payload.watermark,
+            idle: payload.idle,
+        });
         slot.last |= payload.last;
         slot.offsets.extend(payload.offsets.iter().cloned());
 
@@ -177,7 +181,7 @@ impl Arena {
         Ok(Collected::Complete(EpochInput {
             epoch: key.1,
             edges,
-            watermark: slot.watermark,
+            watermark: slot.watermark.result(),
             last: slot.last,
             offsets: slot.offsets,
         }))
@@ -226,6 +230,7 @@ mod tests {
             shuffle_id: edge,
             encoding: Encoding::None,
             watermark: Some(100 + seq_num as i64),
+            idle: false,
             last: false,
             offsets: vec![],
             data: String::new(),
@@ -250,7 +255,7 @@ mod tests {
         assert_eq!(a.pending().len(), 1, "{:?}", a.pending());
         assert!(a.pending()[0].contains("seq 1 fragment 1"));
         match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![]).unwrap() {
-            Collected::Complete(input) => assert_eq!(input.watermark, Some(100)),
+            Collected::Complete(input) => assert_eq!(input.watermark.value, Some(100)),
             other => panic!("{other:?}"),
         }
         assert!(a.pending().is_empty());

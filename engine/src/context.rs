@@ -69,6 +69,24 @@ pub struct InputEdge {
     pub senders: u32,
     /// How rows on this edge group into windows, if they do.
     pub window: Option<EdgeWindow>,
+    /// The source tables this edge's rows come from (late rows count there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
+    /// The table whose dead-letter destination takes this edge's late rows,
+    /// when it declares `'late' 'dead-letter'`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_letters: Option<SourceConfig>,
+}
+
+/// A further output of a source stage: one read of a table feeds several
+/// consumers (a table scanned twice is pulled once per epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtraOutput {
+    /// The edge id its payloads carry (what its consumer's leaf names).
+    pub shuffle_id: u32,
+    #[serde(with = "b64_bytes")]
+    pub plan: Vec<u8>,
+    pub next: NextHop,
 }
 
 /// How the rows of an input edge group into event-time windows.
@@ -98,6 +116,9 @@ pub struct CloudContext {
     pub inputs: Vec<InputEdge>,
     pub sources: Vec<SourceBinding>,
     pub next: NextHop,
+    /// Source stages: more outputs from the same read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_outputs: Vec<ExtraOutput>,
     pub encoding: Encoding,
     /// Call the next hop asynchronously (Event) rather than synchronously.
     pub invoke_async: bool,
@@ -203,9 +224,12 @@ mod tests {
                 shuffle_id: 1,
                 senders: 2,
                 window: None,
+                tables: vec![],
+                late_letters: None,
             }],
             sources: vec![],
             next: NextHop::Single { stage: 3 },
+            extra_outputs: vec![],
             encoding: Encoding::Zstd,
             invoke_async: false,
             epochs: Some(4),

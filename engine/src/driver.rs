@@ -57,6 +57,27 @@ pub async fn trigger_epoch(
     epoch: u64,
     last: bool,
 ) -> Result<u64> {
+    Ok(fire_epoch(plan, invoker, epoch, last).await?.events)
+}
+
+/// What the source instances said about one epoch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EpochOutcome {
+    /// Records pulled, each source record once.
+    pub events: u64,
+    /// Every source partition reached the end it had when the run started.
+    pub drained: bool,
+    /// Every source is exhausted for good (bounded sources).
+    pub finished: bool,
+}
+
+/// Fire every source instance for one epoch.
+pub async fn fire_epoch(
+    plan: &QueryPlan,
+    invoker: &dyn Invoker,
+    epoch: u64,
+    last: bool,
+) -> Result<EpochOutcome> {
     let calls = plan
         .source_stages()
         .flat_map(|s| (0..s.members).map(move |m| (s.id, m)))
@@ -78,15 +99,18 @@ pub async fn trigger_epoch(
                     100,
                 )
                 .await?;
-                let r: Response =
-                    serde_json::from_slice(&answer).map_err(|e| EngineError::Invocation {
-                        name: name.clone(),
-                        reason: format!("answer is not a response: {e}"),
-                    })?;
-                Ok::<u64, EngineError>(r.events)
+                serde_json::from_slice::<Response>(&answer).map_err(|e| EngineError::Invocation {
+                    name: name.clone(),
+                    reason: format!("answer is not a response: {e}"),
+                })
             }
         });
-    Ok(try_join_all(calls).await?.into_iter().sum())
+    let answers = try_join_all(calls).await?;
+    Ok(EpochOutcome {
+        events: answers.iter().map(|r| r.events).sum(),
+        drained: answers.iter().all(|r| r.drained || r.finished),
+        finished: answers.iter().all(|r| r.finished),
+    })
 }
 
 /// The summary line of `skein run --json`.
@@ -103,6 +127,10 @@ pub struct RunReport {
     pub events_per_s: f64,
     pub result_rows: usize,
     pub verified: Option<bool>,
+    /// Rows that came after their window was emitted (dropped or
+    /// dead-lettered), in all and per source table.
+    pub late_rows: u64,
+    pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
 }
 
 /// When a run stops.
@@ -110,12 +138,16 @@ pub struct RunReport {
 pub enum StopAfter {
     /// A bounded run: the input is split into this many epochs.
     Epochs(u64),
-    /// Fire an epoch every `interval` until `duration` has passed (or the
-    /// sources run dry), then one last epoch that flushes all state.
+    /// Fire an epoch every `interval` until `duration` has passed (or every
+    /// source is exhausted for good), then one last epoch that flushes all
+    /// state. A live source that is merely quiet does not end the run.
     Duration {
         duration: Duration,
         interval: Duration,
     },
+    /// Fire an epoch every `interval` until every source partition has
+    /// reached the end it had when the run started, then one last epoch.
+    Drained { interval: Duration },
 }
 
 /// Deploy to an in-process runtime and run until `stop`; the last epoch
@@ -146,12 +178,13 @@ pub async fn run_local_until(
 ) -> Result<RunReport> {
     let bounded = match stop {
         StopAfter::Epochs(n) => Some(n.max(1)),
-        StopAfter::Duration { .. } => None,
+        StopAfter::Duration { .. } | StopAfter::Drained { .. } => None,
     };
     let store = runtime.store();
     let names = deploy(plan, runtime.as_ref(), &store, options, bounded).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
+    let before_late = runtime.late_rows();
     let start = Instant::now();
     let mut events = 0;
     let mut epoch = 0;
@@ -159,29 +192,47 @@ pub async fn run_local_until(
         let last = match stop {
             StopAfter::Epochs(n) => epoch + 1 >= n,
             StopAfter::Duration { duration, .. } => start.elapsed() >= duration,
+            StopAfter::Drained { .. } => false,
         };
         let fired = Instant::now();
-        let pulled = trigger_epoch(plan, runtime.as_ref(), epoch, last).await?;
+        let outcome = fire_epoch(plan, runtime.as_ref(), epoch, last).await?;
         runtime.wait_idle().await;
-        events += pulled;
+        events += outcome.events;
         on_epoch(epoch, events);
         epoch += 1;
         if last {
             break;
         }
-        if let StopAfter::Duration { interval, .. } = stop {
-            if pulled == 0 {
-                // The sources ran dry: one more (empty) epoch flushes the state.
-                trigger_epoch(plan, runtime.as_ref(), epoch, true).await?;
-                runtime.wait_idle().await;
-                epoch += 1;
-                break;
-            }
-            tokio::time::sleep(interval.saturating_sub(fired.elapsed())).await;
+        let interval = match stop {
+            StopAfter::Epochs(_) => continue,
+            StopAfter::Duration { interval, .. } => interval,
+            StopAfter::Drained { interval } => interval,
+        };
+        let done = match stop {
+            StopAfter::Drained { .. } => outcome.drained,
+            _ => outcome.finished,
+        };
+        if done {
+            // One more epoch flushes the state (and takes what came since).
+            events += fire_epoch(plan, runtime.as_ref(), epoch, true)
+                .await?
+                .events;
+            runtime.wait_idle().await;
+            on_epoch(epoch, events);
+            epoch += 1;
+            break;
         }
+        tokio::time::sleep(interval.saturating_sub(fired.elapsed())).await;
     }
     let epochs = epoch;
     let elapsed = start.elapsed().as_secs_f64();
+    let mut late_by_table = runtime.late_rows();
+    for (table, n) in &before_late {
+        if let Some(now) = late_by_table.get_mut(table) {
+            *now -= n;
+        }
+    }
+    late_by_table.retain(|_, n| *n > 0);
     let pending = runtime.pending().await;
     if !pending.is_empty() {
         return Err(EngineError::Incomplete(pending.join("; ")));
@@ -213,5 +264,7 @@ pub async fn run_local_until(
         },
         result_rows: 0,
         verified: None,
+        late_rows: late_by_table.values().sum(),
+        late_rows_by_table: late_by_table,
     })
 }

@@ -22,9 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::{EpochSpec, Source, SourceConfig, SourceRegistry};
 
-/// Table options every source understands.
-pub const OPT_EVENT_TIME: &str = "event_time";
-pub const OPT_LATENESS_MS: &str = "lateness_ms";
+pub use crate::watermark::{OPT_EVENT_TIME, OPT_LATENESS_MS};
 
 /// A streaming table: a declared schema and the source that fills it.
 #[derive(Debug)]
@@ -111,14 +109,10 @@ impl TableProviderFactory for SourceTableFactory {
             .registry
             .create(&config, schema)
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
-        if let Some(col) = config.option(OPT_EVENT_TIME)
-            && source.schema().index_of(col).is_err()
-        {
-            return Err(DataFusionError::Plan(format!(
-                "table {}: event_time column {col:?} is not in its schema",
-                cmd.name
-            )));
-        }
+        // Event-time options are checked here, so a typo fails the
+        // CREATE TABLE rather than a function later.
+        crate::watermark::EventTimeOptions::from_config(&config, &source.schema())
+            .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
         Ok(Arc::new(SourceTable::new(
             cmd.name.to_string(),
             config,

@@ -8,11 +8,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array, BooleanArray, TimestampMillisecondArray};
-use datafusion::arrow::compute::{cast, filter_record_batch, max as arrow_max};
-use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
@@ -24,9 +22,9 @@ use tokio::sync::Mutex;
 
 use crate::arena::{Arena, Collected, EpochInput};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
-use crate::context::{CloudContext, EdgeWindow, NextHop, StageMode, function_name};
+use crate::context::{CloudContext, NextHop, StageMode, function_name};
 use crate::error::{EngineError, Result};
-use crate::exec::{OPT_EVENT_TIME, OPT_LATENESS_MS, StageInput, StageInputExec, rewrite_leaves};
+use crate::exec::{StageInput, StageInputExec, rewrite_leaves};
 use crate::invoke::{InvocationType, Invoker, invoke_with_retry};
 use crate::payload::{
     ASYNC_PAYLOAD_LIMIT, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, SourceOffset, encode_payloads,
@@ -34,8 +32,9 @@ use crate::payload::{
 use crate::planner::session;
 use crate::ring::HashRing;
 use crate::sink::{Sink, SinkRegistry, SinkWrite};
-use crate::source::{EpochSpec, PushedRecord, Source, SourceRegistry};
-use crate::window::{SessionSpec, window_ends};
+use crate::source::{DeadLetter, DeadLetterSink, EpochSpec, PushedRecord, Source, SourceRegistry};
+use crate::watermark::{EventTimeOptions, SourceClock, Watermark, WatermarkMin};
+use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
@@ -46,6 +45,8 @@ pub struct FunctionEnv {
     pub store: Option<Arc<dyn ObjectStore>>,
     pub invoker: Arc<dyn Invoker>,
     pub max_backoff: Duration,
+    /// Where this process counts late rows.
+    pub late: Arc<LateCounts>,
 }
 
 /// The request a function receives.
@@ -100,13 +101,61 @@ pub struct Response {
     pub events: u64,
     #[serde(default)]
     pub rows_out: u64,
+    /// A source stage: every partition it reads reached the end it had when
+    /// the source was opened.
+    #[serde(default)]
+    pub drained: bool,
+    /// A source stage: every partition it reads is exhausted for good (a
+    /// bounded source).
+    #[serde(default)]
+    pub finished: bool,
+}
+
+/// Late rows counted by the functions of one process, per table.
+#[derive(Debug, Default)]
+pub struct LateCounts {
+    by_table: std::sync::Mutex<BTreeMap<String, u64>>,
+}
+
+impl LateCounts {
+    pub fn add(&self, table: &str, n: u64) {
+        *self
+            .by_table
+            .lock()
+            .expect("late counts")
+            .entry(table.to_string())
+            .or_default() += n;
+    }
+
+    pub fn by_table(&self) -> BTreeMap<String, u64> {
+        self.by_table.lock().expect("late counts").clone()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_table().values().sum()
+    }
 }
 
 struct SourceReader {
     table: String,
     source: Arc<dyn Source>,
-    event_time: Option<usize>,
-    lateness_ms: i64,
+}
+
+/// One output of a stage: a sub-plan and where its rows go. A source stage
+/// that feeds several consumers from one read has several.
+struct StageOutput {
+    /// The edge id its payloads carry.
+    shuffle_id: u32,
+    plan: Arc<dyn ExecutionPlan>,
+    next: NextHop,
+    ring: Option<HashRing>,
+}
+
+/// How late rows of one input edge are handled.
+struct LateHandling {
+    /// The table(s) the edge's rows come from, as counted.
+    table: String,
+    dead_letters: Option<Arc<dyn DeadLetterSink>>,
 }
 
 #[derive(Default)]
@@ -114,21 +163,25 @@ struct StageState {
     arena: Option<Arena>,
     ready: BTreeMap<u64, EpochInput>,
     next_epoch: u64,
-    /// Accumulated input per edge (stateful stages).
-    buffered: BTreeMap<u32, Vec<RecordBatch>>,
-    /// Highest event time a source instance has seen.
-    max_event_time: Option<i64>,
+    /// Rows of open windows (or, in a stage without windows, everything
+    /// until the end of a bounded run).
+    windows: WindowBuffer,
+    /// This stage's watermark: it only moves forward.
+    watermark: Watermark,
+    /// Per source reader: its per-partition event-time clock.
+    clocks: Vec<Option<SourceClock>>,
 }
 
 pub struct StageFunction {
     ctx: CloudContext,
     name: String,
-    plan: Arc<dyn ExecutionPlan>,
+    /// The first output is the stage's own (its id is the edge id).
+    outputs: Vec<StageOutput>,
     task_ctx: Arc<TaskContext>,
     readers: Vec<SourceReader>,
     sink: Option<Arc<dyn Sink>>,
-    ring: Option<HashRing>,
     input_schemas: BTreeMap<u32, SchemaRef>,
+    late: BTreeMap<u32, LateHandling>,
     env: FunctionEnv,
     state: Mutex<StageState>,
 }
@@ -146,38 +199,86 @@ impl StageFunction {
         let name = ctx.function_name();
         let session: SessionContext = session(&env.sources, 1);
         let task_ctx = session.task_ctx();
-        let plan = plan_from_bytes(&ctx.plan, &task_ctx)
-            .map_err(|e| EngineError::Context(format!("{name}: plan does not decode: {e}")))?;
+        let decode = |bytes: &[u8]| {
+            plan_from_bytes(bytes, &task_ctx)
+                .map_err(|e| EngineError::Context(format!("{name}: plan does not decode: {e}")))
+        };
+        let mut outputs = vec![StageOutput {
+            shuffle_id: ctx.stage,
+            plan: decode(&ctx.plan)?,
+            next: ctx.next.clone(),
+            ring: None,
+        }];
+        for extra in &ctx.extra_outputs {
+            if matches!(extra.next, NextHop::Sink(_)) {
+                return Err(EngineError::Context(format!(
+                    "{name}: only a stage's own output may write the sink"
+                )));
+            }
+            outputs.push(StageOutput {
+                shuffle_id: extra.shuffle_id,
+                plan: decode(&extra.plan)?,
+                next: extra.next.clone(),
+                ring: None,
+            });
+        }
+        for o in &mut outputs {
+            if let NextHop::Group { members, .. } = o.next {
+                o.ring = Some(HashRing::new(members as usize));
+            }
+        }
         let mut readers = vec![];
+        let mut clocks = vec![];
         for b in &ctx.sources {
             let schema = schema_from_bytes(&b.schema)?;
-            let event_time = b
-                .config
-                .option(OPT_EVENT_TIME)
-                .and_then(|c| schema.index_of(c).ok());
-            let lateness_ms = b
-                .config
-                .option(OPT_LATENESS_MS)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let event_time = EventTimeOptions::from_config(&b.config, &schema)?;
+            clocks.push(
+                event_time
+                    .column
+                    .map(|c| SourceClock::new(c, event_time.lateness_ms, event_time.idle_timeout)),
+            );
             let source = env.sources.create(&b.config, schema)?;
             readers.push(SourceReader {
                 table: b.table.clone(),
                 source,
-                event_time,
-                lateness_ms,
             });
         }
         let sink = match &ctx.next {
             NextHop::Sink(cfg) => Some(env.sinks.create(cfg)?),
             _ => None,
         };
-        let ring = match &ctx.next {
-            NextHop::Group { members, .. } => Some(HashRing::new(*members as usize)),
-            _ => None,
-        };
         let mut input_schemas = BTreeMap::new();
-        collect_leaf_schemas(&plan, &mut input_schemas);
+        collect_leaf_schemas(&outputs[0].plan, &mut input_schemas);
+        let mut late = BTreeMap::new();
+        for e in &ctx.inputs {
+            let dead_letters = match &e.late_letters {
+                Some(config) => Some(env.sources.dead_letters(config)?.ok_or_else(|| {
+                    EngineError::plan(format!(
+                        "table {}: 'late' 'dead-letter' needs a dead-letter destination, \
+                         and its source kind {} declares none",
+                        config.location, config.kind
+                    ))
+                })?),
+                None => None,
+            };
+            let table = if e.tables.is_empty() {
+                format!("edge {}", e.shuffle_id)
+            } else {
+                e.tables.join("+")
+            };
+            late.insert(
+                e.shuffle_id,
+                LateHandling {
+                    table,
+                    dead_letters,
+                },
+            );
+        }
+        let windows = ctx
+            .inputs
+            .iter()
+            .map(|e| (e.shuffle_id, e.window.clone()))
+            .collect();
         let state = StageState {
             arena: (!ctx.inputs.is_empty()).then(|| {
                 Arena::new(
@@ -185,17 +286,19 @@ impl StageFunction {
                     ctx.inputs.iter().map(|e| e.shuffle_id).collect(),
                 )
             }),
+            windows: WindowBuffer::new(windows),
+            clocks,
             ..Default::default()
         };
         Ok(StageFunction {
             ctx,
             name,
-            plan,
+            outputs,
             task_ctx,
             readers,
             sink,
-            ring,
             input_schemas,
+            late,
             env,
             state: Mutex::new(state),
         })
@@ -207,6 +310,11 @@ impl StageFunction {
 
     pub fn context(&self) -> &CloudContext {
         &self.ctx
+    }
+
+    /// Bytes of window state this instance holds.
+    pub async fn state_bytes(&self) -> usize {
+        self.state.lock().await.windows.bytes()
     }
 
     /// Serve one invocation. Errors name the function (stage) and payload.
@@ -244,63 +352,55 @@ impl StageFunction {
         let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
         let mut offsets = vec![];
         let mut events = 0u64;
-        let mut watermark: Option<i64> = None;
-        for r in &self.readers {
-            let spec = EpochSpec {
-                instance: self.ctx.member as usize,
-                instances: self.ctx.members as usize,
-                epoch: t.epoch,
-                epochs: self.ctx.epochs,
-            };
+        let mut watermark = WatermarkMin::default();
+        let (mut drained, mut finished) = (true, true);
+        let spec = EpochSpec {
+            instance: self.ctx.member as usize,
+            instances: self.ctx.members as usize,
+            epoch: t.epoch,
+            epochs: self.ctx.epochs,
+        };
+        for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
             let mb = r.source.pull(spec).await.map_err(|e| EngineError::Source {
                 source_name: r.table.clone(),
                 reason: format!("{}: {e}", self.name),
             })?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
-            if let Some(col) = r.event_time {
-                for b in &mb.batches {
-                    if let Some(m) = max_time_ms(b.column(col).as_ref())? {
-                        state.max_event_time = Some(state.max_event_time.map_or(m, |x| x.max(m)));
-                    }
+            let progress = mb.progress();
+            drained &= progress.iter().all(|p| p.drained || p.finished);
+            finished &= progress.iter().all(|p| p.finished);
+            match clock {
+                Some(clock) => {
+                    let now = Instant::now();
+                    clock.observe(&mb.batches, &progress, now)?;
+                    watermark.add(clock.watermark(now));
                 }
-                if let Some(m) = state.max_event_time {
-                    let w = m - r.lateness_ms;
-                    watermark = Some(watermark.map_or(w, |x: i64| x.min(w)));
-                }
+                // No event time: constrains nothing.
+                None => watermark.add(Watermark::default()),
             }
             offsets.extend(mb.offsets);
             bound.insert(r.table.clone(), mb.batches);
         }
         drop(state);
-        let plan = self.bind_sources(&bound)?;
-        let header = self.header(&t.qid, t.epoch, watermark, t.last, offsets);
-        let rows_out = self.run_and_route(plan, header).await?;
+        let mut rows_out = 0;
+        for output in &self.outputs {
+            let plan = bind_sources(&output.plan, &bound)?;
+            let header = self.header(
+                output,
+                &t.qid,
+                t.epoch,
+                watermark.result(),
+                t.last,
+                offsets.clone(),
+            );
+            rows_out += self.run_and_route(output, plan, header).await?;
+        }
         Ok(Response {
             status: "ran".into(),
             events,
             rows_out,
-        })
-    }
-
-    /// The stage's plan with its source leaves bound to `bound` (per table).
-    fn bind_sources(
-        &self,
-        bound: &BTreeMap<String, Vec<RecordBatch>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        bind_leaves(&self.plan, &mut |input| match input {
-            StageInput::Source { table, projection } => {
-                let batches = bound.get(table).cloned().unwrap_or_default();
-                match projection {
-                    Some(p) => batches
-                        .iter()
-                        .map(|b| b.project(p).map_err(EngineError::from))
-                        .collect(),
-                    None => Ok(batches),
-                }
-            }
-            StageInput::Shuffle { shuffle_id } => Err(EngineError::plan(format!(
-                "source stage has a shuffle input {shuffle_id}"
-            ))),
+            drained,
+            finished,
         })
     }
 
@@ -318,7 +418,10 @@ impl StageFunction {
             name: self.name.clone(),
             reason: reason.to_string(),
         };
-        if !matches!(self.ctx.next, NextHop::Sink(_)) {
+        let [output] = self.outputs.as_slice() else {
+            return Err(refuse("pushed records need a stage with one output"));
+        };
+        if !matches!(output.next, NextHop::Sink(_)) {
             return Err(refuse(
                 "pushed records need a query whose source stage writes the sink \
                  (no shuffle, window or aggregate after the source)",
@@ -340,38 +443,54 @@ impl StageFunction {
         let events = mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
         let bound: BTreeMap<String, Vec<RecordBatch>> =
             [(reader.table.clone(), mb.batches)].into_iter().collect();
-        let plan = self.bind_sources(&bound)?;
-        let header = self.header("pushed", batch_id, None, false, mb.offsets);
-        let rows_out = self.run_and_route(plan, header).await?;
+        let plan = bind_sources(&output.plan, &bound)?;
+        let header = self.header(
+            output,
+            "pushed",
+            batch_id,
+            Watermark::default(),
+            false,
+            mb.offsets,
+        );
+        let rows_out = self.run_and_route(output, plan, header).await?;
         Ok(Response {
             status: "ran".into(),
             events,
             rows_out,
+            ..Default::default()
         })
     }
 
     /// A stage with no input at all: its rows go out with the first epoch;
     /// later epochs send empty payloads so downstream counts complete.
     async fn run_constant(&self, t: Trigger) -> Result<Response> {
-        let header = self.header(&t.qid, t.epoch, None, t.last, vec![]);
-        if t.epoch > 0 {
-            self.route(header, None).await?;
-            return Ok(Response {
-                status: "ran".into(),
-                events: 0,
-                rows_out: 0,
-            });
+        let mut rows_out = 0;
+        for output in &self.outputs {
+            let header = self.header(
+                output,
+                &t.qid,
+                t.epoch,
+                Watermark::default(),
+                t.last,
+                vec![],
+            );
+            if t.epoch > 0 {
+                self.route(output, header, None).await?;
+                continue;
+            }
+            let plan = bind_leaves(&output.plan, &mut |input| {
+                Err(EngineError::plan(format!(
+                    "constant stage has an input {input:?}"
+                )))
+            })?;
+            rows_out += self.run_and_route(output, plan, header).await?;
         }
-        let plan = bind_leaves(&self.plan, &mut |input| {
-            Err(EngineError::plan(format!(
-                "constant stage has an input {input:?}"
-            )))
-        })?;
-        let rows_out = self.run_and_route(plan, header).await?;
         Ok(Response {
             status: "ran".into(),
-            events: 0,
             rows_out,
+            finished: true,
+            drained: true,
+            ..Default::default()
         })
     }
 
@@ -418,44 +537,45 @@ impl StageFunction {
         }
         Ok(Response {
             status: "ran".into(),
-            events: 0,
             rows_out,
+            ..Default::default()
         })
     }
 
     async fn run_epoch(&self, state: &mut StageState, input: EpochInput) -> Result<u64> {
         let qid = self.ctx.query_code.clone();
+        let epoch = input.epoch;
+        // The stage's watermark never goes back.
+        state.watermark = Watermark {
+            value: match (state.watermark.value, input.watermark.value) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            idle: input.watermark.idle,
+        };
+        let output = &self.outputs[0];
         let header = self.header(
+            output,
             &qid,
-            input.epoch,
-            input.watermark,
+            epoch,
+            state.watermark,
             input.last,
             input.offsets.clone(),
         );
-        let windows: BTreeMap<u32, Option<EdgeWindow>> = self
-            .ctx
-            .inputs
-            .iter()
-            .map(|e| (e.shuffle_id, e.window.clone()))
-            .collect();
-        let windowed = !windows.is_empty() && windows.values().all(Option::is_some);
-        let has_rows = input.edges.values().flatten().any(|b| b.num_rows() > 0);
         let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
-            StageMode::Stream => has_rows.then_some(input.edges),
-            StageMode::Complete if windowed => has_rows.then_some(input.edges),
+            StageMode::Stream => Some(input.edges),
             StageMode::Complete | StageMode::Accumulate => {
                 for (edge, batches) in input.edges {
-                    state
-                        .buffered
-                        .entry(edge)
-                        .or_default()
-                        .extend(batches.into_iter().filter(|b| b.num_rows() > 0));
+                    let late = state.windows.add(edge, batches)?;
+                    self.set_aside_late(epoch, late).await?;
                 }
                 if input.last {
-                    Some(std::mem::take(&mut state.buffered))
-                } else if self.ctx.mode == StageMode::Accumulate && windowed {
-                    match input.watermark {
-                        Some(wm) => Some(take_closed_windows(&mut state.buffered, &windows, wm)?),
+                    Some(state.windows.take_all())
+                } else if state.windows.is_windowed() {
+                    // Every input's senders have passed the watermark, so a
+                    // window it closes is complete on every side.
+                    match state.watermark.value {
+                        Some(wm) => Some(state.windows.release(wm)?),
                         None => None,
                     }
                 } else {
@@ -466,11 +586,11 @@ impl StageFunction {
         let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
         match to_run {
             None => {
-                self.route(header, None).await?;
+                self.route(output, header, None).await?;
                 Ok(0)
             }
             Some(mut edges) => {
-                let plan = bind_leaves(&self.plan, &mut |input| match input {
+                let plan = bind_leaves(&output.plan, &mut |input| match input {
                     StageInput::Shuffle { shuffle_id } => {
                         Ok(edges.remove(shuffle_id).unwrap_or_default())
                     }
@@ -479,16 +599,51 @@ impl StageFunction {
                         self.name
                     ))),
                 })?;
-                self.run_and_route(plan, header).await
+                self.run_and_route(output, plan, header).await
             }
         }
     }
 
+    /// Count late rows per table and send them to their table's dead-letter
+    /// destination where it asks for that; they are never emitted.
+    async fn set_aside_late(&self, epoch: u64, late: Vec<LateRows>) -> Result<()> {
+        for l in late {
+            let Some(handling) = self.late.get(&l.edge) else {
+                continue;
+            };
+            let n = l.batch.num_rows();
+            self.env.late.add(&handling.table, n as u64);
+            tracing::debug!(stage = %self.name, table = %handling.table, rows = n, "late rows");
+            let Some(dlq) = &handling.dead_letters else {
+                continue;
+            };
+            let letters: Vec<DeadLetter> = rows_as_json(&l.batch)?
+                .into_iter()
+                .zip(l.windows)
+                .enumerate()
+                .map(|(i, (row, window))| DeadLetter {
+                    table: handling.table.clone(),
+                    reason: "late".into(),
+                    window: Some(window),
+                    row,
+                    // The same on a replay of this epoch.
+                    key: format!(
+                        "{}/late/{}/{epoch}/{}/{i}",
+                        handling.table, self.name, l.edge
+                    ),
+                })
+                .collect();
+            dlq.send(&letters).await?;
+        }
+        Ok(())
+    }
+
     fn header(
         &self,
+        output: &StageOutput,
         qid: &str,
         epoch: u64,
-        watermark: Option<i64>,
+        watermark: Watermark,
         last: bool,
         offsets: Vec<SourceOffset>,
     ) -> PayloadHeader {
@@ -497,9 +652,10 @@ impl StageFunction {
             seq_num: self.ctx.member,
             seq_len: self.ctx.members,
             epoch,
-            shuffle_id: self.ctx.stage,
+            shuffle_id: output.shuffle_id,
             encoding: self.ctx.encoding,
-            watermark,
+            watermark: watermark.value,
+            idle: watermark.idle,
             last,
             offsets,
         }
@@ -508,6 +664,7 @@ impl StageFunction {
     /// Execute the bound plan and send its output on.
     async fn run_and_route(
         &self,
+        output: &StageOutput,
         plan: Arc<dyn ExecutionPlan>,
         header: PayloadHeader,
     ) -> Result<u64> {
@@ -522,7 +679,8 @@ impl StageFunction {
         }))
         .await?;
         let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
-        self.route(header, Some((plan.schema(), outputs))).await?;
+        self.route(output, header, Some((plan.schema(), outputs)))
+            .await?;
         Ok(rows)
     }
 
@@ -530,17 +688,17 @@ impl StageFunction {
     /// metadata-only payloads that let downstream counts complete.
     async fn route(
         &self,
+        output: &StageOutput,
         header: PayloadHeader,
-        output: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>,
+        rows: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>,
     ) -> Result<()> {
-        let (schema, parts) = match output {
-            Some((s, p)) => (Some(s), p),
-            None => (None, vec![]),
+        let (schema, parts) = match rows {
+            Some((s, p)) => (s, p),
+            None => (output.plan.schema(), vec![]),
         };
-        match &self.ctx.next {
+        match &output.next {
             NextHop::Sink(_) => {
                 let sink = self.sink.as_ref().expect("sink stage has a sink");
-                let schema = schema.unwrap_or_else(|| self.plan.schema());
                 sink.write(SinkWrite {
                     query: &self.ctx.query_code,
                     epoch: header.epoch,
@@ -554,17 +712,20 @@ impl StageFunction {
             }
             NextHop::Single { stage } => {
                 let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
-                self.send(*stage, 0, &header, schema, batches).await
+                self.send(*stage, 0, &header, &schema, batches).await
             }
             NextHop::Group { stage, members } => {
-                let ring = self.ring.as_ref().expect("group hop has a ring");
+                let ring = output.ring.as_ref().expect("group hop has a ring");
                 let mut per_member: Vec<Vec<RecordBatch>> = vec![vec![]; *members as usize];
                 for (partition, batches) in parts.into_iter().enumerate() {
                     per_member[ring.member_for(partition)].extend(batches);
                 }
-                try_join_all(per_member.into_iter().enumerate().map(|(m, batches)| {
-                    self.send(*stage, m as u32, &header, schema.clone(), batches)
-                }))
+                try_join_all(
+                    per_member
+                        .into_iter()
+                        .enumerate()
+                        .map(|(m, batches)| self.send(*stage, m as u32, &header, &schema, batches)),
+                )
                 .await
                 .map(|_| ())
             }
@@ -576,7 +737,7 @@ impl StageFunction {
         stage: u32,
         member: u32,
         header: &PayloadHeader,
-        schema: Option<SchemaRef>,
+        schema: &SchemaRef,
         batches: Vec<RecordBatch>,
     ) -> Result<()> {
         let kind = if self.ctx.invoke_async {
@@ -588,8 +749,7 @@ impl StageFunction {
             InvocationType::Sync => SYNC_PAYLOAD_LIMIT,
             InvocationType::Async => ASYNC_PAYLOAD_LIMIT,
         };
-        let schema = schema.unwrap_or_else(|| self.plan.schema());
-        let payloads = encode_payloads(header, &schema, &batches, limit)?;
+        let payloads = encode_payloads(header, schema, &batches, limit)?;
         let target = function_name(&self.ctx.query_code, stage, member);
         for p in payloads {
             invoke_with_retry(
@@ -604,6 +764,28 @@ impl StageFunction {
         }
         Ok(())
     }
+}
+
+/// `plan` with its source leaves bound to `bound` (per table).
+fn bind_sources(
+    plan: &Arc<dyn ExecutionPlan>,
+    bound: &BTreeMap<String, Vec<RecordBatch>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    bind_leaves(plan, &mut |input| match input {
+        StageInput::Source { table, projection } => {
+            let batches = bound.get(table).cloned().unwrap_or_default();
+            match projection {
+                Some(p) => batches
+                    .iter()
+                    .map(|b| b.project(p).map_err(EngineError::from))
+                    .collect(),
+                None => Ok(batches),
+            }
+        }
+        StageInput::Shuffle { shuffle_id } => Err(EngineError::plan(format!(
+            "source stage has a shuffle input {shuffle_id}"
+        ))),
+    })
 }
 
 fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {
@@ -625,113 +807,4 @@ fn bind_leaves(
     rewrite_leaves(plan, &mut |leaf, _| {
         Ok(Arc::new(leaf.bind(data(&leaf.input)?)) as Arc<dyn ExecutionPlan>)
     })
-}
-
-fn max_time_ms(col: &dyn Array) -> Result<Option<i64>> {
-    let ms = cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
-    let ms = ms
-        .as_any()
-        .downcast_ref::<TimestampMillisecondArray>()
-        .ok_or_else(|| EngineError::plan("event time column is not a timestamp"))?;
-    Ok(arrow_max(ms))
-}
-
-/// Remove and return the buffered rows whose window ended at or before the
-/// watermark; rows of open windows stay buffered.
-fn take_closed_windows(
-    buffered: &mut BTreeMap<u32, Vec<RecordBatch>>,
-    windows: &BTreeMap<u32, Option<EdgeWindow>>,
-    watermark: i64,
-) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
-    let mut closed = BTreeMap::new();
-    for (edge, batches) in buffered.iter_mut() {
-        let closed_keys = match windows.get(edge) {
-            Some(Some(EdgeWindow::Session(spec))) => {
-                Some(closed_session_keys(batches, spec, watermark)?)
-            }
-            Some(Some(EdgeWindow::Fixed(_))) => None,
-            _ => continue,
-        };
-        let mut keep = vec![];
-        let mut out = vec![];
-        for b in batches.drain(..) {
-            let is_closed: BooleanArray = match (windows.get(edge), &closed_keys) {
-                (Some(Some(EdgeWindow::Fixed(w))), _) => {
-                    let ends = window_ends(b.column(w.index).as_ref(), w.size_ms)?;
-                    ends.iter()
-                        .map(|e| Some(e.is_some_and(|e| e <= watermark)))
-                        .collect()
-                }
-                (Some(Some(EdgeWindow::Session(spec))), Some(keys)) => {
-                    let rows = session_keys(&b, spec)?;
-                    rows.iter().map(|k| Some(keys.contains(k))).collect()
-                }
-                _ => unreachable!("only fixed and session edges release rows"),
-            };
-            let is_open: BooleanArray = is_closed.iter().map(|c| c.map(|c| !c)).collect();
-            let c = filter_record_batch(&b, &is_closed)?;
-            let o = filter_record_batch(&b, &is_open)?;
-            if c.num_rows() > 0 {
-                out.push(c);
-            }
-            if o.num_rows() > 0 {
-                keep.push(o);
-            }
-        }
-        *batches = keep;
-        closed.insert(*edge, out);
-    }
-    Ok(closed)
-}
-
-/// The key of every row of a batch, as text (keys are compared, not used).
-fn session_keys(batch: &RecordBatch, spec: &SessionSpec) -> Result<Vec<String>> {
-    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-    let opts = FormatOptions::default();
-    let formatters = spec
-        .keys
-        .iter()
-        .map(|i| ArrayFormatter::try_new(batch.column(*i).as_ref(), &opts))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok((0..batch.num_rows())
-        .map(|r| {
-            formatters
-                .iter()
-                .map(|f| f.value(r).to_string())
-                .collect::<Vec<_>>()
-                .join("\u{1f}")
-        })
-        .collect())
-}
-
-/// Keys whose last row is more than the gap behind the watermark: no later
-/// row can extend their sessions, so all their rows can be released.
-fn closed_session_keys(
-    batches: &[RecordBatch],
-    spec: &SessionSpec,
-    watermark: i64,
-) -> Result<std::collections::HashSet<String>> {
-    let mut last: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    for b in batches {
-        let keys = session_keys(b, spec)?;
-        let times = cast(
-            b.column(spec.time).as_ref(),
-            &DataType::Timestamp(TimeUnit::Millisecond, None),
-        )?;
-        let times = times
-            .as_any()
-            .downcast_ref::<TimestampMillisecondArray>()
-            .ok_or_else(|| EngineError::plan("session time column is not a timestamp"))?;
-        for (k, t) in keys.into_iter().zip(times.iter()) {
-            if let Some(t) = t {
-                let e = last.entry(k).or_insert(t);
-                *e = (*e).max(t);
-            }
-        }
-    }
-    Ok(last
-        .into_iter()
-        .filter(|(_, t)| t + spec.gap_ms < watermark)
-        .map(|(k, _)| k)
-        .collect())
 }

@@ -6,7 +6,9 @@
 //! * [`payload`] is the envelope data travels in; [`arena`] collects it;
 //! * [`function`] is the one generic handler; [`local`] runs it in-process;
 //! * [`invoke`] holds the traits the Lambda backend implements too;
-//! * [`source`] and [`sink`] are the traits connectors implement.
+//! * [`source`] and [`sink`] are the traits connectors implement;
+//! * [`watermark`] is event time at the sources; [`window_state`] holds the
+//!   open windows of a stage.
 
 pub mod arena;
 pub mod backoff;
@@ -24,6 +26,8 @@ pub mod ring;
 pub mod sink;
 pub mod source;
 pub mod verify;
+pub mod watermark;
 pub mod window;
+pub mod window_state;
 
 pub use error::{EngineError, Result};

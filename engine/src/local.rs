@@ -13,7 +13,7 @@ use tokio::sync::{OnceCell, RwLock, Semaphore};
 
 use crate::context::{CONTEXT_ENV, CloudContext};
 use crate::error::{EngineError, Result};
-use crate::function::{FunctionEnv, StageFunction};
+use crate::function::{FunctionEnv, LateCounts, StageFunction};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker};
 use crate::sink::SinkRegistry;
 use crate::source::SourceRegistry;
@@ -61,6 +61,7 @@ pub struct LocalRuntime {
     sinks: SinkRegistry,
     store: Arc<dyn object_store::ObjectStore>,
     stats: RuntimeStats,
+    late: Arc<LateCounts>,
     in_flight: AtomicU64,
     idle: tokio::sync::Notify,
     dead_letters: std::sync::Mutex<Vec<FailedInvocation>>,
@@ -93,6 +94,7 @@ impl LocalRuntime {
             sinks,
             store,
             stats: RuntimeStats::default(),
+            late: Arc::default(),
             in_flight: AtomicU64::new(0),
             idle: tokio::sync::Notify::new(),
             dead_letters: std::sync::Mutex::new(vec![]),
@@ -119,6 +121,11 @@ impl LocalRuntime {
         &self.stats
     }
 
+    /// Late rows the functions of this runtime set aside, per table.
+    pub fn late_rows(&self) -> BTreeMap<String, u64> {
+        self.late.by_table()
+    }
+
     pub fn store(&self) -> Arc<dyn object_store::ObjectStore> {
         self.store.clone()
     }
@@ -138,6 +145,7 @@ impl LocalRuntime {
             store: Some(self.store.clone()),
             invoker: me,
             max_backoff: Duration::from_millis(500),
+            late: self.late.clone(),
         }
     }
 

@@ -80,6 +80,10 @@ pub struct Payload {
     /// Event-time watermark (ms since the epoch) of the sender, if any.
     #[serde(default)]
     pub watermark: Option<i64>,
+    /// Every source behind the sender is idle: its watermark does not hold
+    /// the receiver back (see `watermark.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idle: bool,
     /// True on the last epoch of a bounded run: stateful stages flush.
     #[serde(default)]
     pub last: bool,
@@ -269,6 +273,7 @@ pub struct PayloadHeader {
     pub shuffle_id: u32,
     pub encoding: Encoding,
     pub watermark: Option<i64>,
+    pub idle: bool,
     pub last: bool,
     pub offsets: Vec<SourceOffset>,
 }
@@ -306,6 +311,7 @@ pub fn encode_payloads(
             shuffle_id: header.shuffle_id,
             encoding: header.encoding,
             watermark: header.watermark,
+            idle: header.idle,
             last: header.last,
             // Offsets ride on the first fragment only; they describe the whole send.
             offsets: if i == 0 {
@@ -427,6 +433,7 @@ mod tests {
             shuffle_id: 1,
             encoding,
             watermark: Some(42),
+            idle: false,
             last: false,
             offsets: vec![],
         }

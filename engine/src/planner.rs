@@ -34,7 +34,8 @@ use sha2::{Digest, Sha256};
 
 use crate::codec::{plan_to_bytes, schema_to_bytes};
 use crate::context::{
-    CloudContext, EdgeWindow, InputEdge, NextHop, SourceBinding, StageMode, function_name,
+    CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding, StageMode,
+    function_name,
 };
 use crate::error::{EngineError, Result};
 use crate::exec::{
@@ -43,6 +44,7 @@ use crate::exec::{
 use crate::payload::Encoding;
 use crate::sink::SinkConfig;
 use crate::source::{SourceConfig, SourceRegistry};
+use crate::watermark::OPT_LATE;
 use crate::window::{
     SessionSpec, WINDOW_START, WindowColumn, find_window_column, has_session_column, hop_udf,
     literal_interval_ms, session_gap_ms, session_udwf, tumble_udf,
@@ -104,6 +106,21 @@ pub struct Stage {
     pub mode: StageMode,
     pub concurrency: usize,
     pub windows: Vec<Option<EdgeWindow>>,
+    /// Per input edge: the source tables its rows come from.
+    pub input_tables: Vec<Vec<SourceLeaf>>,
+    /// A source stage's further outputs from the same read (other stages
+    /// that scanned the same table, merged into this one).
+    pub extra_outputs: Vec<MergedOutput>,
+}
+
+/// The output of a source stage merged into another that reads the same
+/// table: its id stays the edge id its consumer knows.
+#[derive(Debug, Clone)]
+pub struct MergedOutput {
+    pub shuffle_id: u32,
+    pub plan: Arc<dyn ExecutionPlan>,
+    pub output: Exchange,
+    pub consumer: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -356,6 +373,8 @@ impl Cutter {
             mode: StageMode::Stream,
             concurrency: STATELESS_CONCURRENCY,
             windows: vec![],
+            input_tables: vec![],
+            extra_outputs: vec![],
         };
         self.stages.insert(id, stage);
         Ok(id)
@@ -568,7 +587,64 @@ impl Cutter {
                 return Err(EngineError::plan(format!("source stage {id} is stateful")));
             }
         }
+        for id in &ids {
+            let tables = self.stages[id]
+                .inputs
+                .iter()
+                .map(|(up, _)| self.tables_behind(*up))
+                .collect();
+            self.stages.get_mut(id).expect("stage").input_tables = tables;
+        }
+        self.merge_scans_of_one_table();
         Ok(self.stages.into_values().collect())
+    }
+
+    /// The source tables whose rows reach stage `id`'s output.
+    fn tables_behind(&self, id: u32) -> Vec<SourceLeaf> {
+        let s = &self.stages[&id];
+        let mut out = s.sources.clone();
+        for (up, _) in &s.inputs {
+            for t in self.tables_behind(*up) {
+                if !out.iter().any(|o| o.table == t.table) {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
+    /// A table scanned in several places (a self-join) would otherwise be
+    /// pulled by several source stages, each with a consumer of its own that
+    /// stops at different offsets: windows would split between epochs, and
+    /// events would be counted twice. Source stages that read the same table
+    /// become one, which pulls once and feeds every consumer.
+    fn merge_scans_of_one_table(&mut self) {
+        let mut by_table: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for s in self.stages.values() {
+            let mergeable = s.kind == StageKind::Source
+                && s.inputs.is_empty()
+                && s.sources.len() == 1
+                && s.consumer.is_some()
+                && s.output != Exchange::Sink;
+            if mergeable {
+                let src = &s.sources[0];
+                let key = format!("{}\u{1f}{:?}", src.table, src.config);
+                by_table.entry(key).or_default().push(s.id);
+            }
+        }
+        for ids in by_table.into_values().filter(|ids| ids.len() > 1) {
+            let (primary, others) = ids.split_first().expect("two or more");
+            for other in others {
+                let s = self.stages.remove(other).expect("stage");
+                let p = self.stages.get_mut(primary).expect("stage");
+                p.extra_outputs.push(MergedOutput {
+                    shuffle_id: s.id,
+                    plan: s.plan,
+                    output: s.output,
+                    consumer: s.consumer,
+                });
+            }
+        }
     }
 
     /// Stages are created children-first, so upstream modes are known.
@@ -605,6 +681,8 @@ impl Cutter {
                 mode: StageMode::Stream,
                 concurrency: STATELESS_CONCURRENCY,
                 windows: vec![],
+                input_tables: vec![],
+                extra_outputs: vec![],
             });
             inputs.push((scan_id, Exchange::Single));
             Arc::new(StageInputExec::new(
@@ -640,6 +718,14 @@ fn replace_source_leaves(
             StageInput::Shuffle { .. } => node.clone(),
         })
     })
+}
+
+fn describe_output(output: Exchange, consumer: Option<u32>, sink: &str) -> String {
+    match (output, consumer) {
+        (Exchange::Hash(n), Some(c)) => format!("hash exchange -> stage {c} ({n} members)"),
+        (Exchange::Single, Some(c)) => format!("gather -> stage {c}"),
+        _ => format!("sink {sink}"),
+    }
 }
 
 /// The window column of an exchange schema: a field with window metadata,
@@ -787,6 +873,17 @@ impl QueryPlan {
             .expect("stage id from this plan")
     }
 
+    /// The stage that sends on edge `shuffle_id`: the stage of that id, or
+    /// the source stage one of whose merged outputs it is.
+    pub fn sender(&self, shuffle_id: u32) -> &Stage {
+        self.stages
+            .iter()
+            .find(|s| {
+                s.id == shuffle_id || s.extra_outputs.iter().any(|o| o.shuffle_id == shuffle_id)
+            })
+            .expect("edge id from this plan")
+    }
+
     pub fn source_stages(&self) -> impl Iterator<Item = &Stage> {
         self.stages.iter().filter(|s| s.kind == StageKind::Source)
     }
@@ -804,22 +901,35 @@ impl QueryPlan {
         let mut out = vec![];
         for s in &self.stages {
             let plan = plan_to_bytes(s.plan.clone())?;
-            let next = match (s.output, s.consumer) {
-                (Exchange::Sink, _) | (_, None) => NextHop::Sink(self.sink.clone()),
-                (Exchange::Hash(n), Some(c)) => NextHop::Group {
-                    stage: c,
-                    members: n as u32,
-                },
-                (Exchange::Single, Some(c)) => NextHop::Single { stage: c },
-            };
+            let next = self.next_hop(s.output, s.consumer);
+            let extra_outputs = s
+                .extra_outputs
+                .iter()
+                .map(|o| {
+                    Ok(ExtraOutput {
+                        shuffle_id: o.shuffle_id,
+                        plan: plan_to_bytes(o.plan.clone())?,
+                        next: self.next_hop(o.output, o.consumer),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
             let inputs = s
                 .inputs
                 .iter()
-                .zip(s.windows.iter().chain(std::iter::repeat(&None)))
-                .map(|((up, _), w)| InputEdge {
-                    shuffle_id: *up,
-                    senders: self.stage(*up).members,
-                    window: w.clone(),
+                .enumerate()
+                .map(|(i, (up, _))| {
+                    let tables = s.input_tables.get(i).cloned().unwrap_or_default();
+                    let late_letters = tables
+                        .iter()
+                        .find(|t| t.config.option(OPT_LATE) == Some("dead-letter"))
+                        .map(|t| t.config.clone());
+                    InputEdge {
+                        shuffle_id: *up,
+                        senders: self.sender(*up).members,
+                        window: s.windows.get(i).cloned().flatten(),
+                        tables: tables.into_iter().map(|t| t.table).collect(),
+                        late_letters,
+                    }
                 })
                 .collect();
             let sources = s
@@ -845,6 +955,7 @@ impl QueryPlan {
                         inputs: Vec::clone(&inputs),
                         sources: sources.clone(),
                         next: next.clone(),
+                        extra_outputs: extra_outputs.clone(),
                         encoding: options.encoding,
                         invoke_async: options.invoke_async,
                         epochs,
@@ -854,6 +965,17 @@ impl QueryPlan {
             }
         }
         Ok(out)
+    }
+
+    fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {
+        match (output, consumer) {
+            (Exchange::Sink, _) | (_, None) => NextHop::Sink(self.sink.clone()),
+            (Exchange::Hash(n), Some(c)) => NextHop::Group {
+                stage: c,
+                members: n as u32,
+            },
+            (Exchange::Single, Some(c)) => NextHop::Single { stage: c },
+        }
     }
 
     /// `skein explain`: the DAG in words.
@@ -878,11 +1000,7 @@ impl QueryPlan {
             } else {
                 names.join(", ")
             };
-            let output = match (s.output, s.consumer) {
-                (Exchange::Hash(n), Some(c)) => format!("hash exchange -> stage {c} ({n} members)"),
-                (Exchange::Single, Some(c)) => format!("gather -> stage {c}"),
-                _ => format!("sink {}", self.sink.kind),
-            };
+            let output = describe_output(s.output, s.consumer, &self.sink.kind);
             let _ = writeln!(
                 out,
                 "\nstage {:02} [{:?}, {:?}] members {} concurrency {} -> {}\n  functions: {}",
@@ -914,6 +1032,21 @@ impl QueryPlan {
             {
                 let _ = writeln!(out, "    {line}");
             }
+            for o in &s.extra_outputs {
+                let _ = writeln!(
+                    out,
+                    "  from the same read, edge {} -> {}",
+                    o.shuffle_id,
+                    describe_output(o.output, o.consumer, &self.sink.kind)
+                );
+                for line in displayable(o.plan.as_ref())
+                    .indent(true)
+                    .to_string()
+                    .lines()
+                {
+                    let _ = writeln!(out, "    {line}");
+                }
+            }
         }
         out
     }
@@ -932,6 +1065,11 @@ impl QueryPlan {
                 "concurrency": s.concurrency,
                 "output": s.output,
                 "consumer": s.consumer,
+                "extra_outputs": s.extra_outputs.iter().map(|o| serde_json::json!({
+                    "edge": o.shuffle_id,
+                    "output": o.output,
+                    "consumer": o.consumer,
+                })).collect::<Vec<_>>(),
                 "functions": (0..s.members).map(|m| function_name(&self.query_code, s.id, m)).collect::<Vec<_>>(),
                 "operators": displayable(s.plan.as_ref()).indent(true).to_string().lines().map(|l| l.trim().to_string()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),

@@ -45,6 +45,68 @@ pub struct MicroBatch {
     pub batches: Vec<RecordBatch>,
     /// Where this instance now stands in its partitions.
     pub offsets: Vec<SourceOffset>,
+    /// Per partition (Kafka partition, Kinesis shard) the instance owns:
+    /// which batches came from it and how far the pull got. Event time is
+    /// tracked per partition from this. A source that leaves it empty is
+    /// taken as one partition holding every batch (see [`MicroBatch::progress`]).
+    pub partitions: Vec<PartitionProgress>,
+}
+
+/// How far one pull got in one partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionProgress {
+    /// The partition's name: a Kafka partition number, a shard id.
+    pub partition: String,
+    /// Indexes into [`MicroBatch::batches`] of the batches read from it.
+    pub batches: Vec<usize>,
+    /// The pull reached the end of what the partition holds right now.
+    pub caught_up: bool,
+    /// The partition reached the end it had when the source was opened
+    /// (what `--until-drained` waits for).
+    pub drained: bool,
+    /// Nothing will ever come again (a bounded source that is exhausted).
+    pub finished: bool,
+}
+
+impl MicroBatch {
+    /// The per-partition progress, or, for a source that does not report
+    /// partitions, one partition holding every batch that is caught up (and
+    /// drained) when the pull found nothing.
+    pub fn progress(&self) -> Vec<PartitionProgress> {
+        if !self.partitions.is_empty() {
+            return self.partitions.clone();
+        }
+        let empty = self.batches.iter().all(|b| b.num_rows() == 0);
+        vec![PartitionProgress {
+            partition: "0".into(),
+            batches: (0..self.batches.len()).collect(),
+            caught_up: empty,
+            drained: empty,
+            finished: false,
+        }]
+    }
+
+    /// One partition holding every batch, with the given state: for sources
+    /// that read one partition per instance (the generators).
+    pub fn single_partition(
+        batches: Vec<RecordBatch>,
+        offsets: Vec<SourceOffset>,
+        partition: impl Into<String>,
+        finished: bool,
+    ) -> Self {
+        let progress = PartitionProgress {
+            partition: partition.into(),
+            batches: (0..batches.len()).collect(),
+            caught_up: finished,
+            drained: finished,
+            finished,
+        };
+        MicroBatch {
+            batches,
+            offsets,
+            partitions: vec![progress],
+        }
+    }
 }
 
 #[async_trait]
@@ -79,9 +141,40 @@ pub struct PushedRecord {
     pub data: Vec<u8>,
 }
 
+/// A record a query could not use, on its way to its table's dead-letter
+/// destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The table (and so the source) the record came from.
+    pub table: String,
+    /// Why it was set aside, e.g. `late`.
+    pub reason: String,
+    /// For a late row: the window it belongs to, `[start, end)` in ms.
+    pub window: Option<(i64, i64)>,
+    /// The row as a JSON object.
+    pub row: String,
+    /// Names the letter; a replay produces the same key, so a compacted
+    /// destination keeps one copy.
+    pub key: String,
+}
+
+/// Where a source's dead letters go (a topic, a stream).
+#[async_trait]
+pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
+    /// Deliver the letters; returns once the destination has them.
+    async fn send(&self, letters: &[DeadLetter]) -> Result<()>;
+}
+
 /// Builds sources from their config. One factory per kind.
 pub trait SourceFactory: Send + Sync {
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>>;
+
+    /// The table's dead-letter destination, if it declares one. Stages
+    /// after the source use it for rows they reject (late rows).
+    fn dead_letters(&self, config: &SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>> {
+        let _ = config;
+        Ok(None)
+    }
 }
 
 /// The one place that lists the source kinds a binary knows.
@@ -102,8 +195,16 @@ impl SourceRegistry {
     }
 
     pub fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
-        let factory = self
-            .factories
+        self.factory(config)?.create(config, schema)
+    }
+
+    /// The dead-letter destination a table declares, if any.
+    pub fn dead_letters(&self, config: &SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>> {
+        self.factory(config)?.dead_letters(config)
+    }
+
+    fn factory(&self, config: &SourceConfig) -> Result<&Arc<dyn SourceFactory>> {
+        self.factories
             .get(&config.kind.to_ascii_uppercase())
             .ok_or_else(|| EngineError::Source {
                 source_name: config.location.clone(),
@@ -112,8 +213,7 @@ impl SourceRegistry {
                     config.kind,
                     self.kinds()
                 ),
-            })?;
-        factory.create(config, schema)
+            })
     }
 }
 
@@ -162,14 +262,17 @@ impl Source for MemorySource {
                 out.push(b.slice(s - lo, e - s));
             }
         }
-        Ok(MicroBatch {
-            batches: out,
-            offsets: vec![SourceOffset {
-                source: "memory".into(),
-                partition: spec.instance as i32,
-                offset: end as i64,
-            }],
-        })
+        let offsets = vec![SourceOffset {
+            source: "memory".into(),
+            partition: spec.instance as i32,
+            offset: end as i64,
+        }];
+        Ok(MicroBatch::single_partition(
+            out,
+            offsets,
+            spec.instance.to_string(),
+            end >= rows,
+        ))
     }
 }
 

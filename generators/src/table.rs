@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
@@ -146,6 +147,29 @@ impl Split {
         })
     }
 
+    /// One instance's pull: its one partition, at `offset`, finished when
+    /// the slice read up to `end` has no events left (only a table with a
+    /// number of `events` ever ends).
+    fn micro_batch(
+        &self,
+        generator: &str,
+        batches: Vec<RecordBatch>,
+        spec: &EpochSpec,
+        slice: Slice,
+        end: u64,
+        offset: u64,
+    ) -> MicroBatch {
+        let offsets = vec![SourceOffset {
+            source: format!("{generator}/{}", self.table),
+            partition: spec.instance as i32,
+            offset: offset as i64,
+        }];
+        let finished = self
+            .max_events
+            .is_some_and(|total| end >= slice.len_of(total));
+        MicroBatch::single_partition(batches, offsets, spec.instance.to_string(), finished)
+    }
+
     /// This instance's slice and its `[start, end)` events of this epoch;
     /// `rate` is the generator's events per second of event time.
     fn range(&self, spec: &EpochSpec, rate: u64) -> Result<(Slice, u64, u64)> {
@@ -239,14 +263,9 @@ impl Source for NexmarkSource {
                 break;
             }
         }
-        Ok(MicroBatch {
-            batches,
-            offsets: vec![SourceOffset {
-                source: format!("nexmark/{table}"),
-                partition: spec.instance as i32,
-                offset: end as i64,
-            }],
-        })
+        Ok(self
+            .split
+            .micro_batch("nexmark", batches, &spec, slice, end, end))
     }
 }
 
@@ -319,14 +338,9 @@ impl Source for YsbSource {
         if !builder.is_empty() {
             batches.push(builder.finish().map_err(|e| bad(table, e.to_string()))?);
         }
-        Ok(MicroBatch {
-            batches,
-            offsets: vec![SourceOffset {
-                source: format!("ysb/{table}"),
-                partition: spec.instance as i32,
-                offset: produced as i64,
-            }],
-        })
+        Ok(self
+            .split
+            .micro_batch("ysb", batches, &spec, slice, end, produced))
     }
 }
 

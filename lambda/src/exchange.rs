@@ -206,6 +206,7 @@ fn header(tag: &str) -> PayloadHeader {
         shuffle_id: 0,
         encoding: Encoding::Zstd,
         watermark: None,
+        idle: false,
         last: false,
         offsets: vec![],
     }

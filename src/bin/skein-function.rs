@@ -242,6 +242,7 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         store,
         invoker: Arc::new(LambdaInvoker::new(&sdk)),
         max_backoff: Duration::from_secs(2),
+        late: Default::default(),
     };
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");
