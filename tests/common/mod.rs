@@ -20,6 +20,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
+
+pub mod kafka;
 use aws_sdk_lambda::config::Credentials;
 
 pub const START_HINT: &str =
