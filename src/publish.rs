@@ -480,21 +480,53 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     })
 }
 
+/// The most events per second of event time: one per nanosecond, the YSB
+/// generator's resolution.
+const MAX_EVENT_RATE: u64 = 1_000_000_000;
+
 /// Events per second of event time: `--event-rate`, else `--rate`, else the
 /// benchmark generator's default.
 fn event_rate(a: &GenArgs) -> Result<u64> {
     if a.event_rate == Some(0) {
         bail!("--event-rate must be at least 1 event/s");
     }
-    Ok(a.event_rate.or(a.rate).unwrap_or(match a.benchmark {
+    let rate = a.event_rate.or(a.rate).unwrap_or(match a.benchmark {
         Benchmark::Nexmark => NexmarkConfig::default().first_event_rate,
         Benchmark::Ysb => YsbConfig::default().events_per_second,
-    }))
+    });
+    if rate > MAX_EVENT_RATE {
+        bail!("event rate {rate}/s (--event-rate, default --rate) is above {MAX_EVENT_RATE}/s");
+    }
+    Ok(rate)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Gen {
+        #[command(flatten)]
+        args: GenArgs,
+    }
+
+    fn event_rate_of(flags: &str) -> Result<u64> {
+        let argv = format!("gen --to kinesis://s {flags}");
+        event_rate(&Gen::try_parse_from(argv.split_whitespace())?.args)
+    }
+
+    #[test]
+    fn the_event_rate_defaults_to_the_rate_then_to_the_generator() {
+        assert_eq!(event_rate_of("nexmark").unwrap(), 10_000);
+        assert_eq!(event_rate_of("ysb").unwrap(), 100_000);
+        assert_eq!(event_rate_of("ysb --rate 500").unwrap(), 500);
+        assert_eq!(event_rate_of("ysb --rate 500 --event-rate 7").unwrap(), 7);
+        for bad in ["nexmark --event-rate 0", "ysb --rate 2000000000"] {
+            let err = event_rate_of(bad).unwrap_err().to_string();
+            assert!(err.contains("--event-rate"), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn destinations_parse_or_say_what_is_expected() {
