@@ -8,9 +8,17 @@
 //! goes to one topic or stream per table, `<name>-person`, `<name>-auction`
 //! and `<name>-bid`, or just `<name>` with `--table`.
 //!
-//! With `--rate` the publisher paces itself against the wall clock and event
-//! time advances at the same rate from now; the progress bar shows how far
-//! it lags behind that target.
+//! With `--rate` the publisher paces itself against the wall clock; the
+//! progress bar shows how far it lags behind that target. Event time starts
+//! now and advances at `--event-rate` events per second (default `--rate`,
+//! else the benchmark generator's own rate), whatever the wall clock does.
+//!
+//! Within a Kafka partition records are in event-time order: writes to one
+//! topic are enqueued in generation order and only their acknowledgements
+//! are awaited concurrently (`--in-flight`); the idempotent producer keeps a
+//! partition in queue order through retries. Kinesis writes to one stream
+//! run one after another, so shards are in order too unless PutRecords
+//! throttles some entries: those are retried after the entries that got in.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +30,7 @@ use datafusion::arrow::array::{BinaryBuilder, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use indicatif::{ProgressBar, ProgressStyle};
 use skein_engine::sink::{Sink, SinkWrite};
+use skein_sinks::kafka::Acks;
 use skein_generators::nexmark::{EventKind, JsonLayout, NexmarkConfig, NexmarkGenerator};
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
 use skein_sinks::kafka::KafkaSink;
@@ -54,10 +63,14 @@ pub struct GenArgs {
     /// Events to publish (all tables together for NEXMark).
     #[arg(long)]
     pub events: Option<u64>,
-    /// Events per second of wall-clock time (and of event time); as fast as
-    /// possible without it.
+    /// Events per second of wall-clock time; as fast as possible without it.
     #[arg(long)]
     pub rate: Option<u64>,
+    /// Events per second of event time, how far apart generated events'
+    /// times are (NEXMark's first_event_rate) [default: --rate if given,
+    /// else NEXMark 10000, YSB 100000].
+    #[arg(long)]
+    pub event_rate: Option<u64>,
     /// Stop after this long (30s, 2m, ...).
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
@@ -127,7 +140,7 @@ impl Destination {
     }
 
     /// Creates the topic or stream if missing, and opens a raw-value sink on it.
-    async fn open(&self, partitions: i32) -> Result<Arc<dyn Sink>> {
+    async fn open(&self, partitions: i32) -> Result<Publisher> {
         let options: BTreeMap<String, String> = match self {
             Destination::Kafka { brokers, .. } => [
                 ("bootstrap.servers", brokers.as_str()),
@@ -148,13 +161,58 @@ impl Destination {
                 skein_sinks::kafka::ensure_topic(brokers, topic, partitions, &[])
                     .await
                     .map_err(anyhow::Error::msg)?;
-                Arc::new(KafkaSink::new(topic, &options)?)
+                Publisher::Kafka(KafkaSink::new(topic, &options)?)
             }
             Destination::Kinesis { stream } => {
                 ensure_stream(stream, partitions).await?;
-                Arc::new(KinesisSink::new(stream, &options)?)
+                Publisher::Kinesis(KinesisSink::new(stream, &options)?)
             }
         })
+    }
+}
+
+/// Writes one destination's batches in the order they are started.
+enum Publisher {
+    Kafka(KafkaSink),
+    Kinesis(KinesisSink),
+}
+
+/// A started write: what is left to wait for.
+enum InFlight {
+    Kafka(Acks),
+    Done,
+}
+
+impl InFlight {
+    async fn wait(self) -> skein_engine::Result<()> {
+        match self {
+            InFlight::Kafka(acks) => acks.wait().await,
+            InFlight::Done => Ok(()),
+        }
+    }
+}
+
+impl Publisher {
+    /// Starts writing `batch` after everything started before it. Kafka
+    /// returns once the rows are enqueued; Kinesis once they are in, since
+    /// concurrent PutRecords calls would interleave a shard.
+    async fn start(&self, schema: SchemaRef, batch: RecordBatch) -> skein_engine::Result<InFlight> {
+        match self {
+            Publisher::Kafka(sink) => Ok(InFlight::Kafka(sink.enqueue(&[batch]).await?)),
+            Publisher::Kinesis(sink) => {
+                sink.write(SinkWrite {
+                    query: "gen",
+                    epoch: 0,
+                    member: 0,
+                    schema,
+                    batches: vec![batch],
+                    offsets: vec![],
+                    last: false,
+                })
+                .await?;
+                Ok(InFlight::Done)
+            }
+        }
     }
 }
 
@@ -233,6 +291,8 @@ pub struct GenReport {
     pub elapsed_s: f64,
     pub events_per_s: f64,
     pub target_rate: Option<u64>,
+    /// Events per second of event time the generator used.
+    pub event_rate: u64,
     /// Events behind the target rate when the run ended (0 without --rate).
     pub lag_events: u64,
 }
@@ -243,12 +303,13 @@ pub async fn gen_command(a: GenArgs) -> Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "published {} {} events to {} in {:.2} s ({:.0} events/s{})",
+            "published {} {} events to {} in {:.2} s ({:.0} events/s, event time at {}/s{})",
             report.events,
             report.benchmark,
             report.destinations.join(", "),
             report.elapsed_s,
             report.events_per_s,
+            report.event_rate,
             match report.target_rate {
                 Some(r) => format!(", target {r}/s, {} behind at the end", report.lag_events),
                 None => String::new(),
@@ -265,6 +326,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     if a.rate == Some(0) {
         bail!("--rate must be at least 1 event/s");
     }
+    let event_rate = event_rate(a)?;
     let destination = Destination::parse(&a.to)?;
     let base_time_ms = now_ms();
     let (mut source, names): (Box<dyn EventSource + Send>, Vec<String>) = match a.benchmark {
@@ -274,9 +336,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
                 base_time_ms,
                 ..YsbConfig::default()
             };
-            if let Some(r) = a.rate {
-                config.events_per_second = r;
-            }
+            config.events_per_second = event_rate;
             (
                 Box::new(Ysb(YsbGenerator::new(config)?)),
                 vec![destination.name().to_string()],
@@ -288,9 +348,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
                 base_time_ms,
                 ..NexmarkConfig::default()
             };
-            if let Some(r) = a.rate {
-                config.first_event_rate = r;
-            }
+            config.first_event_rate = event_rate;
             let base = destination.name();
             let (route, names) = match a.table {
                 NexmarkTable::All => (
@@ -351,8 +409,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     let chunk = a.rate.map_or(20_000, |r| (r / 20).clamp(1, 20_000));
     let started = Instant::now();
     let mut sent = 0u64;
-    let mut epoch = 0u64;
-    let mut writes: JoinSet<skein_engine::Result<()>> = JoinSet::new();
+    let mut acks: JoinSet<skein_engine::Result<()>> = JoinSet::new();
     let mut buf = Vec::with_capacity(1024);
     let schema = value_schema();
     loop {
@@ -382,27 +439,15 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
             if batch.num_rows() == 0 {
                 continue;
             }
-            while writes.len() >= a.in_flight.max(1) {
-                if let Some(done) = writes.join_next().await {
+            while acks.len() >= a.in_flight.max(1) {
+                if let Some(done) = acks.join_next().await {
                     done.context("a write task failed")??;
                 }
             }
-            let sink = sinks[i].clone();
-            let (schema, e) = (schema.clone(), epoch);
-            writes.spawn(async move {
-                sink.write(SinkWrite {
-                    query: "gen",
-                    epoch: e,
-                    member: i as u32,
-                    schema,
-                    batches: vec![batch],
-                    offsets: vec![],
-                    last: false,
-                })
-                .await
-            });
+            // Started here, in generation order; only the waiting is concurrent.
+            let write = sinks[i].start(schema.clone(), batch).await?;
+            acks.spawn(write.wait());
         }
-        epoch += 1;
         sent += n;
         bar.set_position(sent);
         if let Some(rate) = a.rate {
@@ -410,7 +455,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
             bar.set_message(format!("lag {}", target.saturating_sub(sent)));
         }
     }
-    while let Some(done) = writes.join_next().await {
+    while let Some(done) = acks.join_next().await {
         done.context("a write task failed")??;
     }
     bar.finish_and_clear();
@@ -430,13 +475,58 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
         elapsed_s,
         events_per_s: sent as f64 / elapsed_s.max(1e-9),
         target_rate: a.rate,
+        event_rate,
         lag_events,
     })
+}
+
+/// The most events per second of event time: one per nanosecond, the YSB
+/// generator's resolution.
+const MAX_EVENT_RATE: u64 = 1_000_000_000;
+
+/// Events per second of event time: `--event-rate`, else `--rate`, else the
+/// benchmark generator's default.
+fn event_rate(a: &GenArgs) -> Result<u64> {
+    if a.event_rate == Some(0) {
+        bail!("--event-rate must be at least 1 event/s");
+    }
+    let rate = a.event_rate.or(a.rate).unwrap_or(match a.benchmark {
+        Benchmark::Nexmark => NexmarkConfig::default().first_event_rate,
+        Benchmark::Ysb => YsbConfig::default().events_per_second,
+    });
+    if rate > MAX_EVENT_RATE {
+        bail!("event rate {rate}/s (--event-rate, default --rate) is above {MAX_EVENT_RATE}/s");
+    }
+    Ok(rate)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Gen {
+        #[command(flatten)]
+        args: GenArgs,
+    }
+
+    fn event_rate_of(flags: &str) -> Result<u64> {
+        let argv = format!("gen --to kinesis://s {flags}");
+        event_rate(&Gen::try_parse_from(argv.split_whitespace())?.args)
+    }
+
+    #[test]
+    fn the_event_rate_defaults_to_the_rate_then_to_the_generator() {
+        assert_eq!(event_rate_of("nexmark").unwrap(), 10_000);
+        assert_eq!(event_rate_of("ysb").unwrap(), 100_000);
+        assert_eq!(event_rate_of("ysb --rate 500").unwrap(), 500);
+        assert_eq!(event_rate_of("ysb --rate 500 --event-rate 7").unwrap(), 7);
+        for bad in ["nexmark --event-rate 0", "ysb --rate 2000000000"] {
+            let err = event_rate_of(bad).unwrap_err().to_string();
+            assert!(err.contains("--event-rate"), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn destinations_parse_or_say_what_is_expected() {

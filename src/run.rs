@@ -183,6 +183,13 @@ pub async fn run_sql(
         .sink
         .kind
         .eq_ignore_ascii_case(skein_sinks::files::KIND);
+    let blackhole = plan
+        .sink
+        .kind
+        .eq_ignore_ascii_case(skein_sinks::blackhole::KIND);
+    if blackhole && args.verify {
+        bail!("--verify compares result rows, and a BLACKHOLE sink keeps none");
+    }
     if files_sink && args.verify {
         // Verification reads back what this query wrote: only this run's files.
         skein_sinks::files::clear(&plan.sink.location, &plan.query_code)
@@ -240,6 +247,11 @@ pub async fn run_sql(
         collect.sink(&plan.query_code).batches()
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
+    // A blackhole keeps no rows, only their count.
+    let discarded = blackhole.then(|| skein_sinks::blackhole::take(&plan.query_code));
+    if let Some(d) = discarded {
+        report.result_rows = d.rows as usize;
+    }
     let mut diff = None;
     if args.verify {
         let expected = single_process(&ctx, &plan)
@@ -272,15 +284,25 @@ pub async fn run_sql(
         if let Some(q) = nexmark_query {
             v["query"] = json!(q);
         }
+        if let Some(d) = discarded {
+            v["blackhole"] = json!(d);
+        }
         out.push_str(&v.to_string());
     } else {
-        let shown: Vec<RecordBatch> = limit_rows(&results, args.show);
-        out.push_str(&pretty_format_batches(&shown)?.to_string());
+        match discarded {
+            Some(d) => out.push_str(&format!(
+                "the BLACKHOLE sink discarded {} rows in {} batches",
+                d.rows, d.batches
+            )),
+            None => out.push_str(
+                &pretty_format_batches(&limit_rows(&results, args.show))?.to_string(),
+            ),
+        }
         out.push_str(&format!(
             "\n{} result rows (showing {}); {} events in {} epochs, {:.3} s, {:.0} events/s\n\
              {} stages, {} functions, {} invocations, {} payload bytes, {} late rows{}",
             report.result_rows,
-            report.result_rows.min(args.show),
+            results.iter().map(|b| b.num_rows()).sum::<usize>().min(args.show),
             report.events,
             report.epochs,
             report.elapsed_s,
@@ -340,5 +362,39 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         other => return Err(format!("unknown duration unit {other:?} (ms, s, m, h)")),
     };
-    Ok(Duration::from_secs_f64(secs))
+    // Duration::from_secs_f64 panics past u64::MAX seconds; a flag must not.
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("{text:?} is out of range for a duration"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration(" 30 "), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+    }
+
+    #[test]
+    fn out_of_range_and_malformed_durations_are_errors_not_panics() {
+        for bad in [
+            "99999999999999999999",
+            "99999999999999999999h",
+            &"9".repeat(400),
+            "-5s",
+            "inf",
+            "NaN",
+            "1e3s",
+            "",
+            "5d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 
 mod common;
 use common::skein;
+use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 #[test]
 fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {
@@ -122,5 +123,51 @@ fn a_ysb_generator_table_runs_the_ysb_aggregate_and_verifies() {
     assert_eq!(v["events"], 50_000, "{v}");
     // 1,000 ads, each seen in the one window.
     assert_eq!(v["result_rows"], 1000, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_blackhole_sink_counts_the_rows_it_drops() {
+    let dir = std::env::temp_dir().join(format!("skein-cli-blackhole-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, sink_options: &str| {
+        let file = dir.join(name);
+        std::fs::write(
+            &file,
+            format!(
+                "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+                   OPTIONS ('events' '20000', 'partitions' '2');\n\
+                 CREATE EXTERNAL TABLE void (auction BIGINT, price BIGINT) \
+                   STORED AS BLACKHOLE LOCATION 'void' {sink_options};\n\
+                 INSERT INTO void SELECT auction, price FROM bid WHERE auction % 3 = 0;\n"
+            ),
+        )
+        .unwrap();
+        file.to_str().unwrap().to_string()
+    };
+    let expected = NexmarkGenerator::new(NexmarkConfig {
+        max_events: Some(20_000),
+        ..NexmarkConfig::default()
+    })
+    .unwrap()
+    .into_events()
+    .filter(|e| matches!(e, Event::Bid(b) if b.auction % 3 == 0))
+    .count();
+    assert!(expected > 0);
+
+    let query = write("blackhole.sql", "");
+    let (ok, stdout, stderr) = skein(&["run", &query, "--epochs", "4", "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["result_rows"], expected, "{v}");
+    assert_eq!(v["blackhole"]["rows"], expected, "{v}");
+    // Two generator instances, four epochs: a batch per instance and epoch.
+    let batches = v["blackhole"]["batches"].as_u64().unwrap();
+    assert!((2..=8).contains(&batches), "{v}");
+
+    let misspelt = write("blackhole-option.sql", "OPTIONS ('fromat' 'json')");
+    let (ok, _, stderr) = skein(&["run", &misspelt]);
+    assert!(!ok);
+    assert!(stderr.contains("unknown option \"fromat\""), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -13,6 +13,15 @@ use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 /// (key, value) of every message of `topic`, partition by partition.
 fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
+    drain_partitions(brokers, topic)
+        .into_iter()
+        .map(|(_, key, value)| (key, value))
+        .collect()
+}
+
+/// (partition, key, value) of every message of `topic`; each partition's
+/// messages in offset order.
+fn drain_partitions(brokers: &str, topic: &str) -> Vec<(i32, Option<Vec<u8>>, Vec<u8>)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", common::unique_name("publish-test"))
@@ -44,6 +53,7 @@ fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
         if let Some(m) = consumer.poll(Duration::from_millis(200)) {
             let m = m.expect("a message");
             out.push((
+                m.partition(),
                 m.key().map(<[u8]>::to_vec),
                 m.payload().unwrap_or_default().to_vec(),
             ));
@@ -144,6 +154,92 @@ fn gen_nexmark_to_kafka_writes_one_topic_per_table_at_the_rate() {
     ] {
         assert!(!v[field].is_null(), "{field} in {v}");
     }
+}
+
+/// Event times of `topic`'s JSON records (`field`, a number or a string of
+/// ms), by partition in offset order.
+fn event_times_by_partition(brokers: &str, topic: &str, field: &str) -> BTreeMap<i32, Vec<i64>> {
+    let mut out: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (partition, _, value) in drain_partitions(brokers, topic) {
+        let v: serde_json::Value = serde_json::from_slice(&value).expect("a JSON record");
+        let t = match &v[field] {
+            serde_json::Value::String(s) => s.parse().ok(),
+            n => n.as_i64(),
+        };
+        let t = t.unwrap_or_else(|| panic!("{field} in {v}"));
+        out.entry(partition).or_default().push(t);
+    }
+    out
+}
+
+/// Asserts event time never decreases within a partition, that the records
+/// spread over more than one, and returns the span of event time in ms.
+fn assert_ordered_per_partition(topic: &str, times: &BTreeMap<i32, Vec<i64>>) -> i64 {
+    assert!(times.len() > 1, "{topic}: one partition only: {:?}", times.keys());
+    for (partition, ts) in times {
+        if let Some(i) = ts.windows(2).position(|w| w[1] < w[0]) {
+            panic!(
+                "{topic} partition {partition}: event time goes back from {} to {} at record {}",
+                ts[i],
+                ts[i + 1],
+                i + 1
+            );
+        }
+    }
+    let all = times.values().flatten();
+    all.clone().max().unwrap() - all.min().unwrap()
+}
+
+#[test]
+fn gen_writes_each_partition_in_event_time_order_at_the_event_rate() {
+    let brokers = common::require_kafka();
+    // Unpaced, chunks of 20,000 with up to 8 writes in flight: the chunks
+    // of one topic overlap in time, and must not interleave in a partition.
+    let gen_unpaced = |benchmark: &str, topic: &str, more: &[&str]| {
+        let to = format!("kafka://{brokers}/{topic}");
+        let mut args = vec!["gen", benchmark, "--to", &to, "--partitions", "4"];
+        args.extend(["--in-flight", "8", "--json"]);
+        args.extend(more);
+        let (ok, stdout, stderr) = common::skein(&args);
+        assert!(ok, "skein gen {benchmark} failed:\n{stderr}");
+        report(&stdout)
+    };
+    let ysb = common::unique_name("gen-order-ysb");
+    let r = gen_unpaced("ysb", &ysb, &["--events", "100000", "--event-rate", "10000"]);
+    assert_eq!(r["event_rate"], 10000, "{r}");
+    let times = event_times_by_partition(&brokers, &ysb, "event_time");
+    assert_eq!(times.values().map(Vec::len).sum::<usize>(), 100_000);
+    // Event 99,999 at 10,000 events/s is 9,999.9 ms after event 0.
+    assert_eq!(assert_ordered_per_partition(&ysb, &times), 9_999);
+
+    let bid = common::unique_name("gen-order-bid");
+    let r = gen_unpaced("nexmark", &bid, &["--table", "bid", "--events", "60000"]);
+    assert_eq!(r["event_rate"], 10000, "NEXMark's default: {r}");
+    let times = event_times_by_partition(&brokers, &bid, "date_time");
+    assert_eq!(times.values().map(Vec::len).sum::<usize>(), 60_000);
+    // 60,000 bids are about 65,200 events: some 6.5 s at 10,000 events/s.
+    let span = assert_ordered_per_partition(&bid, &times);
+    assert!((6_400..=6_600).contains(&span), "span {span} ms");
+}
+
+#[test]
+fn gen_refuses_a_zero_event_rate_in_one_line() {
+    let (ok, stdout, stderr) = common::skein(&[
+        "gen",
+        "nexmark",
+        "--to",
+        "kafka://127.0.0.1:1/never",
+        "--events",
+        "10",
+        "--event-rate",
+        "0",
+    ]);
+    assert!(!ok);
+    assert!(stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.trim().starts_with("Error: --event-rate must be at least 1"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

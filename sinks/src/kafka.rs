@@ -313,9 +313,22 @@ async fn send_rows(
     topic: &str,
     encoder: &RowEncoder,
     batches: &[datafusion::arrow::record_batch::RecordBatch],
-) -> Result<u64> {
+) -> Result<()> {
+    let pending = enqueue_rows(producer, topic, encoder, batches).await?;
+    await_deliveries(topic, pending).await
+}
+
+/// Hands the rows of `batches` to the producer's queue, in row order, and
+/// returns their deliveries. The idempotent producer keeps each partition in
+/// queue order, retries included, so rows enqueued by one call precede those
+/// of any later call in every partition.
+async fn enqueue_rows(
+    producer: &FutureProducer,
+    topic: &str,
+    encoder: &RowEncoder,
+    batches: &[datafusion::arrow::record_batch::RecordBatch],
+) -> Result<Vec<rdkafka::producer::DeliveryFuture>> {
     let mut pending = Vec::new();
-    let mut sent = 0u64;
     for batch in batches.iter().filter(|b| b.num_rows() > 0) {
         let rows = encoder.encode(batch).map_err(|e| sink_error(topic, e))?;
         for row in rows {
@@ -338,11 +351,46 @@ async fn send_rows(
                     Err((e, _)) => return Err(sink_error(topic, e)),
                 }
             }
-            sent += 1;
         }
     }
-    await_deliveries(topic, pending).await?;
-    Ok(sent)
+    Ok(pending)
+}
+
+/// The acknowledgements of rows [`KafkaSink::enqueue`] handed to the producer.
+#[must_use = "rows are delivered only once their acknowledgements are awaited"]
+pub struct Acks {
+    topic: String,
+    pending: Vec<rdkafka::producer::DeliveryFuture>,
+}
+
+impl Acks {
+    /// Waits for every acknowledgement; the first delivery error fails.
+    pub async fn wait(self) -> Result<()> {
+        await_deliveries(&self.topic, self.pending).await
+    }
+}
+
+impl KafkaSink {
+    /// Enqueues the rows of `batches` now and returns their acknowledgements
+    /// to wait for later: a publisher that calls this in order keeps several
+    /// writes in flight and every partition in that order, which concurrent
+    /// [`Sink::write`]s do not promise. Not for exactly-once tables, whose
+    /// writes are transactions.
+    pub async fn enqueue(
+        &self,
+        batches: &[datafusion::arrow::record_batch::RecordBatch],
+    ) -> Result<Acks> {
+        let Delivery::Idempotent(producer) = &self.delivery else {
+            return Err(sink_error(
+                &self.topic,
+                "a 'checkpoint' table writes transactions, not enqueued rows",
+            ));
+        };
+        Ok(Acks {
+            topic: self.topic.clone(),
+            pending: enqueue_rows(producer, &self.topic, &self.encoder, batches).await?,
+        })
+    }
 }
 
 async fn await_deliveries(
@@ -482,9 +530,7 @@ impl Sink for KafkaSink {
         match &self.delivery {
             Delivery::ExactlyOnce(eo) => self.write_exactly_once(eo, &write).await,
             Delivery::Idempotent(producer) => {
-                send_rows(producer, &self.topic, &self.encoder, &write.batches)
-                    .await
-                    .map(|_| ())
+                send_rows(producer, &self.topic, &self.encoder, &write.batches).await
             }
         }
     }

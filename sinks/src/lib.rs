@@ -1,7 +1,9 @@
 //! Sinks of Skein: Redis (generic layouts and YSB's, exactly once with the
 //! source offsets in the same MULTI/EXEC), Kafka and Kinesis (a message per
-//! row), and files on a local disk or S3.
+//! row), files on a local disk or S3, and a blackhole that only counts.
 
+// Drops rows and counts them: a benchmark's sink.
+pub mod blackhole;
 pub mod encode;
 pub mod error;
 pub mod files;
@@ -29,6 +31,8 @@ pub fn register(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
     tables.register(redis::KIND, Arc::new(SinkTableFactory));
     sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
     tables.register(files::KIND, Arc::new(SinkTableFactory));
+    sinks.register(blackhole::KIND, Arc::new(blackhole::BlackholeSinkFactory));
+    tables.register(blackhole::KIND, Arc::new(blackhole::BlackholeTableFactory));
     // `STORED AS KAFKA` and `STORED AS KINESIS` tables are declared by their
     // sources (connectors); INSERT INTO one writes through these sinks.
     sinks.register(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));

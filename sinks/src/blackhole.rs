@@ -1,0 +1,185 @@
+//! The blackhole sink: `INSERT INTO` a `STORED AS BLACKHOLE` table drops
+//! every row and only counts what it was given, so a benchmark measures the
+//! query rather than where its results go.
+//!
+//! DataFusion's parser requires a LOCATION; a blackhole ignores it (it names
+//! the table in errors). The table takes no options: any option is an error
+//! naming it, so a misspelt `STORED AS` kind's options do not pass quietly.
+//!
+//! Counts are kept per query code in this process, per (epoch, member), so a
+//! replayed write replaces its count instead of adding to it; the run reads
+//! them with [`take`]. Each write also logs its count at debug level, which is
+//! what a function on another machine (Lambda) leaves behind.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::source::{Source, SourceConfig, SourceFactory};
+use skein_engine::{EngineError, Result};
+
+use crate::SinkTableFactory;
+
+/// The sink kind, as registered (and the table kind that declares one).
+pub const KIND: &str = "BLACKHOLE";
+
+/// What a blackhole was given and dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Discarded {
+    pub rows: u64,
+    /// Non-empty record batches.
+    pub batches: u64,
+}
+
+/// Query code -> (epoch, member) -> what that write dropped.
+type Tally = HashMap<String, BTreeMap<(u64, u32), Discarded>>;
+
+static DISCARDED: LazyLock<Mutex<Tally>> = LazyLock::new(Mutex::default);
+
+/// What every blackhole of `query` dropped so far; forgets it, so a later
+/// run of the same query in this process starts from zero.
+pub fn take(query: &str) -> Discarded {
+    let writes = DISCARDED
+        .lock()
+        .expect("blackhole tally")
+        .remove(query)
+        .unwrap_or_default();
+    writes.values().fold(Discarded::default(), |sum, d| Discarded {
+        rows: sum.rows + d.rows,
+        batches: sum.batches + d.batches,
+    })
+}
+
+/// A blackhole table has no options; the first one given is named.
+fn check_options(location: &str, options: &BTreeMap<String, String>) -> Result<()> {
+    match options.keys().next() {
+        None => Ok(()),
+        Some(option) => Err(EngineError::Sink {
+            sink: format!("blackhole {location}"),
+            reason: format!("unknown option {option:?}: a BLACKHOLE table takes no options"),
+        }),
+    }
+}
+
+/// Declares `STORED AS BLACKHOLE` tables, refusing options when the table
+/// is created rather than when the first write arrives.
+#[derive(Debug, Default)]
+pub struct BlackholeTableFactory;
+
+impl SourceFactory for BlackholeTableFactory {
+    fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
+        check_options(&config.location, &config.options)?;
+        SinkTableFactory.create(config, schema)
+    }
+}
+
+pub struct BlackholeSinkFactory;
+
+impl SinkFactory for BlackholeSinkFactory {
+    fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
+        check_options(&config.location, &config.options)?;
+        Ok(Arc::new(BlackholeSink))
+    }
+}
+
+struct BlackholeSink;
+
+#[async_trait]
+impl Sink for BlackholeSink {
+    async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
+        let nonempty = write.batches.iter().filter(|b| b.num_rows() > 0);
+        let discarded = Discarded {
+            rows: nonempty.clone().map(|b| b.num_rows() as u64).sum(),
+            batches: nonempty.count() as u64,
+        };
+        tracing::debug!(
+            query = write.query,
+            epoch = write.epoch,
+            member = write.member,
+            rows = discarded.rows,
+            batches = discarded.batches,
+            "blackhole discarded"
+        );
+        DISCARDED
+            .lock()
+            .expect("blackhole tally")
+            .entry(write.query.to_string())
+            .or_default()
+            .insert((write.epoch, write.member), discarded);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    fn config(options: &[(&str, &str)]) -> SinkConfig {
+        SinkConfig {
+            kind: KIND.into(),
+            location: "void".into(),
+            options: options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn batch(rows: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..rows))])
+            .unwrap()
+    }
+
+    async fn write(sink: &Arc<dyn Sink>, query: &str, epoch: u64, member: u32, rows: &[i64]) {
+        let batches: Vec<RecordBatch> = rows.iter().map(|&n| batch(n)).collect();
+        sink.write(SinkWrite {
+            query,
+            epoch,
+            member,
+            schema: batch(0).schema(),
+            batches,
+            offsets: vec![],
+            last: false,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn counts_rows_and_batches_per_query_and_a_replay_replaces() {
+        let sink = BlackholeSinkFactory.create(&config(&[])).unwrap();
+        write(&sink, "q-count", 0, 0, &[3, 0, 4]).await;
+        write(&sink, "q-count", 0, 1, &[5]).await;
+        // The same (epoch, member) again: a replay, not more rows.
+        write(&sink, "q-count", 0, 1, &[5]).await;
+        write(&sink, "q-other", 0, 0, &[100]).await;
+        assert_eq!(take("q-count"), Discarded { rows: 12, batches: 3 });
+        assert_eq!(take("q-count"), Discarded::default(), "take forgets");
+        assert_eq!(take("q-other"), Discarded { rows: 100, batches: 1 });
+    }
+
+    #[test]
+    fn any_option_is_an_error_naming_it() {
+        let err = BlackholeSinkFactory
+            .create(&config(&[("fromat", "json")]))
+            .err()
+            .expect("an option is refused")
+            .to_string();
+        assert!(err.contains("\"fromat\""), "{err}");
+        let table = BlackholeTableFactory.create(
+            &SourceConfig {
+                kind: KIND.into(),
+                location: "void".into(),
+                options: [("rows".to_string(), "1".to_string())].into(),
+            },
+            batch(0).schema(),
+        );
+        let err = table.expect_err("an option is refused").to_string();
+        assert!(err.contains("\"rows\""), "{err}");
+    }
+}
