@@ -40,11 +40,14 @@ pub struct NexmarkBenchArgs {
     /// Events of the NEXMark stream (persons, auctions and bids together).
     #[arg(long, default_value_t = 1_000_000)]
     events: u64,
-    /// Event-time rate of the generator; Flink's nexmark workload uses 10 M/s.
-    #[arg(long, default_value_t = 10_000_000)]
+    /// Event-time rate of the generator (events per second of event time).
+    /// The default spreads 1 M events over 1,000 s of event time, so 10 s
+    /// windows close a hundred times during a run; Flink's nexmark workload
+    /// uses 10 M/s, which puts 1 M events in one window.
+    #[arg(long, default_value_t = 1_000)]
     rate: u64,
     /// Epochs (micro-batches) the events are split into.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 100)]
     epochs: u64,
     /// Generator instances per table.
     #[arg(long, default_value_t = 1)]

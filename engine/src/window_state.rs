@@ -68,9 +68,11 @@ impl WindowBuffer {
     pub fn add(&mut self, edge: u32, batches: Vec<RecordBatch>) -> Result<Vec<LateRows>> {
         let mut late = vec![];
         let window = self.windows.get(&edge).cloned().flatten();
+        // Open sessions per key, computed once per call and only if needed.
+        let mut open = None;
         for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
             let (on_time, late_rows) = match (&window, self.released) {
-                (Some(w), Some(released)) => self.split_late(edge, &w, b, released)?,
+                (Some(w), Some(released)) => self.split_late(edge, w, b, released, &mut open)?,
                 _ => (b, None),
             };
             if on_time.num_rows() > 0 {
@@ -132,6 +134,7 @@ impl WindowBuffer {
         window: &EdgeWindow,
         b: RecordBatch,
         released: i64,
+        open: &mut Option<HashMap<String, i64>>,
     ) -> Result<(RecordBatch, Option<LateRows>)> {
         let windows: Vec<Option<(i64, i64)>> = match window {
             EdgeWindow::Fixed(w) => {
@@ -144,7 +147,11 @@ impl WindowBuffer {
                 let times = times_ms(b.column(spec.time).as_ref())?;
                 let keys = session_keys(&b, spec)?;
                 let emitted = self.emitted_sessions.get(&edge);
-                let open = self.open_session_starts(edge, spec)?;
+                let behind = times.iter().flatten().any(|t| t.saturating_add(spec.gap_ms) < released);
+                if behind && open.is_none() {
+                    *open = Some(self.open_session_starts(edge, spec)?);
+                }
+                let open = open.as_ref();
                 keys.iter()
                     .zip(times.iter())
                     .map(|(k, t)| {
@@ -158,7 +165,9 @@ impl WindowBuffer {
                         // A session of its own that would already be closed,
                         // unless it reaches an open session of its key.
                         let closed_alone = window.1 < released
-                            && !open.get(k).is_some_and(|first| t >= first - spec.gap_ms);
+                            && !open
+                                .and_then(|o| o.get(k))
+                                .is_some_and(|first| t >= first - spec.gap_ms);
                         (joins_emitted || closed_alone).then_some(window)
                     })
                     .collect()
