@@ -147,7 +147,10 @@ impl WindowBuffer {
                 let times = times_ms(b.column(spec.time).as_ref())?;
                 let keys = session_keys(&b, spec)?;
                 let emitted = self.emitted_sessions.get(&edge);
-                let behind = times.iter().flatten().any(|t| t.saturating_add(spec.gap_ms) < released);
+                let behind = times
+                    .iter()
+                    .flatten()
+                    .any(|t| t.saturating_add(spec.gap_ms) < released);
                 if behind && open.is_none() {
                     *open = Some(self.open_session_starts(edge, spec)?);
                 }
