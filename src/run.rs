@@ -48,6 +48,10 @@ pub struct CommonRunArgs {
     /// Also run the query in one process with plain DataFusion and compare.
     #[arg(long)]
     pub verify: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the query runs
+    /// (e.g. 127.0.0.1:9898); docs/metrics.md lists them.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Print one JSON summary line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -165,6 +169,9 @@ pub async fn run_sql(
     args: &CommonRunArgs,
     nexmark_query: Option<u32>,
 ) -> Result<String> {
+    if let Some(addr) = args.metrics {
+        serve_metrics(addr)?;
+    }
     let Registries {
         sources,
         sinks,
@@ -333,6 +340,22 @@ pub async fn run_sql(
         );
     }
     Ok(out)
+}
+
+/// Serve what the engine measures as Prometheus text at `addr`/metrics.
+pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<()> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Full("skein_epoch_duration_seconds".into()),
+            &[
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ],
+        )
+        .context("metric buckets")?
+        .install()
+        .with_context(|| format!("serving metrics on {addr}"))
 }
 
 pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {

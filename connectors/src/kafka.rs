@@ -658,6 +658,7 @@ impl PartitionReader {
             let (batch, _) = builder.finish()?;
             let mut progress = PartitionProgress {
                 partition: p.to_string(),
+                lag: Some((high - pos).max(0) as u64),
                 caught_up: pos >= high,
                 drained: self.ends_at_open.get(p).is_none_or(|end| pos >= end),
                 ..Default::default()
@@ -680,6 +681,7 @@ impl PartitionReader {
         if !undecodable.is_empty() {
             dead_letters.fetch_add(undecodable.len() as u64, Ordering::Relaxed);
             DEAD_LETTERS.fetch_add(undecodable.len() as u64, Ordering::Relaxed);
+            skein_engine::metrics::dead_letters(&config.topic, undecodable.len() as u64);
             self.send_dead_letters(config, &undecodable)?;
         }
         let offsets = positions

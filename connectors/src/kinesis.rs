@@ -176,6 +176,7 @@ impl KinesisSource {
         if !rejected.is_empty() {
             self.dead_letters
                 .fetch_add(rejected.len() as u64, Ordering::Relaxed);
+            skein_engine::metrics::dead_letters(&self.config.stream, rejected.len() as u64);
             let bad: Vec<Undecodable> = rejected
                 .into_iter()
                 .map(|r| {

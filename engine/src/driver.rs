@@ -197,6 +197,7 @@ pub async fn run_local_until(
         let fired = Instant::now();
         let outcome = fire_epoch(plan, runtime.as_ref(), epoch, last).await?;
         runtime.wait_idle().await;
+        crate::metrics::epoch(fired.elapsed(), outcome.events);
         events += outcome.events;
         on_epoch(epoch, events);
         epoch += 1;

@@ -367,6 +367,13 @@ impl StageFunction {
             })?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
             let progress = mb.progress();
+            crate::metrics::source_pull(&r.table, &progress, |p| {
+                p.batches
+                    .iter()
+                    .filter_map(|i| mb.batches.get(*i))
+                    .map(|b| b.num_rows() as u64)
+                    .sum()
+            });
             drained &= progress.iter().all(|p| p.drained || p.finished);
             finished &= progress.iter().all(|p| p.finished);
             match clock {
@@ -382,6 +389,7 @@ impl StageFunction {
             bound.insert(r.table.clone(), mb.batches);
         }
         drop(state);
+        crate::metrics::watermark(&self.ctx.stage_name(), watermark.result().value);
         let mut rows_out = 0;
         for output in &self.outputs {
             let plan = bind_sources(&output.plan, &bound)?;
@@ -553,6 +561,7 @@ impl StageFunction {
             },
             idle: input.watermark.idle,
         };
+        crate::metrics::watermark(&self.ctx.stage_name(), state.watermark.value);
         let output = &self.outputs[0];
         // A stateful stage without windows holds its rows until the end of
         // the run: its output must hold the watermark back too, or the rows
@@ -595,6 +604,7 @@ impl StageFunction {
                 }
             }
         };
+        crate::metrics::state_bytes(&self.name, state.windows.bytes());
         let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
         match to_run {
             None => {
@@ -625,6 +635,7 @@ impl StageFunction {
             };
             let n = l.batch.num_rows();
             self.env.late.add(&handling.table, n as u64);
+            crate::metrics::late_rows(&handling.table, n as u64);
             tracing::debug!(stage = %self.name, table = %handling.table, rows = n, "late rows");
             let Some(dlq) = &handling.dead_letters else {
                 continue;
@@ -709,18 +720,23 @@ impl StageFunction {
             None => (output.plan.schema(), vec![]),
         };
         match &output.next {
-            NextHop::Sink(_) => {
+            NextHop::Sink(config) => {
                 let sink = self.sink.as_ref().expect("sink stage has a sink");
-                sink.write(SinkWrite {
-                    query: &self.ctx.query_code,
-                    epoch: header.epoch,
-                    member: self.ctx.member,
-                    schema,
-                    batches: parts.into_iter().flatten().collect(),
-                    offsets: header.offsets.clone(),
-                    last: header.last,
-                })
-                .await
+                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
+                let rows = batches.iter().map(|b| b.num_rows()).sum();
+                let written = sink
+                    .write(SinkWrite {
+                        query: &self.ctx.query_code,
+                        epoch: header.epoch,
+                        member: self.ctx.member,
+                        schema,
+                        batches,
+                        offsets: header.offsets.clone(),
+                        last: header.last,
+                    })
+                    .await;
+                crate::metrics::sink_write(&config.kind, rows, written.is_ok());
+                written
             }
             NextHop::Single { stage } => {
                 let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
@@ -764,10 +780,12 @@ impl StageFunction {
         let payloads = encode_payloads(header, schema, &batches, limit)?;
         let target = function_name(&self.ctx.query_code, stage, member);
         for p in payloads {
+            let bytes = p.to_json();
+            crate::metrics::invocation(stage, bytes.len());
             invoke_with_retry(
                 self.env.invoker.as_ref(),
                 &target,
-                p.to_json(),
+                bytes,
                 kind,
                 self.env.max_backoff,
                 50,

@@ -20,6 +20,7 @@ pub mod exec;
 pub mod function;
 pub mod invoke;
 pub mod local;
+pub mod metrics;
 pub mod payload;
 pub mod planner;
 pub mod ring;

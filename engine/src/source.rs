@@ -66,6 +66,9 @@ pub struct PartitionProgress {
     pub drained: bool,
     /// Nothing will ever come again (a bounded source that is exhausted).
     pub finished: bool,
+    /// Records between where the pull stopped and the partition's end, if
+    /// the source knows it.
+    pub lag: Option<u64>,
 }
 
 impl MicroBatch {
@@ -83,6 +86,7 @@ impl MicroBatch {
             caught_up: empty,
             drained: empty,
             finished: false,
+            lag: None,
         }]
     }
 
@@ -100,6 +104,7 @@ impl MicroBatch {
             caught_up: finished,
             drained: finished,
             finished,
+            lag: None,
         };
         MicroBatch {
             batches,

@@ -320,6 +320,7 @@ mod tests {
             caught_up,
             drained: caught_up,
             finished: false,
+            lag: None,
         }
     }
 

@@ -1,0 +1,80 @@
+//! What a running query measures, through the `metrics` facade: nothing is
+//! recorded until a binary installs a recorder (`skein run --metrics ADDR`
+//! serves them as Prometheus text). Names and labels are listed in
+//! docs/metrics.md.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use metrics::{counter, gauge, histogram};
+
+use crate::source::PartitionProgress;
+
+/// Records a source instance read from each partition in one pull, and how
+/// far behind the partition's end it still is.
+pub fn source_pull(
+    table: &str,
+    progress: &[PartitionProgress],
+    rows: impl Fn(&PartitionProgress) -> u64,
+) {
+    for p in progress {
+        let labels = [
+            ("table", table.to_string()),
+            ("partition", p.partition.clone()),
+        ];
+        counter!("skein_source_records_total", &labels).increment(rows(p));
+        if let Some(lag) = p.lag {
+            gauge!("skein_source_lag_records", &labels).set(lag as f64);
+        }
+    }
+}
+
+/// How far a stage's watermark is behind the wall clock.
+pub fn watermark(stage: &str, watermark_ms: Option<i64>) {
+    let Some(w) = watermark_ms.filter(|w| *w > i64::MIN) else {
+        return;
+    };
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    gauge!("skein_watermark_delay_seconds", "stage" => stage.to_string())
+        .set(now_ms.saturating_sub(w) as f64 / 1000.0);
+}
+
+/// One invocation sent to a stage, with its payload size.
+pub fn invocation(to_stage: u32, bytes: usize) {
+    let stage = to_stage.to_string();
+    counter!("skein_invocations_total", "stage" => stage.clone()).increment(1);
+    counter!("skein_payload_bytes_total", "stage" => stage).increment(bytes as u64);
+}
+
+/// Bytes of open-window state one member holds.
+pub fn state_bytes(function: &str, bytes: usize) {
+    gauge!("skein_state_bytes", "function" => function.to_string()).set(bytes as f64);
+}
+
+/// Rows set aside as late, per table.
+pub fn late_rows(table: &str, rows: u64) {
+    counter!("skein_late_rows_total", "table" => table.to_string()).increment(rows);
+}
+
+/// A write to the sink: its rows, or its failure.
+pub fn sink_write(sink: &str, rows: usize, ok: bool) {
+    if ok {
+        counter!("skein_sink_rows_total", "sink" => sink.to_string()).increment(rows as u64);
+        counter!("skein_sink_writes_total", "sink" => sink.to_string()).increment(1);
+    } else {
+        counter!("skein_sink_errors_total", "sink" => sink.to_string()).increment(1);
+    }
+}
+
+/// Records a source could not decode, per table.
+pub fn dead_letters(table: &str, records: u64) {
+    counter!("skein_dead_letters_total", "table" => table.to_string()).increment(records);
+}
+
+/// One epoch of the driver, from trigger to quiet.
+pub fn epoch(took: Duration, events: u64) {
+    histogram!("skein_epoch_duration_seconds").record(took.as_secs_f64());
+    counter!("skein_epochs_total").increment(1);
+    counter!("skein_events_total").increment(events);
+}
