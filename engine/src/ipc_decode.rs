@@ -49,8 +49,12 @@ pub fn decode_stream(ipc: &[u8], expected: &SchemaRef) -> Result<Vec<RecordBatch
             .get(pos..pos.saturating_add(meta_len))
             .ok_or_else(|| format!("message metadata of {meta_len} bytes at {pos} is cut short"))?;
         pos += meta_len;
-        let message = ipc::root_as_message(meta)
-            .map_err(|e| format!("message at {} is not a valid flatbuffer: {e}", pos - meta_len))?;
+        let message = ipc::root_as_message(meta).map_err(|e| {
+            format!(
+                "message at {} is not a valid flatbuffer: {e}",
+                pos - meta_len
+            )
+        })?;
         let body_len = message.bodyLength();
         let body_len = usize::try_from(body_len)
             .ok()
@@ -143,10 +147,10 @@ fn check_batch(batch: &ipc::RecordBatch, body_len: usize) -> Result<(), String> 
         // Buffers start 8-byte aligned in every stream arrow writes.
         let fits = b.offset() % 8 == 0
             && usize::try_from(b.offset())
-            .ok()
-            .zip(usize::try_from(b.length()).ok())
-            .and_then(|(o, l)| o.checked_add(l))
-            .is_some_and(|end| end <= body_len);
+                .ok()
+                .zip(usize::try_from(b.length()).ok())
+                .and_then(|(o, l)| o.checked_add(l))
+                .is_some_and(|end| end <= body_len);
         if !fits {
             return Err(format!(
                 "buffer at offset {} of {} bytes lies outside the {body_len}-byte body",
@@ -173,7 +177,12 @@ fn check_layout(batch: &ipc::RecordBatch, schema: &SchemaRef) -> Result<(), Stri
     let mut variadic: Vec<i64> = batch.variadicBufferCounts().into_iter().flatten().collect();
     variadic.reverse();
     let mut at = (0usize, 0usize);
-    let mut stack: Vec<&DataType> = schema.fields().iter().rev().map(|f| f.data_type()).collect();
+    let mut stack: Vec<&DataType> = schema
+        .fields()
+        .iter()
+        .rev()
+        .map(|f| f.data_type())
+        .collect();
     while let Some(dt) = stack.pop() {
         let (Some(node), Some(validity)) = (nodes.get(at.0), buffers.get(at.1)) else {
             // Too few nodes or buffers: arrow's own reader says so.

@@ -24,9 +24,9 @@ pub fn schema_from_fb(fb: ipc::Schema) -> Result<SchemaRef, String> {
         .iter()
         .map(|f| field(f, 0))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(
-        Schema::new(fields).with_metadata(metadata(fb.custom_metadata().into_iter().flatten())),
-    ))
+    Ok(Arc::new(Schema::new(fields).with_metadata(metadata(
+        fb.custom_metadata().into_iter().flatten(),
+    ))))
 }
 
 fn metadata<'a>(kvs: impl IntoIterator<Item = ipc::KeyValue<'a>>) -> HashMap<String, String> {
@@ -44,7 +44,8 @@ fn field(f: ipc::Field, depth: usize) -> Result<Field, String> {
         return Err(format!("column {name:?} is dictionary-encoded"));
     }
     let data_type = data_type(&f, depth).map_err(|e| format!("column {name:?}: {e}"))?;
-    Ok(Field::new(name, data_type, f.nullable()).with_metadata(metadata(f.custom_metadata().into_iter().flatten())))
+    Ok(Field::new(name, data_type, f.nullable())
+        .with_metadata(metadata(f.custom_metadata().into_iter().flatten())))
 }
 
 fn children(f: &ipc::Field, depth: usize) -> Result<Vec<Field>, String> {
@@ -98,15 +99,19 @@ fn data_type(f: &ipc::Field, depth: usize) -> Result<DataType, String> {
                 (w, _) => return Err(format!("integer of width {w}")),
             }
         }
-        ipc::Type::FloatingPoint => match f.type_as_floating_point().ok_or_else(missing)?.precision()
-        {
-            ipc::Precision::HALF => DataType::Float16,
-            ipc::Precision::SINGLE => DataType::Float32,
-            ipc::Precision::DOUBLE => DataType::Float64,
-            p => return Err(format!("unknown float precision {}", p.0)),
-        },
+        ipc::Type::FloatingPoint => {
+            match f.type_as_floating_point().ok_or_else(missing)?.precision() {
+                ipc::Precision::HALF => DataType::Float16,
+                ipc::Precision::SINGLE => DataType::Float32,
+                ipc::Precision::DOUBLE => DataType::Float64,
+                p => return Err(format!("unknown float precision {}", p.0)),
+            }
+        }
         ipc::Type::FixedSizeBinary => {
-            let w = f.type_as_fixed_size_binary().ok_or_else(missing)?.byteWidth();
+            let w = f
+                .type_as_fixed_size_binary()
+                .ok_or_else(missing)?
+                .byteWidth();
             if w < 0 {
                 return Err(format!("fixed-size binary of width {w}"));
             }
@@ -142,7 +147,8 @@ fn data_type(f: &ipc::Field, depth: usize) -> Result<DataType, String> {
             let d = f.type_as_decimal().ok_or_else(missing)?;
             let precision = u8::try_from(d.precision())
                 .map_err(|_| format!("decimal precision {}", d.precision()))?;
-            let scale = i8::try_from(d.scale()).map_err(|_| format!("decimal scale {}", d.scale()))?;
+            let scale =
+                i8::try_from(d.scale()).map_err(|_| format!("decimal scale {}", d.scale()))?;
             match d.bitWidth() {
                 128 if (1..=38).contains(&precision) => DataType::Decimal128(precision, scale),
                 256 if (1..=76).contains(&precision) => DataType::Decimal256(precision, scale),

@@ -14,8 +14,8 @@ use tokio::sync::{OnceCell, RwLock, Semaphore};
 use crate::context::{CONTEXT_ENV, CloudContext};
 use crate::error::{EngineError, Result};
 use crate::function::{FunctionEnv, LateCounts, StageFunction};
-use crate::request::Request;
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker};
+use crate::request::Request;
 use crate::sink::SinkRegistry;
 use crate::source::SourceRegistry;
 

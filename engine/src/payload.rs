@@ -186,7 +186,10 @@ impl Payload {
         // `panic = "abort"` the checks in ipc_decode are what holds.)
         std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
             .unwrap_or_else(|panic| {
-                Err(format!("the Arrow decoder panicked: {}", panic_text(&*panic)))
+                Err(format!(
+                    "the Arrow decoder panicked: {}",
+                    panic_text(&*panic)
+                ))
             })
             .map_err(|e| bad(format!("data is not a valid Arrow IPC stream: {e}")))
     }

@@ -164,7 +164,10 @@ mod tests {
 
     #[test]
     fn tells_every_kind_apart() {
-        assert!(matches!(parse(json!({"probe": true})), Ok(Request::Probe(_))));
+        assert!(matches!(
+            parse(json!({"probe": true})),
+            Ok(Request::Probe(_))
+        ));
         let Ok(Request::Probe(p)) = parse(json!({"probe": {"record_to": "s3://b/k"}})) else {
             panic!("probe with record_to not parsed");
         };
@@ -186,7 +189,10 @@ mod tests {
             parse(json!({"requestContext": {}, "requestPayload": {}})),
             Ok(Request::DeadLetter(_))
         ));
-        assert!(matches!(parse(json!({"Records": []})), Ok(Request::Records(_))));
+        assert!(matches!(
+            parse(json!({"Records": []})),
+            Ok(Request::Records(_))
+        ));
     }
 
     #[test]

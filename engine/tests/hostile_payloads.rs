@@ -67,9 +67,9 @@ fn bids(rows: i64) -> RecordBatch {
         bid_schema(),
         vec![
             Arc::new(Int64Array::from_iter_values(1000..1000 + rows)),
-            Arc::new(StringArray::from_iter(
-                (0..rows).map(|i| (i % 3 != 0).then(|| ["apple", "baidu"][i as usize % 2])),
-            )),
+            Arc::new(StringArray::from_iter((0..rows).map(|i| {
+                (i % 3 != 0).then(|| ["apple", "baidu"][i as usize % 2])
+            }))),
             Arc::new(TimestampMillisecondArray::from_iter_values(
                 (0..rows).map(|i| 1_700_000_000_000 + 10 * i),
             )),
@@ -154,6 +154,9 @@ fn decoder_cases(seed: u64, cases: usize) -> usize {
             ipc_bytes(&schema, &[b.clone(), b.slice(1.min(b.num_rows()), 0)]).unwrap()
         })
         .collect();
+    // Compressed once: cases mutate copies.
+    let zstd_frame = zstd::bulk::compress(&seeds[1], 1).unwrap();
+    let lz4_frame = lz4_flex::block::compress_prepend_size(&seeds[1]);
     let mut rng = Rng(seed | 1);
     let mut ok = 0;
     for case in 0..cases {
@@ -168,12 +171,12 @@ fn decoder_cases(seed: u64, cases: usize) -> usize {
             let data = match encoding {
                 Encoding::None => B64.encode(&bytes),
                 Encoding::Zstd => {
-                    let mut frame = zstd::bulk::compress(&seeds[1], 1).unwrap();
+                    let mut frame = zstd_frame.clone();
                     mutate(&mut rng, &mut frame);
                     B64.encode(frame)
                 }
                 Encoding::Lz4 => {
-                    let mut frame = lz4_flex::block::compress_prepend_size(&seeds[1]);
+                    let mut frame = lz4_frame.clone();
                     mutate(&mut rng, &mut frame);
                     B64.encode(frame)
                 }
@@ -205,7 +208,10 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
     let b = bids(40);
     memory.insert(
         "bid",
-        MemorySource::new(bid_schema(), vec![vec![b.slice(0, 20)], vec![b.slice(20, 20)]]),
+        MemorySource::new(
+            bid_schema(),
+            vec![vec![b.slice(0, 20)], vec![b.slice(20, 20)]],
+        ),
     );
     let mut sources = SourceRegistry::default();
     sources.register("MEMORY", memory);
@@ -240,21 +246,21 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
     // The edge carries (auction, partial max of date_time).
     let edge_schema = Arc::new(Schema::new(vec![
         Field::new("auction", DataType::Int64, false),
-        Field::new(
-            "m",
-            DataType::Timestamp(TimeUnit::Millisecond, None),
-            true,
-        ),
+        Field::new("m", DataType::Timestamp(TimeUnit::Millisecond, None), true),
     ]));
     let edge_batch = RecordBatch::try_new(
         edge_schema.clone(),
         vec![
             Arc::new(Int64Array::from(vec![1000, 1001, 1002])),
-            Arc::new(TimestampMillisecondArray::from(vec![Some(1), None, Some(3)])),
+            Arc::new(TimestampMillisecondArray::from(vec![
+                Some(1),
+                None,
+                Some(3),
+            ])),
         ],
     )
     .unwrap();
-    let ipc = ipc_bytes(&edge_schema, &[edge_batch.clone()]).unwrap();
+    let ipc = ipc_bytes(&edge_schema, std::slice::from_ref(&edge_batch)).unwrap();
     // Epoch 1 already ran: a valid payload decodes, then is a duplicate.
     let valid = json!({
         "uuid": {"qid": plan.query_code, "seq_num": 0, "seq_len": upstream.members},
@@ -264,7 +270,11 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
         "data": encode_data(Encoding::Zstd, &edge_schema, &[edge_batch]).unwrap(),
     });
     let answer = runtime
-        .invoke(&member, valid.to_string().into_bytes(), InvocationType::Sync)
+        .invoke(
+            &member,
+            valid.to_string().into_bytes(),
+            InvocationType::Sync,
+        )
         .await
         .unwrap_or_else(|e| panic!("the valid payload is refused: {e}"));
     assert!(String::from_utf8_lossy(&answer).contains("duplicate"));
@@ -331,7 +341,11 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
     }
     // Still serving.
     runtime
-        .invoke(&member, valid.to_string().into_bytes(), InvocationType::Sync)
+        .invoke(
+            &member,
+            valid.to_string().into_bytes(),
+            InvocationType::Sync,
+        )
         .await
         .unwrap();
     refused

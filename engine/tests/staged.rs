@@ -363,7 +363,10 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
         ),
         (good(&wrong, 0, true), "schema does not match"),
         (good("", 7, true), "seq_num 7"),
-        (with("epoch", 99.into()), "epoch 99 is past the run's 2 epochs"),
+        (
+            with("epoch", 99.into()),
+            "epoch 99 is past the run's 2 epochs",
+        ),
         (
             with(
                 "uuid",
@@ -379,10 +382,16 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
             "seq_len 4294967295 is not the",
         ),
         (
-            with("fragment", serde_json::json!({"index": 0, "count": u32::MAX})),
+            with(
+                "fragment",
+                serde_json::json!({"index": 0, "count": u32::MAX}),
+            ),
             "fragment count 4294967295",
         ),
-        (with("shuffle_id", 77.into()), "shuffle id 77 is not an input"),
+        (
+            with("shuffle_id", 77.into()),
+            "shuffle id 77 is not an input",
+        ),
         (b"{\"uuid\": ".to_vec(), "not valid JSON"),
     ];
     for (bytes, reason) in cases {
@@ -394,10 +403,7 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
             .to_string();
         assert!(err.contains(reason), "want {reason:?} in {err}");
         if reason != "not valid JSON" {
-            assert!(
-                err.contains(&member) && err.contains("#0."),
-                "{err}"
-            );
+            assert!(err.contains(&member) && err.contains("#0."), "{err}");
         }
     }
     // The same functions still run a whole query correctly.

@@ -53,7 +53,10 @@ impl BenchScope {
         let scope: BenchScope = serde_json::from_str(json)
             .map_err(|e| ScopeError::BadScope(BENCH_ENV, e.to_string()))?;
         if !safe_key(&scope.run) {
-            return Err(ScopeError::BadScope(BENCH_ENV, format!("run {:?}", scope.run)));
+            return Err(ScopeError::BadScope(
+                BENCH_ENV,
+                format!("run {:?}", scope.run),
+            ));
         }
         Ok(scope)
     }
@@ -77,7 +80,9 @@ impl BenchScope {
         match request {
             ExchangeRequest::Send { bytes, to, tag, .. } => {
                 if *bytes > MAX_BYTES {
-                    return outside(format!("{bytes} bytes is above the {MAX_BYTES} an exchange moves"));
+                    return outside(format!(
+                        "{bytes} bytes is above the {MAX_BYTES} an exchange moves"
+                    ));
                 }
                 if !self.peers.contains(to) {
                     return outside(format!("{to:?} is not a peer of this bench function"));
@@ -86,7 +91,9 @@ impl BenchScope {
                     return outside(format!("tag {tag:?} is not of run {:?}", self.run));
                 }
             }
-            ExchangeRequest::Receive { ack: Some(ack), .. } if !self.inside(&format!("{ack}/x")) => {
+            ExchangeRequest::Receive { ack: Some(ack), .. }
+                if !self.inside(&format!("{ack}/x")) =>
+            {
                 return outside(format!("ack prefix {ack:?} is outside {}", self.prefix()));
             }
             ExchangeRequest::Fetch { key } if !self.inside(key) => {
@@ -127,10 +134,8 @@ mod tests {
     use crate::exchange::Method;
 
     fn scope() -> BenchScope {
-        BenchScope::parse(
-            r#"{"run": "r1", "peers": ["recv"], "record_prefix": "s3://b/probes/"}"#,
-        )
-        .unwrap()
+        BenchScope::parse(r#"{"run": "r1", "peers": ["recv"], "record_prefix": "s3://b/probes/"}"#)
+            .unwrap()
     }
 
     fn send(to: &str, tag: &str, bytes: usize) -> ExchangeRequest {

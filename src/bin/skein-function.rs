@@ -146,7 +146,11 @@ async fn handle(
         Request::Records(event) => {
             let batch = match parse_kinesis_event(&event) {
                 Some(batch) => batch.map_err(|e| invalid(format!("bad Kinesis event: {e}")))?,
-                None => return Err(invalid("an event with Records that is not from Kinesis".into())),
+                None => {
+                    return Err(invalid(
+                        "an event with Records that is not from Kinesis".into(),
+                    ));
+                }
             };
             let function = &context.env_config.function_name;
             let stage = stage
