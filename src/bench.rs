@@ -149,7 +149,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
             for j in &jsons {
                 let p = Payload::from_json(j)?;
                 back += p
-                    .decode_batches("bench", Some(&schema))?
+                    .decode_batches("bench", &schema)?
                     .iter()
                     .map(|b| b.num_rows())
                     .sum::<usize>();

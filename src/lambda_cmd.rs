@@ -23,6 +23,7 @@ use skein_engine::driver::{destroy as destroy_functions, trigger_epoch};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
+use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
 use skein_lambda::dead_letter;
 use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
 use skein_lambda::esm;
@@ -855,11 +856,22 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
         on_failure: None,
     };
     let service = LambdaFunctionService::new(&b.sdk, Some(options));
-    for name in [EXCHANGE_SENDER, EXCHANGE_RECEIVER] {
+    // Only these two serve exchange requests: the sender may invoke the
+    // receiver, both only touch this run's keys (bench_scope.rs).
+    let run = run_id();
+    for (name, peers) in [
+        (EXCHANGE_SENDER, vec![EXCHANGE_RECEIVER.to_string()]),
+        (EXCHANGE_RECEIVER, vec![]),
+    ] {
+        let scope = BenchScope {
+            run: run.clone(),
+            peers,
+            record_prefix: None,
+        };
         service
             .create(FunctionSpec {
                 name: name.to_string(),
-                environment: BTreeMap::new(),
+                environment: BTreeMap::from([(BENCH_ENV.to_string(), scope.to_json())]),
                 concurrency: skein_engine::planner::STATELESS_CONCURRENCY,
             })
             .await
@@ -872,7 +884,6 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} exchanges {msg} [{elapsed}]")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let run = run_id();
     let mut counter = 0u64;
     let result: Result<Vec<serde_json::Value>> = async {
         let mut lines = vec![];

@@ -62,6 +62,12 @@ async fn skein_function_on_ministack_lambda() {
             Environment::builder()
                 .variables("SKEIN_PROBE_TOKEN", &token)
                 .variables("SKEIN_STAGE", "smoke-00-00")
+                // A bench function may record probe reports, under this prefix only.
+                .variables(
+                    "SKEIN_BENCH",
+                    json!({"run": "smoke", "record_prefix": format!("s3://{bucket}/{name}/")})
+                        .to_string(),
+                )
                 .variables("RUST_LOG", "info")
                 .build(),
         )

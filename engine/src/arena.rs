@@ -5,7 +5,7 @@
 //! dropped, and the set is complete only when every upstream instance has
 //! delivered every fragment it announced.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use datafusion::arrow::record_batch::RecordBatch;
 
@@ -40,8 +40,10 @@ pub struct EpochInput {
 #[derive(Debug, Default)]
 struct EdgeSlot {
     seq_len: u32,
-    /// Per seq_num: the announced fragment count and which fragments arrived.
-    received: HashMap<u32, (u32, Vec<bool>)>,
+    /// Per seq_num: the announced fragment count and which fragments
+    /// arrived. A set, not a bitmap: memory follows what arrived, never a
+    /// count a payload claims.
+    received: HashMap<u32, (u32, BTreeSet<u32>)>,
     batches: Vec<RecordBatch>,
 }
 
@@ -51,19 +53,23 @@ impl EdgeSlot {
             && self
                 .received
                 .values()
-                .all(|(_, bits)| bits.iter().all(|b| *b))
+                .all(|(count, got)| got.len() == *count as usize)
     }
 
     fn missing(&self) -> Vec<String> {
         let mut out = vec![];
         for s in 0..self.seq_len {
+            if out.len() >= 16 {
+                break;
+            }
             match self.received.get(&s) {
                 None => out.push(format!("seq {s}")),
-                Some((_, bits)) => out.extend(
-                    bits.iter()
-                        .enumerate()
-                        .filter(|(_, b)| !**b)
-                        .map(|(i, _)| format!("seq {s} fragment {i}")),
+                Some((count, got)) => out.extend(
+                    (0..*count)
+                        .filter(|i| !got.contains(i))
+                        // A long list says nothing more than its start.
+                        .take(16)
+                        .map(|i| format!("seq {s} fragment {i}")),
                 ),
             }
         }
@@ -130,15 +136,10 @@ impl Arena {
                 ),
             });
         }
-        let (count, bits) = edge
+        let (count, got) = edge
             .received
             .entry(payload.uuid.seq_num)
-            .or_insert_with(|| {
-                (
-                    payload.fragment.count,
-                    vec![false; payload.fragment.count as usize],
-                )
-            });
+            .or_insert_with(|| (payload.fragment.count, BTreeSet::new()));
         if *count != payload.fragment.count {
             return Err(EngineError::BadPayload {
                 uuid: payload.uuid_string(),
@@ -149,11 +150,9 @@ impl Arena {
                 ),
             });
         }
-        let bit = &mut bits[payload.fragment.index as usize];
-        if *bit {
+        if !got.insert(payload.fragment.index) {
             return Ok(Collected::Duplicate);
         }
-        *bit = true;
         edge.batches.extend(batches);
         // Fragments of one send repeat its watermark; adding it again does
         // not change a minimum.

@@ -18,8 +18,11 @@ use datafusion::prelude::SessionContext;
 use futures::future::try_join_all;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
+
+pub use crate::request::{Request, Trigger};
 use tokio::sync::Mutex;
 
+use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::context::{CloudContext, NextHop, StageMode, function_name};
@@ -47,48 +50,6 @@ pub struct FunctionEnv {
     pub max_backoff: Duration,
     /// Where this process counts late rows.
     pub late: Arc<LateCounts>,
-}
-
-/// The request a function receives.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Request {
-    /// Run a source stage for one epoch.
-    Trigger(Trigger),
-    /// Data from an upstream stage.
-    Data(Payload),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Trigger {
-    pub qid: String,
-    pub epoch: u64,
-    pub last: bool,
-}
-
-impl Request {
-    pub fn to_json(&self) -> Vec<u8> {
-        match self {
-            // Data payloads travel as the bare envelope.
-            Request::Data(p) => p.to_json(),
-            Request::Trigger(t) => {
-                serde_json::to_vec(&serde_json::json!({ "trigger": t })).expect("json")
-            }
-        }
-    }
-
-    pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let v: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.to_string()))?;
-        if let Some(t) = v.get("trigger") {
-            let t: Trigger = serde_json::from_value(t.clone())
-                .map_err(|e| EngineError::BadEnvelope(format!("trigger: {e}")))?;
-            return Ok(Request::Trigger(t));
-        }
-        let p: Payload = serde_json::from_value(v)
-            .map_err(|e| EngineError::BadEnvelope(format!("payload: {e}")))?;
-        Ok(Request::Data(p))
-    }
 }
 
 /// The function's answer.
@@ -317,11 +278,21 @@ impl StageFunction {
         self.state.lock().await.windows.bytes()
     }
 
-    /// Serve one invocation. Errors name the function (stage) and payload.
+    /// Serve one invocation as it came over the wire. Errors name the
+    /// function (stage) and payload.
     pub async fn handle(&self, bytes: &[u8]) -> Result<Response> {
-        match Request::from_json(bytes)? {
+        self.serve(Request::from_json(bytes)?).await
+    }
+
+    /// Serve one parsed request: a trigger or a data payload.
+    pub async fn serve(&self, request: Request) -> Result<Response> {
+        match request {
             Request::Trigger(t) => self.run_source(t).await,
-            Request::Data(p) => self.take_payload(p).await,
+            Request::Data(p) => self.take_payload(*p).await,
+            other => Err(EngineError::Invocation {
+                name: self.name.clone(),
+                reason: format!("a {} is not a stage request", other.kind()),
+            }),
         }
     }
 
@@ -339,6 +310,15 @@ impl StageFunction {
     }
 
     async fn run_source(&self, t: Trigger) -> Result<Response> {
+        if t.qid != self.ctx.query_code {
+            return Err(EngineError::Invocation {
+                name: self.name.clone(),
+                reason: format!(
+                    "a trigger for query {:?}, not this function's {}",
+                    t.qid, self.ctx.query_code
+                ),
+            });
+        }
         if !self.ctx.inputs.is_empty() {
             return Err(EngineError::Invocation {
                 name: self.name.clone(),
@@ -503,8 +483,15 @@ impl StageFunction {
     }
 
     async fn take_payload(&self, p: Payload) -> Result<Response> {
-        p.validate(&self.name)?;
-        let expected = self.input_schemas.get(&p.shuffle_id);
+        admit(&p, &self.ctx, &self.name)?;
+        let expected =
+            self.input_schemas
+                .get(&p.shuffle_id)
+                .ok_or_else(|| EngineError::BadPayload {
+                    uuid: p.uuid_string(),
+                    stage: self.name.clone(),
+                    reason: format!("no leaf of this stage reads edge {}", p.shuffle_id),
+                })?;
         let batches = p.decode_batches(&self.name, expected)?;
         let mut state = self.state.lock().await;
         let arena = state

@@ -10,6 +10,7 @@
 //! * [`watermark`] is event time at the sources; [`window_state`] holds the
 //!   open windows of a stage.
 
+pub mod admit;
 pub mod arena;
 pub mod backoff;
 pub mod codec;
@@ -19,10 +20,13 @@ pub mod error;
 pub mod exec;
 pub mod function;
 pub mod invoke;
+pub mod ipc_decode;
+pub mod ipc_schema;
 pub mod local;
 pub mod metrics;
 pub mod payload;
 pub mod planner;
+pub mod request;
 pub mod ring;
 pub mod sink;
 pub mod source;

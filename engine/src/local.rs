@@ -15,6 +15,7 @@ use crate::context::{CONTEXT_ENV, CloudContext};
 use crate::error::{EngineError, Result};
 use crate::function::{FunctionEnv, LateCounts, StageFunction};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker};
+use crate::request::Request;
 use crate::sink::SinkRegistry;
 use crate::source::SourceRegistry;
 
@@ -193,7 +194,8 @@ impl LocalRuntime {
                 })?
         };
         let instance = self.instance(f).await?;
-        let response = instance.handle(payload).await?;
+        // Parsed once, as the Lambda bootstrap does.
+        let response = instance.serve(Request::from_json(payload)?).await?;
         Ok(serde_json::to_vec(&response).expect("response serialises"))
     }
 

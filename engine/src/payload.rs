@@ -9,12 +9,9 @@
 //! is split into fragments, and `fragment.count` says how many to expect.
 //! Bytes always travel as base64 text: Lambda payloads must be JSON.
 
-use std::io::Cursor;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
@@ -27,6 +24,18 @@ pub const SYNC_PAYLOAD_LIMIT: usize = 6 * 1024 * 1024;
 pub const ASYNC_PAYLOAD_LIMIT: usize = 1024 * 1024;
 /// Room kept for the JSON envelope around `data`.
 const ENVELOPE_ALLOWANCE: usize = 2 * 1024;
+/// Most bytes one payload's `data` may decompress to. Senders split their
+/// output so no fragment exceeds it (see `encode_to_fit`), so a larger
+/// claim is hostile: refusing it keeps a zstd or lz4 bomb from allocating
+/// without bound.
+pub const MAX_DECODED_BYTES: usize = 256 * 1024 * 1024;
+/// Most fragments one sender may split one epoch's output for one receiver
+/// into. A sender holds its output in memory: at most 10,240 MiB, Lambda's
+/// largest function, which is 10,240 fragments of the smallest (1 MiB,
+/// async) limit; halving pieces that still do not fit can leave fragments
+/// under the limit, so the cap leaves six-fold room. Senders refuse to send
+/// more (`encode_payloads`), receivers refuse to accept more.
+pub const MAX_FRAGMENTS: u32 = 65_536;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -138,9 +147,12 @@ impl Payload {
                 self.uuid.seq_num, self.uuid.seq_len
             )));
         }
-        if self.fragment.count == 0 || self.fragment.index >= self.fragment.count {
+        if self.fragment.count == 0
+            || self.fragment.count > MAX_FRAGMENTS
+            || self.fragment.index >= self.fragment.count
+        {
             return Err(bad(format!(
-                "fragment {} is not below fragment count {}",
+                "fragment {} is not below fragment count {} (at most {MAX_FRAGMENTS})",
                 self.fragment.index, self.fragment.count
             )));
         }
@@ -148,12 +160,10 @@ impl Payload {
     }
 
     /// Decode `data` into record batches, checking the schema against what
-    /// the stage expects.
-    pub fn decode_batches(
-        &self,
-        stage: &str,
-        expected: Option<&SchemaRef>,
-    ) -> Result<Vec<RecordBatch>> {
+    /// the stage expects. Every failure is an error naming the payload and
+    /// stage; the IPC stream is checked before arrow reads it
+    /// ([`crate::ipc_decode`]).
+    pub fn decode_batches(&self, stage: &str, expected: &SchemaRef) -> Result<Vec<RecordBatch>> {
         let bad = |reason: String| EngineError::BadPayload {
             uuid: self.uuid_string(),
             stage: stage.to_string(),
@@ -171,43 +181,26 @@ impl Payload {
                 self.encoding
             ))
         })?;
-        let reader = StreamReader::try_new(Cursor::new(ipc), None)
-            .map_err(|e| bad(format!("data is not an Arrow IPC stream: {e}")))?;
-        if let Some(expected) = expected {
-            let got = reader.schema();
-            if !schemas_compatible(&got, expected) {
-                return Err(bad(format!(
-                    "schema does not match the plan: expected {}, got {}",
-                    describe_schema(expected),
-                    describe_schema(&got)
-                )));
-            }
-        }
-        let mut batches = vec![];
-        for b in reader {
-            batches.push(b.map_err(|e| bad(format!("truncated or corrupt Arrow batch: {e}")))?);
-        }
-        Ok(batches)
+        // The last line of defence: an arrow path the checks missed must
+        // not take the instance down. (Only where panics unwind; under
+        // `panic = "abort"` the checks in ipc_decode are what holds.)
+        std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
+            .unwrap_or_else(|panic| {
+                Err(format!(
+                    "the Arrow decoder panicked: {}",
+                    panic_text(&*panic)
+                ))
+            })
+            .map_err(|e| bad(format!("data is not a valid Arrow IPC stream: {e}")))
     }
 }
 
-fn describe_schema(s: &SchemaRef) -> String {
-    let cols: Vec<String> = s
-        .fields()
-        .iter()
-        .map(|f| format!("{}: {}", f.name(), f.data_type()))
-        .collect();
-    format!("[{}]", cols.join(", "))
-}
-
-/// Same column count and types; names may differ (plans rename freely).
-fn schemas_compatible(got: &SchemaRef, expected: &SchemaRef) -> bool {
-    got.fields().len() == expected.fields().len()
-        && got
-            .fields()
-            .iter()
-            .zip(expected.fields().iter())
-            .all(|(a, b)| a.data_type() == b.data_type())
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
@@ -218,21 +211,32 @@ fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Decompress at most [`MAX_DECODED_BYTES`]: the size a frame claims is
+/// checked before anything is allocated for it.
 fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let check = |size: u64| {
+        if size > MAX_DECODED_BYTES as u64 {
+            Err(format!(
+                "frame claims {size} bytes, above the cap of {MAX_DECODED_BYTES}"
+            ))
+        } else {
+            Ok(size as usize)
+        }
+    };
     match encoding {
         Encoding::None => Ok(data.to_vec()),
         Encoding::Zstd => {
             let size = zstd::zstd_safe::get_frame_content_size(data)
                 .map_err(|e| format!("{e:?}"))?
                 .ok_or("zstd frame without content size")?;
-            // A corrupt header must not make us allocate without bound.
-            if size > 1 << 32 {
-                return Err(format!("zstd frame claims {size} bytes"));
-            }
-            zstd::bulk::decompress(data, size as usize).map_err(|e| e.to_string())
+            // The output buffer is the claimed size: a frame that lies
+            // about it fails instead of growing it.
+            zstd::bulk::decompress(data, check(size)?).map_err(|e| e.to_string())
         }
         Encoding::Lz4 => {
-            lz4_flex::block::decompress_size_prepended(data).map_err(|e| e.to_string())
+            let (size, rest) =
+                lz4_flex::block::uncompressed_size(data).map_err(|e| e.to_string())?;
+            lz4_flex::block::decompress(rest, check(size as u64)?).map_err(|e| e.to_string())
         }
     }
 }
@@ -259,8 +263,17 @@ pub fn encode_data(
     schema: &SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<String> {
+    Ok(encode_piece(encoding, schema, batches)?.0)
+}
+
+/// `data` for `batches` and the size it decompresses to.
+fn encode_piece(
+    encoding: Encoding,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<(String, usize)> {
     let ipc = ipc_bytes(schema, batches)?;
-    Ok(B64.encode(compress(encoding, &ipc)))
+    Ok((B64.encode(compress(encoding, &ipc)), ipc.len()))
 }
 
 /// What every payload of one send has in common.
@@ -294,7 +307,15 @@ pub fn encode_payloads(
     } else {
         encode_to_fit(header.encoding, schema, batches, limit)?
     };
-    let count = datas.len() as u32;
+    let count = u32::try_from(datas.len())
+        .ok()
+        .filter(|n| *n <= MAX_FRAGMENTS)
+        .ok_or_else(|| {
+            EngineError::Context(format!(
+                "one send needs {} fragments, above the {MAX_FRAGMENTS} a receiver accepts",
+                datas.len()
+            ))
+        })?;
     let mut out = Vec::with_capacity(datas.len());
     for (i, data) in datas.into_iter().enumerate() {
         out.push(Payload {
@@ -340,13 +361,17 @@ fn encode_to_fit(
         .filter(|b| b.num_rows() > 0)
         .cloned()
         .collect();
-    let whole = encode_data(encoding, schema, &group)?;
-    if whole.len() <= budget {
-        return Ok(vec![whole]);
+    // A piece fits when it is under the payload limit and decompresses
+    // to no more than a receiver accepts.
+    let fits = |(data, raw): &(String, usize)| data.len() <= budget && *raw <= MAX_DECODED_BYTES;
+    let whole = encode_piece(encoding, schema, &group)?;
+    if fits(&whole) {
+        return Ok(vec![whole.0]);
     }
     let rows: usize = group.iter().map(|b| b.num_rows()).sum();
     // Aim a little under the budget so most pieces fit the first time.
-    let pieces = (whole.len() as f64 / (budget as f64 * 0.85))
+    let pieces = (whole.0.len() as f64 / (budget as f64 * 0.85))
+        .max(whole.1 as f64 / (MAX_DECODED_BYTES as f64 * 0.85))
         .ceil()
         .max(2.0) as usize;
     let per = rows.div_ceil(pieces);
@@ -361,16 +386,18 @@ fn encode_to_fit(
     pending.reverse();
     let mut done = vec![];
     while let Some(piece) = pending.pop() {
-        let data = encode_data(encoding, schema, &piece)?;
-        if data.len() <= budget {
-            done.push(data);
+        let encoded = encode_piece(encoding, schema, &piece)?;
+        if fits(&encoded) {
+            done.push(encoded.0);
             continue;
         }
         let n: usize = piece.iter().map(|b| b.num_rows()).sum();
         if n <= 1 {
             return Err(EngineError::Context(format!(
-                "one row encodes to {} bytes, above the payload limit of {limit}",
-                data.len()
+                "one row encodes to {} bytes ({} decoded), above the payload limit of {limit} \
+                 or the decoded cap of {MAX_DECODED_BYTES}",
+                encoded.0.len(),
+                encoded.1
             )));
         }
         let (left, right) = halve(&piece, n / 2);
@@ -457,7 +484,7 @@ mod tests {
                 "no byte arrays in JSON"
             );
             let back = Payload::from_json(&json).unwrap();
-            let got = back.decode_batches("s", Some(&b.schema())).unwrap();
+            let got = back.decode_batches("s", &b.schema()).unwrap();
             assert_eq!(got, vec![b]);
         }
     }
@@ -479,7 +506,7 @@ mod tests {
             assert!(p.to_json().len() <= ASYNC_PAYLOAD_LIMIT);
             assert_eq!(p.fragment.index as usize, i);
             assert_eq!(p.fragment.count as usize, ps.len());
-            for b in p.decode_batches("s", Some(&schema)).unwrap() {
+            for b in p.decode_batches("s", &schema).unwrap() {
                 let ids = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
                 rows.extend(ids.values().iter().copied());
             }
@@ -499,7 +526,7 @@ mod tests {
         .unwrap();
         assert_eq!(ps.len(), 1);
         assert!(ps[0].data.is_empty());
-        assert!(ps[0].decode_batches("s", None).unwrap().is_empty());
+        assert!(ps[0].decode_batches("s", &b.schema()).unwrap().is_empty());
     }
 
     #[test]
@@ -518,7 +545,7 @@ mod tests {
         truncated.data.truncate(truncated.data.len() / 2);
         truncated.data.push('!');
         let err = truncated
-            .decode_batches("stage-02", None)
+            .decode_batches("stage-02", &b.schema())
             .unwrap_err()
             .to_string();
         assert!(
@@ -529,7 +556,7 @@ mod tests {
         let mut bad_frame = good.clone();
         bad_frame.data = B64.encode(b"definitely not zstd");
         let err = bad_frame
-            .decode_batches("stage-02", None)
+            .decode_batches("stage-02", &b.schema())
             .unwrap_err()
             .to_string();
         assert!(err.contains("Zstd"), "{err}");
@@ -537,11 +564,11 @@ mod tests {
         let mut cut_frame = good.clone();
         let raw = B64.decode(&good.data).unwrap();
         cut_frame.data = B64.encode(&raw[..raw.len() - 7]);
-        assert!(cut_frame.decode_batches("stage-02", None).is_err());
+        assert!(cut_frame.decode_batches("stage-02", &b.schema()).is_err());
 
         let other = Arc::new(Schema::new(vec![Field::new("x", DataType::Utf8, true)]));
         let err = good
-            .decode_batches("stage-02", Some(&other))
+            .decode_batches("stage-02", &other)
             .unwrap_err()
             .to_string();
         assert!(err.contains("schema does not match"), "{err}");

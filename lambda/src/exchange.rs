@@ -26,13 +26,11 @@
 //! `{"exchange": {"send" | "receive" | "fetch": {...}}}` (see
 //! [`ExchangeRequest`]).
 
-use std::io::Cursor;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use datafusion::arrow::array::BinaryArray;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::record_batch::RecordBatch;
 use futures::TryStreamExt;
 use object_store::path::Path;
@@ -46,11 +44,13 @@ use skein_engine::payload::{
 };
 
 /// The top-level key of an exchange request.
-pub const REQUEST_KEY: &str = "exchange";
+pub const REQUEST_KEY: &str = skein_engine::request::EXCHANGE_KEY;
 /// Where objects and acknowledgements of the benchmark go in the store.
 pub const PREFIX: &str = "skein/bench/exchange";
 /// Bytes of one row of the moved data.
 pub const ROW_BYTES: usize = 100;
+/// Most bytes one exchange moves: the sender builds them in memory.
+pub const MAX_BYTES: usize = 256 * 1024 * 1024;
 /// How long the sender waits for the acknowledgements of async fragments.
 const ACK_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -173,6 +173,11 @@ fn schema() -> SchemaRef {
 
 /// `bytes` bytes of incompressible data in rows of [`ROW_BYTES`].
 pub fn data(bytes: usize) -> Result<RecordBatch> {
+    if bytes > MAX_BYTES {
+        return Err(ExchangeError::Failed(format!(
+            "{bytes} bytes is above the {MAX_BYTES} an exchange moves"
+        )));
+    }
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15 ^ bytes as u64;
     let mut raw = vec![0u8; bytes];
     for chunk in raw.chunks_mut(8) {
@@ -253,12 +258,18 @@ pub async fn handle(request: ExchangeRequest, env: &ExchangeEnv) -> Result<serde
         }
         ExchangeRequest::Fetch { key } => {
             let t = Instant::now();
-            let bytes = env.store.get(&Path::from(key)).await?.bytes().await?;
+            let bytes = env
+                .store
+                .get(&Path::from(key.as_str()))
+                .await?
+                .bytes()
+                .await?;
             let get_ms = t.elapsed().as_secs_f64() * 1000.0;
-            let mut rows = 0;
-            for batch in StreamReader::try_new(Cursor::new(bytes), None)? {
-                rows += batch?.num_rows();
-            }
+            let rows = skein_engine::ipc_decode::decode_stream(&bytes, &schema())
+                .map_err(|e| ExchangeError::Failed(format!("object {key}: {e}")))?
+                .iter()
+                .map(|b| b.num_rows())
+                .sum();
             serde_json::to_value(ReceiveReport {
                 rows,
                 get_ms: Some(get_ms),
@@ -268,7 +279,7 @@ pub async fn handle(request: ExchangeRequest, env: &ExchangeEnv) -> Result<serde
 }
 
 fn decode(payload: &Payload) -> Result<usize> {
-    let batches = payload.decode_batches("exchange", Some(&schema()))?;
+    let batches = payload.decode_batches("exchange", &schema())?;
     Ok(batches.iter().map(|b| b.num_rows()).sum())
 }
 

@@ -5,11 +5,13 @@
 //! * [`store`]: the object store (S3 or a directory) from a URL and `AWS_*`;
 //! * [`package`]: the `bootstrap.zip` Lambda expects;
 //! * [`exchange`]: the payload-vs-S3 exchange benchmark (Flock's Table 2);
+//! * [`bench_scope`]: which bench and probe requests a function serves;
 //! * [`esm`]: Kinesis event-source mappings for pushed source stages.
 //!
 //! Every AWS call uses the standard credential chain and honours
 //! `AWS_ENDPOINT_URL`; nothing (bucket, role, region) is hard-coded.
 
+pub mod bench_scope;
 pub mod dead_letter;
 pub mod deploy;
 pub mod esm;

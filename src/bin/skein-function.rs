@@ -20,6 +20,11 @@
 //! `{"exchange": {...}}` requests are the two sides of `skein bench lambda
 //! --exchange` (payloads vs S3 between two functions; `skein_lambda::exchange`).
 //!
+//! Exchange requests and `record_to` act with the function's role, so only a
+//! bench function serves them, within the scope its `SKEIN_BENCH` names
+//! (`skein_lambda::bench_scope`); a query's functions refuse them. The
+//! request is parsed once, into `skein_engine::request::Request`.
+//!
 //! Bad input never panics the function: it becomes a Lambda error whose type
 //! and message say what was wrong.
 
@@ -35,12 +40,14 @@ use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
-use skein_connectors::kinesis::{KinesisEventBatch, parse_kinesis_event};
+use skein_connectors::kinesis::parse_kinesis_event;
 use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
+use skein_engine::request::Request;
+use skein_lambda::bench_scope::{BenchScope, ScopeError};
 use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
 use skein_sinks::store::s3_from_env;
@@ -99,66 +106,20 @@ fn init_logging() {
         .init();
 }
 
-/// What an invocation asks for.
-#[derive(Debug)]
-enum Request {
-    Probe(Probe),
-    /// A trigger or a data payload for the stage handler.
-    Stage(Value),
-    /// Lambda's record of an async invocation that failed all its retries
-    /// (this function is then a query's dead-letter function).
-    DeadLetter(Value),
-    /// A step of the payload-vs-S3 exchange benchmark (`skein bench lambda --exchange`).
-    Exchange(ExchangeRequest),
-    /// A batch of a Kinesis event-source mapping, for a pushed source stage.
-    Kinesis(KinesisEventBatch),
-}
-
-impl Request {
-    /// Tells the kind of payload by its top-level keys.
-    fn parse(payload: Value) -> Result<Self, Diagnostic> {
-        if let Some(batch) = parse_kinesis_event(&payload) {
-            return batch
-                .map(Request::Kinesis)
-                .map_err(|e| invalid(format!("bad Kinesis event: {e}")));
-        }
-        let Value::Object(mut fields) = payload else {
-            return Err(invalid(format!(
-                "expected a JSON object, got {}",
-                json_kind(&payload)
-            )));
-        };
-        if let Some(probe) = fields.remove("probe") {
-            return Probe::parse(probe).map(Request::Probe);
-        }
-        if let Some(exchange) = fields.remove(exchange::REQUEST_KEY) {
-            return serde_json::from_value(exchange)
-                .map(Request::Exchange)
-                .map_err(|e| invalid(format!("bad exchange request: {e}")));
-        }
-        // Lambda's on-failure record: {"requestContext", "requestPayload", ...}.
-        if fields.contains_key("requestContext") && fields.contains_key("requestPayload") {
-            return Ok(Request::DeadLetter(Value::Object(fields)));
-        }
-        if fields.contains_key("trigger") || fields.contains_key("uuid") {
-            return Ok(Request::Stage(Value::Object(fields)));
-        }
-        let keys: Vec<&String> = fields.keys().collect();
-        Err(invalid(format!(
-            "unrecognised payload with keys {keys:?}; expected {{\"probe\": {{...}}}}, \
-             {{\"trigger\": {{...}}}} or a data payload {{\"uuid\": ...}}"
-        )))
-    }
-}
-
 async fn handle(
     event: LambdaEvent<Value>,
     stage: Arc<OnceCell<StageFunction>>,
     exchange_env: Arc<OnceCell<ExchangeEnv>>,
 ) -> Result<Value, Diagnostic> {
     let (payload, context) = event.into_parts();
-    match Request::parse(payload)? {
+    let request = Request::from_value(payload).map_err(|e| invalid(e.to_string()))?;
+    match request {
         Request::Exchange(request) => {
+            let request: ExchangeRequest = serde_json::from_value(request)
+                .map_err(|e| invalid(format!("bad exchange request: {e}")))?;
+            bench_scope("an exchange request")?
+                .check_exchange(&request)
+                .map_err(refused)?;
             let env = exchange_env
                 .get_or_try_init(build_exchange_env)
                 .await
@@ -171,6 +132,7 @@ async fn handle(
                 })
         }
         Request::DeadLetter(record) => {
+            let record = Value::Object(record);
             let url = std::env::var(STORE_ENV).map_err(|_| {
                 internal(format!("a dead letter arrived but {STORE_ENV} is not set"))
             })?;
@@ -181,7 +143,15 @@ async fn handle(
             tracing::warn!(%key, "async invocation failed its retries; recorded");
             Ok(serde_json::json!({ "recorded": key }))
         }
-        Request::Kinesis(batch) => {
+        Request::Records(event) => {
+            let batch = match parse_kinesis_event(&event) {
+                Some(batch) => batch.map_err(|e| invalid(format!("bad Kinesis event: {e}")))?,
+                None => {
+                    return Err(invalid(
+                        "an event with Records that is not from Kinesis".into(),
+                    ));
+                }
+            };
             let function = &context.env_config.function_name;
             let stage = stage
                 .get_or_try_init(build_stage)
@@ -194,16 +164,14 @@ async fn handle(
             serde_json::to_value(&response)
                 .map_err(|e| internal(format!("encoding the response: {e}")))
         }
-        Request::Stage(request) => {
+        request @ (Request::Trigger(_) | Request::Data(_)) => {
             let function = &context.env_config.function_name;
             let stage = stage
                 .get_or_try_init(build_stage)
                 .await
                 .map_err(|e| engine_error(function, &e))?;
-            let bytes = serde_json::to_vec(&request)
-                .map_err(|e| internal(format!("re-encoding the request: {e}")))?;
             let response = stage
-                .handle(&bytes)
+                .serve(request)
                 .await
                 .map_err(|e| engine_error(function, &e))?;
             serde_json::to_value(&response)
@@ -213,10 +181,30 @@ async fn handle(
             let report = ProbeReport::new(&context);
             tracing::info!(recorded = probe.record_to.is_some(), "probe answered");
             if let Some(target) = &probe.record_to {
+                bench_scope("a probe with record_to")?
+                    .check_record_to(target)
+                    .map_err(refused)?;
                 record(target, &report).await?;
             }
             serde_json::to_value(&report).map_err(|e| internal(format!("encoding report: {e}")))
         }
+    }
+}
+
+/// This function's bench scope; an error for a function that is not one.
+fn bench_scope(what: &'static str) -> Result<BenchScope, Diagnostic> {
+    match BenchScope::from_env() {
+        Ok(Some(scope)) => Ok(scope),
+        Ok(None) => Err(refused(ScopeError::NotBench { what })),
+        Err(e) => Err(internal(e.to_string())),
+    }
+}
+
+fn refused(e: ScopeError) -> Diagnostic {
+    tracing::warn!(error = %e, "request refused");
+    Diagnostic {
+        error_type: "Skein.Refused".into(),
+        error_message: e.to_string(),
     }
 }
 
@@ -276,29 +264,6 @@ fn engine_error(function: &str, e: &EngineError) -> Diagnostic {
     }
 }
 
-/// A probe: reports what the function sees.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Probe {
-    /// Where to also write the report: `s3://bucket/key` or `file:///path`.
-    record_to: Option<String>,
-}
-
-impl Probe {
-    fn parse(value: Value) -> Result<Self, Diagnostic> {
-        match value {
-            Value::Bool(true) => Ok(Probe::default()),
-            Value::Object(_) => {
-                serde_json::from_value(value).map_err(|e| invalid(format!("bad probe: {e}")))
-            }
-            other => Err(invalid(format!(
-                "bad probe: expected an object or true, got {}",
-                json_kind(&other)
-            ))),
-        }
-    }
-}
-
 #[derive(Debug, Serialize)]
 struct ProbeReport {
     function_name: String,
@@ -309,8 +274,13 @@ struct ProbeReport {
 
 impl ProbeReport {
     fn new(context: &lambda_runtime::Context) -> Self {
+        // The context may hold source credentials: its size only.
         let env = std::env::vars()
             .filter(|(k, _)| k.starts_with("SKEIN_"))
+            .map(|(k, v)| match k.as_str() {
+                CONTEXT_ENV => (k, format!("<{} bytes>", v.len())),
+                _ => (k, v),
+            })
             .collect();
         Self {
             function_name: context.env_config.function_name.clone(),
@@ -370,70 +340,9 @@ fn internal(message: String) -> Diagnostic {
     }
 }
 
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn parses_probe_forms() {
-        assert!(matches!(
-            Request::parse(json!({"probe": true})),
-            Ok(Request::Probe(_))
-        ));
-        let Ok(Request::Probe(p)) = Request::parse(json!({"probe": {"record_to": "s3://b/k"}}))
-        else {
-            panic!("probe with record_to not parsed");
-        };
-        assert_eq!(p.record_to.as_deref(), Some("s3://b/k"));
-        assert!(matches!(
-            Request::parse(json!({"trigger": {"qid": "q", "epoch": 0, "last": true}})),
-            Ok(Request::Stage(_))
-        ));
-        assert!(matches!(
-            Request::parse(json!({"uuid": {}, "data": ""})),
-            Ok(Request::Stage(_))
-        ));
-        assert!(matches!(
-            Request::parse(json!({"exchange": {"fetch": {"key": "k"}}})),
-            Ok(Request::Exchange(_))
-        ));
-    }
-
-    #[test]
-    fn rejects_bad_payloads_with_a_reason() {
-        for (payload, needle) in [
-            (json!([1, 2]), "expected a JSON object"),
-            (json!({"nonsense": 1}), "unrecognised payload"),
-            (json!("text"), "expected a JSON object"),
-            (json!({"probe": 7}), "bad probe"),
-            (json!({"probe": {"record_too": "x"}}), "unknown field"),
-            (
-                json!({"exchange": {"teleport": {}}}),
-                "bad exchange request",
-            ),
-            (
-                json!({"Records": [{"eventSource": "aws:kinesis", "eventID": "s:1",
-                                    "kinesis": {"data": "%", "sequenceNumber": "1"}}]}),
-                "bad Kinesis event",
-            ),
-        ] {
-            let err = Request::parse(payload).unwrap_err();
-            assert_eq!(err.error_type, "Skein.InvalidPayload");
-            assert!(err.error_message.contains(needle), "{}", err.error_message);
-        }
-    }
 
     #[test]
     fn rejects_bad_record_targets() {
