@@ -167,10 +167,10 @@ impl WindowBuffer {
                             });
                         // A session of its own that would already be closed,
                         // unless it reaches an open session of its key.
-                        let closed_alone = window.1 < released
-                            && !open
-                                .and_then(|o| o.get(k))
-                                .is_some_and(|first| t >= first - spec.gap_ms);
+                        let reaches_open = open
+                            .and_then(|o| o.get(k))
+                            .is_some_and(|first| t >= first - spec.gap_ms);
+                        let closed_alone = window.1 < released && !reaches_open;
                         (joins_emitted || closed_alone).then_some(window)
                     })
                     .collect()
