@@ -8,14 +8,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
-use futures::future::try_join_all;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
@@ -25,19 +24,20 @@ use tokio::sync::Mutex;
 use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
-use crate::context::{CloudContext, NextHop, StageMode, function_name};
+use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
 use crate::exec::{StageInput, StageInputExec, rewrite_leaves};
-use crate::invoke::{InvocationType, Invoker, invoke_with_retry};
-use crate::payload::{
-    ASYNC_PAYLOAD_LIMIT, Payload, PayloadHeader, SYNC_PAYLOAD_LIMIT, SourceOffset, encode_payloads,
-};
+use crate::invoke::Invoker;
+use crate::payload::{Payload, PayloadHeader, SourceOffset};
 use crate::planner::session;
 use crate::ring::HashRing;
-use crate::sink::{Sink, SinkRegistry, SinkWrite};
-use crate::source::{DeadLetter, DeadLetterSink, EpochSpec, PushedRecord, Source, SourceRegistry};
-use crate::watermark::{EventTimeOptions, SourceClock, Watermark, WatermarkMin};
+use crate::sink::{Sink, SinkRegistry};
+use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
+use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
 use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
+
+mod routing;
+mod source_stage;
 
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
@@ -309,179 +309,6 @@ impl StageFunction {
         out
     }
 
-    async fn run_source(&self, t: Trigger) -> Result<Response> {
-        if t.qid != self.ctx.query_code {
-            return Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: format!(
-                    "a trigger for query {:?}, not this function's {}",
-                    t.qid, self.ctx.query_code
-                ),
-            });
-        }
-        if !self.ctx.inputs.is_empty() {
-            return Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: "a trigger reached a stage that takes payloads".into(),
-            });
-        }
-        if self.readers.is_empty() {
-            return self.run_constant(t).await;
-        }
-        let mut state = self.state.lock().await;
-        let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
-        let mut offsets = vec![];
-        let mut events = 0u64;
-        let mut watermark = WatermarkMin::default();
-        let (mut drained, mut finished) = (true, true);
-        let spec = EpochSpec {
-            instance: self.ctx.member as usize,
-            instances: self.ctx.members as usize,
-            epoch: t.epoch,
-            epochs: self.ctx.epochs,
-        };
-        for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
-            let mb = r.source.pull(spec).await.map_err(|e| EngineError::Source {
-                source_name: r.table.clone(),
-                reason: format!("{}: {e}", self.name),
-            })?;
-            events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
-            let progress = mb.progress();
-            crate::metrics::source_pull(&r.table, &progress, |p| {
-                p.batches
-                    .iter()
-                    .filter_map(|i| mb.batches.get(*i))
-                    .map(|b| b.num_rows() as u64)
-                    .sum()
-            });
-            drained &= progress.iter().all(|p| p.drained || p.finished);
-            finished &= progress.iter().all(|p| p.finished);
-            match clock {
-                Some(clock) => {
-                    let now = Instant::now();
-                    clock.observe(&mb.batches, &progress, now)?;
-                    watermark.add(clock.watermark(now));
-                }
-                // No event time: constrains nothing.
-                None => watermark.add(Watermark::default()),
-            }
-            offsets.extend(mb.offsets);
-            bound.insert(r.table.clone(), mb.batches);
-        }
-        drop(state);
-        crate::metrics::watermark(&self.ctx.stage_name(), watermark.result().value);
-        let mut rows_out = 0;
-        for output in &self.outputs {
-            let plan = bind_sources(&output.plan, &bound)?;
-            let header = self.header(
-                output,
-                &t.qid,
-                t.epoch,
-                watermark.result(),
-                t.last,
-                offsets.clone(),
-            );
-            rows_out += self.run_and_route(output, plan, header).await?;
-        }
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            drained,
-            finished,
-        })
-    }
-
-    /// Run this source stage on records a platform pushed to it (one batch
-    /// of a Lambda Kinesis event-source mapping) instead of pulling.
-    ///
-    /// Pushed batches arrive per shard, independently, with no epoch that
-    /// every source instance shares; later stages count epochs from all
-    /// instances, so only a stage that writes the sink itself (filters and
-    /// projections) takes pushes. `batch_id` names the batch (a retried
-    /// batch keeps it) and is the epoch of the sink write, so a sink that
-    /// names its writes by epoch (files) replaces a retried batch's output.
-    pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
-        let refuse = |reason: &str| EngineError::Invocation {
-            name: self.name.clone(),
-            reason: reason.to_string(),
-        };
-        let [output] = self.outputs.as_slice() else {
-            return Err(refuse("pushed records need a stage with one output"));
-        };
-        if !matches!(output.next, NextHop::Sink(_)) {
-            return Err(refuse(
-                "pushed records need a query whose source stage writes the sink \
-                 (no shuffle, window or aggregate after the source)",
-            ));
-        }
-        let [reader] = self.readers.as_slice() else {
-            return Err(refuse(
-                "pushed records need a stage that reads exactly one source table",
-            ));
-        };
-        let mb = reader
-            .source
-            .decode_pushed(records)
-            .await
-            .map_err(|e| EngineError::Source {
-                source_name: reader.table.clone(),
-                reason: format!("{}: {e}", self.name),
-            })?;
-        let events = mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
-        let bound: BTreeMap<String, Vec<RecordBatch>> =
-            [(reader.table.clone(), mb.batches)].into_iter().collect();
-        let plan = bind_sources(&output.plan, &bound)?;
-        let header = self.header(
-            output,
-            "pushed",
-            batch_id,
-            Watermark::default(),
-            false,
-            mb.offsets,
-        );
-        let rows_out = self.run_and_route(output, plan, header).await?;
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            ..Default::default()
-        })
-    }
-
-    /// A stage with no input at all: its rows go out with the first epoch;
-    /// later epochs send empty payloads so downstream counts complete.
-    async fn run_constant(&self, t: Trigger) -> Result<Response> {
-        let mut rows_out = 0;
-        for output in &self.outputs {
-            let header = self.header(
-                output,
-                &t.qid,
-                t.epoch,
-                Watermark::default(),
-                t.last,
-                vec![],
-            );
-            if t.epoch > 0 {
-                self.route(output, header, None).await?;
-                continue;
-            }
-            let plan = bind_leaves(&output.plan, &mut |input| {
-                Err(EngineError::plan(format!(
-                    "constant stage has an input {input:?}"
-                )))
-            })?;
-            rows_out += self.run_and_route(output, plan, header).await?;
-        }
-        Ok(Response {
-            status: "ran".into(),
-            rows_out,
-            finished: true,
-            drained: true,
-            ..Default::default()
-        })
-    }
-
     async fn take_payload(&self, p: Payload) -> Result<Response> {
         admit(&p, &self.ctx, &self.name)?;
         let expected =
@@ -670,139 +497,6 @@ impl StageFunction {
             offsets,
         }
     }
-
-    /// Execute the bound plan and send its output on.
-    async fn run_and_route(
-        &self,
-        output: &StageOutput,
-        plan: Arc<dyn ExecutionPlan>,
-        header: PayloadHeader,
-    ) -> Result<u64> {
-        let partitions = plan.properties().output_partitioning().partition_count();
-        let outputs = try_join_all((0..partitions).map(|i| {
-            let plan = plan.clone();
-            let ctx = self.task_ctx.clone();
-            async move {
-                let stream = plan.execute(i, ctx)?;
-                datafusion::physical_plan::common::collect(stream).await
-            }
-        }))
-        .await?;
-        let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
-        self.route(output, header, Some((plan.schema(), outputs)))
-            .await?;
-        Ok(rows)
-    }
-
-    /// Send output (per output partition) to the next hop; `None` sends the
-    /// metadata-only payloads that let downstream counts complete.
-    async fn route(
-        &self,
-        output: &StageOutput,
-        header: PayloadHeader,
-        rows: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>,
-    ) -> Result<()> {
-        let (schema, parts) = match rows {
-            Some((s, p)) => (s, p),
-            None => (output.plan.schema(), vec![]),
-        };
-        match &output.next {
-            NextHop::Sink(config) => {
-                let sink = self.sink.as_ref().expect("sink stage has a sink");
-                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
-                let rows = batches.iter().map(|b| b.num_rows()).sum();
-                let written = sink
-                    .write(SinkWrite {
-                        query: &self.ctx.query_code,
-                        epoch: header.epoch,
-                        member: self.ctx.member,
-                        schema,
-                        batches,
-                        offsets: header.offsets.clone(),
-                        last: header.last,
-                    })
-                    .await;
-                crate::metrics::sink_write(&config.kind, rows, written.is_ok());
-                written
-            }
-            NextHop::Single { stage } => {
-                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
-                self.send(*stage, 0, &header, &schema, batches).await
-            }
-            NextHop::Group { stage, members } => {
-                let ring = output.ring.as_ref().expect("group hop has a ring");
-                let mut per_member: Vec<Vec<RecordBatch>> = vec![vec![]; *members as usize];
-                for (partition, batches) in parts.into_iter().enumerate() {
-                    per_member[ring.member_for(partition)].extend(batches);
-                }
-                try_join_all(
-                    per_member
-                        .into_iter()
-                        .enumerate()
-                        .map(|(m, batches)| self.send(*stage, m as u32, &header, &schema, batches)),
-                )
-                .await
-                .map(|_| ())
-            }
-        }
-    }
-
-    async fn send(
-        &self,
-        stage: u32,
-        member: u32,
-        header: &PayloadHeader,
-        schema: &SchemaRef,
-        batches: Vec<RecordBatch>,
-    ) -> Result<()> {
-        let kind = if self.ctx.invoke_async {
-            InvocationType::Async
-        } else {
-            InvocationType::Sync
-        };
-        let limit = match kind {
-            InvocationType::Sync => SYNC_PAYLOAD_LIMIT,
-            InvocationType::Async => ASYNC_PAYLOAD_LIMIT,
-        };
-        let payloads = encode_payloads(header, schema, &batches, limit)?;
-        let target = function_name(&self.ctx.query_code, stage, member);
-        for p in payloads {
-            let bytes = p.to_json();
-            crate::metrics::invocation(stage, bytes.len());
-            invoke_with_retry(
-                self.env.invoker.as_ref(),
-                &target,
-                bytes,
-                kind,
-                self.env.max_backoff,
-                50,
-            )
-            .await?;
-        }
-        Ok(())
-    }
-}
-
-/// `plan` with its source leaves bound to `bound` (per table).
-fn bind_sources(
-    plan: &Arc<dyn ExecutionPlan>,
-    bound: &BTreeMap<String, Vec<RecordBatch>>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    bind_leaves(plan, &mut |input| match input {
-        StageInput::Source { table, projection } => {
-            let batches = bound.get(table).cloned().unwrap_or_default();
-            match projection {
-                Some(p) => batches
-                    .iter()
-                    .map(|b| b.project(p).map_err(EngineError::from))
-                    .collect(),
-                None => Ok(batches),
-            }
-        }
-        StageInput::Shuffle { shuffle_id } => Err(EngineError::plan(format!(
-            "source stage has a shuffle input {shuffle_id}"
-        ))),
-    })
 }
 
 fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {

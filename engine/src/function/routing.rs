@@ -1,0 +1,129 @@
+//! Where a stage's output goes: executing the bound plan, then the sink, one
+//! function, or a group by the consistent-hash ring.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::ExecutionPlan;
+use futures::future::try_join_all;
+
+use super::{StageFunction, StageOutput};
+use crate::context::{NextHop, function_name};
+use crate::error::Result;
+use crate::invoke::{InvocationType, invoke_with_retry};
+use crate::payload::{ASYNC_PAYLOAD_LIMIT, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads};
+use crate::sink::SinkWrite;
+
+impl StageFunction {
+    /// Execute the bound plan and send its output on.
+    pub(super) async fn run_and_route(
+        &self,
+        output: &StageOutput,
+        plan: Arc<dyn ExecutionPlan>,
+        header: PayloadHeader,
+    ) -> Result<u64> {
+        let partitions = plan.properties().output_partitioning().partition_count();
+        let outputs = try_join_all((0..partitions).map(|i| {
+            let plan = plan.clone();
+            let ctx = self.task_ctx.clone();
+            async move {
+                let stream = plan.execute(i, ctx)?;
+                datafusion::physical_plan::common::collect(stream).await
+            }
+        }))
+        .await?;
+        let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
+        self.route(output, header, Some((plan.schema(), outputs)))
+            .await?;
+        Ok(rows)
+    }
+
+    /// Send output (per output partition) to the next hop; `None` sends the
+    /// metadata-only payloads that let downstream counts complete.
+    pub(super) async fn route(
+        &self,
+        output: &StageOutput,
+        header: PayloadHeader,
+        rows: Option<(SchemaRef, Vec<Vec<RecordBatch>>)>,
+    ) -> Result<()> {
+        let (schema, parts) = match rows {
+            Some((s, p)) => (s, p),
+            None => (output.plan.schema(), vec![]),
+        };
+        match &output.next {
+            NextHop::Sink(config) => {
+                let sink = self.sink.as_ref().expect("sink stage has a sink");
+                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
+                let rows = batches.iter().map(|b| b.num_rows()).sum();
+                let written = sink
+                    .write(SinkWrite {
+                        query: &self.ctx.query_code,
+                        epoch: header.epoch,
+                        member: self.ctx.member,
+                        schema,
+                        batches,
+                        offsets: header.offsets.clone(),
+                        last: header.last,
+                    })
+                    .await;
+                crate::metrics::sink_write(&config.kind, rows, written.is_ok());
+                written
+            }
+            NextHop::Single { stage } => {
+                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
+                self.send(*stage, 0, &header, &schema, batches).await
+            }
+            NextHop::Group { stage, members } => {
+                let ring = output.ring.as_ref().expect("group hop has a ring");
+                let mut per_member: Vec<Vec<RecordBatch>> = vec![vec![]; *members as usize];
+                for (partition, batches) in parts.into_iter().enumerate() {
+                    per_member[ring.member_for(partition)].extend(batches);
+                }
+                try_join_all(
+                    per_member
+                        .into_iter()
+                        .enumerate()
+                        .map(|(m, batches)| self.send(*stage, m as u32, &header, &schema, batches)),
+                )
+                .await
+                .map(|_| ())
+            }
+        }
+    }
+
+    async fn send(
+        &self,
+        stage: u32,
+        member: u32,
+        header: &PayloadHeader,
+        schema: &SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
+        let kind = if self.ctx.invoke_async {
+            InvocationType::Async
+        } else {
+            InvocationType::Sync
+        };
+        let limit = match kind {
+            InvocationType::Sync => SYNC_PAYLOAD_LIMIT,
+            InvocationType::Async => ASYNC_PAYLOAD_LIMIT,
+        };
+        let payloads = encode_payloads(header, schema, &batches, limit)?;
+        let target = function_name(&self.ctx.query_code, stage, member);
+        for p in payloads {
+            let bytes = p.to_json();
+            crate::metrics::invocation(stage, bytes.len());
+            invoke_with_retry(
+                self.env.invoker.as_ref(),
+                &target,
+                bytes,
+                kind,
+                self.env.max_backoff,
+                50,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,213 @@
+//! The source stage of the generic function: pull each table once per
+//! epoch, keep event time per partition, run every output on the read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::{Response, StageFunction, Trigger, bind_leaves};
+use crate::context::NextHop;
+use crate::error::{EngineError, Result};
+use crate::exec::StageInput;
+use crate::source::{EpochSpec, PushedRecord};
+use crate::watermark::{Watermark, WatermarkMin};
+
+impl StageFunction {
+    pub(super) async fn run_source(&self, t: Trigger) -> Result<Response> {
+        if t.qid != self.ctx.query_code {
+            return Err(EngineError::Invocation {
+                name: self.name.clone(),
+                reason: format!(
+                    "a trigger for query {:?}, not this function's {}",
+                    t.qid, self.ctx.query_code
+                ),
+            });
+        }
+        if !self.ctx.inputs.is_empty() {
+            return Err(EngineError::Invocation {
+                name: self.name.clone(),
+                reason: "a trigger reached a stage that takes payloads".into(),
+            });
+        }
+        if self.readers.is_empty() {
+            return self.run_constant(t).await;
+        }
+        let mut state = self.state.lock().await;
+        let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
+        let mut offsets = vec![];
+        let mut events = 0u64;
+        let mut watermark = WatermarkMin::default();
+        let (mut drained, mut finished) = (true, true);
+        let spec = EpochSpec {
+            instance: self.ctx.member as usize,
+            instances: self.ctx.members as usize,
+            epoch: t.epoch,
+            epochs: self.ctx.epochs,
+        };
+        for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
+            let mb = r.source.pull(spec).await.map_err(|e| EngineError::Source {
+                source_name: r.table.clone(),
+                reason: format!("{}: {e}", self.name),
+            })?;
+            events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+            let progress = mb.progress();
+            crate::metrics::source_pull(&r.table, &progress, |p| {
+                p.batches
+                    .iter()
+                    .filter_map(|i| mb.batches.get(*i))
+                    .map(|b| b.num_rows() as u64)
+                    .sum()
+            });
+            drained &= progress.iter().all(|p| p.drained || p.finished);
+            finished &= progress.iter().all(|p| p.finished);
+            match clock {
+                Some(clock) => {
+                    let now = Instant::now();
+                    clock.observe(&mb.batches, &progress, now)?;
+                    watermark.add(clock.watermark(now));
+                }
+                // No event time: constrains nothing.
+                None => watermark.add(Watermark::default()),
+            }
+            offsets.extend(mb.offsets);
+            bound.insert(r.table.clone(), mb.batches);
+        }
+        drop(state);
+        crate::metrics::watermark(&self.ctx.stage_name(), watermark.result().value);
+        let mut rows_out = 0;
+        for output in &self.outputs {
+            let plan = bind_sources(&output.plan, &bound)?;
+            let header = self.header(
+                output,
+                &t.qid,
+                t.epoch,
+                watermark.result(),
+                t.last,
+                offsets.clone(),
+            );
+            rows_out += self.run_and_route(output, plan, header).await?;
+        }
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+            drained,
+            finished,
+        })
+    }
+
+    /// Run this source stage on records a platform pushed to it (one batch
+    /// of a Lambda Kinesis event-source mapping) instead of pulling.
+    ///
+    /// Pushed batches arrive per shard, independently, with no epoch that
+    /// every source instance shares; later stages count epochs from all
+    /// instances, so only a stage that writes the sink itself (filters and
+    /// projections) takes pushes. `batch_id` names the batch (a retried
+    /// batch keeps it) and is the epoch of the sink write, so a sink that
+    /// names its writes by epoch (files) replaces a retried batch's output.
+    pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
+        let refuse = |reason: &str| EngineError::Invocation {
+            name: self.name.clone(),
+            reason: reason.to_string(),
+        };
+        let [output] = self.outputs.as_slice() else {
+            return Err(refuse("pushed records need a stage with one output"));
+        };
+        if !matches!(output.next, NextHop::Sink(_)) {
+            return Err(refuse(
+                "pushed records need a query whose source stage writes the sink \
+                 (no shuffle, window or aggregate after the source)",
+            ));
+        }
+        let [reader] = self.readers.as_slice() else {
+            return Err(refuse(
+                "pushed records need a stage that reads exactly one source table",
+            ));
+        };
+        let mb = reader
+            .source
+            .decode_pushed(records)
+            .await
+            .map_err(|e| EngineError::Source {
+                source_name: reader.table.clone(),
+                reason: format!("{}: {e}", self.name),
+            })?;
+        let events = mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+        let bound: BTreeMap<String, Vec<RecordBatch>> =
+            [(reader.table.clone(), mb.batches)].into_iter().collect();
+        let plan = bind_sources(&output.plan, &bound)?;
+        let header = self.header(
+            output,
+            "pushed",
+            batch_id,
+            Watermark::default(),
+            false,
+            mb.offsets,
+        );
+        let rows_out = self.run_and_route(output, plan, header).await?;
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+            ..Default::default()
+        })
+    }
+
+    /// A stage with no input at all: its rows go out with the first epoch;
+    /// later epochs send empty payloads so downstream counts complete.
+    pub(super) async fn run_constant(&self, t: Trigger) -> Result<Response> {
+        let mut rows_out = 0;
+        for output in &self.outputs {
+            let header = self.header(
+                output,
+                &t.qid,
+                t.epoch,
+                Watermark::default(),
+                t.last,
+                vec![],
+            );
+            if t.epoch > 0 {
+                self.route(output, header, None).await?;
+                continue;
+            }
+            let plan = bind_leaves(&output.plan, &mut |input| {
+                Err(EngineError::plan(format!(
+                    "constant stage has an input {input:?}"
+                )))
+            })?;
+            rows_out += self.run_and_route(output, plan, header).await?;
+        }
+        Ok(Response {
+            status: "ran".into(),
+            rows_out,
+            finished: true,
+            drained: true,
+            ..Default::default()
+        })
+    }
+}
+
+/// `plan` with its source leaves bound to `bound` (per table).
+fn bind_sources(
+    plan: &Arc<dyn ExecutionPlan>,
+    bound: &BTreeMap<String, Vec<RecordBatch>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    bind_leaves(plan, &mut |input| match input {
+        StageInput::Source { table, projection } => {
+            let batches = bound.get(table).cloned().unwrap_or_default();
+            match projection {
+                Some(p) => batches
+                    .iter()
+                    .map(|b| b.project(p).map_err(EngineError::from))
+                    .collect(),
+                None => Ok(batches),
+            }
+        }
+        StageInput::Shuffle { shuffle_id } => Err(EngineError::plan(format!(
+            "source stage has a shuffle input {shuffle_id}"
+        ))),
+    })
+}
