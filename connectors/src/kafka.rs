@@ -52,7 +52,7 @@ use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
     DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, Source,
-    SourceConfig, SourceFactory,
+    SourceConfig, SourceFactory, TableOptions,
 };
 use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
@@ -68,8 +68,9 @@ pub const KIND: &str = "KAFKA";
 /// Kafka source of this process.
 pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 
-/// Options that are ours (or the engine's), not librdkafka's.
-const OWN_OPTIONS: &[&str] = &[
+/// The Kafka source's own options; every other one with a dot is a
+/// librdkafka property. The Kafka sink adds its own to the same tables.
+pub const SOURCE_OPTIONS: &[&str] = &[
     "format",
     "parallelism",
     "startup",
@@ -276,7 +277,7 @@ impl KafkaSourceConfig {
             .iter()
             .filter(|(k, _)| {
                 k.contains('.')
-                    && !OWN_OPTIONS.contains(&k.as_str())
+                    && !SOURCE_OPTIONS.contains(&k.as_str())
                     && !EVENT_TIME_OPTIONS.contains(&k.as_str())
             })
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -840,6 +841,13 @@ impl DeadLetterSink for KafkaDeadLetters {
 pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions {
+            names: SOURCE_OPTIONS,
+            dotted_passthrough: Some("librdkafka property"),
+        }
+    }
+
     fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {
         let kafka =
             KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {

@@ -36,6 +36,7 @@ use skein_engine::backoff::Backoff;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::source::{
     EpochSpec, MicroBatch, PartitionProgress, PushedRecord, Source, SourceConfig, SourceFactory,
+    TableOptions,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
@@ -57,6 +58,19 @@ pub enum KinesisStartup {
     Latest,
     AtTimestamp { ms: i64 },
 }
+
+/// The Kinesis source's options, read by [`KinesisSourceConfig`]; the
+/// Kinesis sink and the Lambda deployer (`mode`) add theirs.
+pub const SOURCE_OPTIONS: &[&str] = &[
+    "format",
+    "parallelism",
+    "startup",
+    "startup.timestamp.ms",
+    "max.records.per.pull",
+    "max.record.bytes",
+    "pull.timeout.ms",
+    "dead.letter.stream",
+];
 
 #[derive(Debug, Clone)]
 pub struct KinesisSourceConfig {
@@ -565,6 +579,10 @@ pub fn parse_kinesis_event(
 pub struct KinesisSourceFactory;
 
 impl SourceFactory for KinesisSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(SOURCE_OPTIONS)
+    }
+
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
         let source = KinesisSourceConfig::from_source_config(config)
             .and_then(|c| KinesisSource::new(c, schema))
