@@ -57,7 +57,7 @@ use skein_engine::source::{
 use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
 
-use crate::decode::{Format, RecordDecoder};
+use crate::decode::{Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
 
@@ -360,8 +360,37 @@ pub struct DeadLetter<'a> {
     pub partition: i32,
     pub offset: i64,
     pub reason: &'a str,
-    /// The record, as text (invalid UTF-8 replaced).
+    /// The record, as text (invalid UTF-8 replaced); only its first
+    /// [`crate::decode::DEAD_LETTER_PREFIX_BYTES`] when `truncated`.
     pub payload: String,
+    /// The record's size in bytes.
+    pub size: usize,
+    pub truncated: bool,
+}
+
+impl<'a> DeadLetter<'a> {
+    pub fn new(
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        reason: &'a str,
+        record: &[u8],
+    ) -> Self {
+        let LetterRecord {
+            record,
+            size,
+            truncated,
+        } = LetterRecord::new(record);
+        DeadLetter {
+            topic,
+            partition,
+            offset,
+            reason,
+            payload: record,
+            size,
+            truncated,
+        }
+    }
 }
 
 pub struct KafkaSource {
@@ -738,13 +767,7 @@ impl PartitionReader {
         };
         for r in rejected {
             let (partition, offset) = (r.partition, r.offset);
-            let letter = DeadLetter {
-                topic: &config.topic,
-                partition,
-                offset,
-                reason: &r.reason,
-                payload: String::from_utf8_lossy(&r.payload).into_owned(),
-            };
+            let letter = DeadLetter::new(&config.topic, partition, offset, &r.reason, &r.payload);
             let value = serde_json::to_vec(&letter).expect("dead letter serializes");
             let key = format!("{}/{partition}/{offset}", config.topic);
             let mut record = BaseRecord::to(dlt).key(&key).payload(&value);
