@@ -294,19 +294,15 @@ pub async fn run_sql(
                 "the BLACKHOLE sink discarded {} rows in {} batches",
                 d.rows, d.batches
             )),
-            None => {
-                out.push_str(&pretty_format_batches(&limit_rows(&results, args.show))?.to_string())
-            }
+            None => out.push_str(
+                &pretty_format_batches(&limit_rows(&results, args.show))?.to_string(),
+            ),
         }
         out.push_str(&format!(
             "\n{} result rows (showing {}); {} events in {} epochs, {:.3} s, {:.0} events/s\n\
              {} stages, {} functions, {} invocations, {} payload bytes, {} late rows{}",
             report.result_rows,
-            results
-                .iter()
-                .map(|b| b.num_rows())
-                .sum::<usize>()
-                .min(args.show),
+            results.iter().map(|b| b.num_rows()).sum::<usize>().min(args.show),
             report.events,
             report.epochs,
             report.elapsed_s,

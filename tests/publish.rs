@@ -175,11 +175,7 @@ fn event_times_by_partition(brokers: &str, topic: &str, field: &str) -> BTreeMap
 /// Asserts event time never decreases within a partition, that the records
 /// spread over more than one, and returns the span of event time in ms.
 fn assert_ordered_per_partition(topic: &str, times: &BTreeMap<i32, Vec<i64>>) -> i64 {
-    assert!(
-        times.len() > 1,
-        "{topic}: one partition only: {:?}",
-        times.keys()
-    );
+    assert!(times.len() > 1, "{topic}: one partition only: {:?}", times.keys());
     for (partition, ts) in times {
         if let Some(i) = ts.windows(2).position(|w| w[1] < w[0]) {
             panic!(
@@ -209,11 +205,7 @@ fn gen_writes_each_partition_in_event_time_order_at_the_event_rate() {
         report(&stdout)
     };
     let ysb = common::unique_name("gen-order-ysb");
-    let r = gen_unpaced(
-        "ysb",
-        &ysb,
-        &["--events", "100000", "--event-rate", "10000"],
-    );
+    let r = gen_unpaced("ysb", &ysb, &["--events", "100000", "--event-rate", "10000"]);
     assert_eq!(r["event_rate"], 10000, "{r}");
     let times = event_times_by_partition(&brokers, &ysb, "event_time");
     assert_eq!(times.values().map(Vec::len).sum::<usize>(), 100_000);
@@ -245,9 +237,7 @@ fn gen_refuses_a_zero_event_rate_in_one_line() {
     assert!(!ok);
     assert!(stdout.is_empty(), "{stdout}");
     assert!(
-        stderr
-            .trim()
-            .starts_with("Error: --event-rate must be at least 1"),
+        stderr.trim().starts_with("Error: --event-rate must be at least 1"),
         "{stderr}"
     );
 }

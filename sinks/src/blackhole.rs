@@ -46,12 +46,10 @@ pub fn take(query: &str) -> Discarded {
         .expect("blackhole tally")
         .remove(query)
         .unwrap_or_default();
-    writes
-        .values()
-        .fold(Discarded::default(), |sum, d| Discarded {
-            rows: sum.rows + d.rows,
-            batches: sum.batches + d.batches,
-        })
+    writes.values().fold(Discarded::default(), |sum, d| Discarded {
+        rows: sum.rows + d.rows,
+        batches: sum.batches + d.batches,
+    })
 }
 
 /// A blackhole table has no options; the first one given is named.
@@ -137,11 +135,8 @@ mod tests {
 
     fn batch(rows: i64) -> RecordBatch {
         let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
-        RecordBatch::try_new(
-            schema,
-            vec![Arc::new(Int64Array::from_iter_values(0..rows))],
-        )
-        .unwrap()
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from_iter_values(0..rows))])
+            .unwrap()
     }
 
     async fn write(sink: &Arc<dyn Sink>, query: &str, epoch: u64, member: u32, rows: &[i64]) {
@@ -167,21 +162,9 @@ mod tests {
         // The same (epoch, member) again: a replay, not more rows.
         write(&sink, "q-count", 0, 1, &[5]).await;
         write(&sink, "q-other", 0, 0, &[100]).await;
-        assert_eq!(
-            take("q-count"),
-            Discarded {
-                rows: 12,
-                batches: 3
-            }
-        );
+        assert_eq!(take("q-count"), Discarded { rows: 12, batches: 3 });
         assert_eq!(take("q-count"), Discarded::default(), "take forgets");
-        assert_eq!(
-            take("q-other"),
-            Discarded {
-                rows: 100,
-                batches: 1
-            }
-        );
+        assert_eq!(take("q-other"), Discarded { rows: 100, batches: 1 });
     }
 
     #[test]
