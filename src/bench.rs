@@ -38,25 +38,25 @@ pub struct NexmarkBenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = 0..=13)]
     queries: Vec<u32>,
     /// Events of the NEXMark stream (persons, auctions and bids together).
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     events: u64,
     /// Event-time rate of the generator (events per second of event time).
     /// The default spreads 1 M events over 1,000 s of event time, so 10 s
     /// windows close a hundred times during a run; Flink's nexmark workload
     /// uses 10 M/s, which puts 1 M events in one window.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..))]
     rate: u64,
     /// Epochs (micro-batches) the events are split into.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
     /// Generator instances per table.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
     sources: usize,
     /// Members of each function group.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::positive)]
     group_size: usize,
     /// Runs per query (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::positive)]
     repeat: usize,
     #[arg(long)]
     json: bool,
@@ -65,13 +65,13 @@ pub struct NexmarkBenchArgs {
 #[derive(Args, Debug)]
 pub struct CodecArgs {
     /// NEXMark events to draw bids from.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
     events: u64,
     /// Repetitions per figure (the median is reported).
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value_t = 7, value_parser = crate::positive)]
     repeat: usize,
     /// Epochs of the runtime benchmark (each is one round of invocations).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     epochs: u64,
     #[arg(long)]
     json: bool,
@@ -117,7 +117,14 @@ fn bids(events: u64) -> Result<(Vec<RecordBatch>, usize)> {
 async fn codec(args: CodecArgs) -> Result<()> {
     let (batches, json_bytes) = bids(args.events).context("generating bids")?;
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-    let schema = batches[0].schema();
+    // A handful of events may hold no bid, and the figures are per bid.
+    let schema = match batches.first() {
+        Some(b) if rows > 0 => b.schema(),
+        _ => anyhow::bail!(
+            "--events {}: no bids among them; give more events",
+            args.events
+        ),
+    };
     let raw_ipc = ipc_bytes(&schema, &batches)?.len();
     let header = |encoding| PayloadHeader {
         qid: "bench".into(),

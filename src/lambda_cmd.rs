@@ -739,7 +739,7 @@ pub struct BenchLambdaArgs {
     #[arg(long, default_value_t = 5)]
     pub query: u32,
     /// Members of each function group.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::positive)]
     pub group_size: usize,
     /// Warm invocations to time.
     #[arg(long, default_value_t = 30)]

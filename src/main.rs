@@ -71,7 +71,7 @@ enum Command {
 #[derive(Args, Clone, Debug)]
 pub struct PlanArgs {
     /// Members of each function group (hash partitions of a shuffle).
-    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE)]
+    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE, value_parser = positive)]
     pub group_size: usize,
     /// Compression of payload data: zstd, lz4 or none.
     #[arg(long, default_value = "zstd")]
@@ -81,8 +81,26 @@ pub struct PlanArgs {
     pub invoke_async: bool,
 }
 
+/// A count that must be at least one (`--group-size`, `--repeat`, ...):
+/// zero would plan no members or take the median of nothing.
+pub fn positive(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() {
+    // One line, whatever RUST_BACKTRACE says: the error and its causes.
+    if let Err(e) = cli().await {
+        eprintln!("Error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn cli() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

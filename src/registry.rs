@@ -24,6 +24,11 @@ pub fn registries() -> Registries {
     let mut sinks = SinkRegistry::default();
     sinks.register("COLLECT", Arc::new(collect.clone()));
     skein_sinks::register(&mut sinks, &mut sources);
+    // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
+    sources.allow_options(
+        skein_connectors::kinesis::KIND,
+        &[skein_lambda::esm::MODE_OPTION],
+    );
     sinks.register(
         skein_sinks::results::KIND,
         Arc::new(skein_sinks::results::ResultsSinkFactory),

@@ -103,11 +103,42 @@ enum Typed {
     Bool(bool),
 }
 
+/// The most of a rejected record a dead letter carries. A letter must fit
+/// its destination (a Kafka message, about 1 MiB by default; a Kinesis
+/// record, 1 MiB): one embedding a whole oversized record is refused, and
+/// the query would fail on it at every restart. Even escaped (at most six
+/// bytes a byte) 64 KiB stays well under.
+pub const DEAD_LETTER_PREFIX_BYTES: usize = 64 << 10;
+
+/// A rejected record as its dead letter carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LetterRecord {
+    /// The record as text (invalid UTF-8 replaced), or its first
+    /// [`DEAD_LETTER_PREFIX_BYTES`] when it is longer.
+    pub record: String,
+    /// The record's size in bytes.
+    pub size: usize,
+    pub truncated: bool,
+}
+
+impl LetterRecord {
+    pub fn new(record: &[u8]) -> Self {
+        let truncated = record.len() > DEAD_LETTER_PREFIX_BYTES;
+        let kept = &record[..record.len().min(DEAD_LETTER_PREFIX_BYTES)];
+        LetterRecord {
+            record: String::from_utf8_lossy(kept).into_owned(),
+            size: record.len(),
+            truncated,
+        }
+    }
+}
+
 /// What the scanner found about a record as a whole.
 #[derive(Debug, Clone, Copy)]
 struct Scanned {
-    /// Every byte is ASCII, so every slice of the record is UTF-8.
-    ascii: bool,
+    /// The whole record is known to be UTF-8 (all ASCII, or checked), so
+    /// every slice of it between quotes is too.
+    utf8: bool,
 }
 
 impl RecordDecoder {
@@ -254,12 +285,19 @@ impl BatchBuilder<'_> {
                             // the careful scanner decides, and says why.
                             self.raw.iter_mut().for_each(|r| *r = None);
                             scan_json(record, &d.names, &mut self.raw)
-                                .map(|()| Scanned { ascii: false })
+                                .map(|()| Scanned { utf8: false })
                         }
                     }
+                    // JSON is UTF-8 throughout, undeclared fields included.
+                    .and_then(|scanned| match scanned.utf8 {
+                        true => Ok(scanned),
+                        false => std::str::from_utf8(record)
+                            .map(|_| Scanned { utf8: true })
+                            .map_err(|e| format!("invalid UTF-8: {e}")),
+                    })
                 }
                 Format::Csv { delimiter } => {
-                    scan_csv(record, delimiter, &mut self.raw).map(|()| Scanned { ascii: false })
+                    scan_csv(record, delimiter, &mut self.raw).map(|()| Scanned { utf8: false })
                 }
                 Format::Raw => {
                     self.raw[0] = Some(Raw::Str {
@@ -267,7 +305,7 @@ impl BatchBuilder<'_> {
                         end: record.len() as u32,
                         escaped: false,
                     });
-                    Ok(Scanned { ascii: false })
+                    Ok(Scanned { utf8: false })
                 }
             }
             .and_then(|scanned| d.check(record, scanned, &self.raw, &mut self.typed))
@@ -314,8 +352,17 @@ fn typed_value(
     record: &[u8],
     scanned: Scanned,
 ) -> std::result::Result<Typed, String> {
-    // JSON strings are accepted for numbers too: YSB, for one, writes its
-    // event times as strings.
+    // A JSON string is a number only for a timestamp (YSB, for one, writes
+    // its event times as strings of ms); a number column wants a number.
+    if format == Format::Json
+        && matches!(raw, Raw::Str { .. })
+        && matches!(
+            data_type,
+            DataType::Int32 | DataType::Int64 | DataType::Float64
+        )
+    {
+        return Err("expected a number, got a string".into());
+    }
     let text = |raw: Raw| -> std::result::Result<Cow<'_, str>, String> {
         match raw {
             Raw::Str {
@@ -342,7 +389,7 @@ fn typed_value(
                 end,
                 escaped: false,
             } => {
-                if !scanned.ascii {
+                if !scanned.utf8 {
                     std::str::from_utf8(span(record, start, end))
                         .map_err(|e| format!("invalid UTF-8: {e}"))?;
                 }
@@ -603,7 +650,7 @@ fn fast_scan_json(
     if ws(i + 1) != b.len() || q.next().is_some() {
         return None;
     }
-    Some(Scanned { ascii })
+    Some(Scanned { utf8: ascii })
 }
 
 /// Scan one flat JSON object, keeping the raw values of declared fields.
@@ -763,7 +810,19 @@ impl Scanner<'_> {
         }
     }
 
+    /// Step over an object or array, which must be valid JSON even in a
+    /// field that is not declared.
     fn skip_nested(&mut self) -> std::result::Result<(), String> {
+        let start = self.i;
+        self.find_nested_end()?;
+        serde_json::from_slice::<serde::de::IgnoredAny>(&self.b[start..self.i])
+            .map(drop)
+            .map_err(|e| format!("bad JSON in the object or array at byte {start}: {e}"))
+    }
+
+    /// Just past the bracket that brings the depth back to zero (of any
+    /// kind: a mismatch is for [`Self::skip_nested`] to find).
+    fn find_nested_end(&mut self) -> std::result::Result<(), String> {
         let mut depth = 0usize;
         loop {
             match self.next() {
@@ -996,6 +1055,57 @@ mod tests {
     }
 
     #[test]
+    fn json_numbers_bad_utf8_and_bad_nesting_are_rejected_with_a_reason() {
+        let d = RecordDecoder::new(schema(), Format::Json, 1024).unwrap();
+        let ok = r#"{"ad_id": "a", "event_type": "v", "event_time": "1000""#;
+        let mut bad_utf8 = format!(r#"{ok}, "x": "caf"#).into_bytes();
+        bad_utf8.extend_from_slice(&[0xC3, 0x28]);
+        bad_utf8.extend_from_slice(b"\"}");
+        let records: Vec<Vec<u8>> = vec![
+            // A timestamp still takes a string of ms.
+            format!("{ok}, \"n\": 12}}").into_bytes(),
+            format!("{ok}, \"n\": \"12\"}}").into_bytes(),
+            format!("{ok}, \"n\": 1.5}}").into_bytes(),
+            bad_utf8,
+            format!("{ok}, \"x\": {{\"y\": [1}}]}}}}").into_bytes(),
+            format!("{ok}, \"x\": [1 2]}}").into_bytes(),
+        ];
+        let (batch, rejected) = d.decode(records.iter().map(Vec::as_slice)).unwrap();
+        assert_eq!(batch.num_rows(), 1, "{rejected:?}");
+        let reasons: Vec<(usize, &str)> = rejected
+            .iter()
+            .map(|r| (r.index, r.reason.as_str()))
+            .collect();
+        assert_eq!(reasons.len(), 5, "{reasons:?}");
+        assert_eq!(
+            reasons[0],
+            (1, "field \"n\": expected a number, got a string")
+        );
+        assert!(reasons[1].1.contains("expected an integer"), "{reasons:?}");
+        assert!(reasons[2].1.starts_with("invalid UTF-8"), "{reasons:?}");
+        assert!(
+            reasons[3].1.contains("bad JSON in the object or array"),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons[4].1.contains("bad JSON in the object or array"),
+            "{reasons:?}"
+        );
+
+        let floats = Arc::new(Schema::new(vec![Field::new("f", DataType::Float64, false)]));
+        let d = RecordDecoder::new(floats, Format::Json, 1024).unwrap();
+        let (batch, rejected) = d
+            .decode([&br#"{"f": 1.5}"#[..], br#"{"f": "1.5"}"#].into_iter())
+            .unwrap();
+        assert_eq!(batch.num_rows(), 1);
+        assert!(
+            rejected[0]
+                .reason
+                .contains("expected a number, got a string")
+        );
+    }
+
+    #[test]
     fn fast_json_scan_agrees_with_the_careful_one() {
         let names: Vec<Vec<u8>> = ["ad_id", "event_type", "event_time", "n"]
             .iter()
@@ -1036,10 +1146,27 @@ mod tests {
                 fast_taken += 1;
                 assert!(verdict.is_ok(), "{:?}", String::from_utf8_lossy(record));
                 assert_eq!(fast, careful, "{:?}", String::from_utf8_lossy(record));
-                assert_eq!(scanned.ascii, record.is_ascii());
+                assert_eq!(scanned.utf8, record.is_ascii());
             }
         }
         assert_eq!(fast_taken, 5);
+    }
+
+    #[test]
+    fn dead_letters_keep_a_bounded_prefix() {
+        let small = LetterRecord::new(b"{\"a\": 1}");
+        assert_eq!(
+            (small.record.as_str(), small.size, small.truncated),
+            ("{\"a\": 1}", 8, false)
+        );
+        let big = vec![b'x'; 3 << 20];
+        let letter = LetterRecord::new(&big);
+        assert_eq!(letter.record.len(), DEAD_LETTER_PREFIX_BYTES);
+        assert_eq!((letter.size, letter.truncated), (3 << 20, true));
+        // Cut inside a character: replaced, never a panic.
+        let mut text = vec![b'a'; DEAD_LETTER_PREFIX_BYTES - 1];
+        text.extend_from_slice("é".repeat(10).as_bytes());
+        assert!(LetterRecord::new(&text).record.ends_with('\u{FFFD}'));
     }
 
     #[test]

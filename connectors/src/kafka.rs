@@ -52,12 +52,12 @@ use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
     DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, Source,
-    SourceConfig, SourceFactory,
+    SourceConfig, SourceFactory, TableOptions,
 };
 use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
 
-use crate::decode::{Format, RecordDecoder};
+use crate::decode::{Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
 
@@ -68,8 +68,9 @@ pub const KIND: &str = "KAFKA";
 /// Kafka source of this process.
 pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 
-/// Options that are ours (or the engine's), not librdkafka's.
-const OWN_OPTIONS: &[&str] = &[
+/// The Kafka source's own options; every other one with a dot is a
+/// librdkafka property. The Kafka sink adds its own to the same tables.
+pub const SOURCE_OPTIONS: &[&str] = &[
     "format",
     "parallelism",
     "startup",
@@ -276,7 +277,7 @@ impl KafkaSourceConfig {
             .iter()
             .filter(|(k, _)| {
                 k.contains('.')
-                    && !OWN_OPTIONS.contains(&k.as_str())
+                    && !SOURCE_OPTIONS.contains(&k.as_str())
                     && !EVENT_TIME_OPTIONS.contains(&k.as_str())
             })
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -359,8 +360,37 @@ pub struct DeadLetter<'a> {
     pub partition: i32,
     pub offset: i64,
     pub reason: &'a str,
-    /// The record, as text (invalid UTF-8 replaced).
+    /// The record, as text (invalid UTF-8 replaced); only its first
+    /// [`crate::decode::DEAD_LETTER_PREFIX_BYTES`] when `truncated`.
     pub payload: String,
+    /// The record's size in bytes.
+    pub size: usize,
+    pub truncated: bool,
+}
+
+impl<'a> DeadLetter<'a> {
+    pub fn new(
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        reason: &'a str,
+        record: &[u8],
+    ) -> Self {
+        let LetterRecord {
+            record,
+            size,
+            truncated,
+        } = LetterRecord::new(record);
+        DeadLetter {
+            topic,
+            partition,
+            offset,
+            reason,
+            payload: record,
+            size,
+            truncated,
+        }
+    }
 }
 
 pub struct KafkaSource {
@@ -739,13 +769,7 @@ impl PartitionReader {
         };
         for r in rejected {
             let (partition, offset) = (r.partition, r.offset);
-            let letter = DeadLetter {
-                topic: &config.topic,
-                partition,
-                offset,
-                reason: &r.reason,
-                payload: String::from_utf8_lossy(&r.payload).into_owned(),
-            };
+            let letter = DeadLetter::new(&config.topic, partition, offset, &r.reason, &r.payload);
             let value = serde_json::to_vec(&letter).expect("dead letter serializes");
             let key = format!("{}/{partition}/{offset}", config.topic);
             let mut record = BaseRecord::to(dlt).key(&key).payload(&value);
@@ -842,6 +866,13 @@ impl DeadLetterSink for KafkaDeadLetters {
 pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions {
+            names: SOURCE_OPTIONS,
+            dotted_passthrough: Some("librdkafka property"),
+        }
+    }
+
     fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {
         let kafka =
             KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {

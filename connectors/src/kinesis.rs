@@ -36,11 +36,12 @@ use skein_engine::backoff::Backoff;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::source::{
     EpochSpec, MicroBatch, PartitionProgress, PushedRecord, Source, SourceConfig, SourceFactory,
+    TableOptions,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
 
-use crate::decode::{Format, RecordDecoder};
+use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
 
@@ -57,6 +58,19 @@ pub enum KinesisStartup {
     Latest,
     AtTimestamp { ms: i64 },
 }
+
+/// The Kinesis source's options, read by [`KinesisSourceConfig`]; the
+/// Kinesis sink and the Lambda deployer (`mode`) add theirs.
+pub const SOURCE_OPTIONS: &[&str] = &[
+    "format",
+    "parallelism",
+    "startup",
+    "startup.timestamp.ms",
+    "max.records.per.pull",
+    "max.record.bytes",
+    "pull.timeout.ms",
+    "dead.letter.stream",
+];
 
 #[derive(Debug, Clone)]
 pub struct KinesisSourceConfig {
@@ -319,16 +333,34 @@ impl KinesisSource {
             return Ok(());
         };
         let client = self.client().await;
-        for chunk in bad.chunks(500) {
+        // PutRecords takes 500 records and 5 MiB a call; letters are up to
+        // a few hundred KiB (a bounded prefix of the record, escaped).
+        let mut chunks: Vec<&[Undecodable]> = vec![];
+        let (mut start, mut bytes) = (0, 0);
+        for (i, u) in bad.iter().enumerate() {
+            let size = u.data.len().min(DEAD_LETTER_PREFIX_BYTES) * 6 + 1024;
+            if i > start && (i - start == 500 || bytes + size > 4 << 20) {
+                chunks.push(&bad[start..i]);
+                (start, bytes) = (i, 0);
+            }
+            bytes += size;
+        }
+        if start < bad.len() {
+            chunks.push(&bad[start..]);
+        }
+        for chunk in chunks {
             let mut entries: Vec<PutRecordsRequestEntry> = chunk
                 .iter()
                 .map(|u| {
+                    let letter = LetterRecord::new(&u.data);
                     let body = serde_json::json!({
                         "stream": self.config.stream,
                         "shard": u.shard,
                         "sequence_number": u.sequence_number,
                         "reason": u.reason,
-                        "record": String::from_utf8_lossy(&u.data),
+                        "record": letter.record,
+                        "size": letter.size,
+                        "truncated": letter.truncated,
                     });
                     PutRecordsRequestEntry::builder()
                         .partition_key(&u.sequence_number)
@@ -566,6 +598,10 @@ pub fn parse_kinesis_event(
 pub struct KinesisSourceFactory;
 
 impl SourceFactory for KinesisSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(SOURCE_OPTIONS)
+    }
+
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
         let source = KinesisSourceConfig::from_source_config(config)
             .and_then(|c| KinesisSource::new(c, schema))

@@ -242,6 +242,9 @@ pub async fn plan_query(
     sql: &str,
     options: &PlanOptions,
 ) -> Result<QueryPlan> {
+    if options.group_size == 0 {
+        return Err(EngineError::plan("the group size must be at least 1"));
+    }
     let statements = split_statements(sql);
     let (query, ddl) = statements
         .split_last()

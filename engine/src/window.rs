@@ -154,9 +154,7 @@ impl ScalarUDFImpl for Hop {
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> DfResult<FieldRef> {
         let slide = interval_ms(args.scalar_arguments.get(1).copied().flatten(), "hop slide")?;
         let size = interval_ms(args.scalar_arguments.get(2).copied().flatten(), "hop size")?;
-        if size % slide != 0 {
-            return plan_err!("hop size ({size} ms) must be a multiple of its slide ({slide} ms)");
-        }
+        check_hop(slide, size)?;
         let item = window_field("item", size);
         Ok(Arc::new(Field::new(
             self.name(),
@@ -167,6 +165,7 @@ impl ScalarUDFImpl for Hop {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
         let slide = interval_ms(scalar_arg(&args, 1).as_ref(), "hop slide")?;
         let size = interval_ms(scalar_arg(&args, 2).as_ref(), "hop size")?;
+        check_hop(slide, size)?;
         let ts = timestamps_ms(&args.args[0], args.number_rows)?;
         let item = match args.return_field.data_type() {
             DataType::List(f) => f.clone(),
@@ -191,6 +190,25 @@ impl ScalarUDFImpl for Hop {
         }
         Ok(ColumnarValue::Array(Arc::new(out.finish())))
     }
+}
+
+/// The most windows one row may fall in with `hop`: each is a row of the
+/// unnested output, so a 1 ms slide over a 30-day window would turn every
+/// input row into billions.
+pub const MAX_HOP_WINDOWS_PER_ROW: i64 = 1000;
+
+fn check_hop(slide: i64, size: i64) -> DfResult<()> {
+    if size % slide != 0 {
+        return plan_err!("hop size ({size} ms) must be a multiple of its slide ({slide} ms)");
+    }
+    if size / slide > MAX_HOP_WINDOWS_PER_ROW {
+        return plan_err!(
+            "hop size ({size} ms) over slide ({slide} ms) puts each row in {} windows; \
+             at most {MAX_HOP_WINDOWS_PER_ROW} are allowed (use a longer slide)",
+            size / slide
+        );
+    }
+    Ok(())
 }
 
 pub fn tumble_udf() -> ScalarUDF {
@@ -317,4 +335,22 @@ pub fn session_gap_ms(args: &[Arc<dyn datafusion::physical_expr::PhysicalExpr>])
         .get(1)?
         .downcast_ref::<datafusion::physical_expr::expressions::Literal>()?;
     interval_ms(Some(lit.value()), "session gap").ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_refuses_more_windows_per_row_than_the_cap() {
+        assert!(check_hop(1_000, 1_000_000).is_ok());
+        let err = check_hop(1, 30 * 86_400_000).unwrap_err().to_string();
+        assert!(err.contains("2592000000 windows; at most 1000"), "{err}");
+        assert!(
+            check_hop(3, 10)
+                .unwrap_err()
+                .to_string()
+                .contains("multiple")
+        );
+    }
 }

@@ -11,7 +11,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry,
+    EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry, TableOptions,
 };
 
 use crate::Slice;
@@ -68,13 +68,17 @@ fn epoch_range(
         (Some(total), Some(epochs)) => {
             let len = slice.len_of(total);
             let per = len.div_ceil(epochs.max(1));
+            // Saturating: near u64::MAX events the last epoch's end would wrap.
             (
-                (per * spec.epoch).min(len),
-                (per * (spec.epoch + 1)).min(len),
+                per.saturating_mul(spec.epoch).min(len),
+                per.saturating_mul(spec.epoch.saturating_add(1)).min(len),
             )
         }
         _ => {
-            let (s, e) = (per_epoch * spec.epoch, per_epoch * (spec.epoch + 1));
+            let (s, e) = (
+                per_epoch.saturating_mul(spec.epoch),
+                per_epoch.saturating_mul(spec.epoch.saturating_add(1)),
+            );
             match max_events {
                 Some(total) => (s.min(slice.len_of(total)), e.min(slice.len_of(total))),
                 None => (s, e),
@@ -118,6 +122,18 @@ fn parse_opt<T: std::str::FromStr>(config: &SourceConfig, key: &str) -> Result<O
         .transpose()
 }
 
+/// The options of a `STORED AS NEXMARK` table, read by [`Split::parse`].
+pub const NEXMARK_OPTIONS: &[&str] = &["events", "rate", "seed", "partitions", "events_per_epoch"];
+/// A `STORED AS YSB` table takes these and `base_time_ms`.
+pub const YSB_OPTIONS: &[&str] = &[
+    "events",
+    "rate",
+    "seed",
+    "partitions",
+    "events_per_epoch",
+    "base_time_ms",
+];
+
 /// The options every generator table takes, and how they split the stream
 /// over instances and epochs.
 #[derive(Debug, Clone)]
@@ -137,11 +153,19 @@ impl Split {
         if partitions == 0 {
             return Err(bad(table, "partitions must be at least 1"));
         }
+        let max_events: Option<u64> = parse_opt(config, "events")?;
+        // Positions travel as i64 offsets.
+        if max_events.is_some_and(|n| n > i64::MAX as u64) {
+            return Err(bad(
+                table,
+                format!("option \"events\" must be at most {}", i64::MAX),
+            ));
+        }
         Ok(Split {
             table: table.to_string(),
             seed: parse_opt(config, "seed")?,
             rate: parse_opt(config, "rate")?,
-            max_events: parse_opt(config, "events")?,
+            max_events,
             partitions,
             events_per_epoch: parse_opt(config, "events_per_epoch")?,
         })
@@ -186,6 +210,10 @@ impl Split {
 struct NexmarkSourceFactory;
 
 impl SourceFactory for NexmarkSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(NEXMARK_OPTIONS)
+    }
+
     fn create(&self, config: &SourceConfig, declared: SchemaRef) -> Result<Arc<dyn Source>> {
         let table = config.location.to_ascii_lowercase();
         let kind = match table.as_str() {
@@ -272,6 +300,10 @@ impl Source for NexmarkSource {
 struct YsbSourceFactory;
 
 impl SourceFactory for YsbSourceFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(YSB_OPTIONS)
+    }
+
     fn create(&self, config: &SourceConfig, declared: SchemaRef) -> Result<Arc<dyn Source>> {
         let table = config.location.clone();
         let schema = ysb_schema();
@@ -363,6 +395,69 @@ mod tests {
         YsbSourceFactory
             .create(&config, Arc::new(Schema::empty()))
             .unwrap()
+    }
+
+    #[test]
+    fn huge_event_counts_neither_wrap_nor_panic() {
+        let slice = Slice::new(0, 1).unwrap();
+        let spec = |epoch, epochs| EpochSpec {
+            instance: 0,
+            instances: 1,
+            epoch,
+            epochs,
+        };
+        let total = i64::MAX as u64;
+        assert_eq!(
+            epoch_range(Some(total), slice, &spec(1, Some(2)), 1),
+            (total.div_ceil(2), total)
+        );
+        assert_eq!(
+            epoch_range(Some(u64::MAX), slice, &spec(1, Some(2)), 1).1,
+            u64::MAX
+        );
+        assert_eq!(
+            epoch_range(Some(10), slice, &spec(3, None), u64::MAX),
+            (10, 10)
+        );
+        assert_eq!(
+            epoch_range(None, slice, &spec(u64::MAX, None), 2),
+            (u64::MAX, u64::MAX)
+        );
+        let config = SourceConfig {
+            kind: "YSB".into(),
+            location: "ad_events".into(),
+            options: [("events".to_string(), u64::MAX.to_string())].into(),
+        };
+        let err = YsbSourceFactory
+            .create(&config, Arc::new(Schema::empty()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"events\" must be at most"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_huge_epoch_length_pulls_what_is_left() {
+        let t = ysb_table(&[
+            ("events", "10"),
+            ("events_per_epoch", &u64::MAX.to_string()),
+        ]);
+        for epoch in 0..3 {
+            let spec = EpochSpec {
+                instance: 0,
+                instances: 1,
+                epoch,
+                epochs: None,
+            };
+            let rows: usize = t
+                .pull(spec)
+                .await
+                .unwrap()
+                .batches
+                .iter()
+                .map(|b| b.num_rows())
+                .sum();
+            assert_eq!(rows, if epoch == 0 { 10 } else { 0 });
+        }
     }
 
     fn ad_ids(batches: &[RecordBatch]) -> Vec<String> {

@@ -17,7 +17,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
-use skein_engine::source::{Source, SourceConfig, SourceFactory};
+use skein_engine::source::{Source, SourceConfig, SourceFactory, TableOptions};
 use skein_engine::{EngineError, Result};
 
 use crate::SinkTableFactory;
@@ -71,9 +71,13 @@ fn check_options(location: &str, options: &BTreeMap<String, String>) -> Result<(
 pub struct BlackholeTableFactory;
 
 impl SourceFactory for BlackholeTableFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(&[])
+    }
+
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
         check_options(&config.location, &config.options)?;
-        SinkTableFactory.create(config, schema)
+        SinkTableFactory::new(&[], |_| Ok(())).create(config, schema)
     }
 }
 

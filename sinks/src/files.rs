@@ -69,6 +69,10 @@ fn bad(location: &str, reason: impl std::fmt::Display) -> EngineError {
     }
 }
 
+/// The options of a `STORED AS FILES` table: read by [`format_of`] and
+/// `partition_columns`.
+pub const OPTIONS: &[&str] = &["format", "partition.by"];
+
 pub struct FilesSinkFactory;
 
 impl SinkFactory for FilesSinkFactory {

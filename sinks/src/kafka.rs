@@ -39,7 +39,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use skein_engine::payload::SourceOffset;
+use skein_engine::planner::EMIT_OPTION;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use skein_engine::{EngineError, Result};
 use tokio::sync::Mutex;
 
@@ -48,22 +50,10 @@ use crate::encode::{ENCODER_OPTIONS, RowEncoder};
 /// The sink kind, as registered (the table kind of the Kafka source too).
 pub const KIND: &str = "KAFKA";
 
-/// Options of a `STORED AS KAFKA` table that belong to the Kafka source and
-/// must not reach the producer.
-const SOURCE_OPTIONS: &[&str] = &[
-    "parallelism",
-    "startup",
-    "offsets",
-    "max.records.per.pull",
-    "max.bytes.per.pull",
-    "max.record.bytes",
-    "pull.timeout.ms",
-    "dead.letter.topic",
-    "event_time",
-    "emit",
-    "checkpoint",
-    "offsets.topic",
-];
+/// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]);
+/// other options with a dot that are not the Kafka source's are producer
+/// properties.
+pub const OPTIONS: &[&str] = &["checkpoint", "offsets.topic"];
 
 /// Where exactly-once writers keep their source offsets unless a table says.
 pub const DEFAULT_OFFSETS_TOPIC: &str = "skein-offsets";
@@ -97,7 +87,13 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
         config.set(*k, *v);
     }
     for (k, v) in options {
-        let ours = ENCODER_OPTIONS.contains(&k.as_str()) || SOURCE_OPTIONS.contains(&k.as_str());
+        let k_ = k.as_str();
+        // A table may be read too: the source's options are not the producer's.
+        let ours = ENCODER_OPTIONS.contains(&k_)
+            || OPTIONS.contains(&k_)
+            || skein_connectors::kafka::SOURCE_OPTIONS.contains(&k_)
+            || EVENT_TIME_OPTIONS.contains(&k_)
+            || k_ == EMIT_OPTION;
         if k.contains('.') && !ours {
             config.set(k, v);
         }

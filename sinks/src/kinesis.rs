@@ -80,6 +80,9 @@ impl KinesisRecord {
     }
 }
 
+/// The Kinesis sink's own options, besides the encoder's.
+pub const OPTIONS: &[&str] = &["max.attempts"];
+
 impl KinesisSink {
     pub fn new(stream: &str, options: &BTreeMap<String, String>) -> Result<Self> {
         if stream.is_empty() {

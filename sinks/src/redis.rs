@@ -107,12 +107,27 @@ pub struct YsbLayout {
     pub count_column: String,
 }
 
+/// The options of a `STORED AS REDIS` table, read by
+/// [`RedisSinkConfig::from_sink_config`].
+pub const OPTIONS: &[&str] = &[
+    "layout",
+    "key",
+    "value",
+    "campaign.column",
+    "ad.column",
+    "window.column",
+    "count.column",
+    "ttl.seconds",
+    "checkpoint",
+];
+
 #[derive(Debug, Clone)]
 pub struct RedisSinkConfig {
     pub url: String,
     pub layout: Layout,
     pub key_template: String,
-    pub ttl_seconds: Option<u64>,
+    /// Positive: EXPIRE with zero or less deletes the key it was meant to keep.
+    pub ttl_seconds: Option<i64>,
     pub checkpoint: String,
 }
 
@@ -159,8 +174,16 @@ impl RedisSinkConfig {
         };
         let ttl_seconds = opt("ttl.seconds")
             .map(|v| {
-                v.parse()
-                    .map_err(|_| SinkError::Config(format!("ttl.seconds = {v:?}")))
+                v.trim()
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|t| *t > 0)
+                    .ok_or_else(|| {
+                        SinkError::Config(format!(
+                            "ttl.seconds = {v:?}: give whole seconds from 1 to {}",
+                            i64::MAX
+                        ))
+                    })
             })
             .transpose()?;
         let url = if config.location.starts_with("redis://") {
@@ -176,6 +199,16 @@ impl RedisSinkConfig {
             checkpoint: opt("checkpoint").unwrap_or_else(|| "default".into()),
         })
     }
+}
+
+/// Reads a table's options as the sink will, for CREATE TABLE.
+pub fn check_config(config: &SinkConfig) -> EngineResult<()> {
+    RedisSinkConfig::from_sink_config(config)
+        .map(drop)
+        .map_err(|e| EngineError::Sink {
+            sink: format!("redis {}", config.location),
+            reason: e.to_string(),
+        })
 }
 
 pub struct RedisSink {
@@ -295,7 +328,7 @@ impl RedisSink {
                     Layout::Ysb(_) => unreachable!("handled by ysb_commands"),
                 }
                 if let Some(ttl) = self.config.ttl_seconds {
-                    pipe.expire(&key, ttl as i64).ignore();
+                    pipe.expire(&key, ttl).ignore();
                 }
             }
         }
@@ -352,7 +385,7 @@ impl RedisSink {
             pipe.hset(&window_uuid, "time_updated", now.to_string())
                 .ignore();
             if let Some(ttl) = self.config.ttl_seconds {
-                pipe.expire(&window_uuid, ttl as i64).ignore();
+                pipe.expire(&window_uuid, ttl).ignore();
             }
         }
         Ok(())
@@ -565,6 +598,35 @@ mod tests {
         assert_eq!(a, name_uuid(&[b"c1", b"1000"]));
         assert_ne!(a, name_uuid(&[b"c1", b"2000"]));
         assert_eq!(a.len(), 36);
+    }
+
+    #[test]
+    fn ttl_must_be_positive_and_fit_expire() {
+        let config = |ttl: &str| SinkConfig {
+            kind: KIND.into(),
+            location: "127.0.0.1:6379".into(),
+            options: [("layout", "hash"), ("key", "k:{id}"), ("ttl.seconds", ttl)]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let ttl = |v: &str| RedisSinkConfig::from_sink_config(&config(v)).map(|c| c.ttl_seconds);
+        assert_eq!(ttl("60").unwrap(), Some(60));
+        assert_eq!(ttl(&i64::MAX.to_string()).unwrap(), Some(i64::MAX));
+        // Above i64::MAX it used to wrap to a negative EXPIRE, deleting the keys.
+        for bad in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "0",
+            "-5",
+            "soon",
+        ] {
+            let err = ttl(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("ttl.seconds") && err.contains("from 1 to"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]
