@@ -146,6 +146,25 @@ pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result
     nexmark_sql_to(query, events, rate, sources, &output)
 }
 
+/// The NEXMark queries, built into the binary so that an installed `skein`
+/// runs them anywhere.
+const NEXMARK_QUERIES: [&str; 14] = [
+    include_str!("../queries/nexmark/q0.sql"),
+    include_str!("../queries/nexmark/q1.sql"),
+    include_str!("../queries/nexmark/q2.sql"),
+    include_str!("../queries/nexmark/q3.sql"),
+    include_str!("../queries/nexmark/q4.sql"),
+    include_str!("../queries/nexmark/q5.sql"),
+    include_str!("../queries/nexmark/q6.sql"),
+    include_str!("../queries/nexmark/q7.sql"),
+    include_str!("../queries/nexmark/q8.sql"),
+    include_str!("../queries/nexmark/q9.sql"),
+    include_str!("../queries/nexmark/q10.sql"),
+    include_str!("../queries/nexmark/q11.sql"),
+    include_str!("../queries/nexmark/q12.sql"),
+    include_str!("../queries/nexmark/q13.sql"),
+];
+
 /// [`nexmark_sql`] with the location a query writing files (q10) writes to.
 pub fn nexmark_sql_to(
     query: u32,
@@ -154,9 +173,9 @@ pub fn nexmark_sql_to(
     sources: usize,
     output: &str,
 ) -> Result<String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("queries/nexmark/q{query}.sql"));
-    let body = std::fs::read_to_string(&path)
-        .with_context(|| format!("NEXMark query {query}: reading {}", path.display()))?
+    let body = NEXMARK_QUERIES
+        .get(query as usize)
+        .with_context(|| format!("NEXMark query {query}: there are q0 to q13"))?
         .replace("{{output}}", output);
     let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
     Ok(format!("{tables}\n{body}"))
