@@ -32,8 +32,8 @@ use skein_engine::driver::{RunReport, deploy, trigger_epoch};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_generators::ysb::{
-    ADS_PER_CAMPAIGN, DEFAULT_SEED, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig, YsbGenerator,
-    YsbGroundTruth,
+    ADS_PER_CAMPAIGN, DEFAULT_SEED, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig,
+    YsbGenerator, YsbGroundTruth,
 };
 use skein_sinks::kafka::ensure_topic;
 use skein_sinks::redis::{UNKNOWN_AD_VIEWS, offsets_key, stored_offsets};
@@ -431,7 +431,12 @@ async fn run(a: &YsbRunArgs) -> Result<()> {
     } else {
         println!(
             "{} records read ({} dead letters, {} views of ads without a campaign) in {} epochs, {:.2} s, {:.0} records/s; resumed at {resumed} records",
-            report.events, dead, unknown_ad_views, report.epochs, report.elapsed_s, report.events_per_s
+            report.events,
+            dead,
+            unknown_ad_views,
+            report.epochs,
+            report.elapsed_s,
+            report.events_per_s
         );
     }
     Ok(())
@@ -813,23 +818,17 @@ return out";
 async fn read_redis(redis: &str, topic: &str, seed: u64) -> Result<RedisSnapshot> {
     let mut con = redis_connection(redis).await?;
     let campaigns = campaigns(seed);
-    let (stored, per_campaign): (Vec<String>, Vec<Vec<(String, i64, i64)>>) = {
-        let mut all: Vec<redis::Value> = redis::cmd("EVAL")
-            .arg(SNAPSHOT_SCRIPT)
-            .arg(1)
-            .arg(offsets_key(&checkpoint(topic)))
-            .arg(campaigns.campaign_ids())
-            .query_async(&mut con)
-            .await
-            .context("reading the results from Redis")?;
-        let rest = all.split_off(1);
-        let stored = redis::from_redis_value(all.pop().unwrap_or(redis::Value::Nil))?;
-        let rows = rest
-            .into_iter()
-            .map(redis::from_redis_value)
-            .collect::<std::result::Result<_, _>>()?;
-        (stored, rows)
-    };
+    let mut all: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(SNAPSHOT_SCRIPT)
+        .arg(1)
+        .arg(offsets_key(&checkpoint(topic)))
+        .arg(campaigns.campaign_ids())
+        .query_async(&mut con)
+        .await
+        .context("reading the results from Redis")?;
+    // The first element is the offsets hash, one per campaign follows.
+    let rest = all.split_off(1);
+    let stored: Vec<String> = redis::from_redis_value(all.pop().unwrap_or(redis::Value::Nil))?;
     let offsets = stored
         .chunks(2)
         .filter_map(|f| {
@@ -838,7 +837,8 @@ async fn read_redis(redis: &str, topic: &str, seed: u64) -> Result<RedisSnapshot
         })
         .collect();
     let mut windows = BTreeMap::new();
-    for (campaign, rows) in campaigns.campaign_ids().iter().zip(per_campaign) {
+    for (campaign, rows) in campaigns.campaign_ids().iter().zip(rest) {
+        let rows: Vec<(String, i64, i64)> = redis::from_redis_value(rows)?;
         for (field, seen, updated) in rows {
             let window: i64 = field
                 .parse()
@@ -850,7 +850,9 @@ async fn read_redis(redis: &str, topic: &str, seed: u64) -> Result<RedisSnapshot
 }
 
 pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
-    Ok(check_windows(a, &default_dead_letter_topic(&a.topic)).await?.0)
+    Ok(check_windows(a, &default_dead_letter_topic(&a.topic))
+        .await?
+        .0)
 }
 
 /// The ground truth of `generate`, if the one in `a.dir` is of this topic
@@ -876,7 +878,10 @@ async fn check_windows(
     let truth = truth_of(a)?;
     // Redis first: the topic is recounted up to the offsets committed with
     // these counts, so a run (or a producer) may still be going.
-    let RedisSnapshot { offsets, windows: found } = read_redis(&a.redis, &a.topic, a.seed).await?;
+    let RedisSnapshot {
+        offsets,
+        windows: found,
+    } = read_redis(&a.redis, &a.topic, a.seed).await?;
     let (brokers, topic, seed) = (a.brokers.clone(), a.topic.clone(), a.seed);
     let until = offsets.clone();
     let recount =
@@ -911,7 +916,9 @@ async fn check_windows(
         Some(t) => compare(t, &found),
         None => (0, 0, 0),
     };
-    let truth_exact = truth.as_ref().map(|_| missing == 0 && extra == 0 && wrong == 0);
+    let truth_exact = truth
+        .as_ref()
+        .map(|_| missing == 0 && extra == 0 && wrong == 0);
     let (topic_missing, topic_extra, topic_wrong) = compare(&recount.counts, &found);
     let topic_exact = topic_missing == 0
         && topic_extra == 0
@@ -1260,7 +1267,13 @@ fn recount_topic(
     }
     let ranges: Vec<(i32, i64, i64)> = ranges
         .into_iter()
-        .map(|(p, low, high)| (p, low, high.min(until.get(&p).copied().unwrap_or(low)).max(low)))
+        .map(|(p, low, high)| {
+            (
+                p,
+                low,
+                high.min(until.get(&p).copied().unwrap_or(low)).max(low),
+            )
+        })
         .collect();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -1493,9 +1506,9 @@ fn load_avg() -> Option<f64> {
         .ok()
 }
 
-/// YSB as YSB measures it: a load at a fixed rate, the query running beside
-/// it, and the latency of every window from Redis afterwards.
-async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<()> {
+/// A bench's arguments on a fresh topic unless one is named (so it reads
+/// exactly the events of this run), and the same, quiet, for the steps.
+fn bench_topic(a: &BenchArgs) -> (YsbArgs, YsbArgs) {
     let mut common = a.common.clone();
     if common.topic == "ad-events" {
         common.topic = format!("ad-events-bench-{}", now_ms());
@@ -1504,6 +1517,13 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         quiet: true,
         ..common.clone()
     };
+    (common, quiet)
+}
+
+/// YSB as YSB measures it: a load at a fixed rate, the query running beside
+/// it, and the latency of every window from Redis afterwards.
+async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<()> {
+    let (common, quiet) = bench_topic(a);
     setup(&quiet).await?;
     ensure_topic(&common.brokers, &common.topic, 4, &[])
         .await
@@ -1593,15 +1613,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
 
 /// Pre-load a fresh topic, then time a raw rdkafka drain and Skein's drain.
 async fn drain_bench(a: &BenchArgs, events: u64) -> Result<()> {
-    let mut common = a.common.clone();
-    if common.topic == "ad-events" {
-        // A fresh topic, so both drains read exactly the events of this run.
-        common.topic = format!("ad-events-bench-{}", now_ms());
-    }
-    let quiet = YsbArgs {
-        quiet: true,
-        ..common.clone()
-    };
+    let (common, quiet) = bench_topic(a);
     eprintln!(
         "setting up and publishing {} events to {}",
         events, common.topic
@@ -1609,7 +1621,7 @@ async fn drain_bench(a: &BenchArgs, events: u64) -> Result<()> {
     setup(&quiet).await?;
     generate(&GenerateArgs {
         common: quiet.clone(),
-        events: events,
+        events,
         rate: 100_000,
         partitions: 4,
         malformed_percent: 0.0,

@@ -48,15 +48,12 @@ fn ysb_args<'a>(cmd: &'a str, topic: &'a str, dir: &'a Path, extra: &[&'a str]) 
         .map(|s| s.to_string())
         .collect();
     v.push(dir.display().to_string());
-    v.extend(
-        [
-            "--brokers".to_string(),
-            common::kafka_brokers(),
-            "--redis".to_string(),
-            common::redis_url(),
-        ]
-        .into_iter(),
-    );
+    v.extend([
+        "--brokers".to_string(),
+        common::kafka_brokers(),
+        "--redis".to_string(),
+        common::redis_url(),
+    ]);
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
@@ -70,6 +67,15 @@ fn tempdir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(name);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
+}
+
+/// Kafka and Redis are up; a fresh topic name and a directory for it.
+fn fresh(prefix: &str) -> (String, std::path::PathBuf) {
+    common::require_kafka();
+    common::require_redis();
+    let topic = common::unique_name(prefix);
+    let dir = tempdir(&topic);
+    (topic, dir)
 }
 
 /// Records of `topic` (all partitions) up to the end, as JSON values.
@@ -93,7 +99,9 @@ fn letters(topic: &str) -> Vec<Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while (out.len() as i64) < high && std::time::Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-            out.push(serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or(Value::Null));
+            out.push(
+                serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or(Value::Null),
+            );
         }
     }
     out
@@ -101,10 +109,7 @@ fn letters(topic: &str) -> Vec<Value> {
 
 #[test]
 fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
-    common::require_kafka();
-    common::require_redis();
-    let topic = common::unique_name("ysb-unknown-ad");
-    let dir = tempdir(&topic);
+    let (topic, dir) = fresh("ysb-unknown-ad");
     // Default seeds on both sides: the events' ads have campaigns. (The only
     // test on the default seed: campaigns' result hashes are shared keys.)
     let (ok, _, log) = ysb("setup", &topic, &dir, &[]);
@@ -147,7 +152,11 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
             i % 2
         );
         producer
-            .send(BaseRecord::<(), _>::to(&topic).partition(i % 4).payload(&event))
+            .send(
+                BaseRecord::<(), _>::to(&topic)
+                    .partition(i % 4)
+                    .payload(&event),
+            )
             .expect("enqueue");
     }
     producer.flush(Duration::from_secs(30)).expect("flush");
@@ -164,15 +173,26 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
     assert_eq!(check["exact"], Value::Bool(true), "{check}");
     assert_eq!(check["truth_exact"], Value::Null, "{check}");
     assert_eq!(check["topic_unknown_ad_views"].as_u64(), Some(5), "{check}");
-    assert_eq!(check["dead_letter_unknown_ad_views"].as_u64(), Some(5), "{check}");
+    assert_eq!(
+        check["dead_letter_unknown_ad_views"].as_u64(),
+        Some(5),
+        "{check}"
+    );
     assert_eq!(check["topic_records"].as_u64(), Some(20_005), "{check}");
 
     let dlt = format!("{topic}-dead-letters");
     let unknown: Vec<Value> = letters(&dlt)
         .into_iter()
-        .filter(|l| l["ad_id"].as_str().is_some_and(|a| a.starts_with("no-such-ad")))
+        .filter(|l| {
+            l["ad_id"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("no-such-ad"))
+        })
         .collect();
-    let views: u64 = unknown.iter().filter_map(|l| l["seen_count"].as_u64()).sum();
+    let views: u64 = unknown
+        .iter()
+        .filter_map(|l| l["seen_count"].as_u64())
+        .sum();
     assert_eq!(views, 5, "{unknown:?}");
     for l in &unknown {
         let reason = l["reason"].as_str().unwrap_or_default();
@@ -183,14 +203,16 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
 
 #[test]
 fn check_without_ground_truth_on_a_live_topic() {
-    common::require_kafka();
-    common::require_redis();
-    let topic = common::unique_name("ysb-live-check");
-    let dir = tempdir(&topic);
+    let (topic, dir) = fresh("ysb-live-check");
     let (ok, _, log) = ysb("setup", &topic, &dir, &["--seed", "41"]);
     assert!(ok, "ysb setup: {log}");
     let to = format!("kafka://{}/{topic}", common::kafka_brokers());
-    let args = ysb_args("run", &topic, &dir, &["--duration", "25s", "--seed", "41", "--json"]);
+    let args = ysb_args(
+        "run",
+        &topic,
+        &dir,
+        &["--duration", "25s", "--seed", "41", "--json"],
+    );
     let mut run = Command::new(env!("CARGO_BIN_EXE_skein"))
         .args(&args)
         .stdout(Stdio::piped())
@@ -198,7 +220,19 @@ fn check_without_ground_truth_on_a_live_topic() {
         .spawn()
         .expect("ysb run");
     let mut load = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(["gen", "ysb", "--to", &to, "--rate", "2000", "--duration", "20s", "--seed", "41", "--json"])
+        .args([
+            "gen",
+            "ysb",
+            "--to",
+            &to,
+            "--rate",
+            "2000",
+            "--duration",
+            "20s",
+            "--seed",
+            "41",
+            "--json",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -210,18 +244,35 @@ fn check_without_ground_truth_on_a_live_topic() {
     let run_running = run.try_wait().expect("run").is_none();
     let load = load.wait_with_output().expect("load output");
     let run = run.wait_with_output().expect("run output");
-    assert!(load.status.success(), "{}", String::from_utf8_lossy(&load.stderr));
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(load_running && run_running, "the check ran while both were going");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        load_running && run_running,
+        "the check ran while both were going"
+    );
     assert!(ok, "ysb check on a live topic: {check} {log}");
     assert_eq!(check["exact"], Value::Bool(true), "{check}");
     assert_eq!(check["truth_exact"], Value::Null, "{check}");
-    assert!(check["committed_records"].as_i64().unwrap_or(0) > 0, "{check}");
+    assert!(
+        check["committed_records"].as_i64().unwrap_or(0) > 0,
+        "{check}"
+    );
     // And once both are done, everything published is counted.
     let (ok, check, log) = ysb("check", &topic, &dir, &["--seed", "41"]);
     assert!(ok, "ysb check after the run: {check} {log}");
     let published: Value = serde_json::from_str(
-        String::from_utf8_lossy(&load.stdout).lines().last().unwrap_or_default(),
+        String::from_utf8_lossy(&load.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default(),
     )
     .expect("gen output");
     assert_eq!(
@@ -233,10 +284,7 @@ fn check_without_ground_truth_on_a_live_topic() {
 
 #[test]
 fn bench_at_a_rate_reports_window_latencies() {
-    common::require_kafka();
-    common::require_redis();
-    let topic = common::unique_name("ysb-bench-rate");
-    let dir = tempdir(&topic);
+    let (topic, dir) = fresh("ysb-bench-rate");
     let (ok, bench, log) = ysb(
         "bench",
         &topic,
@@ -246,12 +294,23 @@ fn bench_at_a_rate_reports_window_latencies() {
     assert!(ok, "ysb bench: {log}");
     assert_eq!(bench["exact"], Value::Bool(true), "{bench}");
     assert!(bench["windows"].as_u64().unwrap_or(0) > 0, "{bench}");
-    for k in ["latency_ms_p50", "latency_ms_p90", "latency_ms_p99", "latency_ms_max"] {
+    for k in [
+        "latency_ms_p50",
+        "latency_ms_p90",
+        "latency_ms_p99",
+        "latency_ms_max",
+    ] {
         assert!(bench[k].is_i64(), "{k}: {bench}");
     }
-    assert!(bench["latency_ms_p50"].as_i64() <= bench["latency_ms_p99"].as_i64(), "{bench}");
+    assert!(
+        bench["latency_ms_p50"].as_i64() <= bench["latency_ms_p99"].as_i64(),
+        "{bench}"
+    );
     let events = bench["events"].as_u64().unwrap_or(0);
     assert!((45_000..=55_000).contains(&events), "{bench}");
     assert_eq!(bench["events_read"].as_u64(), Some(events), "{bench}");
-    assert!(bench["achieved_events_per_s"].as_f64().unwrap_or(0.0) > 4_000.0, "{bench}");
+    assert!(
+        bench["achieved_events_per_s"].as_f64().unwrap_or(0.0) > 4_000.0,
+        "{bench}"
+    );
 }

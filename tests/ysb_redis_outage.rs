@@ -36,7 +36,14 @@ impl Redis {
     fn up(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())

@@ -197,7 +197,10 @@ impl RedisSinkConfig {
             key_template,
             ttl_seconds,
             checkpoint: opt("checkpoint").unwrap_or_else(|| "default".into()),
-            dead_letters: match (opt("dead.letter.topic"), opt("dead.letter.bootstrap.servers")) {
+            dead_letters: match (
+                opt("dead.letter.topic"),
+                opt("dead.letter.bootstrap.servers"),
+            ) {
                 (Some(topic), Some(brokers)) => Some(UnknownAdLetters { topic, brokers }),
                 (None, None) => None,
                 _ => {
@@ -207,9 +210,10 @@ impl RedisSinkConfig {
                 }
             },
             retry_timeout: match opt("retry.timeout.ms") {
-                Some(v) => Duration::from_millis(v.parse().map_err(|_| {
-                    SinkError::Config(format!("retry.timeout.ms = {v:?}"))
-                })?),
+                Some(v) => Duration::from_millis(
+                    v.parse()
+                        .map_err(|_| SinkError::Config(format!("retry.timeout.ms = {v:?}")))?,
+                ),
                 None => REDIS_WAIT,
             },
         })
@@ -537,7 +541,11 @@ impl RedisSink {
     ) -> Result<()> {
         let views: i64 = unknown.values().sum();
         let Some(target) = &self.config.dead_letters else {
-            warn!(views, ads = unknown.len(), "redis sink: views of ads without a campaign dropped (no dead.letter.topic)");
+            warn!(
+                views,
+                ads = unknown.len(),
+                "redis sink: views of ads without a campaign dropped (no dead.letter.topic)"
+            );
             return Ok(());
         };
         let producer = match self.letter_producer.get() {
