@@ -773,6 +773,51 @@ mod tests {
     }
 
     #[test]
+    fn retries_back_off_to_a_bounded_wait() {
+        let waits: Vec<u64> = (1..12)
+            .map(|a| retry_backoff(a).as_millis() as u64)
+            .collect();
+        assert_eq!(&waits[..6], &[100, 200, 400, 800, 1600, 3200]);
+        assert!(waits.iter().all(|w| *w <= 5_000));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        // A refused connection is an outage; a wrong type is not.
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(is_outage(&refused));
+        let wrong = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "no"));
+        assert!(!is_outage(&wrong));
+    }
+
+    #[test]
+    fn dead_letter_and_retry_options() {
+        let config = |opts: &[(&str, &str)]| {
+            let mut options: BTreeMap<String, String> = [("layout", "ysb"), ("ad.column", "ad_id")]
+                .iter()
+                .chain(opts)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            options.insert("checkpoint".into(), "c".into());
+            RedisSinkConfig::from_sink_config(&SinkConfig {
+                kind: KIND.into(),
+                location: "redis://127.0.0.1:1".into(),
+                options,
+            })
+        };
+        let c = config(&[]).unwrap();
+        assert_eq!(c.retry_timeout, REDIS_WAIT);
+        assert!(c.dead_letters.is_none());
+        let c = config(&[
+            ("dead.letter.topic", "dl"),
+            ("dead.letter.bootstrap.servers", "b:1"),
+            ("retry.timeout.ms", "500"),
+        ])
+        .unwrap();
+        assert_eq!(c.retry_timeout, Duration::from_millis(500));
+        assert_eq!(c.dead_letters.unwrap().topic, "dl");
+        assert!(config(&[("dead.letter.topic", "dl")]).is_err());
+    }
+
+    #[test]
     fn latest_offset_wins() {
         let o = |p, off| SourceOffset {
             source: "t".into(),
