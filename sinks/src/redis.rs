@@ -11,6 +11,10 @@
 //! `key` is a template such as `user:{user_id}` whose `{column}` parts are
 //! replaced by the row's values; `value` names the value column of `string`
 //! and `list`; `ttl.seconds` sets an expiry on every key written.
+//! `retry.timeout.ms` (default 2 minutes) is how long a write waits out a
+//! Redis outage, retrying; `dead.letter.topic` with
+//! `dead.letter.bootstrap.servers` is where the YSB layout sends the counts of
+//! ads without a campaign.
 //!
 //! **Exactly once.** Every write is one MULTI/EXEC holding the results and
 //! the source offsets they cover, stored in the hash `skein:offsets:<checkpoint>`
@@ -111,8 +115,9 @@ pub enum Layout {
 /// * hash `<window UUID>`: `HINCRBY seen_count n`, `time_updated` = now (ms).
 ///
 /// Rows carry a campaign (or an ad, mapped to its campaign through the
-/// `SET <ad_id> <campaign_id>` keys of `ysb setup`, read once and cached as
-/// YSB's RedisAdCampaignCache does), a window start and a count.
+/// `SET <ad_id> <campaign_id>` keys of YSB's setup, each ad looked up once
+/// and cached as YSB's RedisAdCampaignCache does), a window start and a
+/// count. Counts of an ad without a key go to the dead-letter topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct YsbLayout {
     /// Column with the campaign id; or with the ad id if `ad_lookup`.
