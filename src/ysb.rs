@@ -532,6 +532,7 @@ async fn drive(
     let mut watermarks: Option<Arc<HighWatermarks>> = None;
     let (mut events, mut epoch) = (0u64, 0u64);
     let mut stuck: (u32, BTreeMap<i32, i64>) = (0, BTreeMap::new());
+    let mut redis_away: Option<Instant> = None;
     loop {
         let last = deadline.is_some_and(|d| Instant::now() >= d);
         let fired = Instant::now();
@@ -551,7 +552,11 @@ async fn drive(
                 watermarks = Some(Arc::new(HighWatermarks::new(&c.brokers, &c.topic)?));
             }
             let w = watermarks.clone().expect("set above");
-            match drained(w, c).await? {
+            let state = drained(w, c).await?;
+            if !matches!(state, Drained::RedisAway(_)) {
+                redis_away = None;
+            }
+            match state {
                 Drained::Yes => {
                     // One more (empty) epoch flushes whatever state is left.
                     trigger_epoch(plan, runtime.as_ref(), epoch, true).await?;
@@ -560,6 +565,20 @@ async fn drive(
                     break;
                 }
                 Drained::BrokerAway => stuck = (0, BTreeMap::new()),
+                Drained::RedisAway(e) => {
+                    // Waited out as the sink waits for Redis, then given up.
+                    let since = *redis_away.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= skein_sinks::redis::REDIS_WAIT {
+                        bail!(
+                            "Redis at {} did not answer for {:?}: {e}",
+                            c.redis,
+                            skein_sinks::redis::REDIS_WAIT
+                        );
+                    }
+                    stuck = (0, BTreeMap::new());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
                 Drained::Behind(stored) => {
                     if stored == stuck.1 {
                         stuck.0 += 1;
@@ -673,15 +692,21 @@ enum Drained {
     Yes,
     /// The broker did not answer: nothing can be concluded.
     BrokerAway,
+    /// Redis did not answer (the error): nothing can be concluded either.
+    RedisAway(String),
     /// Some stored offset is below its high watermark: these are the stored ones.
     Behind(BTreeMap<i32, i64>),
 }
 
 /// Have the offsets committed to Redis reached every partition's end?
 async fn drained(w: Arc<HighWatermarks>, c: &YsbArgs) -> Result<Drained> {
-    let stored = stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic)
-        .await
-        .with_context(|| format!("reading stored offsets from {}", c.redis))?;
+    let stored = match stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(redis = %c.redis, "stored offsets unknown: {e}");
+            return Ok(Drained::RedisAway(e.to_string()));
+        }
+    };
     let Some(marks) = tokio::task::spawn_blocking(move || w.fetch()).await? else {
         return Ok(Drained::BrokerAway);
     };
