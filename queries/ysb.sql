@@ -4,9 +4,10 @@
 --
 -- Only the fields the query needs are declared: the JSON decoder skips the
 -- others without parsing them. Ads map to campaigns in the sink through the
--- ad -> campaign map `skein ysb setup` puts in Redis (YSB's
--- RedisAdCampaignCache); 'emit' 'updates' writes each epoch's counts as
--- HINCRBY deltas together with the offsets they cover.
+-- `SET <ad_id> <campaign_id>` keys YSB's setup (and `skein ysb setup`) puts
+-- in Redis (YSB's RedisAdCampaignCache); counts of an ad without a campaign
+-- go to the dead-letter topic. 'emit' 'updates' writes each epoch's counts
+-- as HINCRBY deltas together with the offsets they cover.
 CREATE EXTERNAL TABLE ad_events (
   ad_id VARCHAR NOT NULL,
   event_type VARCHAR NOT NULL,
@@ -29,7 +30,9 @@ CREATE EXTERNAL TABLE campaign_windows (
   'layout' 'ysb',
   'ad.column' 'ad_id',
   'emit' 'updates',
-  'checkpoint' '{{checkpoint}}'
+  'checkpoint' '{{checkpoint}}',
+  'dead.letter.topic' '{{dead_letter_topic}}',
+  'dead.letter.bootstrap.servers' '{{brokers}}'
 );
 
 INSERT INTO campaign_windows

@@ -77,8 +77,9 @@ pub struct GenArgs {
     /// NEXMark: publish one table only, to exactly the named topic or stream.
     #[arg(long, value_enum, default_value_t = NexmarkTable::All)]
     pub table: NexmarkTable,
-    /// Generator seed.
-    #[arg(long, default_value_t = 0)]
+    /// Generator seed (YSB: the same default as `skein ysb setup`, so the
+    /// events' ads have campaigns in Redis).
+    #[arg(long, default_value_t = skein_generators::ysb::DEFAULT_SEED)]
     pub seed: u64,
     /// Partitions (Kafka) or shards (Kinesis) of a topic or stream this
     /// command creates because it does not exist yet.

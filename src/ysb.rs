@@ -1,7 +1,7 @@
 //! `skein ysb ...`: the Yahoo Streaming Benchmark, Kafka -> Skein -> Redis.
 //!
-//! * `setup`: the campaigns and their ads into Redis (YSB's `SET <ad>
-//!   <campaign>` and `SADD campaigns`, plus one hash the sink reads at once),
+//! * `setup`: the campaigns and their ads into Redis as YSB's setup writes
+//!   them (`SET <ad> <campaign>`, `SADD campaigns <campaign>`),
 //!   old results of those campaigns and the run's offsets removed;
 //! * `generate`: events into the topic (4 partitions), the ground truth into
 //!   `<dir>/truth.csv`; `--malformed-percent` mixes in undecodable records;
@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -32,11 +32,11 @@ use skein_engine::driver::{RunReport, deploy, trigger_epoch};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_generators::ysb::{
-    ADS_PER_CAMPAIGN, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig, YsbGenerator,
-    YsbGroundTruth,
+    ADS_PER_CAMPAIGN, DEFAULT_SEED, NUM_CAMPAIGNS, WINDOW_MS, YsbCampaigns, YsbConfig,
+    YsbGenerator, YsbGroundTruth,
 };
 use skein_sinks::kafka::ensure_topic;
-use skein_sinks::redis::{AD_CAMPAIGN_HASH, offsets_key, stored_offsets};
+use skein_sinks::redis::{UNKNOWN_AD_VIEWS, offsets_key, stored_offsets};
 
 use crate::registry::{Registries, registries};
 use crate::run::parse_duration;
@@ -55,7 +55,10 @@ pub enum YsbCommand {
     /// Compare Redis with the ground truth and with counts recomputed from the
     /// topic; exits non-zero on any difference.
     Check(CheckArgs),
-    /// Pre-load a fresh topic, then time a raw rdkafka drain and Skein's drain.
+    /// With `--rate R --duration D`: publish at R events/s while the query
+    /// runs, and report the window latency (time_updated - window end).
+    /// Without: pre-load `--events N` into a fresh topic, then time a raw
+    /// rdkafka drain and Skein's drain.
     Bench(BenchArgs),
 }
 
@@ -63,8 +66,19 @@ pub enum YsbCommand {
 pub struct BenchArgs {
     #[command(flatten)]
     pub common: YsbArgs,
-    #[arg(long, default_value_t = 5_000_000)]
-    pub events: u64,
+    /// Drain bench: events to pre-load [default: 5000000].
+    #[arg(long, conflicts_with = "rate")]
+    pub events: Option<u64>,
+    /// Latency bench: events per second of wall-clock time, published while
+    /// the query runs (needs --duration).
+    #[arg(long, requires = "duration")]
+    pub rate: Option<u64>,
+    /// Latency bench: how long the load lasts.
+    #[arg(long, value_parser = parse_duration, requires = "rate")]
+    pub duration: Option<Duration>,
+    /// Latency bench: time between epochs of the query.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    pub interval: Duration,
     /// Source instances of the Skein run.
     #[arg(long, default_value_t = 2)]
     pub parallelism: usize,
@@ -79,7 +93,7 @@ pub struct YsbArgs {
     #[arg(long, default_value = "ad-events")]
     pub topic: String,
     /// Seed of the campaign and ad UUIDs and of the events.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = DEFAULT_SEED)]
     pub seed: u64,
     /// Where the ground truth and the campaign mapping are kept.
     #[arg(long, default_value = ".skein/ysb")]
@@ -132,6 +146,10 @@ pub struct YsbRunArgs {
     /// Where undecodable records go (default: `<topic>-dead-letters`).
     #[arg(long)]
     pub dead_letter_topic: Option<String>,
+    /// Set once a producer in the same process (`bench --rate`) has
+    /// finished; until then the run does not stop for being drained.
+    #[arg(skip)]
+    pub load_done: Option<Arc<AtomicBool>>,
 }
 
 #[derive(Args, Debug)]
@@ -203,12 +221,13 @@ async fn setup(a: &YsbArgs) -> Result<()> {
         let _: () = con.del(c).await?;
     }
     let _: () = con.del(offsets_key(&checkpoint(&a.topic))).await?;
-    // Only added to: ads are UUIDs, so the mappings of several seeds (e.g.
-    // tests running side by side) coexist.
+    // YSB's own layout (its setup's `SET <ad> <campaign>`, `SADD campaigns`),
+    // which the sink reads, so events of YSB's generator run unchanged. Only
+    // added to: ads are UUIDs, so the mappings of several seeds (e.g. tests
+    // running side by side) coexist.
     let mut pipe = redis::pipe();
     for (ad, campaign) in campaigns.ad_campaign_pairs() {
         pipe.set(ad, campaign).ignore();
-        pipe.hset(AD_CAMPAIGN_HASH, ad, campaign).ignore();
     }
     for c in campaigns.campaign_ids() {
         pipe.sadd("campaigns", c).ignore();
@@ -388,13 +407,19 @@ pub fn ysb_sql(a: &YsbRunArgs, offsets: &BTreeMap<i32, i64>) -> String {
 }
 
 async fn run(a: &YsbRunArgs) -> Result<()> {
-    let (report, dead, resumed) = run_query(a).await?;
+    let RunOutcome {
+        report,
+        dead_letters: dead,
+        unknown_ad_views,
+        resumed,
+    } = run_query(a).await?;
     if a.common.json {
         println!(
             "{}",
             json!({
                 "events": report.events,
                 "dead_letters": dead,
+                "unknown_ad_views": unknown_ad_views,
                 "epochs": report.epochs,
                 "elapsed_s": report.elapsed_s,
                 "events_per_s": report.events_per_s.round(),
@@ -405,16 +430,31 @@ async fn run(a: &YsbRunArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{} records read ({} dead letters) in {} epochs, {:.2} s, {:.0} records/s; resumed at {resumed} records",
-            report.events, dead, report.epochs, report.elapsed_s, report.events_per_s
+            "{} records read ({} dead letters, {} views of ads without a campaign) in {} epochs, {:.2} s, {:.0} records/s; resumed at {resumed} records",
+            report.events,
+            dead,
+            unknown_ad_views,
+            report.epochs,
+            report.elapsed_s,
+            report.events_per_s
         );
     }
     Ok(())
 }
 
-/// Run the query until drained (or `--duration`); returns the engine's
-/// report, the dead letters and the records already done when it started.
-async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
+/// What one `ysb run` did.
+struct RunOutcome {
+    report: RunReport,
+    /// Undecodable records sent to the dead-letter topic.
+    dead_letters: u64,
+    /// Views of ads without a campaign (sent to the dead-letter topic).
+    unknown_ad_views: u64,
+    /// Records already done when the run started.
+    resumed: i64,
+}
+
+/// Run the query until drained (or `--duration`).
+async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let c = &a.common;
     let offsets = stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic)
         .await
@@ -443,11 +483,16 @@ async fn run_query(a: &YsbRunArgs) -> Result<(RunReport, u64, i64)> {
         .context("planning queries/ysb.sql")?;
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
     let dead_before = DEAD_LETTERS.load(Ordering::Relaxed);
+    let unknown_before = UNKNOWN_AD_VIEWS.load(Ordering::Relaxed);
     let report = drive(&plan, &runtime, &options, a)
         .await
         .context("running queries/ysb.sql")?;
-    let dead = DEAD_LETTERS.load(Ordering::Relaxed) - dead_before;
-    Ok((report, dead, resumed))
+    Ok(RunOutcome {
+        report,
+        dead_letters: DEAD_LETTERS.load(Ordering::Relaxed) - dead_before,
+        unknown_ad_views: UNKNOWN_AD_VIEWS.load(Ordering::Relaxed) - unknown_before,
+        resumed,
+    })
 }
 
 /// The dead-letter topic, created compacted if it does not exist: letters
@@ -487,6 +532,7 @@ async fn drive(
     let mut watermarks: Option<Arc<HighWatermarks>> = None;
     let (mut events, mut epoch) = (0u64, 0u64);
     let mut stuck: (u32, BTreeMap<i32, i64>) = (0, BTreeMap::new());
+    let mut redis_away: Option<Instant> = None;
     loop {
         let last = deadline.is_some_and(|d| Instant::now() >= d);
         let fired = Instant::now();
@@ -497,12 +543,20 @@ async fn drive(
         if last {
             break;
         }
-        if deadline.is_none() && pulled == 0 {
+        let loading = a
+            .load_done
+            .as_ref()
+            .is_some_and(|done| !done.load(Ordering::Acquire));
+        if deadline.is_none() && pulled == 0 && !loading {
             if watermarks.is_none() {
                 watermarks = Some(Arc::new(HighWatermarks::new(&c.brokers, &c.topic)?));
             }
             let w = watermarks.clone().expect("set above");
-            match drained(w, c).await? {
+            let state = drained(w, c).await?;
+            if !matches!(state, Drained::RedisAway(_)) {
+                redis_away = None;
+            }
+            match state {
                 Drained::Yes => {
                     // One more (empty) epoch flushes whatever state is left.
                     trigger_epoch(plan, runtime.as_ref(), epoch, true).await?;
@@ -511,6 +565,20 @@ async fn drive(
                     break;
                 }
                 Drained::BrokerAway => stuck = (0, BTreeMap::new()),
+                Drained::RedisAway(e) => {
+                    // Waited out as the sink waits for Redis, then given up.
+                    let since = *redis_away.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= skein_sinks::redis::REDIS_WAIT {
+                        bail!(
+                            "Redis at {} did not answer for {:?}: {e}",
+                            c.redis,
+                            skein_sinks::redis::REDIS_WAIT
+                        );
+                    }
+                    stuck = (0, BTreeMap::new());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
                 Drained::Behind(stored) => {
                     if stored == stuck.1 {
                         stuck.0 += 1;
@@ -624,15 +692,21 @@ enum Drained {
     Yes,
     /// The broker did not answer: nothing can be concluded.
     BrokerAway,
+    /// Redis did not answer (the error): nothing can be concluded either.
+    RedisAway(String),
     /// Some stored offset is below its high watermark: these are the stored ones.
     Behind(BTreeMap<i32, i64>),
 }
 
 /// Have the offsets committed to Redis reached every partition's end?
 async fn drained(w: Arc<HighWatermarks>, c: &YsbArgs) -> Result<Drained> {
-    let stored = stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic)
-        .await
-        .with_context(|| format!("reading stored offsets from {}", c.redis))?;
+    let stored = match stored_offsets(&c.redis, &checkpoint(&c.topic), &c.topic).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(redis = %c.redis, "stored offsets unknown: {e}");
+            return Ok(Drained::RedisAway(e.to_string()));
+        }
+    };
     let Some(marks) = tokio::task::spawn_blocking(move || w.fetch()).await? else {
         return Ok(Drained::BrokerAway);
     };
@@ -652,24 +726,27 @@ pub struct CheckReport {
     /// Redis matches the ground truth and the topic, and every undecodable
     /// record of the topic is in the dead-letter topic.
     pub exact: bool,
-    /// Redis matches the ground truth file of `ysb generate`.
-    pub truth_exact: bool,
+    /// Redis matches the ground truth file of `ysb generate`; `null` without
+    /// one (a live topic), when only the topic's recount is compared.
+    pub truth_exact: Option<bool>,
     /// Redis matches the counts recomputed from the topic.
     pub topic_exact: bool,
     /// Every undecodable record has a dead letter (with a reason), and no
     /// dead letter names a record that decodes.
     pub dead_letters_exact: bool,
-    /// Windows in the ground truth.
+    /// Windows and views counted in Redis.
     pub windows: usize,
-    /// Views counted in Redis.
     pub views: u64,
-    /// Views in the ground truth.
-    pub expected_views: u64,
+    /// Views in the ground truth, if there is one.
+    pub expected_views: Option<u64>,
     /// Windows of the ground truth that Redis lacks, has but does not
     /// expect, or counts differently.
     pub missing: usize,
     pub extra: usize,
     pub wrong: usize,
+    /// Records the counts in Redis cover (the committed offsets); the topic
+    /// is recounted up to there.
+    pub committed_records: i64,
     /// Records read back from the topic, the undecodable ones among them.
     pub topic_records: u64,
     pub topic_malformed: u64,
@@ -693,14 +770,18 @@ pub struct CheckReport {
     pub dead_letters_missing: usize,
     pub dead_letters_extra: usize,
     pub dead_letters_without_reason: u64,
+    /// Views of ads without a campaign that the sink sent as dead letters;
+    /// `topic_exact` needs them to equal `topic_unknown_ad_views`.
+    pub dead_letter_unknown_ad_views: u64,
     pub latency_ms_p50: i64,
+    pub latency_ms_p90: i64,
     pub latency_ms_p99: i64,
     pub latency_ms_max: i64,
 }
 
 type Counts = BTreeMap<(String, i64), u64>;
 
-async fn read_truth(dir: &Path) -> Result<Counts> {
+fn read_truth(dir: &Path) -> Result<Counts> {
     let path = dir.join("truth.csv");
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -733,84 +814,159 @@ fn compare(
     (missing, extra, wrong)
 }
 
-/// What Redis holds for the campaigns of `seed`: (campaign, window start)
-/// -> (seen_count, time_updated).
-async fn read_redis(redis: &str, seed: u64) -> Result<BTreeMap<(String, i64), (u64, i64)>> {
+/// What Redis holds, read in one script so that it is one consistent
+/// snapshot while a run is still writing: the committed offsets of `topic`
+/// and, for the campaigns of `seed`, (campaign, window start) ->
+/// (seen_count, time_updated).
+struct RedisSnapshot {
+    offsets: BTreeMap<i32, i64>,
+    windows: BTreeMap<(String, i64), (u64, i64)>,
+}
+
+/// Returns `{offsets hash}` then, per campaign, `{window start, seen_count,
+/// time_updated}` triples.
+const SNAPSHOT_SCRIPT: &str = r"
+local out = {redis.call('HGETALL', KEYS[1])}
+for _, c in ipairs(ARGV) do
+  local h = redis.call('HGETALL', c)
+  local rows = {}
+  for j = 1, #h, 2 do
+    if h[j] ~= 'windows' then
+      local v = redis.call('HMGET', h[j + 1], 'seen_count', 'time_updated')
+      table.insert(rows, {h[j], v[1] or '0', v[2] or '0'})
+    end
+  end
+  table.insert(out, rows)
+end
+return out";
+
+async fn read_redis(redis: &str, topic: &str, seed: u64) -> Result<RedisSnapshot> {
     let mut con = redis_connection(redis).await?;
-    let mut found = BTreeMap::new();
-    for campaign in campaigns(seed).campaign_ids() {
-        let fields: HashMap<String, String> = con.hgetall(campaign).await?;
-        for (field, uuid) in fields {
-            if field == "windows" {
-                continue;
-            }
+    let campaigns = campaigns(seed);
+    let mut all: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(SNAPSHOT_SCRIPT)
+        .arg(1)
+        .arg(offsets_key(&checkpoint(topic)))
+        .arg(campaigns.campaign_ids())
+        .query_async(&mut con)
+        .await
+        .context("reading the results from Redis")?;
+    // The first element is the offsets hash, one per campaign follows.
+    let rest = all.split_off(1);
+    let stored: Vec<String> = redis::from_redis_value(all.pop().unwrap_or(redis::Value::Nil))?;
+    let offsets = stored
+        .chunks(2)
+        .filter_map(|f| {
+            let (t, p) = f.first()?.rsplit_once(':')?;
+            (t == topic).then(|| Some((p.parse().ok()?, f.get(1)?.parse().ok()?)))?
+        })
+        .collect();
+    let mut windows = BTreeMap::new();
+    for (campaign, rows) in campaigns.campaign_ids().iter().zip(rest) {
+        let rows: Vec<(String, i64, i64)> = redis::from_redis_value(rows)?;
+        for (field, seen, updated) in rows {
             let window: i64 = field
                 .parse()
                 .with_context(|| format!("campaign {campaign}: field {field:?}"))?;
-            let w: HashMap<String, i64> = con.hgetall(&uuid).await?;
-            found.insert(
-                (campaign.clone(), window),
-                (
-                    w.get("seen_count").copied().unwrap_or(0) as u64,
-                    w.get("time_updated").copied().unwrap_or(0),
-                ),
-            );
+            windows.insert((campaign.clone(), window), (seen.max(0) as u64, updated));
         }
     }
-    Ok(found)
+    Ok(RedisSnapshot { offsets, windows })
 }
 
 pub async fn check_report(a: &YsbArgs) -> Result<CheckReport> {
-    check_report_with(a, &default_dead_letter_topic(&a.topic)).await
+    Ok(check_windows(a, &default_dead_letter_topic(&a.topic))
+        .await?
+        .0)
 }
 
-async fn check_report_with(a: &YsbArgs, dead_letter_topic: &str) -> Result<CheckReport> {
-    let truth = read_truth(&a.dir).await?;
+/// The ground truth of `generate`, if the one in `a.dir` is of this topic
+/// and seed (a live topic has none).
+fn truth_of(a: &YsbArgs) -> Result<Option<Counts>> {
+    let Ok(text) = std::fs::read(a.dir.join("generated.json")) else {
+        return Ok(None);
+    };
+    let generated: Generated = serde_json::from_slice(&text)
+        .with_context(|| format!("reading {}", a.dir.join("generated.json").display()))?;
+    if generated.topic != a.topic || generated.seed != a.seed {
+        return Ok(None);
+    }
+    read_truth(&a.dir).map(Some)
+}
+
+/// The check, and the windows read from Redis: (campaign, window start) ->
+/// (seen_count, time_updated).
+async fn check_windows(
+    a: &YsbArgs,
+    dead_letter_topic: &str,
+) -> Result<(CheckReport, BTreeMap<(String, i64), (u64, i64)>)> {
+    let truth = truth_of(a)?;
+    // Redis first: the topic is recounted up to the offsets committed with
+    // these counts, so a run (or a producer) may still be going.
+    let RedisSnapshot {
+        offsets,
+        windows: found,
+    } = read_redis(&a.redis, &a.topic, a.seed).await?;
     let (brokers, topic, seed) = (a.brokers.clone(), a.topic.clone(), a.seed);
-    let recount = tokio::task::spawn_blocking(move || recount_topic(&brokers, &topic, seed));
+    let until = offsets.clone();
+    let recount =
+        tokio::task::spawn_blocking(move || recount_topic(&brokers, &topic, seed, &until));
     let (brokers, topic, dlt) = (
         a.brokers.clone(),
         a.topic.clone(),
         dead_letter_topic.to_string(),
     );
     let letters = tokio::task::spawn_blocking(move || read_dead_letters(&brokers, &dlt, &topic));
-    let found = read_redis(&a.redis, a.seed).await?;
     let recount = recount.await.context("recount task")??;
-    let letters = letters.await.context("dead-letter task")??;
+    let mut letters = letters.await.context("dead-letter task")??;
+    // Letters are sent before their offsets are committed: those beyond the
+    // committed offsets belong to a write still to come (or to be replayed).
+    let committed = |p: i32, o: i64| offsets.get(&p).is_some_and(|c| o < *c);
+    letters.keys.retain(|(p, o)| committed(*p, *o));
+    let field = |f: &str| -> Option<i32> {
+        let (t, p) = f.rsplit_once(':')?;
+        (t == a.topic).then(|| p.parse().ok())?
+    };
+    let unknown_ad_letter_views: u64 = letters
+        .unknown_ads
+        .values()
+        .filter(|(_, to)| {
+            to.iter()
+                .all(|(f, o)| field(f).is_some_and(|p| committed(p, *o - 1)))
+        })
+        .map(|(n, _)| n)
+        .sum();
 
-    let (missing, extra, wrong) = compare(&truth, &found);
-    let truth_exact = missing == 0 && extra == 0 && wrong == 0;
+    let (missing, extra, wrong) = match &truth {
+        Some(t) => compare(t, &found),
+        None => (0, 0, 0),
+    };
+    let truth_exact = truth
+        .as_ref()
+        .map(|_| missing == 0 && extra == 0 && wrong == 0);
     let (topic_missing, topic_extra, topic_wrong) = compare(&recount.counts, &found);
-    let topic_exact =
-        topic_missing == 0 && topic_extra == 0 && topic_wrong == 0 && recount.unknown_ad_views == 0;
+    let topic_exact = topic_missing == 0
+        && topic_extra == 0
+        && topic_wrong == 0
+        && recount.unknown_ad_views == unknown_ad_letter_views;
     let dead_letters_missing = recount.malformed.difference(&letters.keys).count();
     let dead_letters_extra = letters.keys.difference(&recount.malformed).count();
     let dead_letters_exact =
         dead_letters_missing == 0 && dead_letters_extra == 0 && letters.without_reason == 0;
 
-    let mut latencies: Vec<i64> = found
-        .iter()
-        .map(|((_, w), (_, updated))| updated - (w + WINDOW_MS))
-        .collect();
-    latencies.sort_unstable();
-    let pct = |p: f64| -> i64 {
-        if latencies.is_empty() {
-            return 0;
-        }
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies[i]
-    };
-    Ok(CheckReport {
-        exact: truth_exact && topic_exact && dead_letters_exact,
+    let latency = latencies(&found, None);
+    let report = CheckReport {
+        exact: truth_exact.unwrap_or(true) && topic_exact && dead_letters_exact,
         truth_exact,
         topic_exact,
         dead_letters_exact,
-        windows: truth.len(),
+        windows: found.len(),
         views: found.values().map(|(n, _)| n).sum(),
-        expected_views: truth.values().sum(),
+        expected_views: truth.as_ref().map(|t| t.values().sum()),
         missing,
         extra,
         wrong,
+        committed_records: offsets.values().sum(),
         topic_records: recount.records,
         topic_malformed: recount.malformed.len() as u64,
         topic_windows: recount.counts.len(),
@@ -822,14 +978,50 @@ async fn check_report_with(a: &YsbArgs, dead_letter_topic: &str) -> Result<Check
         topic_read_s: recount.elapsed_s,
         dead_letter_topic: dead_letter_topic.to_string(),
         dead_letters: letters.keys.len() as u64,
-        dead_letter_duplicates: letters.records - letters.keys.len() as u64,
+        dead_letter_duplicates: letters.records.saturating_sub(letters.keys.len() as u64),
         dead_letters_missing,
         dead_letters_extra,
         dead_letters_without_reason: letters.without_reason,
-        latency_ms_p50: pct(0.5),
-        latency_ms_p99: pct(0.99),
-        latency_ms_max: latencies.last().copied().unwrap_or(0),
-    })
+        dead_letter_unknown_ad_views: unknown_ad_letter_views,
+        latency_ms_p50: latency.p50,
+        latency_ms_p90: latency.p90,
+        latency_ms_p99: latency.p99,
+        latency_ms_max: latency.max,
+    };
+    Ok((report, found))
+}
+
+/// The distribution of `time_updated - window end` (YSB's `updated.txt`),
+/// over the windows that ended by `until_ms` if given.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+pub struct Latency {
+    pub windows: usize,
+    pub p50: i64,
+    pub p90: i64,
+    pub p99: i64,
+    pub max: i64,
+}
+
+fn latencies(found: &BTreeMap<(String, i64), (u64, i64)>, until_ms: Option<i64>) -> Latency {
+    let mut l: Vec<i64> = found
+        .iter()
+        .filter(|((_, w), _)| until_ms.is_none_or(|u| w + WINDOW_MS <= u))
+        .map(|((_, w), (_, updated))| updated - (w + WINDOW_MS))
+        .collect();
+    l.sort_unstable();
+    let pct = |p: f64| -> i64 {
+        if l.is_empty() {
+            return 0;
+        }
+        l[((l.len() as f64 - 1.0) * p).round() as usize]
+    };
+    Latency {
+        windows: l.len(),
+        p50: pct(0.5),
+        p90: pct(0.9),
+        p99: pct(0.99),
+        max: l.last().copied().unwrap_or(0),
+    }
 }
 
 async fn check(a: &CheckArgs) -> Result<()> {
@@ -837,26 +1029,33 @@ async fn check(a: &CheckArgs) -> Result<()> {
         .dead_letter_topic
         .clone()
         .unwrap_or_else(|| default_dead_letter_topic(&a.common.topic));
-    let r = check_report_with(&a.common, &dlt).await?;
+    let r = check_windows(&a.common, &dlt).await?.0;
     if a.common.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
+        let truth = match (r.truth_exact, r.expected_views) {
+            (Some(_), Some(expected)) => format!(
+                "ground truth: {expected} views expected; {} missing, {} extra, {} wrong windows",
+                r.missing, r.extra, r.wrong
+            ),
+            _ => "no ground truth for this topic and seed: checked against the topic".into(),
+        };
         println!(
             "{}\n\
-             ground truth: {} windows, {} views counted ({} expected); {} missing, {} extra, {} wrong\n\
-             topic: {} records ({} undecodable) read in {:.2} s give {} windows, {} views; \
-             {} missing, {} extra, {} wrong\n\
-             dead letters in {}: {} records ({} duplicates); {} missing, {} extra, {} without a reason\n\
-             latency (time_updated - window end): p50 {} ms, p99 {} ms, max {} ms",
+             Redis: {} windows, {} views, covering {} records\n\
+             {truth}\n\
+             topic: {} records ({} undecodable, {} views of ads without a campaign) read in {:.2} s \
+             give {} windows, {} views; {} missing, {} extra, {} wrong\n\
+             dead letters in {}: {} records ({} duplicates); {} missing, {} extra, {} without a reason; \
+             {} views of ads without a campaign\n\
+             latency (time_updated - window end): p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",
             if r.exact { "EXACT" } else { "DIFFERENT" },
             r.windows,
             r.views,
-            r.expected_views,
-            r.missing,
-            r.extra,
-            r.wrong,
+            r.committed_records,
             r.topic_records,
             r.topic_malformed,
+            r.topic_unknown_ad_views,
             r.topic_read_s,
             r.topic_windows,
             r.topic_views,
@@ -869,13 +1068,15 @@ async fn check(a: &CheckArgs) -> Result<()> {
             r.dead_letters_missing,
             r.dead_letters_extra,
             r.dead_letters_without_reason,
+            r.dead_letter_unknown_ad_views,
             r.latency_ms_p50,
+            r.latency_ms_p90,
             r.latency_ms_p99,
             r.latency_ms_max
         );
     }
     let mut differences = vec![];
-    if !r.truth_exact {
+    if r.truth_exact == Some(false) {
         differences.push("the ground truth");
     }
     if !r.topic_exact {
@@ -1074,15 +1275,31 @@ fn read_ranges(
     Ok(())
 }
 
-/// Recount the views per (campaign, window) from the whole topic, one
-/// thread per group of partitions.
-fn recount_topic(brokers: &str, topic: &str, seed: u64) -> Result<TopicCount> {
+/// Recount the views per (campaign, window) from the topic, each partition
+/// up to the offset committed to Redis with the counts (`until`; a live
+/// topic goes on beyond it), one thread per group of partitions.
+fn recount_topic(
+    brokers: &str,
+    topic: &str,
+    seed: u64,
+    until: &BTreeMap<i32, i64>,
+) -> Result<TopicCount> {
     let started = Instant::now();
     let campaigns = campaigns(seed);
     let ranges = partition_ranges(&read_back_consumer(brokers, "recount")?, topic)?;
     if ranges.is_empty() {
         bail!("topic {topic} not found at {brokers} (run `skein ysb generate` first)");
     }
+    let ranges: Vec<(i32, i64, i64)> = ranges
+        .into_iter()
+        .map(|(p, low, high)| {
+            (
+                p,
+                low,
+                high.min(until.get(&p).copied().unwrap_or(low)).max(low),
+            )
+        })
+        .collect();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -1144,22 +1361,31 @@ fn recount_topic(brokers: &str, topic: &str, seed: u64) -> Result<TopicCount> {
 
 /// The letters of one source topic found in a dead-letter topic.
 struct DeadLetterSummary {
-    /// Letters, duplicates included.
+    /// Letters of undecodable records, duplicates included.
     records: u64,
     /// Distinct (partition, offset) they name.
     keys: BTreeSet<(i32, i64)>,
     without_reason: u64,
+    /// The sink's letters for views of ads without a campaign, the last one
+    /// per key (as compaction keeps): key -> (views, offsets after the write).
+    unknown_ads: BTreeMap<String, (u64, BTreeMap<String, i64>)>,
 }
 
-/// One dead letter as the Kafka source writes it.
+/// One dead letter: an undecodable record as the Kafka source writes it
+/// (partition, offset), or the Redis sink's letter for the views of an ad
+/// without a campaign (key, seen_count, offsets_to).
 #[derive(Deserialize)]
 struct Letter<'a> {
     #[serde(borrow)]
     topic: std::borrow::Cow<'a, str>,
-    partition: i32,
-    offset: i64,
+    partition: Option<i32>,
+    offset: Option<i64>,
     #[serde(borrow, default)]
     reason: std::borrow::Cow<'a, str>,
+    key: Option<String>,
+    seen_count: Option<u64>,
+    #[serde(default)]
+    offsets_to: BTreeMap<String, i64>,
 }
 
 /// Reads the whole dead-letter topic (none there: no letters).
@@ -1170,6 +1396,7 @@ fn read_dead_letters(brokers: &str, dlt: &str, topic: &str) -> Result<DeadLetter
         records: 0,
         keys: BTreeSet::new(),
         without_reason: 0,
+        unknown_ads: BTreeMap::new(),
     };
     let mut unreadable = 0u64;
     read_ranges(
@@ -1178,10 +1405,18 @@ fn read_dead_letters(brokers: &str, dlt: &str, topic: &str) -> Result<DeadLetter
         &ranges,
         |_, _, payload| match serde_json::from_slice::<Letter<'_>>(payload) {
             Ok(l) if l.topic == topic => {
-                out.records += 1;
-                out.keys.insert((l.partition, l.offset));
                 if l.reason.trim().is_empty() {
                     out.without_reason += 1;
+                }
+                match (l.partition, l.offset, l.key, l.seen_count) {
+                    (Some(p), Some(o), _, _) => {
+                        out.records += 1;
+                        out.keys.insert((p, o));
+                    }
+                    (_, _, Some(key), Some(n)) => {
+                        out.unknown_ads.insert(key, (n, l.offsets_to));
+                    }
+                    _ => unreadable += 1,
                 }
             }
             Ok(_) => {}
@@ -1253,23 +1488,165 @@ fn raw_drain(brokers: &str, topic: &str) -> Result<(u64, f64)> {
 }
 
 async fn bench(a: BenchArgs) -> Result<()> {
+    match (a.rate, a.duration) {
+        (Some(rate), Some(duration)) => latency_bench(&a, rate, duration).await,
+        _ => drain_bench(&a, a.events.unwrap_or(5_000_000)).await,
+    }
+}
+
+/// What `ysb bench --rate R --duration D` reports.
+#[derive(Debug, Serialize)]
+pub struct LatencyBench {
+    pub target_rate: u64,
+    pub duration_s: f64,
+    /// Published and acknowledged, and the rate that makes.
+    pub events: u64,
+    pub achieved_events_per_s: f64,
+    /// Events behind the target when the load stopped.
+    pub lag_events: u64,
+    /// Records the query read.
+    pub events_read: u64,
+    /// Windows that ended before the load stopped: the ones measured.
+    pub windows: usize,
+    pub latency_ms_p50: i64,
+    pub latency_ms_p90: i64,
+    pub latency_ms_p99: i64,
+    pub latency_ms_max: i64,
+    /// Redis matches the topic recounted, and the query read every record.
+    pub exact: bool,
+    /// How long the query took to finish once the load stopped.
+    pub drain_after_load_s: f64,
+    pub epochs: u64,
+    pub load_avg_1m: Option<f64>,
+    pub topic: String,
+}
+
+/// The 1-minute load average, for the record of how busy the machine was.
+fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A bench's arguments on a fresh topic unless one is named (so it reads
+/// exactly the events of this run), and the same, quiet, for the steps.
+fn bench_topic(a: &BenchArgs) -> (YsbArgs, YsbArgs) {
     let mut common = a.common.clone();
     if common.topic == "ad-events" {
-        // A fresh topic, so both drains read exactly the events of this run.
         common.topic = format!("ad-events-bench-{}", now_ms());
     }
     let quiet = YsbArgs {
         quiet: true,
         ..common.clone()
     };
+    (common, quiet)
+}
+
+/// YSB as YSB measures it: a load at a fixed rate, the query running beside
+/// it, and the latency of every window from Redis afterwards.
+async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<()> {
+    let (common, quiet) = bench_topic(a);
+    setup(&quiet).await?;
+    ensure_topic(&common.brokers, &common.topic, 4, &[])
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let done = Arc::new(AtomicBool::new(false));
+    let gen_args = crate::publish::GenArgs {
+        benchmark: crate::publish::Benchmark::Ysb,
+        to: format!("kafka://{}/{}", common.brokers, common.topic),
+        events: None,
+        rate: Some(rate),
+        event_rate: None,
+        duration: Some(duration),
+        table: crate::publish::NexmarkTable::All,
+        seed: common.seed,
+        partitions: 4,
+        in_flight: 4,
+        json: common.json,
+    };
+    let load_done = done.clone();
+    // The publisher of `skein gen ysb`, beside the query in this process.
+    let load = tokio::spawn(async move {
+        let report = crate::publish::publish(&gen_args).await;
+        let stopped_ms = now_ms();
+        load_done.store(true, Ordering::Release);
+        report.map(|r| (r, stopped_ms, Instant::now()))
+    });
+    let run = run_query(&YsbRunArgs {
+        common: quiet.clone(),
+        until_drained: true,
+        duration: None,
+        interval: a.interval,
+        parallelism: a.parallelism,
+        max_records: 250_000,
+        dead_letter_topic: None,
+        load_done: Some(done.clone()),
+    })
+    .await;
+    if run.is_err() {
+        // Let the load end with the run rather than after it.
+        load.abort();
+    }
+    let RunOutcome { report, .. } = run?;
+    let finished = Instant::now();
+    let (published, stopped_ms, stopped) = load.await.context("the load task")??;
+    let (check, found) = check_windows(&quiet, &default_dead_letter_topic(&common.topic)).await?;
+    let latency = latencies(&found, Some(stopped_ms));
+    let line = LatencyBench {
+        target_rate: rate,
+        duration_s: duration.as_secs_f64(),
+        events: published.events,
+        achieved_events_per_s: published.events_per_s.round(),
+        lag_events: published.lag_events,
+        events_read: report.events,
+        windows: latency.windows,
+        latency_ms_p50: latency.p50,
+        latency_ms_p90: latency.p90,
+        latency_ms_p99: latency.p99,
+        latency_ms_max: latency.max,
+        exact: check.exact && report.events == published.events,
+        drain_after_load_s: finished.saturating_duration_since(stopped).as_secs_f64(),
+        epochs: report.epochs,
+        load_avg_1m: load_avg(),
+        topic: common.topic.clone(),
+    };
+    if common.json {
+        println!("{}", serde_json::to_string(&line)?);
+    } else {
+        println!(
+            "{} events at {:.0}/s (target {rate}/s) over {:.0} s; {} windows ended under load: \
+             latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms; counts {}",
+            line.events,
+            line.achieved_events_per_s,
+            line.duration_s,
+            line.windows,
+            line.latency_ms_p50,
+            line.latency_ms_p90,
+            line.latency_ms_p99,
+            line.latency_ms_max,
+            if line.exact { "exact" } else { "DIFFERENT" }
+        );
+    }
+    if !line.exact {
+        bail!("the Skein run's counts differ from the topic recounted");
+    }
+    Ok(())
+}
+
+/// Pre-load a fresh topic, then time a raw rdkafka drain and Skein's drain.
+async fn drain_bench(a: &BenchArgs, events: u64) -> Result<()> {
+    let (common, quiet) = bench_topic(a);
     eprintln!(
         "setting up and publishing {} events to {}",
-        a.events, common.topic
+        events, common.topic
     );
     setup(&quiet).await?;
     generate(&GenerateArgs {
         common: quiet.clone(),
-        events: a.events,
+        events,
         rate: 100_000,
         partitions: 4,
         malformed_percent: 0.0,
@@ -1279,7 +1656,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
     let (raw_events, raw_s) =
         tokio::task::spawn_blocking(move || raw_drain(&brokers, &topic)).await??;
     let raw_rate = raw_events as f64 / raw_s;
-    let (report, _, _) = run_query(&YsbRunArgs {
+    let RunOutcome { report, .. } = run_query(&YsbRunArgs {
         common: quiet.clone(),
         until_drained: true,
         duration: None,
@@ -1287,16 +1664,17 @@ async fn bench(a: BenchArgs) -> Result<()> {
         parallelism: a.parallelism,
         max_records: 250_000,
         dead_letter_topic: None,
+        load_done: None,
     })
     .await?;
     let check = check_report(&quiet).await?;
     let skein_rate = report.events_per_s;
     let line = json!({
-        "events": a.events,
+        "events": events,
         "raw_drain_events_per_s": raw_rate.round(),
         "skein_events_per_s": skein_rate.round(),
         "ratio": (skein_rate / raw_rate * 1000.0).round() / 1000.0,
-        "correct": check.exact && report.events == a.events,
+        "correct": check.exact && report.events == events,
         "skein_elapsed_s": report.elapsed_s,
         "raw_elapsed_s": raw_s,
         "latency_ms_p50": check.latency_ms_p50,
@@ -1308,7 +1686,7 @@ async fn bench(a: BenchArgs) -> Result<()> {
     } else {
         println!(
             "{} events: raw rdkafka drain {:.0} events/s, Skein {:.0} events/s (ratio {:.3}); counts {}",
-            a.events,
+            events,
             raw_rate,
             skein_rate,
             skein_rate / raw_rate,

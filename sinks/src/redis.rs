@@ -11,6 +11,10 @@
 //! `key` is a template such as `user:{user_id}` whose `{column}` parts are
 //! replaced by the row's values; `value` names the value column of `string`
 //! and `list`; `ttl.seconds` sets an expiry on every key written.
+//! `retry.timeout.ms` (default 2 minutes) is how long a write waits out a
+//! Redis outage, retrying; `dead.letter.topic` with
+//! `dead.letter.bootstrap.servers` is where the YSB layout sends the counts of
+//! ads without a campaign.
 //!
 //! **Exactly once.** Every write is one MULTI/EXEC holding the results and
 //! the source offsets they cover, stored in the hash `skein:offsets:<checkpoint>`
@@ -23,9 +27,10 @@
 //! epoch (`'emit' 'updates'`), so that the offsets of a write cover exactly
 //! the rows it carries.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray};
@@ -38,11 +43,25 @@ use redis::aio::MultiplexedConnection;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::{Result, SinkError};
 
 pub const KIND: &str = "REDIS";
+
+/// How long a write waits for Redis to answer again before it fails.
+pub const REDIS_WAIT: Duration = Duration::from_secs(120);
+
+/// Views of ads without a campaign, in every YSB sink of the process
+/// (committed writes only), whether they went to a dead-letter topic or not.
+pub static UNKNOWN_AD_VIEWS: AtomicU64 = AtomicU64::new(0);
+
+/// The dead-letter topic of a YSB sink's rows whose ad has no campaign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAdLetters {
+    pub topic: String,
+    pub brokers: String,
+}
 
 /// Replies can take longer than the client's default 500 ms on a loaded
 /// machine (a MULTI/EXEC of thousands of commands); a timeout there would
@@ -96,8 +115,9 @@ pub enum Layout {
 /// * hash `<window UUID>`: `HINCRBY seen_count n`, `time_updated` = now (ms).
 ///
 /// Rows carry a campaign (or an ad, mapped to its campaign through the
-/// `SET <ad_id> <campaign_id>` keys of `ysb setup`, read once and cached as
-/// YSB's RedisAdCampaignCache does), a window start and a count.
+/// `SET <ad_id> <campaign_id>` keys of YSB's setup, each ad looked up once
+/// and cached as YSB's RedisAdCampaignCache does), a window start and a
+/// count. Counts of an ad without a key go to the dead-letter topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct YsbLayout {
     /// Column with the campaign id; or with the ad id if `ad_lookup`.
@@ -119,6 +139,9 @@ pub const OPTIONS: &[&str] = &[
     "count.column",
     "ttl.seconds",
     "checkpoint",
+    "retry.timeout.ms",
+    "dead.letter.topic",
+    "dead.letter.bootstrap.servers",
 ];
 
 #[derive(Debug, Clone)]
@@ -129,6 +152,14 @@ pub struct RedisSinkConfig {
     /// Positive: EXPIRE with zero or less deletes the key it was meant to keep.
     pub ttl_seconds: Option<i64>,
     pub checkpoint: String,
+    /// YSB with `ad.column`: where rows of ads without a campaign go
+    /// (options `dead.letter.topic`, `dead.letter.bootstrap.servers`);
+    /// without it they are counted and logged.
+    pub dead_letters: Option<UnknownAdLetters>,
+    /// How long a write waits for Redis to come back (option
+    /// `retry.timeout.ms`, default 2 minutes like the Kafka source's wait
+    /// for its broker).
+    pub retry_timeout: Duration,
 }
 
 impl RedisSinkConfig {
@@ -197,6 +228,25 @@ impl RedisSinkConfig {
             key_template,
             ttl_seconds,
             checkpoint: opt("checkpoint").unwrap_or_else(|| "default".into()),
+            dead_letters: match (
+                opt("dead.letter.topic"),
+                opt("dead.letter.bootstrap.servers"),
+            ) {
+                (Some(topic), Some(brokers)) => Some(UnknownAdLetters { topic, brokers }),
+                (None, None) => None,
+                _ => {
+                    return Err(SinkError::Config(
+                        "dead.letter.topic and dead.letter.bootstrap.servers go together".into(),
+                    ));
+                }
+            },
+            retry_timeout: match opt("retry.timeout.ms") {
+                Some(v) => Duration::from_millis(
+                    v.parse()
+                        .map_err(|_| SinkError::Config(format!("retry.timeout.ms = {v:?}")))?,
+                ),
+                None => REDIS_WAIT,
+            },
         })
     }
 }
@@ -215,8 +265,11 @@ pub struct RedisSink {
     config: RedisSinkConfig,
     client: redis::Client,
     connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
-    /// ad -> campaign, loaded at the first write (YSB with `ad.column`).
-    campaigns: tokio::sync::OnceCell<HashMap<String, String>>,
+    /// ad -> campaign, as found so far (YSB with `ad.column`); an ad that
+    /// had none is asked for again, since `ysb setup` may add it later.
+    campaigns: tokio::sync::Mutex<HashMap<String, String>>,
+    /// Opened at the first letter.
+    letter_producer: std::sync::OnceLock<rdkafka::producer::FutureProducer>,
 }
 
 impl RedisSink {
@@ -225,7 +278,8 @@ impl RedisSink {
             client: redis::Client::open(config.url.as_str())?,
             config,
             connection: tokio::sync::Mutex::new(None),
-            campaigns: tokio::sync::OnceCell::new(),
+            campaigns: tokio::sync::Mutex::new(HashMap::new()),
+            letter_producer: std::sync::OnceLock::new(),
         })
     }
 
@@ -242,10 +296,45 @@ impl RedisSink {
         Ok(c)
     }
 
-    async fn write_inner(&self, write: SinkWrite<'_>) -> Result<()> {
+    /// One write, retried while Redis is away (up to `retry_timeout`). A
+    /// retry is safe: a write Redis applied before the connection broke has
+    /// moved the stored offsets, so its retry is a replay and is skipped.
+    async fn write_retrying(&self, write: &SinkWrite<'_>) -> Result<()> {
+        let mut since: Option<Instant> = None;
+        let mut attempt = 0u32;
+        loop {
+            match self.write_inner(write).await {
+                Ok(()) => {
+                    if since.is_some() {
+                        warn!(url = %self.config.url, attempt, "redis sink: Redis is back, write done");
+                    }
+                    return Ok(());
+                }
+                Err(SinkError::Redis(e)) if is_outage(&e) => {
+                    // The connection is unusable; the next attempt opens another.
+                    self.connection.lock().await.take();
+                    let first = *since.get_or_insert_with(Instant::now);
+                    if first.elapsed() >= self.config.retry_timeout {
+                        return Err(SinkError::Other(format!(
+                            "Redis at {} did not answer for {:?} ({attempt} retries); last error: {e}",
+                            self.config.url, self.config.retry_timeout
+                        )));
+                    }
+                    attempt += 1;
+                    let wait = retry_backoff(attempt);
+                    warn!(url = %self.config.url, attempt, "redis sink: {e}; retrying in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn write_inner(&self, write: &SinkWrite<'_>) -> Result<()> {
         let mut con = self.connection().await?;
         let okey = offsets_key(&self.config.checkpoint);
         let offsets = latest_offsets(&write.offsets);
+        let mut from = BTreeMap::new();
         if !offsets.is_empty() {
             let fields: Vec<&String> = offsets.keys().collect();
             let stored: Vec<Option<i64>> = redis::cmd("HMGET")
@@ -264,12 +353,22 @@ impl RedisSink {
                 );
                 return Ok(());
             }
+            from = fields
+                .into_iter()
+                .zip(stored)
+                .map(|(f, o)| (f.clone(), o))
+                .collect();
         }
         let mut pipe = redis::pipe();
         pipe.atomic();
+        let mut unknown_views = 0;
         match &self.config.layout {
-            Layout::Ysb(ysb) => self.ysb_commands(ysb, &write, &mut con, &mut pipe).await?,
-            layout => self.generic_commands(layout, &write, &mut pipe)?,
+            Layout::Ysb(ysb) => {
+                unknown_views = self
+                    .ysb_commands(ysb, write, &from, &offsets, &mut con, &mut pipe)
+                    .await?
+            }
+            layout => self.generic_commands(layout, write, &mut pipe)?,
         }
         if !offsets.is_empty() {
             // HSET only moves forward: a partition never goes back.
@@ -284,9 +383,9 @@ impl RedisSink {
             }
         }
         let _: () = pipe.query_async(&mut con).await?;
+        UNKNOWN_AD_VIEWS.fetch_add(unknown_views, Ordering::Relaxed);
         Ok(())
     }
-
     fn generic_commands(
         &self,
         layout: &Layout,
@@ -335,16 +434,27 @@ impl RedisSink {
         Ok(())
     }
 
+    /// Adds the YSB commands of `write` to `pipe`; returns the views of
+    /// ads without a campaign, which went to the dead-letter topic (or, with
+    /// none configured, only to the log).
     async fn ysb_commands(
         &self,
         ysb: &YsbLayout,
         write: &SinkWrite<'_>,
+        from: &BTreeMap<String, Option<i64>>,
+        to: &BTreeMap<String, i64>,
         con: &mut MultiplexedConnection,
         pipe: &mut redis::Pipeline,
-    ) -> Result<()> {
-        let counts = self.ysb_counts(ysb, write, con).await?;
+    ) -> Result<u64> {
+        let (counts, unknown) = self.ysb_counts(ysb, write, con).await?;
+        let unknown_views = unknown.values().sum::<i64>().max(0) as u64;
+        if !unknown.is_empty() {
+            // Sent before the MULTI/EXEC that commits the offsets: no row of
+            // an unknown ad is lost; a retried write sends the same keys.
+            self.send_unknown_ads(write, &unknown, from, to).await?;
+        }
         if counts.is_empty() {
-            return Ok(());
+            return Ok(unknown_views);
         }
         // Which windows and window lists exist already (one round trip).
         let mut probe = redis::pipe();
@@ -388,16 +498,17 @@ impl RedisSink {
                 pipe.expire(&window_uuid, ttl).ignore();
             }
         }
-        Ok(())
+        Ok(unknown_views)
     }
 
-    /// (campaign, window start ms) -> count, summed over the write's rows.
+    /// (campaign, window start ms) -> count, summed over the write's rows,
+    /// and (ad, window start ms) -> count for ads without a campaign.
     async fn ysb_counts(
         &self,
         ysb: &YsbLayout,
         write: &SinkWrite<'_>,
         con: &mut MultiplexedConnection,
-    ) -> Result<BTreeMap<(String, i64), i64>> {
+    ) -> Result<(WindowCounts, WindowCounts)> {
         let column = |name: &str| {
             write.schema.index_of(name).map_err(|_| {
                 SinkError::Config(format!(
@@ -416,15 +527,6 @@ impl RedisSink {
             column(&ysb.window_column)?,
             column(&ysb.count_column)?,
         );
-        let campaigns = if ysb.ad_lookup {
-            Some(
-                self.campaigns
-                    .get_or_try_init(|| load_ad_campaigns(con.clone()))
-                    .await?,
-            )
-        } else {
-            None
-        };
         let mut counts = BTreeMap::new();
         for batch in &write.batches {
             let keys = cast(batch.column(k), &DataType::Utf8)?;
@@ -440,18 +542,127 @@ impl RedisSink {
                 if keys.is_null(row) || windows.is_null(row) || n.is_null(row) {
                     continue;
                 }
-                let key = keys.value(row);
-                let campaign = match campaigns {
-                    Some(map) => map.get(key).cloned().ok_or_else(|| {
-                        SinkError::Other(format!("ad {key:?} has no campaign in Redis"))
-                    })?,
-                    None => key.to_string(),
-                };
-                *counts.entry((campaign, windows.value(row))).or_insert(0) += n.value(row);
+                *counts
+                    .entry((keys.value(row).to_string(), windows.value(row)))
+                    .or_insert(0) += n.value(row);
             }
         }
-        Ok(counts)
+        if !ysb.ad_lookup {
+            return Ok((counts, BTreeMap::new()));
+        }
+        let mut cache = self.campaigns.lock().await;
+        let missing: BTreeSet<&str> = counts
+            .keys()
+            .map(|(ad, _)| ad.as_str())
+            .filter(|ad| !cache.contains_key(*ad))
+            .collect();
+        if !missing.is_empty() {
+            let missing: Vec<&str> = missing.into_iter().collect();
+            cache.extend(lookup_campaigns(con, &missing).await?);
+        }
+        let (mut by_campaign, mut unknown) = (BTreeMap::new(), BTreeMap::new());
+        for ((ad, window), n) in counts {
+            match cache.get(&ad) {
+                Some(campaign) => *by_campaign.entry((campaign.clone(), window)).or_insert(0) += n,
+                None => *unknown.entry((ad, window)).or_insert(0) += n,
+            }
+        }
+        Ok((by_campaign, unknown))
     }
+
+    /// Letters for the rows of ads without a campaign, one per (ad, window),
+    /// keyed by the ad, the window and the offsets the write starts from,
+    /// so a replay of the same epoch replaces its letter when Kafka compacts.
+    async fn send_unknown_ads(
+        &self,
+        write: &SinkWrite<'_>,
+        unknown: &WindowCounts,
+        from: &BTreeMap<String, Option<i64>>,
+        to: &BTreeMap<String, i64>,
+    ) -> Result<()> {
+        let views: i64 = unknown.values().sum();
+        let Some(target) = &self.config.dead_letters else {
+            warn!(
+                views,
+                ads = unknown.len(),
+                "redis sink: views of ads without a campaign dropped (no dead.letter.topic)"
+            );
+            return Ok(());
+        };
+        let producer = match self.letter_producer.get() {
+            Some(p) => p,
+            None => {
+                let p: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", &target.brokers)
+                    .set("enable.idempotence", "true")
+                    .set("message.timeout.ms", "120000")
+                    .create()
+                    .map_err(|e| SinkError::Other(format!("dead-letter producer: {e}")))?;
+                self.letter_producer.get_or_init(|| p)
+            }
+        };
+        // The source topic: the offsets are `<topic>:<partition>`.
+        let topic = to
+            .keys()
+            .next()
+            .and_then(|f| f.rsplit_once(':'))
+            .map_or("", |(t, _)| t);
+        let start: Vec<String> = from
+            .iter()
+            .map(|(f, o)| format!("{f}@{}", o.unwrap_or(-1)))
+            .collect();
+        let start = start.join(",");
+        let letters: Vec<(String, String)> = unknown
+            .iter()
+            .map(|((ad, window), n)| {
+                let key = format!("{topic}/unknown-ad/{ad}/{window}/{start}");
+                let letter = serde_json::json!({
+                    "topic": topic,
+                    "reason": format!("ad {ad:?} has no campaign in Redis"),
+                    "ad_id": ad,
+                    "window_start_ms": window,
+                    "seen_count": n,
+                    "query": write.query,
+                    "key": key,
+                    "offsets_from": from,
+                    "offsets_to": to,
+                })
+                .to_string();
+                (key, letter)
+            })
+            .collect();
+        let pending = letters.iter().map(|(key, letter)| {
+            let record = rdkafka::producer::FutureRecord::to(&target.topic)
+                .key(key)
+                .payload(letter);
+            producer.send(record, Duration::from_secs(120))
+        });
+        for delivery in futures::future::join_all(pending).await {
+            delivery.map_err(|(e, _)| {
+                SinkError::Other(format!("dead letter to {}: {e}", target.topic))
+            })?;
+        }
+        warn!(views, ads = unknown.len(), topic = %target.topic, "redis sink: views of ads without a campaign sent to the dead-letter topic");
+        Ok(())
+    }
+}
+
+/// (key, window start ms) -> count.
+type WindowCounts = BTreeMap<(String, i64), i64>;
+
+/// Redis is away (or busy loading) rather than refusing the write.
+fn is_outage(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
+}
+
+/// Doubling from 100 ms up to 5 s, so a short outage costs little and a long
+/// one few attempts.
+fn retry_backoff(attempt: u32) -> Duration {
+    Duration::from_millis((100u64 << attempt.min(6).saturating_sub(1)).min(5_000))
 }
 
 /// Moves a hash field forward only: `HSET key field max(old, new)`.
@@ -459,23 +670,25 @@ const MAX_FIELD_SCRIPT: &str = "local old = tonumber(redis.call('HGET', KEYS[1],
      if old == nil or tonumber(ARGV[2]) > old then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
      return 0";
 
-/// The ad -> campaign map `ysb setup` leaves in Redis, in one command.
-async fn load_ad_campaigns(mut con: MultiplexedConnection) -> Result<HashMap<String, String>> {
-    let map: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(AD_CAMPAIGN_HASH)
-        .query_async(&mut con)
-        .await?;
-    if map.is_empty() {
-        return Err(SinkError::Other(format!(
-            "no ad -> campaign mapping in Redis (hash {AD_CAMPAIGN_HASH}); run `skein ysb setup`"
-        )));
+/// Looks up the campaigns of `ads` as YSB's RedisAdCampaignCache does, from
+/// the `SET <ad_id> <campaign_id>` keys of YSB's setup (one MGET for all of
+/// them); ads without a key are left out.
+async fn lookup_campaigns(
+    con: &mut MultiplexedConnection,
+    ads: &[&str],
+) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    // A bounded argument list per round trip.
+    for chunk in ads.chunks(10_000) {
+        let found: Vec<Option<String>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
+        for (ad, campaign) in chunk.iter().zip(found) {
+            if let Some(c) = campaign {
+                out.insert(ad.to_string(), c);
+            }
+        }
     }
-    Ok(map)
+    Ok(out)
 }
-
-/// The hash `ysb setup` fills with ad -> campaign (beside YSB's own
-/// `SET <ad> <campaign>` keys), read in one command.
-pub const AD_CAMPAIGN_HASH: &str = "ysb:ad_campaign";
 
 /// The latest offset per `<topic>:<partition>` field.
 fn latest_offsets(offsets: &[SourceOffset]) -> BTreeMap<String, i64> {
@@ -565,7 +778,7 @@ impl KeyTemplate {
 #[async_trait]
 impl Sink for RedisSink {
     async fn write(&self, write: SinkWrite<'_>) -> EngineResult<()> {
-        self.write_inner(write)
+        self.write_retrying(&write)
             .await
             .map_err(|e| EngineError::Sink {
                 sink: self.config.url.clone(),
@@ -627,6 +840,51 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn retries_back_off_to_a_bounded_wait() {
+        let waits: Vec<u64> = (1..12)
+            .map(|a| retry_backoff(a).as_millis() as u64)
+            .collect();
+        assert_eq!(&waits[..6], &[100, 200, 400, 800, 1600, 3200]);
+        assert!(waits.iter().all(|w| *w <= 5_000));
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
+        // A refused connection is an outage; a wrong type is not.
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(is_outage(&refused));
+        let wrong = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "no"));
+        assert!(!is_outage(&wrong));
+    }
+
+    #[test]
+    fn dead_letter_and_retry_options() {
+        let config = |opts: &[(&str, &str)]| {
+            let mut options: BTreeMap<String, String> = [("layout", "ysb"), ("ad.column", "ad_id")]
+                .iter()
+                .chain(opts)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            options.insert("checkpoint".into(), "c".into());
+            RedisSinkConfig::from_sink_config(&SinkConfig {
+                kind: KIND.into(),
+                location: "redis://127.0.0.1:1".into(),
+                options,
+            })
+        };
+        let c = config(&[]).unwrap();
+        assert_eq!(c.retry_timeout, REDIS_WAIT);
+        assert!(c.dead_letters.is_none());
+        let c = config(&[
+            ("dead.letter.topic", "dl"),
+            ("dead.letter.bootstrap.servers", "b:1"),
+            ("retry.timeout.ms", "500"),
+        ])
+        .unwrap();
+        assert_eq!(c.retry_timeout, Duration::from_millis(500));
+        assert_eq!(c.dead_letters.unwrap().topic, "dl");
+        assert!(config(&[("dead.letter.topic", "dl")]).is_err());
     }
 
     #[test]

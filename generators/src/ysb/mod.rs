@@ -62,6 +62,11 @@ const USER_STREAM: u64 = 0x7973_6275_7365_7203; // "ysbuser"
 const PAGE_STREAM: u64 = 0x7973_6270_6167_6504; // "ysbpage"
 const EVENT_STREAM: u64 = 0x7973_6265_7665_6e05; // "ysbeven"
 
+/// The seed every YSB command uses unless told otherwise (`skein gen ysb`,
+/// `skein ysb setup|generate|check`), so that the ads of published events
+/// are the ads `ysb setup` maps to campaigns.
+pub const DEFAULT_SEED: u64 = 0;
+
 /// Generator parameters; defaults are the benchmark's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -85,7 +90,7 @@ pub struct YsbConfig {
 impl Default for YsbConfig {
     fn default() -> Self {
         YsbConfig {
-            seed: 0,
+            seed: DEFAULT_SEED,
             base_time_ms: DEFAULT_BASE_TIME_MS,
             events_per_second: 100_000,
             max_events: None,

@@ -1,0 +1,162 @@
+//! A Redis outage in the middle of `skein ysb run`: Redis is stopped, kept
+//! down for a few seconds and started again with its data (append-only
+//! file); the run waits it out, retries the epoch's write and ends with
+//! exact counts. The Redis server is this test's own (`redis-server` on a
+//! free port), so the shared one on 6379 is never stopped.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start(port: u16, dir: &Path) -> Redis {
+        let mut r = Redis {
+            port,
+            dir: dir.to_path_buf(),
+            child: None,
+        };
+        r.up();
+        r
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn up(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ok = redis::Client::open(self.url())
+                .and_then(|c| c.get_connection())
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok();
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "private redis-server not up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM: Redis writes its append-only file and exits.
+    fn down(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn ysb(cmd: &str, topic: &str, dir: &Path, redis: &str, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+    c.args(["ysb", cmd, "--topic", topic, "--seed", "43", "--json"])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--brokers", &common::kafka_brokers(), "--redis", redis])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn run_ok(mut c: Command) -> Value {
+    let out = c.output().expect("running skein");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or(Value::Null)
+}
+
+#[test]
+fn a_redis_outage_is_waited_out_and_the_counts_stay_exact() {
+    common::require_kafka();
+    let topic = common::unique_name("ysb-redis-outage");
+    let dir = std::env::temp_dir().join(&topic);
+    let data = dir.join("redis");
+    std::fs::create_dir_all(&data).expect("temp dir");
+    let mut redis = Redis::start(common::free_port(), &data);
+    let url = redis.url();
+
+    run_ok(ysb("setup", &topic, &dir, &url, &[]));
+    let generated = run_ok(ysb("generate", &topic, &dir, &url, &["--events", "200000"]));
+    // Small epochs, spaced out, so the run is still writing when Redis goes.
+    let run = ysb(
+        "run",
+        &topic,
+        &dir,
+        &url,
+        &["--max-records", "2000", "--interval", "200ms"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("ysb run");
+
+    // Wait for a first committed epoch, then stop Redis for 8 s.
+    let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let fields: i64 = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| redis::cmd("HLEN").arg(&key).query(&mut c))
+            .unwrap_or(0);
+        if fields > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no epoch committed after 120 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    redis.down();
+    std::thread::sleep(Duration::from_secs(8));
+    redis.up();
+
+    let out = run.wait_with_output().expect("ysb run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ysb run failed: {stdout}{stderr}");
+    assert!(
+        stderr.contains("retrying"),
+        "the run saw the outage and retried: {stderr}"
+    );
+    let check = run_ok(ysb("check", &topic, &dir, &url, &[]));
+    assert_eq!(check["exact"], Value::Bool(true), "{check}");
+    assert_eq!(check["truth_exact"], Value::Bool(true), "{check}");
+    assert_eq!(check["views"], generated["views"], "{check} {generated}");
+}
