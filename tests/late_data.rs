@@ -86,6 +86,25 @@ fn rows_under(dir: &Path) -> Vec<serde_json::Value> {
     out
 }
 
+/// `CREATE EXTERNAL TABLE <name> (k, v, ts)` over a Kafka topic, with more
+/// options after the broker's (each starting with a comma).
+fn kafka_table(name: &str, topic: &str, brokers: &str, options: &str) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE {name} (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+         LOCATION '{topic}' OPTIONS ('bootstrap.servers' '{brokers}'{options});"
+    )
+}
+
+/// Run `skein run SQL ARGS --json`; its report, or a failure naming `what`.
+fn run_report(what: &str, sql: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["run", sql];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (ok, stdout, stderr) = common::skein(&all);
+    assert!(ok, "{what} failed:\n{stderr}");
+    report(&stdout)
+}
+
 /// The summary line of `skein run --json`.
 fn report(stdout: &str) -> serde_json::Value {
     let line = stdout.lines().last().unwrap_or_default();
@@ -120,13 +139,17 @@ fn late_table(brokers: &str, extra_options: &str) -> (String, String, std::path:
     let sql = write_sql(
         "late",
         &format!(
-            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{topic}'
-               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts',
-                        'max.records.per.pull' '50' {extra_options});
+            "{}
              CREATE EXTERNAL TABLE out (w BIGINT, c BIGINT, s BIGINT) STORED AS FILES LOCATION 'file://{}' OPTIONS ('format' 'json');
              INSERT INTO out
              SELECT CAST(tumble(ts, INTERVAL '10' SECOND) AS BIGINT) AS w, count(*) AS c, sum(v) AS s
              FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND)",
+            kafka_table(
+                "ev",
+                &topic,
+                brokers,
+                &format!(", 'event_time' 'ts', 'max.records.per.pull' '50' {extra_options}")
+            ),
             out.display()
         ),
     );
@@ -137,18 +160,8 @@ fn late_table(brokers: &str, extra_options: &str) -> (String, String, std::path:
 fn a_late_row_is_dropped_and_counted_never_a_second_row() {
     let brokers = common::require_kafka();
     let (_, sql, out) = late_table(&brokers, "");
-    let (ok, stdout, stderr) = common::skein(&[
-        "run",
-        &sql,
-        "--until-drained",
-        "--interval",
-        "50ms",
-        "--group-size",
-        "2",
-        "--json",
-    ]);
-    assert!(ok, "run failed:\n{stderr}");
-    let r = report(&stdout);
+    let args = ["--until-drained", "--interval", "50ms", "--group-size", "2"];
+    let r = run_report("the run", &sql, &args);
     assert_eq!(r["late_rows"], 1, "{r}");
     assert_eq!(r["late_rows_by_table"]["ev"], 1, "{r}");
     assert_eq!(r["events"], 601, "each record counted once: {r}");
@@ -172,16 +185,8 @@ fn a_late_row_goes_to_the_dead_letter_topic_with_its_window() {
         &brokers,
         &format!(", 'late' 'dead-letter', 'dead.letter.topic' '{dead}'"),
     );
-    let (ok, stdout, stderr) = common::skein(&[
-        "run",
-        &sql,
-        "--until-drained",
-        "--interval",
-        "50ms",
-        "--json",
-    ]);
-    assert!(ok, "run failed:\n{stderr}");
-    assert_eq!(report(&stdout)["late_rows"], 1);
+    let r = run_report("the run", &sql, &["--until-drained", "--interval", "50ms"]);
+    assert_eq!(r["late_rows"], 1, "{r}");
     assert_eq!(counts(&rows_under(&out)).len(), 6);
 
     let consumer: BaseConsumer = ClientConfig::new()
@@ -219,32 +224,34 @@ fn an_empty_topic_neither_stalls_nor_ends_a_query() {
     let sql = write_sql(
         "empty",
         &format!(
-            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{topic}'
-               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts', 'parallelism' '2');
-             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM ev GROUP BY 1"
+            "{}
+             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM ev GROUP BY 1",
+            kafka_table(
+                "ev",
+                &topic,
+                &brokers,
+                ", 'event_time' 'ts', 'parallelism' '2'"
+            )
         ),
     );
     let started = std::time::Instant::now();
-    let (ok, stdout, stderr) = common::skein(&[
-        "run",
-        &sql,
+    let r = run_report(
         "--duration",
-        "3s",
-        "--interval",
-        "200ms",
-        "--json",
-    ]);
-    assert!(ok, "run failed:\n{stderr}");
-    let r = report(&stdout);
+        &sql,
+        &["--duration", "3s", "--interval", "200ms"],
+    );
     assert_eq!(r["result_rows"], 0, "{r}");
     assert!(
         r["epochs"].as_u64().unwrap() > 5,
         "kept running for its duration on an empty topic: {r}"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
-    let (ok, stdout, stderr) = common::skein(&["run", &sql, "--until-drained", "--json"]);
-    assert!(ok, "--until-drained on an empty topic: {stderr}");
-    assert_eq!(report(&stdout)["events"], 0);
+    let r = run_report(
+        "--until-drained on an empty topic",
+        &sql,
+        &["--until-drained"],
+    );
+    assert_eq!(r["events"], 0, "{r}");
 }
 
 #[test]
@@ -262,12 +269,17 @@ fn a_topic_ending_in_transaction_markers_is_read_to_its_end() {
     let copy = write_sql(
         "tx-copy",
         &format!(
-            "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{input}'
-               OPTIONS ('bootstrap.servers' '{brokers}', 'parallelism' '2');
-             CREATE EXTERNAL TABLE copy (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{output}'
-               OPTIONS ('bootstrap.servers' '{brokers}', 'checkpoint' '{}', 'key' 'k');
-             INSERT INTO copy SELECT k, v, ts FROM ev",
-            common::unique_name("tx-cp")
+            "{}\n{}\nINSERT INTO copy SELECT k, v, ts FROM ev",
+            kafka_table("ev", &input, &brokers, ", 'parallelism' '2'"),
+            kafka_table(
+                "copy",
+                &output,
+                &brokers,
+                &format!(
+                    ", 'checkpoint' '{}', 'key' 'k'",
+                    common::unique_name("tx-cp")
+                )
+            ),
         ),
     );
     let (ok, _, stderr) = common::skein(&["run", &copy, "--until-drained"]);
@@ -275,25 +287,24 @@ fn a_topic_ending_in_transaction_markers_is_read_to_its_end() {
     let windows = write_sql(
         "tx-windows",
         &format!(
-            "CREATE EXTERNAL TABLE copy (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA LOCATION '{output}'
-               OPTIONS ('bootstrap.servers' '{brokers}', 'event_time' 'ts', 'parallelism' '2',
-                        'pull.timeout.ms' '30000');
-             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM copy GROUP BY 1"
+            "{}
+             SELECT tumble(ts, INTERVAL '10' SECOND) AS w, count(*) AS c FROM copy GROUP BY 1",
+            kafka_table(
+                "copy",
+                &output,
+                &brokers,
+                ", 'event_time' 'ts', 'parallelism' '2', 'pull.timeout.ms' '30000'"
+            )
         ),
     );
     // A reader that waited for the markers would spend its 30 s pull timeout
     // on every pull; this one must finish well inside it.
     let started = std::time::Instant::now();
-    let (ok, stdout, stderr) = common::skein(&[
-        "run",
+    let r = run_report(
+        "windows over a transactional topic",
         &windows,
-        "--until-drained",
-        "--interval",
-        "50ms",
-        "--json",
-    ]);
-    assert!(ok, "windows over a transactional topic failed:\n{stderr}");
-    let r = report(&stdout);
+        &["--until-drained", "--interval", "50ms"],
+    );
     assert_eq!(r["events"], 2000, "{r}");
     assert_eq!(
         r["result_rows"], 10,
