@@ -563,12 +563,7 @@ impl PartitionReader {
         consumer.assign(&assignment)?;
         debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source assigned");
         let dead_letter_producer = match &config.dead_letter_topic {
-            Some(_) => {
-                let mut c = ClientConfig::new();
-                c.set("bootstrap.servers", &config.client["bootstrap.servers"]);
-                c.set("enable.idempotence", "true");
-                Some(c.create()?)
-            }
+            Some(_) => Some(dead_letter_producer(&config.client["bootstrap.servers"])?),
             None => None,
         };
         Ok(PartitionReader {
@@ -767,29 +762,52 @@ impl PartitionReader {
             }
             return Ok(());
         };
-        for r in rejected {
-            let (partition, offset) = (r.partition, r.offset);
-            let letter = DeadLetter::new(&config.topic, partition, offset, &r.reason, &r.payload);
-            let value = serde_json::to_vec(&letter).expect("dead letter serializes");
-            let key = format!("{}/{partition}/{offset}", config.topic);
-            let mut record = BaseRecord::to(dlt).key(&key).payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, back)) => {
-                        // Queue full: let deliveries drain, then retry.
-                        if e.rdkafka_error_code() != Some(RDKafkaErrorCode::QueueFull) {
-                            return Err(e.into());
-                        }
-                        producer.poll(Duration::from_millis(10));
-                        record = back;
-                    }
+        publish_letters(
+            producer,
+            dlt,
+            rejected.iter().map(|r| {
+                let (partition, offset) = (r.partition, r.offset);
+                let letter =
+                    DeadLetter::new(&config.topic, partition, offset, &r.reason, &r.payload);
+                let value = serde_json::to_vec(&letter).expect("dead letter serializes");
+                (format!("{}/{partition}/{offset}", config.topic), value)
+            }),
+        )
+    }
+}
+
+/// The producer of a dead-letter topic: idempotent, so a retried send is
+/// not written twice.
+fn dead_letter_producer(brokers: &str) -> Result<BaseProducer> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    c.set("enable.idempotence", "true");
+    Ok(c.create()?)
+}
+
+/// Send keyed letters to `topic` and wait until the broker has them all:
+/// the offsets (or epoch) that pass them must not be committed before.
+fn publish_letters(
+    producer: &BaseProducer,
+    topic: &str,
+    letters: impl IntoIterator<Item = (String, Vec<u8>)>,
+) -> Result<()> {
+    for (key, value) in letters {
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                // Queue full: let deliveries drain, then retry.
+                Err((e, back)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                    producer.poll(Duration::from_millis(10));
+                    record = back;
                 }
+                Err((e, _)) => return Err(e.into()),
             }
         }
-        producer.flush(Duration::from_secs(30))?;
-        Ok(())
     }
+    producer.flush(Duration::from_secs(30))?;
+    Ok(())
 }
 
 /// A Kafka table's dead-letter topic as the destination of rows a later
@@ -811,16 +829,12 @@ impl KafkaDeadLetters {
         if let Some(p) = self.producer.get() {
             return Ok(p);
         }
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.brokers);
-        c.set("enable.idempotence", "true");
-        let p: BaseProducer = c.create()?;
+        let p = dead_letter_producer(&self.brokers)?;
         Ok(self.producer.get_or_init(|| p))
     }
 
     fn send_blocking(&self, letters: &[LateLetter]) -> Result<()> {
-        let producer = self.producer()?;
-        for l in letters {
+        let letters = letters.iter().map(|l| {
             let value = serde_json::json!({
                 "table": l.table,
                 "reason": l.reason,
@@ -830,22 +844,9 @@ impl KafkaDeadLetters {
                     .unwrap_or_else(|_| serde_json::Value::String(l.row.clone())),
             })
             .to_string();
-            let mut record = BaseRecord::to(&self.topic).key(&l.key).payload(&value);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, back))
-                        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
-                    {
-                        producer.poll(Duration::from_millis(10));
-                        record = back;
-                    }
-                    Err((e, _)) => return Err(e.into()),
-                }
-            }
-        }
-        producer.flush(Duration::from_secs(30))?;
-        Ok(())
+            (l.key.clone(), value.into_bytes())
+        });
+        publish_letters(self.producer()?, &self.topic, letters)
     }
 }
 

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array, TimestampMillisecondArray};
+use datafusion::arrow::array::{Array, Int64Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -138,14 +138,19 @@ pub struct Watermark {
     pub idle: bool,
 }
 
+/// A timestamp column as ms since the epoch, whatever its unit.
+pub fn times_ms(col: &dyn Array) -> Result<Int64Array> {
+    let ts = cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
+    let ms = cast(&ts, &DataType::Int64)?;
+    ms.as_any()
+        .downcast_ref::<Int64Array>()
+        .cloned()
+        .ok_or_else(|| EngineError::plan("event time column is not a timestamp"))
+}
+
 /// The largest event time, in ms, of a timestamp column.
 pub fn max_event_time(col: &dyn Array) -> Result<Option<i64>> {
-    let ms = cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
-    let ms = ms
-        .as_any()
-        .downcast_ref::<TimestampMillisecondArray>()
-        .ok_or_else(|| EngineError::plan("event time column is not a timestamp"))?;
-    Ok(datafusion::arrow::compute::max(ms))
+    Ok(datafusion::arrow::compute::max(&times_ms(col)?))
 }
 
 #[derive(Debug, Clone)]
@@ -297,6 +302,7 @@ impl WatermarkMin {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::array::TimestampMillisecondArray;
     use datafusion::arrow::datatypes::{Field, Schema};
     use std::sync::Arc;
 

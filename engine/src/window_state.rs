@@ -11,13 +11,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use datafusion::arrow::array::{Array, BooleanArray, Int64Array};
-use datafusion::arrow::compute::{cast, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::context::EdgeWindow;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
+use crate::watermark::times_ms;
 use crate::window::{SessionSpec, window_ends};
 
 /// Rows that came after their window was emitted, with that window.
@@ -233,15 +233,6 @@ fn split_into(
     Ok(())
 }
 
-fn times_ms(col: &dyn Array) -> Result<Int64Array> {
-    let ts = cast(col, &DataType::Timestamp(TimeUnit::Millisecond, None))?;
-    let ms = cast(&ts, &DataType::Int64)?;
-    ms.as_any()
-        .downcast_ref::<Int64Array>()
-        .cloned()
-        .ok_or_else(|| EngineError::plan("session time column is not a timestamp"))
-}
-
 /// The key of every row of a batch, as text (keys are compared, not used).
 fn session_keys(batch: &RecordBatch, spec: &SessionSpec) -> Result<Vec<String>> {
     let opts = FormatOptions::default();
@@ -334,7 +325,7 @@ mod tests {
     use super::*;
     use crate::window::WindowColumn;
     use datafusion::arrow::array::{StringArray, TimestampMillisecondArray};
-    use datafusion::arrow::datatypes::{Field, Schema};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use std::sync::Arc;
 
     fn rows(keys: &[&str], times: &[i64]) -> RecordBatch {

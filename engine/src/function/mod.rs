@@ -91,10 +91,6 @@ impl LateCounts {
     pub fn by_table(&self) -> BTreeMap<String, u64> {
         self.by_table.lock().expect("late counts").clone()
     }
-
-    pub fn total(&self) -> u64 {
-        self.by_table().values().sum()
-    }
 }
 
 struct SourceReader {
@@ -271,11 +267,6 @@ impl StageFunction {
 
     pub fn context(&self) -> &CloudContext {
         &self.ctx
-    }
-
-    /// Bytes of window state this instance holds.
-    pub async fn state_bytes(&self) -> usize {
-        self.state.lock().await.windows.bytes()
     }
 
     /// Serve one invocation as it came over the wire. Errors name the
