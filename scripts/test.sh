@@ -62,7 +62,7 @@ t_build=$((SECONDS - t1))
 
 t2=$SECONDS
 status=0
-cargo test --workspace "$@" 2>&1 | tee "$SKEIN_STATE/test-output.log" || status=$?
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$SKEIN_STATE/test-output.log" || status=$?
 t_test=$((SECONDS - t2))
 
 echo
