@@ -21,7 +21,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
 use skein_engine::driver::{destroy as destroy_functions, trigger_epoch};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
-use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
+use skein_engine::planner::{QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
 use skein_lambda::dead_letter;
@@ -273,13 +273,6 @@ fn run_id() -> String {
     format!("{millis}-{:04x}", std::process::id() & 0xffff)
 }
 
-fn options(p: &PlanArgs) -> PlanOptions {
-    PlanOptions {
-        group_size: p.group_size,
-        encoding: p.encoding,
-        invoke_async: p.invoke_async,
-    }
-}
 
 /// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
 async fn plan(
@@ -289,7 +282,7 @@ async fn plan(
 ) -> Result<(QueryPlan, datafusion::prelude::SessionContext)> {
     let regs = registries();
     let ctx = session(&regs.sources, p.group_size);
-    let mut plan = plan_query(&ctx, sql, &options(p))
+    let mut plan = plan_query(&ctx, sql, &p.options())
         .await
         .context("planning the query")?;
     if plan.sink.kind.eq_ignore_ascii_case("COLLECT") {
@@ -373,7 +366,7 @@ async fn deploy_plan(
         }
     };
     let service = LambdaFunctionService::new(&b.sdk, Some(service_options));
-    Ok(deploy_functions(plan, &service, &b.store, &options(p), epochs, &extra_env).await?)
+    Ok(deploy_functions(plan, &service, &b.store, &p.options(), epochs, &extra_env).await?)
 }
 
 /// `skein deploy FILE.sql --backend lambda`.

@@ -81,6 +81,19 @@ pub struct PlanArgs {
     pub invoke_async: bool,
 }
 
+impl PlanArgs {
+    /// The planner's options; the run's lineage and checkpointing are the
+    /// runner's to fill in.
+    pub fn options(&self) -> skein_engine::planner::PlanOptions {
+        skein_engine::planner::PlanOptions {
+            group_size: self.group_size,
+            encoding: self.encoding,
+            invoke_async: self.invoke_async,
+            ..Default::default()
+        }
+    }
+}
+
 /// A count that must be at least one (`--group-size`, `--repeat`, ...):
 /// zero would plan no members or take the median of nothing.
 pub fn positive(s: &str) -> std::result::Result<usize, String> {

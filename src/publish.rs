@@ -203,6 +203,7 @@ impl Publisher {
             Publisher::Kinesis(sink) => {
                 sink.write(SinkWrite {
                     query: "gen",
+                    run: "",
                     epoch: 0,
                     member: 0,
                     schema,

@@ -14,7 +14,7 @@ use object_store::memory::InMemory;
 use serde_json::json;
 use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::local::LocalRuntime;
-use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
+use skein_engine::planner::{QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
 
 use crate::PlanArgs;
@@ -85,13 +85,6 @@ pub struct NexmarkArgs {
     pub common: CommonRunArgs,
 }
 
-fn options(p: &PlanArgs) -> PlanOptions {
-    PlanOptions {
-        group_size: p.group_size,
-        encoding: p.encoding,
-        invoke_async: p.invoke_async,
-    }
-}
 
 pub fn read_sql(file: &Path) -> Result<String> {
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
@@ -107,7 +100,7 @@ pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result
 async fn explain_sql(sql: &str, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
     let regs = registries();
     let ctx = session(&regs.sources, plan_args.group_size);
-    let plan = plan_query(&ctx, sql, &options(plan_args)).await?;
+    let plan = plan_query(&ctx, sql, &plan_args.options()).await?;
     if as_json {
         println!("{}", plan.explain_json());
     } else {
@@ -197,7 +190,7 @@ pub async fn run_sql(
         collect,
     } = registries();
     let ctx: SessionContext = session(&sources, args.plan.group_size);
-    let opts = options(&args.plan);
+    let opts = args.plan.options();
     let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
         .context("planning the query")?;

@@ -183,11 +183,7 @@ async fn shuffled_group_by_on_lambda() {
 #[tokio::test(flavor = "multi_thread")]
 async fn windowed_aggregate_on_lambda() {
     let store = format!("s3://{}", common::unique_name("skein-lambda-window"));
-    let query = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/queries/nexmark/q7.sql"
-    ))
-    .expect("q7");
+    let query = std::fs::read_to_string(common::repo_path("queries/nexmark/q7.sql")).expect("q7");
     let file = write_sql("q7", &format!("{}\n{query}", nexmark_tables(6000, 2)));
     run_both(&store, &file, "2", "4");
     skein(&store, &["destroy", &file]);

@@ -514,6 +514,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
     };
     let write = |epoch: u64, from: i64, offset: i64| SinkWrite {
         query: "q",
+        run: "",
         epoch,
         member: 0,
         schema: schema.clone(),

@@ -70,6 +70,7 @@ async fn ysb_layout_is_exactly_once() {
     let batch = ysb_batch(&campaign, &[10_000, 20_000], &[3, 4]);
     let write = |epoch, batch: RecordBatch, at| SinkWrite {
         query: "q",
+        run: "",
         epoch,
         member: 0,
         schema: batch.schema(),
@@ -126,6 +127,7 @@ async fn hash_layout_with_key_template_and_ttl() {
     let batch = ysb_batch("c1", &[10_000], &[7]);
     sink.write(SinkWrite {
         query: "q",
+        run: "",
         epoch: 0,
         member: 0,
         schema: batch.schema(),

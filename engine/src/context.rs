@@ -124,6 +124,23 @@ pub struct CloudContext {
     pub invoke_async: bool,
     /// Epochs of a bounded run, if any (sources slice their input by it).
     pub epochs: Option<u64>,
+    /// The run's lineage: the same for every restart of a query from its
+    /// checkpoint store, new when the query starts afresh. Sinks key their
+    /// epoch markers by it, so a fresh start is never taken for a replay.
+    #[serde(default)]
+    pub run: String,
+    /// Where members keep their state and how often, when the query
+    /// checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+/// How a query checkpoints (see `crate::checkpoint`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSpec {
+    /// Members write their state at the end of every `interval`-th epoch
+    /// (and of the last one).
+    pub interval: u64,
 }
 
 pub fn function_name(query_code: &str, stage: u32, member: u32) -> String {
@@ -233,6 +250,8 @@ mod tests {
             encoding: Encoding::Zstd,
             invoke_async: false,
             epochs: Some(4),
+            run: "r1".into(),
+            checkpoint: None,
         }
     }
 

@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 
 use crate::codec::{plan_to_bytes, schema_to_bytes};
 use crate::context::{
-    CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding, StageMode,
+    CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding, StageMode,
     function_name,
 };
 use crate::error::{EngineError, Result};
@@ -143,6 +143,10 @@ pub struct PlanOptions {
     pub group_size: usize,
     pub encoding: Encoding,
     pub invoke_async: bool,
+    /// The run's lineage (see [`CloudContext::run`]); empty: a fresh one.
+    pub run: String,
+    /// Checkpointing, if the query checkpoints.
+    pub checkpoint: Option<CheckpointSpec>,
 }
 
 impl Default for PlanOptions {
@@ -151,6 +155,8 @@ impl Default for PlanOptions {
             group_size: DEFAULT_GROUP_SIZE,
             encoding: Encoding::Zstd,
             invoke_async: false,
+            run: String::new(),
+            checkpoint: None,
         }
     }
 }
@@ -962,6 +968,8 @@ impl QueryPlan {
                         encoding: options.encoding,
                         invoke_async: options.invoke_async,
                         epochs,
+                        run: options.run.clone(),
+                        checkpoint: options.checkpoint.clone(),
                     },
                     s.concurrency,
                 ));

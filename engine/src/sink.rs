@@ -36,6 +36,9 @@ impl SinkConfig {
 #[derive(Debug)]
 pub struct SinkWrite<'a> {
     pub query: &'a str,
+    /// The run's lineage (see `CloudContext::run`): a sink keys what it
+    /// remembers of written epochs by (run, member), never by query alone.
+    pub run: &'a str,
     pub epoch: u64,
     pub member: u32,
     pub schema: SchemaRef,

@@ -105,6 +105,8 @@ mod tests {
             encoding: Encoding::Zstd,
             invoke_async: false,
             epochs: None,
+            run: String::new(),
+            checkpoint: None,
         };
         let inline = context_value(&ctx, &store, 10).await.unwrap();
         assert!(!inline.starts_with("store:"));

@@ -148,6 +148,7 @@ mod tests {
         let batches: Vec<RecordBatch> = rows.iter().map(|&n| batch(n)).collect();
         sink.write(SinkWrite {
             query,
+            run: "",
             epoch,
             member,
             schema: batch(0).schema(),

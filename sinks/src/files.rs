@@ -352,6 +352,7 @@ mod tests {
         for member in [0, 0, 1] {
             sink.write(SinkWrite {
                 query: "qx",
+                run: "",
                 epoch: 3,
                 member,
                 schema: b.schema(),

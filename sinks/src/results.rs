@@ -162,6 +162,7 @@ mod tests {
             for member in 0..2 {
                 let w = SinkWrite {
                     query: "q1",
+                    run: "",
                     epoch: 0,
                     member,
                     schema: schema.clone(),

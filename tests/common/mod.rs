@@ -293,7 +293,13 @@ pub fn free_port() -> u16 {
         .expect("binding 127.0.0.1:0 for a free port")
 }
 
-/// A script of this repository, e.g. `scripts/services.sh`.
+/// A file of this repository, e.g. `scripts/services.sh`. Clones share one
+/// target directory, so a test binary may have been built in another clone:
+/// the checkout is the one `cargo test` runs in (it sets the variable when
+/// it runs the test), not the one the binary was compiled in.
 pub fn repo_path(relative: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+    let root = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    root.join(relative)
 }

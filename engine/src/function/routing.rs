@@ -59,6 +59,7 @@ impl StageFunction {
                 let written = sink
                     .write(SinkWrite {
                         query: &self.ctx.query_code,
+                        run: &self.ctx.run,
                         epoch: header.epoch,
                         member: self.ctx.member,
                         schema,
