@@ -273,7 +273,6 @@ fn run_id() -> String {
     format!("{millis}-{:04x}", std::process::id() & 0xffff)
 }
 
-
 /// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
 async fn plan(
     sql: &str,

@@ -3,6 +3,7 @@
 
 mod bench;
 mod checkpoint;
+mod checkpoint_dir;
 mod lambda_cmd;
 mod publish;
 mod registry;

@@ -12,6 +12,8 @@ use datafusion::prelude::SessionContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::memory::InMemory;
 use serde_json::json;
+use skein_engine::checkpoint::fresh_run;
+use skein_engine::context::CheckpointSpec;
 use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{QueryPlan, plan_query, session};
@@ -52,6 +54,17 @@ pub struct CommonRunArgs {
     /// (e.g. 127.0.0.1:9898); docs/metrics.md lists them.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Keep the query's durable state (offsets log, member state, commits)
+    /// here; a restart resumes from it. Default: .skein/checkpoints/<query>
+    /// for a query that reads Kafka and writes Kafka, Redis or files.
+    #[arg(long, value_name = "DIR", conflicts_with = "no_checkpoint")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Do not checkpoint: a restart starts afresh (at least once).
+    #[arg(long)]
+    pub no_checkpoint: bool,
+    /// Commit every N epochs (a restart re-runs at most N-1 epochs).
+    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
+    pub checkpoint_interval: usize,
     /// Print one JSON summary line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -84,7 +97,6 @@ pub struct NexmarkArgs {
     #[command(flatten)]
     pub common: CommonRunArgs,
 }
-
 
 pub fn read_sql(file: &Path) -> Result<String> {
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
@@ -198,6 +210,23 @@ pub async fn run_sql(
         tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
     }
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let mut opts = opts;
+    let request = crate::checkpoint_dir::Request {
+        dir: args.checkpoint_dir.clone(),
+        off: args.no_checkpoint,
+    };
+    let held = crate::checkpoint_dir::open(&plan, &request).await?;
+    match &held {
+        Some(h) => {
+            opts.run = h.store.manifest().run.clone();
+            opts.checkpoint = Some(CheckpointSpec {
+                interval: args.checkpoint_interval as u64,
+            });
+            runtime.set_checkpoints(Some(h.store.clone()));
+            tracing::info!(dir = %h.dir.display(), "checkpointing");
+        }
+        None => opts.run = fresh_run(&plan.query_code),
+    }
     let files_sink = plan
         .sink
         .kind
@@ -299,6 +328,8 @@ pub async fn run_sql(
             "late_rows": report.late_rows,
             "late_rows_by_table": report.late_rows_by_table,
             "query_code": report.query_code,
+            "checkpoint_dir": held.as_ref().map(|h| h.dir.display().to_string()),
+            "resumed_after": report.resumed_after,
         });
         if let Some(q) = nexmark_query {
             v["query"] = json!(q);

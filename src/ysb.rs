@@ -635,6 +635,7 @@ async fn drive(
         verified: None,
         late_rows: runtime.late_rows().values().sum(),
         late_rows_by_table: runtime.late_rows(),
+        resumed_after: None,
     })
 }
 

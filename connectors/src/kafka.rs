@@ -51,8 +51,8 @@ use serde::Serialize;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, Source,
-    SourceConfig, SourceFactory, TableOptions,
+    DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, ReplayMode,
+    Source, SourceConfig, SourceFactory, TableOptions,
 };
 use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
@@ -449,18 +449,73 @@ impl Source for KafkaSource {
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
-        let source_err = |e: ConnectorError| EngineError::Source {
+        self.pull_to(spec, None).await
+    }
+
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::Offsets
+    }
+
+    async fn position(&self, spec: EpochSpec) -> EngineResult<Vec<SourceOffset>> {
+        let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
+        Ok(reader.offsets(&self.config.topic))
+    }
+
+    async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
+        let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
+        let at = self.owned_offsets(at);
+        let topic = self.config.topic.clone();
+        tokio::task::spawn_blocking(move || reader.seek(&topic, &at))
+            .await
+            .map_err(|e| self.error(ConnectorError::Other(format!("seek task: {e}"))))?
+            .map_err(|e| self.error(e))
+    }
+
+    async fn replay(
+        &self,
+        spec: EpochSpec,
+        from: &[SourceOffset],
+        to: &[SourceOffset],
+    ) -> EngineResult<MicroBatch> {
+        self.seek(spec, from).await?;
+        self.pull_to(spec, Some(self.owned_offsets(to))).await
+    }
+}
+
+impl KafkaSource {
+    fn error(&self, e: ConnectorError) -> EngineError {
+        EngineError::Source {
             source_name: self.config.topic.clone(),
             reason: e.to_string(),
-        };
-        let reader = self.reader(spec).await.map_err(source_err)?;
+        }
+    }
+
+    /// This topic's offsets among `offsets`, per partition.
+    fn owned_offsets(&self, offsets: &[SourceOffset]) -> BTreeMap<i32, i64> {
+        offsets
+            .iter()
+            .filter(|o| o.source == self.config.topic)
+            .map(|o| (o.partition, o.offset))
+            .collect()
+    }
+
+    /// A pull: up to the partitions' ends (within the pull's budget), or
+    /// exactly up to `targets` (a replay).
+    async fn pull_to(
+        &self,
+        spec: EpochSpec,
+        targets: Option<BTreeMap<i32, i64>>,
+    ) -> EngineResult<MicroBatch> {
+        let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
         let config = self.config.clone();
         let decoder = self.decoder.clone();
         let counter = self.dead_letters.clone();
-        tokio::task::spawn_blocking(move || reader.pull(&config, &decoder, &counter))
-            .await
-            .map_err(|e| source_err(ConnectorError::Other(format!("pull task: {e}"))))?
-            .map_err(source_err)
+        tokio::task::spawn_blocking(move || {
+            reader.pull(&config, &decoder, &counter, targets.as_ref())
+        })
+        .await
+        .map_err(|e| self.error(ConnectorError::Other(format!("pull task: {e}"))))?
+        .map_err(|e| self.error(e))
     }
 }
 
@@ -574,11 +629,45 @@ impl PartitionReader {
         })
     }
 
+    /// Where the reader stands, as source offsets.
+    fn offsets(&self, topic: &str) -> Vec<SourceOffset> {
+        self.positions
+            .lock()
+            .expect("positions")
+            .iter()
+            .map(|(p, o)| SourceOffset {
+                source: topic.to_string(),
+                partition: *p,
+                offset: *o,
+            })
+            .collect()
+    }
+
+    /// Stand at `at` for the partitions it names (a restart from the
+    /// offsets log); the others stay where they are.
+    fn seek(&self, topic: &str, at: &BTreeMap<i32, i64>) -> Result<()> {
+        let mut positions = self.positions.lock().expect("positions");
+        if at.iter().all(|(p, o)| positions.get(p) == Some(o)) {
+            return Ok(());
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (p, pos) in positions.iter_mut() {
+            if let Some(o) = at.get(p) {
+                *pos = *o;
+            }
+            assignment.add_partition_offset(topic, *p, Offset::Offset(*pos))?;
+        }
+        self.consumer.consumer().assign(&assignment)?;
+        debug!(%topic, ?positions, "kafka source moved to the checkpoint's offsets");
+        Ok(())
+    }
+
     fn pull(
         &self,
         config: &KafkaSourceConfig,
         decoder: &RecordDecoder,
         dead_letters: &AtomicU64,
+        targets: Option<&BTreeMap<i32, i64>>,
     ) -> Result<MicroBatch> {
         let mut positions = self.positions.lock().expect("positions");
         let consumer = self.consumer.consumer();
@@ -595,6 +684,11 @@ impl PartitionReader {
         let mut parts: Vec<(i32, i64, i64)> = Vec::with_capacity(positions.len());
         let waiting_since = Instant::now();
         for (&p, &pos) in positions.iter() {
+            if let Some(targets) = targets {
+                // A replay reads exactly what the logged pull read.
+                parts.push((p, pos, targets.get(&p).copied().unwrap_or(pos)));
+                continue;
+            }
             if let Some((_, high)) = self.consumer.cached_watermarks(&config.topic, p)
                 && high > pos
             {
@@ -626,19 +720,24 @@ impl PartitionReader {
         let targets_known = started.elapsed();
         let mut undecodable: Vec<Undecodable> = Vec::new();
         let (mut records, mut bytes) = (0usize, 0usize);
-        let deadline = Instant::now() + config.pull_timeout;
+        // A replay has no budget: it must read all it read before.
+        let (max_records, max_bytes, deadline) = match targets {
+            Some(_) => (usize::MAX, usize::MAX, Instant::now() + BROKER_WAIT),
+            None => (
+                config.max_records_per_pull,
+                config.max_bytes_per_pull,
+                Instant::now() + config.pull_timeout,
+            ),
+        };
         // Records are decoded straight from librdkafka's buffers, a batch at
         // a time; the byte budget is checked between batches.
-        while lagging > 0
-            && records < config.max_records_per_pull
-            && bytes < config.max_bytes_per_pull
-        {
+        while lagging > 0 && records < max_records && bytes < max_bytes {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
             let wait = (deadline - now).min(Duration::from_millis(100));
-            let budget = config.max_records_per_pull - records;
+            let budget = (max_records - records).min(config.max_records_per_pull);
             let seen = self.consumer.read(wait, budget, |fetched| match fetched {
                 Fetched::Error(e) => warn!(topic = %config.topic, "kafka consumer: {e}"),
                 Fetched::Record {
@@ -652,6 +751,9 @@ impl PartitionReader {
                     let part = &mut parts[i];
                     if offset < part.1 {
                         return; // already read (a refetch after a reconnect)
+                    }
+                    if targets.is_some() && offset >= part.2 {
+                        return; // past what the replayed pull read
                     }
                     let was_behind = part.1 < part.2;
                     part.1 = offset + 1;
@@ -676,6 +778,22 @@ impl PartitionReader {
         }
         for (p, pos, _) in &parts {
             positions.insert(*p, *pos);
+        }
+        if targets.is_some() {
+            if let Some((p, pos, target)) = parts.iter().find(|(_, pos, target)| pos < target) {
+                return Err(ConnectorError::Other(format!(
+                    "replaying an epoch from the checkpoint: partition {p} of {} gave offsets \
+                     up to {pos} only, not {target} (deleted by retention?)",
+                    config.topic
+                )));
+            }
+            // Records past the targets were taken from librdkafka's queue
+            // and skipped: fetch them again from where the replay ends.
+            let mut assignment = TopicPartitionList::new();
+            for (p, pos) in positions.iter() {
+                assignment.add_partition_offset(&config.topic, *p, Offset::Offset(*pos))?;
+            }
+            consumer.assign(&assignment)?;
         }
         let mut batches: Vec<RecordBatch> = vec![];
         let mut partitions = Vec::with_capacity(parts.len());

@@ -10,6 +10,7 @@ use futures::future::try_join_all;
 use object_store::ObjectStore;
 use serde::Serialize;
 
+use crate::checkpoint::{CheckpointStore, Commit, EpochPlan};
 use crate::context::function_name;
 use crate::error::{EngineError, Result};
 use crate::function::{Request, Response, Trigger};
@@ -113,6 +114,68 @@ pub async fn fire_epoch(
     })
 }
 
+/// The driver's side of checkpoints: its decisions are written before an
+/// epoch fires (a restart makes the same ones), and an epoch is committed
+/// once every function has finished it.
+struct EpochLog {
+    store: Option<Arc<CheckpointStore>>,
+    interval: u64,
+    /// Async invocations that had failed before the run.
+    failed_before: usize,
+}
+
+impl EpochLog {
+    /// Whether `epoch` is the last: as decided the first time it fired.
+    async fn decide(&self, epoch: u64, last: bool) -> Result<bool> {
+        let Some(cs) = &self.store else {
+            return Ok(last);
+        };
+        match cs.epoch_plan(epoch).await? {
+            Some(plan) => Ok(plan.last),
+            None => {
+                cs.put_epoch_plan(epoch, EpochPlan { last }).await?;
+                Ok(last)
+            }
+        }
+    }
+
+    /// Commit `epoch` if it is complete everywhere and the interval (or
+    /// the end of the run) says so; then drop what no restart needs.
+    async fn commit(&self, runtime: &Arc<LocalRuntime>, epoch: u64, last: bool) -> Result<()> {
+        let Some(cs) = &self.store else {
+            return Ok(());
+        };
+        // An epoch that lost an invocation or left a member waiting is not
+        // complete: the run fails below, and a restart re-runs the epoch.
+        let failed = runtime.dead_letters();
+        if failed.len() > self.failed_before {
+            return Err(EngineError::Invocation {
+                name: failed[self.failed_before].function.clone(),
+                reason: format!(
+                    "epoch {epoch} is not committed: {}",
+                    failed[self.failed_before].error
+                ),
+            });
+        }
+        let pending = runtime.pending().await;
+        if !pending.is_empty() {
+            return Err(EngineError::Incomplete(format!(
+                "epoch {epoch} is not committed: {}",
+                pending.join("; ")
+            )));
+        }
+        if last || epoch % self.interval == 0 {
+            cs.commit(Commit { epoch, last }).await?;
+            cs.forget_before(epoch).await?;
+            let recycled = runtime.recycle_some().await;
+            if recycled > 0 {
+                tracing::debug!(epoch, recycled, "fault injection: instances recycled");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The summary line of `skein run --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -131,6 +194,8 @@ pub struct RunReport {
     /// dead-lettered), in all and per source table.
     pub late_rows: u64,
     pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
+    /// The committed epoch a checkpointed run resumed after, if any.
+    pub resumed_after: Option<u64>,
 }
 
 /// When a run stops.
@@ -187,16 +252,37 @@ pub async fn run_local_until(
     let before_late = runtime.late_rows();
     let start = Instant::now();
     let mut events = 0;
-    let mut epoch = 0;
+    let checkpoints = runtime.checkpoints();
+    let epochs = EpochLog {
+        store: checkpoints.clone(),
+        interval: options.checkpoint.as_ref().map_or(1, |c| c.interval.max(1)),
+        failed_before: runtime.dead_letters().len(),
+    };
+    let resumed = match &checkpoints {
+        Some(cs) => cs.committed().await?,
+        None => None,
+    };
+    let first_epoch = resumed.map_or(0, |c| c.epoch + 1);
+    if let Some(c) = resumed {
+        tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
+    }
+    let mut epoch = first_epoch;
+    let bounded_and_done =
+        matches!((stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.last || c.epoch + 1 >= n);
     loop {
+        if bounded_and_done {
+            break;
+        }
         let last = match stop {
             StopAfter::Epochs(n) => epoch + 1 >= n,
             StopAfter::Duration { duration, .. } => start.elapsed() >= duration,
             StopAfter::Drained { .. } => false,
         };
+        let last = epochs.decide(epoch, last).await?;
         let fired = Instant::now();
         let outcome = fire_epoch(plan, runtime.as_ref(), epoch, last).await?;
         runtime.wait_idle().await;
+        epochs.commit(runtime, epoch, last).await?;
         crate::metrics::epoch(fired.elapsed(), outcome.events);
         events += outcome.events;
         on_epoch(epoch, events);
@@ -215,17 +301,22 @@ pub async fn run_local_until(
         };
         if done {
             // One more epoch flushes the state (and takes what came since).
-            events += fire_epoch(plan, runtime.as_ref(), epoch, true)
+            let last = epochs.decide(epoch, true).await?;
+            events += fire_epoch(plan, runtime.as_ref(), epoch, last)
                 .await?
                 .events;
             runtime.wait_idle().await;
+            epochs.commit(runtime, epoch, last).await?;
             on_epoch(epoch, events);
             epoch += 1;
-            break;
+            if last {
+                break;
+            }
+            continue;
         }
         tokio::time::sleep(interval.saturating_sub(fired.elapsed())).await;
     }
-    let epochs = epoch;
+    let epochs = epoch - first_epoch;
     let elapsed = start.elapsed().as_secs_f64();
     let mut late_by_table = runtime.late_rows();
     for (table, n) in &before_late {
@@ -267,5 +358,6 @@ pub async fn run_local_until(
         verified: None,
         late_rows: late_by_table.values().sum(),
         late_rows_by_table: late_by_table,
+        resumed_after: resumed.map(|c| c.epoch),
     })
 }

@@ -13,6 +13,7 @@
 pub mod admit;
 pub mod arena;
 pub mod backoff;
+pub mod checkpoint;
 pub mod codec;
 pub mod context;
 pub mod driver;

@@ -9,8 +9,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{OnceCell, RwLock, Semaphore};
+use tokio::sync::{RwLock, Semaphore};
 
+use crate::checkpoint::CheckpointStore;
 use crate::context::{CONTEXT_ENV, CloudContext};
 use crate::error::{EngineError, Result};
 use crate::function::{FunctionEnv, LateCounts, StageFunction};
@@ -30,7 +31,8 @@ pub struct RuntimeStats {
 
 struct LocalFunction {
     spec: FunctionSpec,
-    instance: OnceCell<Arc<StageFunction>>,
+    /// The warm instance, if any; recycling it empties the slot.
+    instance: Arc<tokio::sync::Mutex<Option<Arc<StageFunction>>>>,
     permits: Arc<Semaphore>,
 }
 
@@ -51,6 +53,10 @@ pub struct Faults {
     pub max_delay_ms: u64,
     /// Silently lose the n-th data payload (counting from 0).
     pub drop_payload: Option<u64>,
+    /// After each committed epoch, drop each warm instance with this
+    /// probability, as Lambda recycles instances: the next invocation
+    /// starts cold and must take its state from the checkpoint.
+    pub recycle_probability: f64,
 }
 
 pub struct LocalRuntime {
@@ -66,6 +72,8 @@ pub struct LocalRuntime {
     in_flight: AtomicU64,
     idle: tokio::sync::Notify,
     dead_letters: std::sync::Mutex<Vec<FailedInvocation>>,
+    /// Where functions keep durable state, when the query checkpoints.
+    checkpoints: std::sync::Mutex<Option<Arc<CheckpointStore>>>,
     /// Whether a busy function queues callers (true) or throttles them like
     /// Lambda does (false); callers retry throttles with backoff.
     queue_when_busy: bool,
@@ -99,6 +107,7 @@ impl LocalRuntime {
             in_flight: AtomicU64::new(0),
             idle: tokio::sync::Notify::new(),
             dead_letters: std::sync::Mutex::new(vec![]),
+            checkpoints: Default::default(),
             queue_when_busy,
         })
     }
@@ -111,6 +120,33 @@ impl LocalRuntime {
         store: Arc<dyn object_store::ObjectStore>,
     ) -> Arc<Self> {
         Self::build(sources, sinks, store, false)
+    }
+
+    /// Functions started from now on keep their state in `store`.
+    pub fn set_checkpoints(&self, store: Option<Arc<CheckpointStore>>) {
+        *self.checkpoints.lock().expect("checkpoints") = store;
+    }
+
+    pub fn checkpoints(&self) -> Option<Arc<CheckpointStore>> {
+        self.checkpoints.lock().expect("checkpoints").clone()
+    }
+
+    /// Drop warm instances as [`Faults::recycle_probability`] says; returns
+    /// how many were dropped. The driver calls it between epochs.
+    pub async fn recycle_some(&self) -> usize {
+        let p = self.faults.lock().expect("faults").recycle_probability;
+        if p <= 0.0 {
+            return 0;
+        }
+        let functions: Vec<Arc<LocalFunction>> =
+            self.functions.read().await.values().cloned().collect();
+        let mut dropped = 0;
+        for f in functions {
+            if rand::random::<f64>() < p && f.instance.lock().await.take().is_some() {
+                dropped += 1;
+            }
+        }
+        dropped
     }
 
     /// Inject delivery faults from now on.
@@ -147,6 +183,7 @@ impl LocalRuntime {
             invoker: me,
             max_backoff: Duration::from_millis(500),
             late: self.late.clone(),
+            checkpoints: self.checkpoints(),
         }
     }
 
@@ -161,20 +198,21 @@ impl LocalRuntime {
 
     /// The instance of a function, built on first use (a cold start).
     async fn instance(&self, f: &LocalFunction) -> Result<Arc<StageFunction>> {
-        f.instance
-            .get_or_try_init(|| async {
-                self.stats.cold_starts.fetch_add(1, Ordering::Relaxed);
-                let value = f.spec.environment.get(CONTEXT_ENV).ok_or_else(|| {
-                    EngineError::Context(format!(
-                        "{} has no {CONTEXT_ENV} in its environment",
-                        f.spec.name
-                    ))
-                })?;
-                let ctx = CloudContext::from_env(value, Some(&self.store)).await?;
-                Ok::<_, EngineError>(Arc::new(StageFunction::new(ctx, self.env())?))
-            })
-            .await
-            .cloned()
+        let mut slot = f.instance.lock().await;
+        if let Some(i) = slot.as_ref() {
+            return Ok(i.clone());
+        }
+        self.stats.cold_starts.fetch_add(1, Ordering::Relaxed);
+        let value = f.spec.environment.get(CONTEXT_ENV).ok_or_else(|| {
+            EngineError::Context(format!(
+                "{} has no {CONTEXT_ENV} in its environment",
+                f.spec.name
+            ))
+        })?;
+        let ctx = CloudContext::from_env(value, Some(&self.store)).await?;
+        let instance = Arc::new(StageFunction::new(ctx, self.env())?);
+        *slot = Some(instance.clone());
+        Ok(instance)
     }
 
     async fn run(&self, f: &Arc<LocalFunction>, payload: &[u8]) -> Result<Vec<u8>> {
@@ -222,7 +260,8 @@ impl LocalRuntime {
             self.functions.read().await.values().cloned().collect();
         let mut out = vec![];
         for f in functions {
-            if let Some(i) = f.instance.get() {
+            let instance = f.instance.lock().await.clone();
+            if let Some(i) = instance {
                 out.extend(i.pending().await);
             }
         }
@@ -361,7 +400,7 @@ impl FunctionService for LocalRuntime {
             spec.name.clone(),
             Arc::new(LocalFunction {
                 spec,
-                instance: OnceCell::new(),
+                instance: Default::default(),
                 permits,
             }),
         );

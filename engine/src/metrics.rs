@@ -52,6 +52,11 @@ pub fn state_bytes(function: &str, bytes: usize) {
     gauge!("skein_state_bytes", "function" => function.to_string()).set(bytes as f64);
 }
 
+/// Bytes of the last state a member wrote to the checkpoint store.
+pub fn checkpoint_bytes(function: &str, bytes: usize) {
+    gauge!("skein_checkpoint_bytes", "function" => function.to_string()).set(bytes as f64);
+}
+
 /// Rows set aside as late, per table.
 pub fn late_rows(table: &str, rows: u64) {
     counter!("skein_late_rows_total", "table" => table.to_string()).increment(rows);

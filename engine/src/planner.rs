@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 
 use crate::codec::{plan_to_bytes, schema_to_bytes};
 use crate::context::{
-    CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding, StageMode,
-    function_name,
+    CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding,
+    StageMode, function_name,
 };
 use crate::error::{EngineError, Result};
 use crate::exec::{
@@ -143,7 +143,7 @@ pub struct PlanOptions {
     pub group_size: usize,
     pub encoding: Encoding,
     pub invoke_async: bool,
-    /// The run's lineage (see [`CloudContext::run`]); empty: a fresh one.
+    /// The run's lineage (see [`CloudContext::run`]).
     pub run: String,
     /// Checkpointing, if the query checkpoints.
     pub checkpoint: Option<CheckpointSpec>,
@@ -155,7 +155,9 @@ impl Default for PlanOptions {
             group_size: DEFAULT_GROUP_SIZE,
             encoding: Encoding::Zstd,
             invoke_async: false,
-            run: String::new(),
+            // Every plan is a lineage of its own unless a checkpoint store
+            // says which one it continues.
+            run: crate::checkpoint::fresh_run("run"),
             checkpoint: None,
         }
     }

@@ -116,6 +116,17 @@ impl MicroBatch {
     }
 }
 
+/// How a source reads an epoch again after a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// Its pull is a function of the epoch (a generator): pull again.
+    ByEpoch,
+    /// It reads partitions by offset: the offsets log says from where to where.
+    Offsets,
+    /// It cannot: a query reading it does not checkpoint.
+    Unsupported,
+}
+
 #[async_trait]
 pub trait Source: Send + Sync + std::fmt::Debug {
     /// The full (unprojected) schema of the records.
@@ -126,6 +137,45 @@ pub trait Source: Send + Sync + std::fmt::Debug {
 
     /// Pull the micro-batch of `spec.epoch` for instance `spec.instance`.
     async fn pull(&self, spec: EpochSpec) -> Result<MicroBatch>;
+
+    /// How a checkpoint can read this source's epochs again.
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::Unsupported
+    }
+
+    /// Where this instance stands in its partitions: the next offset of
+    /// each (`ReplayMode::Offsets` sources; others stand nowhere).
+    async fn position(&self, spec: EpochSpec) -> Result<Vec<SourceOffset>> {
+        let _ = spec;
+        Ok(vec![])
+    }
+
+    /// Stand at `at` (from the offsets log) before the next pull.
+    async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> Result<()> {
+        let _ = (spec, at);
+        Ok(())
+    }
+
+    /// Read again exactly what an earlier pull of `spec.epoch` read, from
+    /// `from` up to `to`, and stand at `to` afterwards. A source whose pull
+    /// is a function of the epoch alone pulls again.
+    async fn replay(
+        &self,
+        spec: EpochSpec,
+        from: &[SourceOffset],
+        to: &[SourceOffset],
+    ) -> Result<MicroBatch> {
+        match self.replay_mode() {
+            ReplayMode::ByEpoch => self.pull(spec).await,
+            _ => {
+                let _ = (from, to);
+                Err(EngineError::Source {
+                    source_name: format!("{self:?}"),
+                    reason: "this source cannot read an epoch again".into(),
+                })
+            }
+        }
+    }
 
     /// Decode records a platform pushed to the function (a batch of a Lambda
     /// Kinesis event-source mapping) as a pull would have read them.
@@ -339,6 +389,10 @@ impl MemorySource {
 
 #[async_trait]
 impl Source for MemorySource {
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::ByEpoch
+    }
+
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }

@@ -168,6 +168,20 @@ impl PartitionClock {
     }
 }
 
+/// A [`SourceClock`] as a checkpoint keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockState {
+    pub partitions: BTreeMap<String, SavedPartition>,
+    pub reported: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedPartition {
+    pub max_event_time: Option<i64>,
+    pub caught_up: bool,
+    pub finished: bool,
+}
+
 /// The event-time state of one table at one source instance.
 #[derive(Debug, Clone)]
 pub struct SourceClock {
@@ -223,6 +237,47 @@ impl SourceClock {
             clock.finished = p.finished;
         }
         Ok(())
+    }
+
+    /// What a checkpoint keeps of the clock.
+    pub fn save(&self) -> ClockState {
+        ClockState {
+            partitions: self
+                .partitions
+                .iter()
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        SavedPartition {
+                            max_event_time: p.max_event_time,
+                            caught_up: p.caught_up,
+                            finished: p.finished,
+                        },
+                    )
+                })
+                .collect(),
+            reported: self.reported,
+        }
+    }
+
+    /// Take back a saved clock; idle timers start again at `now`.
+    pub fn restore(&mut self, state: &ClockState, now: Instant) {
+        self.partitions = state
+            .partitions
+            .iter()
+            .map(|(name, p)| {
+                (
+                    name.clone(),
+                    PartitionClock {
+                        max_event_time: p.max_event_time,
+                        last_record: now,
+                        caught_up: p.caught_up,
+                        finished: p.finished,
+                    },
+                )
+            })
+            .collect();
+        self.reported = state.reported;
     }
 
     /// The instance's watermark for this table as of `now`.

@@ -29,6 +29,14 @@ pub struct LateRows {
     pub windows: Vec<(i64, i64)>,
 }
 
+/// A view of a [`WindowBuffer`]'s state, for a checkpoint.
+#[derive(Debug)]
+pub struct SavedWindows<'a> {
+    pub buffered: &'a BTreeMap<u32, Vec<RecordBatch>>,
+    pub released: Option<i64>,
+    pub emitted_sessions: &'a BTreeMap<u32, HashMap<String, (i64, i64)>>,
+}
+
 /// The open windows of one stage.
 #[derive(Debug, Default)]
 pub struct WindowBuffer {
@@ -126,6 +134,28 @@ impl WindowBuffer {
     /// Remove and return everything held (the end of a bounded run).
     pub fn take_all(&mut self) -> BTreeMap<u32, Vec<RecordBatch>> {
         std::mem::take(&mut self.buffered)
+    }
+
+    /// What a checkpoint keeps: the rows held, per edge, and what has been
+    /// emitted.
+    pub fn saved(&self) -> SavedWindows<'_> {
+        SavedWindows {
+            buffered: &self.buffered,
+            released: self.released,
+            emitted_sessions: &self.emitted_sessions,
+        }
+    }
+
+    /// Take back what [`WindowBuffer::saved`] kept.
+    pub fn restore(
+        &mut self,
+        buffered: BTreeMap<u32, Vec<RecordBatch>>,
+        released: Option<i64>,
+        emitted_sessions: BTreeMap<u32, HashMap<String, (i64, i64)>>,
+    ) {
+        self.buffered = buffered;
+        self.released = released;
+        self.emitted_sessions = emitted_sessions;
     }
 
     fn split_late(

@@ -279,6 +279,7 @@ async fn duplicated_and_shuffled_deliveries_give_identical_results() {
         duplicate: true,
         max_delay_ms: 5,
         drop_payload: None,
+        ..Default::default()
     });
     run_and_verify(
         &h,
@@ -302,6 +303,7 @@ async fn a_lost_payload_never_completes_silently() {
         duplicate: false,
         max_delay_ms: 0,
         drop_payload: Some(3),
+        ..Default::default()
     });
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
     let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
@@ -518,4 +520,53 @@ async fn a_constant_side_input_joins_the_stream() {
         4,
     )
     .await;
+}
+
+/// Lambda recycles instances: a cold member takes its state from the
+/// checkpoint store. Dropping warm instances at random between epochs
+/// must not change a windowed join's or aggregate's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recycled_members_resume_from_the_checkpoint() {
+    use skein_engine::checkpoint::CheckpointStore;
+    use skein_engine::context::CheckpointSpec;
+
+    let mut h = harness(4, 20_000);
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    for (i, sql) in [
+        "SELECT tumble(date_time, INTERVAL '10' SECOND) AS w, auction, count(*) AS n, sum(price) AS s \
+         FROM bid GROUP BY 1, 2",
+        "SELECT b.auction, a.category, count(*) AS n FROM bid b JOIN auction a ON b.auction = a.id \
+         GROUP BY 1, 2",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
+        let root = object_store::path::Path::from(format!("q{i}"));
+        let cs = CheckpointStore::open(store.clone(), root, &plan.query_code)
+            .await
+            .unwrap();
+        h.options.run = cs.manifest().run.clone();
+        h.options.checkpoint = Some(CheckpointSpec { interval: 1 });
+        h.runtime.set_checkpoints(Some(Arc::new(cs)));
+        h.runtime.set_faults(Faults {
+            recycle_probability: 0.5,
+            ..Default::default()
+        });
+        let before = h.runtime.stats().cold_starts.load(Ordering::Relaxed);
+        run_local(&plan, &h.runtime, &h.options, 12, |_, _| {})
+            .await
+            .unwrap_or_else(|e| panic!("run {sql}: {e}"));
+        let cold = h.runtime.stats().cold_starts.load(Ordering::Relaxed) - before;
+        let functions = plan.stages.iter().map(|s| s.members as u64).sum::<u64>();
+        assert!(
+            cold > 2 * functions,
+            "{cold} cold starts for {functions} functions: instances were not recycled"
+        );
+        let got = h.results.sink(&plan.query_code).batches();
+        let expected = single_process(&h.ctx, &plan).await.unwrap();
+        let cmp = compare(&expected, &got, plan.ordered).unwrap();
+        assert!(cmp.expected_rows > 0);
+        assert!(cmp.equal, "{sql}\n{cmp:#?}\n{}", plan.explain());
+    }
 }

@@ -11,7 +11,8 @@ use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, Source, SourceConfig, SourceFactory, SourceRegistry, TableOptions,
+    EpochSpec, MicroBatch, ReplayMode, Source, SourceConfig, SourceFactory, SourceRegistry,
+    TableOptions,
 };
 
 use crate::Slice;
@@ -255,6 +256,10 @@ pub struct NexmarkSource {
 
 #[async_trait]
 impl Source for NexmarkSource {
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::ByEpoch
+    }
+
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }
@@ -340,6 +345,10 @@ pub struct YsbSource {
 
 #[async_trait]
 impl Source for YsbSource {
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::ByEpoch
+    }
+
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
     }

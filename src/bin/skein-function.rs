@@ -231,6 +231,9 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         invoker: Arc::new(LambdaInvoker::new(&sdk)),
         max_backoff: Duration::from_secs(2),
         late: Default::default(),
+        // Durable state on Lambda is not wired yet: a checkpointing query
+        // is refused before it is deployed there.
+        checkpoints: None,
     };
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");

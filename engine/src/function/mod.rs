@@ -23,6 +23,7 @@ use tokio::sync::Mutex;
 
 use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
+use crate::checkpoint::{CheckpointStore, decode_state, encode_state};
 use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
@@ -50,6 +51,9 @@ pub struct FunctionEnv {
     pub max_backoff: Duration,
     /// Where this process counts late rows.
     pub late: Arc<LateCounts>,
+    /// Where members keep durable state, when the query checkpoints (its
+    /// context says so too).
+    pub checkpoints: Option<Arc<CheckpointStore>>,
 }
 
 /// The function's answer.
@@ -127,6 +131,9 @@ struct StageState {
     watermark: Watermark,
     /// Per source reader: its per-partition event-time clock.
     clocks: Vec<Option<SourceClock>>,
+    /// This instance took its state from the checkpoint store (or had
+    /// nothing to take): done once, before its first epoch.
+    restored: bool,
 }
 
 pub struct StageFunction {
@@ -269,6 +276,69 @@ impl StageFunction {
         &self.ctx
     }
 
+    /// The checkpoint store, when this query checkpoints.
+    fn checkpoints(&self) -> Option<&Arc<CheckpointStore>> {
+        self.ctx
+            .checkpoint
+            .as_ref()
+            .and(self.env.checkpoints.as_ref())
+    }
+
+    /// A cold instance of a member that takes payloads: continue after the
+    /// last committed epoch, with the state this member had then.
+    async fn restore(&self, state: &mut StageState) -> Result<()> {
+        let Some(cs) = self.checkpoints() else {
+            return Ok(());
+        };
+        let Some(commit) = cs.committed().await? else {
+            return Ok(());
+        };
+        state.next_epoch = commit.epoch + 1;
+        if self.ctx.mode == StageMode::Stream {
+            return Ok(());
+        }
+        let bytes = cs
+            .state(self.ctx.stage, self.ctx.member, commit.epoch)
+            .await?
+            .ok_or_else(|| {
+                EngineError::Context(format!(
+                    "{}: epoch {} is committed but this member's state for it is not in the \
+                     checkpoint store {}",
+                    self.name,
+                    commit.epoch,
+                    cs.root()
+                ))
+            })?;
+        let what = format!("{} epoch {}", self.name, commit.epoch);
+        let saved = decode_state(&bytes, &self.input_schemas, &what)?;
+        state.watermark = saved.watermark;
+        state
+            .windows
+            .restore(saved.buffered, saved.released, saved.emitted_sessions);
+        tracing::info!(stage = %self.name, epoch = commit.epoch, "state restored from the checkpoint");
+        Ok(())
+    }
+
+    /// Keep this member's state as of the end of `epoch`, when the
+    /// checkpoint interval (or the end of the run) says so.
+    async fn save_state(&self, state: &StageState, epoch: u64, last: bool) -> Result<()> {
+        let (Some(cs), Some(spec)) = (self.checkpoints(), &self.ctx.checkpoint) else {
+            return Ok(());
+        };
+        if self.ctx.mode == StageMode::Stream || !(last || epoch % spec.interval.max(1) == 0) {
+            return Ok(());
+        }
+        let bytes = encode_state(
+            epoch,
+            state.watermark,
+            state.windows.saved(),
+            &self.input_schemas,
+        )?;
+        crate::metrics::checkpoint_bytes(&self.name, bytes.len());
+        cs.put_state(self.ctx.stage, self.ctx.member, epoch, bytes)
+            .await
+    }
+
     /// Serve one invocation as it came over the wire. Errors name the
     /// function (stage) and payload.
     pub async fn handle(&self, bytes: &[u8]) -> Result<Response> {
@@ -312,6 +382,17 @@ impl StageFunction {
                 })?;
         let batches = p.decode_batches(&self.name, expected)?;
         let mut state = self.state.lock().await;
+        if !state.restored {
+            self.restore(&mut state).await?;
+            state.restored = true;
+        }
+        if p.epoch < state.next_epoch {
+            // Already run (and committed, for a restored member): a retry.
+            return Ok(Response {
+                status: "duplicate".into(),
+                ..Default::default()
+            });
+        }
         let arena = state
             .arena
             .as_mut()
@@ -410,6 +491,7 @@ impl StageFunction {
             }
         };
         crate::metrics::state_bytes(&self.name, state.windows.bytes());
+        self.save_state(state, epoch, input.last).await?;
         let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
         match to_run {
             None => {

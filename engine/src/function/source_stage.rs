@@ -8,11 +8,12 @@ use std::time::Instant;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::{Response, StageFunction, Trigger, bind_leaves};
+use super::{Response, StageFunction, StageState, Trigger, bind_leaves};
+use crate::checkpoint::{CheckpointStore, OffsetsEntry, TableRead};
 use crate::context::NextHop;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
-use crate::source::{EpochSpec, PushedRecord};
+use crate::source::{EpochSpec, PushedRecord, ReplayMode};
 use crate::watermark::{Watermark, WatermarkMin};
 
 impl StageFunction {
@@ -47,11 +48,40 @@ impl StageFunction {
             epoch: t.epoch,
             epochs: self.ctx.epochs,
         };
+        let source_err = |table: &str, e: EngineError| EngineError::Source {
+            source_name: table.to_string(),
+            reason: format!("{}: {e}", self.name),
+        };
+        let checkpoints = self.checkpoints().cloned();
+        // With checkpoints: a cold instance stands where the log says the
+        // previous epoch ended, and an epoch already in the log is read
+        // again exactly as it was.
+        let mut logged = None;
+        if let Some(cs) = &checkpoints {
+            if !state.restored {
+                self.stand_where_the_log_ends(cs, &mut state, spec).await?;
+                state.restored = true;
+            }
+            logged = cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?;
+        }
+        let mut reads = vec![];
         for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
-            let mb = r.source.pull(spec).await.map_err(|e| EngineError::Source {
-                source_name: r.table.clone(),
-                reason: format!("{}: {e}", self.name),
-            })?;
+            let replayed = logged
+                .as_ref()
+                .and_then(|l: &OffsetsEntry| l.tables.iter().find(|x| x.table == r.table));
+            let from = match (&checkpoints, replayed) {
+                (Some(_), None) => r
+                    .source
+                    .position(spec)
+                    .await
+                    .map_err(|e| source_err(&r.table, e))?,
+                _ => vec![],
+            };
+            let mb = match replayed {
+                Some(read) => r.source.replay(spec, &read.from, &read.to).await,
+                None => r.source.pull(spec).await,
+            }
+            .map_err(|e| source_err(&r.table, e))?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
             let progress = mb.progress();
             crate::metrics::source_pull(&r.table, &progress, |p| {
@@ -66,28 +96,61 @@ impl StageFunction {
             match clock {
                 Some(clock) => {
                     let now = Instant::now();
-                    clock.observe(&mb.batches, &progress, now)?;
+                    match replayed.and_then(|read| read.clock.as_ref()) {
+                        Some(saved) => clock.restore(saved, now),
+                        None => clock.observe(&mb.batches, &progress, now)?,
+                    }
                     watermark.add(clock.watermark(now));
                 }
                 // No event time: constrains nothing.
                 None => watermark.add(Watermark::default()),
             }
+            if checkpoints.is_some() && replayed.is_none() {
+                reads.push(TableRead {
+                    table: r.table.clone(),
+                    from,
+                    to: r
+                        .source
+                        .position(spec)
+                        .await
+                        .map_err(|e| source_err(&r.table, e))?,
+                    clock: clock.as_ref().map(|c| c.save()),
+                });
+            }
             offsets.extend(mb.offsets);
             bound.insert(r.table.clone(), mb.batches);
         }
         drop(state);
-        crate::metrics::watermark(&self.ctx.stage_name(), watermark.result().value);
+        let mut watermark = watermark.result();
+        match (&checkpoints, &logged) {
+            // The same watermark as the first time, whatever the clock says now.
+            (_, Some(l)) => {
+                watermark = Watermark {
+                    value: l.watermark,
+                    idle: l.idle,
+                };
+                drained = l.drained;
+                finished = l.finished;
+            }
+            // Written before anything leaves: a replay must read what this read.
+            (Some(cs), None) => {
+                let entry = OffsetsEntry {
+                    tables: reads,
+                    watermark: watermark.value,
+                    idle: watermark.idle,
+                    drained,
+                    finished,
+                };
+                cs.put_offsets(self.ctx.stage, self.ctx.member, t.epoch, &entry)
+                    .await?;
+            }
+            (None, None) => {}
+        }
+        crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
         let mut rows_out = 0;
         for output in &self.outputs {
             let plan = bind_sources(&output.plan, &bound)?;
-            let header = self.header(
-                output,
-                &t.qid,
-                t.epoch,
-                watermark.result(),
-                t.last,
-                offsets.clone(),
-            );
+            let header = self.header(output, &t.qid, t.epoch, watermark, t.last, offsets.clone());
             rows_out += self.run_and_route(output, plan, header).await?;
         }
         Ok(Response {
@@ -97,6 +160,63 @@ impl StageFunction {
             drained,
             finished,
         })
+    }
+
+    /// A cold source member of a checkpointing query: stand where the
+    /// offsets log says the previous epoch ended, with the event-time
+    /// clocks as they were then.
+    async fn stand_where_the_log_ends(
+        &self,
+        cs: &CheckpointStore,
+        state: &mut StageState,
+        spec: EpochSpec,
+    ) -> Result<()> {
+        for r in &self.readers {
+            if r.source.replay_mode() == ReplayMode::Unsupported {
+                return Err(EngineError::Source {
+                    source_name: r.table.clone(),
+                    reason: format!(
+                        "{}: this source cannot read an epoch again, so a query reading it \
+                         cannot checkpoint",
+                        self.name
+                    ),
+                });
+            }
+        }
+        if spec.epoch == 0 {
+            return Ok(());
+        }
+        let previous = spec.epoch - 1;
+        let entry = cs
+            .offsets(self.ctx.stage, self.ctx.member, previous)
+            .await?
+            .ok_or_else(|| {
+                EngineError::Context(format!(
+                    "{}: the offsets log in {} has no epoch {previous}, so epoch {} cannot \
+                     start where it ended",
+                    self.name,
+                    cs.root(),
+                    spec.epoch
+                ))
+            })?;
+        let now = Instant::now();
+        for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
+            let Some(read) = entry.tables.iter().find(|x| x.table == r.table) else {
+                continue;
+            };
+            r.source
+                .seek(spec, &read.to)
+                .await
+                .map_err(|e| EngineError::Source {
+                    source_name: r.table.clone(),
+                    reason: format!("{}: {e}", self.name),
+                })?;
+            if let (Some(clock), Some(saved)) = (clock.as_mut(), &read.clock) {
+                clock.restore(saved, now);
+            }
+        }
+        tracing::info!(stage = %self.name, epoch = previous, "source resumed from the offsets log");
+        Ok(())
     }
 
     /// Run this source stage on records a platform pushed to it (one batch

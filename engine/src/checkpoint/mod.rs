@@ -1,0 +1,362 @@
+//! Durable state: the write-ahead log of what each source member read, the
+//! state of each stateful member, and the commit log, on an object store (a
+//! local directory in-process, S3 on Lambda).
+//!
+//! Layout under the store's root (one root per query):
+//!
+//! ```text
+//! manifest.json                      the query it belongs to and the run lineage
+//! commit.json                        the last epoch every member finished
+//! epochs/<e>.json                    the driver's decisions for epoch e (is it the last?)
+//! offsets/<stage>-<member>/<e>.json  what a source member read in epoch e
+//! state/<stage>-<member>/<e>.bin     a stateful member's state as of the end of e
+//! ```
+//!
+//! An epoch is committed once every member has run it, written its state and
+//! its sink writes: a restart resumes after the last commit, re-running later
+//! epochs from the offsets log (same records, same watermarks), and sinks
+//! skip what they already hold by (run, epoch, member).
+
+mod snapshot;
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::payload::SourceOffset;
+use crate::watermark::ClockState;
+
+pub use snapshot::{MemberState, decode_state, encode_state};
+
+/// What a checkpoint store belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The digest of the query text the store was written for.
+    pub query_code: String,
+    /// The run lineage every restart from this store keeps.
+    pub run: String,
+}
+
+/// The last committed epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub epoch: u64,
+    /// It was the last epoch of its run: every window was flushed.
+    pub last: bool,
+}
+
+/// The driver's decisions for one epoch, written before it fires it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochPlan {
+    pub last: bool,
+}
+
+/// What one table's reader of a source member read in one epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRead {
+    pub table: String,
+    /// Where the reader stood before the pull (next offset per partition).
+    pub from: Vec<SourceOffset>,
+    /// Where it stood after.
+    pub to: Vec<SourceOffset>,
+    /// The table's event-time clock after the pull, if it has event time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockState>,
+}
+
+/// A source member's log entry for one epoch: enough to read exactly the
+/// same records again and send them with the same watermark.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffsetsEntry {
+    pub tables: Vec<TableRead>,
+    pub watermark: Option<i64>,
+    pub idle: bool,
+    pub drained: bool,
+    pub finished: bool,
+}
+
+/// A query's checkpoint store.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+    manifest: Manifest,
+}
+
+fn epoch_name(e: u64) -> String {
+    // Zero-padded so that listings sort by epoch.
+    format!("{e:020}")
+}
+
+fn corrupt(key: &Path, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Context(format!("checkpoint {key}: {e}"))
+}
+
+impl CheckpointStore {
+    /// Open the store under `root` for the query `query_code`: a new store
+    /// gets a manifest with a fresh run lineage; a store written for another
+    /// query is refused.
+    pub async fn open(store: Arc<dyn ObjectStore>, root: Path, query_code: &str) -> Result<Self> {
+        let key = root.clone().join("manifest.json");
+        let manifest = match get_json::<Manifest>(&store, &key).await? {
+            Some(m) if m.query_code != query_code => {
+                return Err(EngineError::Context(format!(
+                    "the checkpoint store {root} belongs to query {}, not this query ({query_code}): \
+                     the query text changed; give another checkpoint directory or remove this one",
+                    m.query_code
+                )));
+            }
+            Some(m) => m,
+            None => {
+                let m = Manifest {
+                    query_code: query_code.to_string(),
+                    run: fresh_run(query_code),
+                };
+                put_json(&store, &key, &m).await?;
+                m
+            }
+        };
+        Ok(CheckpointStore {
+            store,
+            root,
+            manifest,
+        })
+    }
+
+    /// A store whose manifest is known (a function instance: the driver
+    /// opened the store and its lineage travels in the context).
+    pub fn attach(store: Arc<dyn ObjectStore>, root: Path, query_code: &str, run: &str) -> Self {
+        CheckpointStore {
+            store,
+            root,
+            manifest: Manifest {
+                query_code: query_code.to_string(),
+                run: run.to_string(),
+            },
+        }
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn key(&self, parts: &[&str]) -> Path {
+        let mut p = self.root.clone();
+        for part in parts {
+            p = p.join(*part);
+        }
+        p
+    }
+
+    fn member_dir(stage: u32, member: u32) -> String {
+        format!("{stage:02}-{member:02}")
+    }
+
+    pub async fn committed(&self) -> Result<Option<Commit>> {
+        get_json(&self.store, &self.key(&["commit.json"])).await
+    }
+
+    pub async fn commit(&self, commit: Commit) -> Result<()> {
+        put_json(&self.store, &self.key(&["commit.json"]), &commit).await
+    }
+
+    pub async fn epoch_plan(&self, epoch: u64) -> Result<Option<EpochPlan>> {
+        let name = format!("{}.json", epoch_name(epoch));
+        get_json(&self.store, &self.key(&["epochs", &name])).await
+    }
+
+    pub async fn put_epoch_plan(&self, epoch: u64, plan: EpochPlan) -> Result<()> {
+        let name = format!("{}.json", epoch_name(epoch));
+        put_json(&self.store, &self.key(&["epochs", &name]), &plan).await
+    }
+
+    pub async fn offsets(
+        &self,
+        stage: u32,
+        member: u32,
+        epoch: u64,
+    ) -> Result<Option<OffsetsEntry>> {
+        let name = format!("{}.json", epoch_name(epoch));
+        let dir = Self::member_dir(stage, member);
+        get_json(&self.store, &self.key(&["offsets", &dir, &name])).await
+    }
+
+    pub async fn put_offsets(
+        &self,
+        stage: u32,
+        member: u32,
+        epoch: u64,
+        entry: &OffsetsEntry,
+    ) -> Result<()> {
+        let name = format!("{}.json", epoch_name(epoch));
+        let dir = Self::member_dir(stage, member);
+        put_json(&self.store, &self.key(&["offsets", &dir, &name]), entry).await
+    }
+
+    pub async fn state(&self, stage: u32, member: u32, epoch: u64) -> Result<Option<Vec<u8>>> {
+        let name = format!("{}.bin", epoch_name(epoch));
+        let dir = Self::member_dir(stage, member);
+        get_bytes(&self.store, &self.key(&["state", &dir, &name])).await
+    }
+
+    pub async fn put_state(
+        &self,
+        stage: u32,
+        member: u32,
+        epoch: u64,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
+        let name = format!("{}.bin", epoch_name(epoch));
+        let dir = Self::member_dir(stage, member);
+        self.store
+            .put(&self.key(&["state", &dir, &name]), PutPayload::from(bytes))
+            .await?;
+        Ok(())
+    }
+
+    /// Delete what no restart can need once `commit` is committed: epoch
+    /// plans, log entries and states of epochs before it (the committed
+    /// epoch's own log entry and state are what a restart starts from).
+    pub async fn forget_before(&self, commit: u64) -> Result<u64> {
+        use futures::TryStreamExt;
+        let mut deleted = 0;
+        for dir in ["epochs", "offsets", "state"] {
+            let prefix = self.key(&[dir]);
+            let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+            for o in objects {
+                let Some(epoch) = o
+                    .location
+                    .filename()
+                    .and_then(|f| f.split('.').next())
+                    .and_then(|n| n.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                if epoch < commit {
+                    match self.store.delete(&o.location).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// A run lineage nobody has used: the query, the time and some randomness.
+pub fn fresh_run(query_code: &str) -> String {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    format!(
+        "{}-{millis:x}-{:08x}",
+        &query_code[..query_code.len().min(8)],
+        rand::random::<u32>()
+    )
+}
+
+async fn get_bytes(store: &Arc<dyn ObjectStore>, key: &Path) -> Result<Option<Vec<u8>>> {
+    match store.get(key).await {
+        Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn get_json<T: DeserializeOwned>(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+) -> Result<Option<T>> {
+    match get_bytes(store, key).await? {
+        Some(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| corrupt(key, e)),
+        None => Ok(None),
+    }
+}
+
+async fn put_json<T: Serialize>(store: &Arc<dyn ObjectStore>, key: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(|e| corrupt(key, e))?;
+    store.put(key, PutPayload::from(bytes)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn a_store_remembers_its_query_and_refuses_another() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let a = CheckpointStore::open(store.clone(), Path::from("q"), "abc")
+            .await
+            .unwrap();
+        let again = CheckpointStore::open(store.clone(), Path::from("q"), "abc")
+            .await
+            .unwrap();
+        assert_eq!(a.manifest(), again.manifest());
+        let err = CheckpointStore::open(store, Path::from("q"), "other")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("belongs to query abc"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn commits_log_entries_and_forgetting() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let cs = CheckpointStore::open(store, Path::from("q"), "abc")
+            .await
+            .unwrap();
+        assert_eq!(cs.committed().await.unwrap(), None);
+        for e in 0..5 {
+            cs.put_epoch_plan(e, EpochPlan { last: e == 4 })
+                .await
+                .unwrap();
+            let entry = OffsetsEntry {
+                tables: vec![TableRead {
+                    table: "t".into(),
+                    from: vec![],
+                    to: vec![SourceOffset {
+                        source: "t".into(),
+                        partition: 0,
+                        offset: e as i64,
+                    }],
+                    clock: None,
+                }],
+                watermark: Some(e as i64),
+                idle: false,
+                drained: false,
+                finished: false,
+            };
+            cs.put_offsets(0, 1, e, &entry).await.unwrap();
+            cs.put_state(1, 0, e, vec![e as u8]).await.unwrap();
+        }
+        cs.commit(Commit {
+            epoch: 3,
+            last: false,
+        })
+        .await
+        .unwrap();
+        assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 3);
+        assert_eq!(cs.forget_before(3).await.unwrap(), 9);
+        assert!(cs.offsets(0, 1, 2).await.unwrap().is_none());
+        assert_eq!(
+            cs.offsets(0, 1, 3).await.unwrap().unwrap().watermark,
+            Some(3)
+        );
+        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[3]);
+        assert!(cs.epoch_plan(4).await.unwrap().unwrap().last);
+    }
+}

@@ -1,0 +1,147 @@
+//! Where `skein run` keeps a query's durable state: a local directory,
+//! opened as an object store, held by one process at a time.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
+use skein_engine::checkpoint::CheckpointStore;
+use skein_engine::planner::QueryPlan;
+
+/// Where checkpoints go unless `--checkpoint-dir` says: one directory per
+/// query under the working directory.
+pub const DEFAULT_ROOT: &str = ".skein/checkpoints";
+
+/// Sink kinds whose writes a restart can repeat without doubling them.
+const DURABLE_SINKS: &[&str] = &["KAFKA", "REDIS", "FILES"];
+
+/// Source kinds a checkpoint can read again: by offsets (Kafka) or by
+/// epoch (the generators).
+const REPLAYABLE_SOURCES: &[&str] = &["KAFKA", "NEXMARK", "YSB"];
+
+/// What the user asked for.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub dir: Option<PathBuf>,
+    pub off: bool,
+}
+
+/// Why a query does or does not checkpoint by default.
+fn default_on(plan: &QueryPlan) -> bool {
+    let kinds: Vec<String> = plan
+        .stages
+        .iter()
+        .flat_map(|s| s.sources.iter().map(|l| l.config.kind.to_ascii_uppercase()))
+        .collect();
+    let live = kinds.iter().any(|k| k == "KAFKA");
+    let replayable = kinds
+        .iter()
+        .all(|k| REPLAYABLE_SOURCES.contains(&k.as_str()));
+    let durable_sink = DURABLE_SINKS.contains(&plan.sink.kind.to_ascii_uppercase().as_str());
+    live && replayable && durable_sink
+}
+
+/// The tables a checkpoint cannot read again, as `table (KIND)`.
+fn unreplayable(plan: &QueryPlan) -> Vec<String> {
+    plan.stages
+        .iter()
+        .flat_map(|s| s.sources.iter())
+        .filter(|l| !REPLAYABLE_SOURCES.contains(&l.config.kind.to_ascii_uppercase().as_str()))
+        .map(|l| format!("{} ({})", l.table, l.config.kind))
+        .collect()
+}
+
+/// A checkpoint directory this process holds; the lock goes with it.
+pub struct Held {
+    pub store: Arc<CheckpointStore>,
+    pub dir: PathBuf,
+    lock: PathBuf,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.lock);
+    }
+}
+
+/// Open the query's checkpoint directory if it checkpoints: an explicit
+/// `--checkpoint-dir`, or by default a query that reads Kafka and writes a
+/// sink that takes repeated writes. `None`: it does not checkpoint.
+pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
+    if request.off {
+        return Ok(None);
+    }
+    let dir = match &request.dir {
+        Some(dir) => {
+            let cannot = unreplayable(plan);
+            if !cannot.is_empty() {
+                bail!(
+                    "--checkpoint-dir: a checkpoint cannot read these tables again: {} \
+                     (run with --no-checkpoint for at-least-once across restarts)",
+                    cannot.join(", ")
+                );
+            }
+            dir.clone()
+        }
+        None if default_on(plan) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
+        None => return Ok(None),
+    };
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
+    let lock = take_lock(&dir)?;
+    let fs = LocalFileSystem::new_with_prefix(&dir)
+        .with_context(|| format!("opening the checkpoint directory {}", dir.display()))?;
+    let fs: Arc<dyn ObjectStore> = Arc::new(fs);
+    let store = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
+        .await
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&lock);
+            anyhow::Error::msg(e.to_string())
+        })?;
+    Ok(Some(Held {
+        store: Arc::new(store),
+        dir,
+        lock,
+    }))
+}
+
+/// One process per checkpoint directory: a second would interleave its
+/// epochs with the first's. A lock left by a killed process is taken over.
+fn take_lock(dir: &Path) -> Result<PathBuf> {
+    let lock = dir.join("lock");
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(mut f) => {
+                use std::io::Write;
+                write!(f, "{}", std::process::id())?;
+                return Ok(lock);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read_to_string(&lock).unwrap_or_default();
+                let alive = holder
+                    .trim()
+                    .parse::<u32>()
+                    .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                if alive {
+                    bail!(
+                        "the checkpoint directory {} is in use by process {} (another run of \
+                         this query); stop it first or give another --checkpoint-dir",
+                        dir.display(),
+                        holder.trim()
+                    );
+                }
+                let _ = std::fs::remove_file(&lock);
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("locking {}", lock.display()));
+            }
+        }
+    }
+    bail!("could not lock {}", lock.display())
+}
