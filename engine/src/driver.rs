@@ -164,7 +164,7 @@ impl EpochLog {
                 pending.join("; ")
             )));
         }
-        if last || epoch % self.interval == 0 {
+        if last || epoch.is_multiple_of(self.interval) {
             cs.commit(Commit { epoch, last }).await?;
             cs.forget_before(epoch).await?;
             let recycled = runtime.recycle_some().await;

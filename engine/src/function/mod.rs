@@ -325,7 +325,9 @@ impl StageFunction {
         let (Some(cs), Some(spec)) = (self.checkpoints(), &self.ctx.checkpoint) else {
             return Ok(());
         };
-        if self.ctx.mode == StageMode::Stream || !(last || epoch % spec.interval.max(1) == 0) {
+        if self.ctx.mode == StageMode::Stream
+            || !(last || epoch.is_multiple_of(spec.interval.max(1)))
+        {
             return Ok(());
         }
         let bytes = encode_state(
