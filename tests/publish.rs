@@ -350,23 +350,36 @@ fn insert_into_kafka_keys_rows_and_skein_reads_them_back() {
 
 #[test]
 fn insert_into_kafka_reports_delivery_errors() {
-    let topic = common::unique_name("undeliverable");
-    // Nothing listens on port 9: every message times out undelivered.
-    let sql = write_sql(
-        "undeliverable",
-        &format!(
-            "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '500');
-             CREATE EXTERNAL TABLE out (id BIGINT, name VARCHAR) STORED AS KAFKA LOCATION '{topic}'
-               OPTIONS ('bootstrap.servers' '127.0.0.1:9', 'message.timeout.ms' '1500');
-             INSERT INTO out SELECT id, name FROM person"
-        ),
-    );
-    let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
-    assert!(!ok, "a run whose rows cannot be delivered must fail");
-    assert!(
-        stderr.contains(&format!("kafka topic {topic}")) && stderr.contains("delivery failed"),
-        "the error names the topic and the delivery failure:\n{stderr}"
-    );
+    // Nothing listens on port 9: every message times out undelivered, and
+    // the exactly-once default cannot even open its transactional producer.
+    for delivery in ["at-least-once", "exactly-once"] {
+        let topic = common::unique_name("undeliverable");
+        let sql = write_sql(
+            "undeliverable",
+            &format!(
+                "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '500');
+                 CREATE EXTERNAL TABLE out (id BIGINT, name VARCHAR) STORED AS KAFKA LOCATION '{topic}'
+                   OPTIONS ('bootstrap.servers' '127.0.0.1:9', 'message.timeout.ms' '1500',
+                            'delivery' '{delivery}');
+                 INSERT INTO out SELECT id, name FROM person"
+            ),
+        );
+        let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
+        assert!(
+            !ok,
+            "{delivery}: a run whose rows cannot be delivered must fail"
+        );
+        assert!(
+            stderr.contains(&format!("kafka topic {topic}")),
+            "{delivery}: the error names the topic:\n{stderr}"
+        );
+        if delivery == "at-least-once" {
+            assert!(
+                stderr.contains("delivery failed"),
+                "the error names the delivery failure:\n{stderr}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -512,9 +525,10 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
         )
         .unwrap()
     };
+    // One run across the "restart" below: its epochs are replays.
     let write = |epoch: u64, from: i64, offset: i64| SinkWrite {
         query: "q",
-        run: "",
+        run: "r1",
         epoch,
         member: 0,
         schema: schema.clone(),
