@@ -3,21 +3,20 @@
 //! run) replays some of them, including an epoch some members had committed
 //! and others not, and one a member left in an open transaction; a
 //! `read_committed` reader sees every row once. A new run of the same query
-//! is not taken for a replay.
+//! is not taken for a replay. (tests/publish.rs has the `checkpoint` option
+//! and its source offsets.)
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use futures::future::join_all;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Message, Offset, TopicPartitionList};
 use skein_engine::sink::{Sink, SinkWrite};
 use skein_sinks::kafka::KafkaSink;
 
@@ -83,47 +82,15 @@ async fn write_epochs(sinks: &[KafkaSink], run: &str, epochs: &[(u32, Vec<u64>)]
     .await;
 }
 
-/// Every value a read_committed reader finds in `topic`, once it has read
-/// every partition to its end.
+/// Every value of `n` a read_committed reader finds in `topic`, sorted.
 fn read_committed(brokers: &str, topic: &str) -> Vec<i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", common::unique_name("kafka-sink-test"))
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .expect("consumer");
-    let partitions = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata")
-        .topics()[0]
-        .partitions()
-        .len() as i32;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let (mut out, mut ended) = (vec![], BTreeSet::new());
-    let started = Instant::now();
-    while ended.len() < partitions as usize {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{topic}: no end"
-        );
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
-                out.push(v["n"].as_i64().unwrap());
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => panic!("{topic}: {e}"),
-            None => {}
-        }
-    }
+    let mut out: Vec<i64> = common::kafka::committed_records(brokers, topic)
+        .into_iter()
+        .map(|(_, _, value)| {
+            let v: serde_json::Value = serde_json::from_slice(&value).unwrap();
+            v["n"].as_i64().unwrap()
+        })
+        .collect();
     out.sort();
     out
 }
@@ -199,57 +166,6 @@ async fn eight_members_replayed_after_a_restart_write_each_row_once() {
         .unwrap();
     assert_eq!(got.len(), want.len(), "rows missing or doubled");
     assert_eq!(got, want);
-}
-
-#[tokio::test]
-async fn a_checkpoint_names_the_markers_and_records_source_offsets() {
-    use skein_engine::payload::SourceOffset;
-
-    let brokers = common::require_kafka();
-    let topic = common::unique_name("kafka-sink-cp");
-    let offsets_topic = common::unique_name("kafka-sink-cp-offsets");
-    let checkpoint = common::unique_name("cp");
-    let mut options = options(&brokers, &offsets_topic);
-    options.insert("checkpoint".into(), checkpoint.clone());
-    let batch =
-        |n: i64| RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(vec![n]))]).unwrap();
-    // Two members of one epoch each move their own source partition: one
-    // member's commit does not make the other's write a replay.
-    for sink in [
-        KafkaSink::new(&topic, &options).unwrap(),
-        KafkaSink::new(&topic, &options).unwrap(),
-    ] {
-        for member in 0..2 {
-            sink.write(SinkWrite {
-                query: "another query text",
-                run: "r",
-                epoch: 0,
-                member,
-                schema: schema(),
-                batches: vec![batch(i64::from(member))],
-                offsets: vec![SourceOffset {
-                    source: "input".into(),
-                    partition: member as i32,
-                    offset: 100 + i64::from(member),
-                }],
-                last: false,
-            })
-            .await
-            .unwrap();
-        }
-    }
-    let (b, o, c) = (brokers.clone(), offsets_topic.clone(), checkpoint.clone());
-    let stored = tokio::task::spawn_blocking(move || {
-        skein_sinks::kafka::stored_offsets(&b, &o, &c, "input")
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(stored, BTreeMap::from([(0, 100), (1, 101)]));
-    let got = tokio::task::spawn_blocking(move || read_committed(&brokers, &topic))
-        .await
-        .unwrap();
-    assert_eq!(got, vec![0, 1], "each member's row once");
 }
 
 #[test]
