@@ -14,7 +14,7 @@
 //! A write at or below its member's marker is a replay and writes nothing
 //! (see [`crate::epochs`]), so this holds at any group size. The
 //! transactional id is `skein-<name>-<member>`: a restarted writer fences its
-//! predecessor, then reads the markers ([`exactly_once`]). Consumers reading
+//! predecessor, then reads the markers. Consumers reading
 //! with `isolation.level=read_committed` see each write whole or not at all.
 //! With `checkpoint`, a transaction also records the source offsets it
 //! covers under `<checkpoint>/<source topic>/<partition>`, for a Kafka source
