@@ -143,12 +143,14 @@ impl Destination {
     /// Creates the topic or stream if missing, and opens a raw-value sink on it.
     async fn open(&self, partitions: i32) -> Result<Publisher> {
         let options: BTreeMap<String, String> = match self {
-            Destination::Kafka { brokers, .. } => [
+            Destination::Kafka { brokers, .. } => vec![
                 ("bootstrap.servers", brokers.as_str()),
                 ("format", "raw"),
                 ("value", "value"),
+                // Publishing enqueues rows in order; it keeps no epochs.
+                ("delivery", "at-least-once"),
             ],
-            Destination::Kinesis { .. } => [
+            Destination::Kinesis { .. } => vec![
                 ("format", "raw"),
                 ("value", "value"),
                 ("max.attempts", "50"),

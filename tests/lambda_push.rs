@@ -10,7 +10,23 @@ use std::time::Duration;
 
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
 
-/// Every JSON row under `prefix` of `bucket`: (ad_id, count of rows).
+async fn object(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Vec<u8> {
+    s3.get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GetObject {key}: {}", common::error_chain(&e)))
+        .body
+        .collect()
+        .await
+        .unwrap()
+        .into_bytes()
+        .to_vec()
+}
+
+/// Every JSON row of the committed writes under `prefix` of `bucket` (the
+/// objects the files sink's commit markers list): (ad_id, count of rows).
 async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, u64> {
     let listed = s3
         .list_objects_v2()
@@ -19,20 +35,19 @@ async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMa
         .send()
         .await
         .unwrap_or_else(|e| panic!("ListObjectsV2: {}", common::error_chain(&e)));
+    let mut committed = std::collections::BTreeSet::new();
+    for marker in listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key())
+        .filter(|k| k.contains("/_skein_commits/"))
+    {
+        let keys = String::from_utf8(object(s3, bucket, marker).await).unwrap();
+        committed.extend(keys.lines().map(str::to_string));
+    }
     let mut out = BTreeMap::new();
-    for key in listed.contents().iter().filter_map(|o| o.key()) {
-        let body = s3
-            .get_object()
-            .bucket(bucket)
-            .key(key)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GetObject {key}: {}", common::error_chain(&e)))
-            .body
-            .collect()
-            .await
-            .unwrap()
-            .into_bytes();
+    for key in &committed {
+        let body = object(s3, bucket, key).await;
         for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let v: serde_json::Value = serde_json::from_slice(line).unwrap();
             *out.entry(v["ad_id"].as_str().unwrap().to_string())

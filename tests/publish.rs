@@ -7,59 +7,15 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 /// (key, value) of every message of `topic`, partition by partition.
 fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)> {
-    drain_partitions(brokers, topic)
+    common::kafka::committed_records(brokers, topic)
         .into_iter()
         .map(|(_, key, value)| (key, value))
         .collect()
-}
-
-/// (partition, key, value) of every message of `topic`; each partition's
-/// messages in offset order.
-fn drain_partitions(brokers: &str, topic: &str) -> Vec<(i32, Option<Vec<u8>>, Vec<u8>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", common::unique_name("publish-test"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
-    let mut tpl = TopicPartitionList::new();
-    let mut total = 0i64;
-    for p in metadata.topics()[0].partitions() {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
-            .expect("watermarks");
-        total += high - low;
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = vec![];
-    let started = std::time::Instant::now();
-    while (out.len() as i64) < total {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "{topic}: read {} of {total} messages in 60 s",
-            out.len()
-        );
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m.expect("a message");
-            out.push((
-                m.partition(),
-                m.key().map(<[u8]>::to_vec),
-                m.payload().unwrap_or_default().to_vec(),
-            ));
-        }
-    }
-    out
 }
 
 fn report(stdout: &str) -> serde_json::Value {
@@ -160,7 +116,7 @@ fn gen_nexmark_to_kafka_writes_one_topic_per_table_at_the_rate() {
 /// ms), by partition in offset order.
 fn event_times_by_partition(brokers: &str, topic: &str, field: &str) -> BTreeMap<i32, Vec<i64>> {
     let mut out: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
-    for (partition, _, value) in drain_partitions(brokers, topic) {
+    for (partition, _, value) in common::kafka::committed_records(brokers, topic) {
         let v: serde_json::Value = serde_json::from_slice(&value).expect("a JSON record");
         let t = match &v[field] {
             serde_json::Value::String(s) => s.parse().ok(),
@@ -350,23 +306,36 @@ fn insert_into_kafka_keys_rows_and_skein_reads_them_back() {
 
 #[test]
 fn insert_into_kafka_reports_delivery_errors() {
-    let topic = common::unique_name("undeliverable");
-    // Nothing listens on port 9: every message times out undelivered.
-    let sql = write_sql(
-        "undeliverable",
-        &format!(
-            "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '500');
-             CREATE EXTERNAL TABLE out (id BIGINT, name VARCHAR) STORED AS KAFKA LOCATION '{topic}'
-               OPTIONS ('bootstrap.servers' '127.0.0.1:9', 'message.timeout.ms' '1500');
-             INSERT INTO out SELECT id, name FROM person"
-        ),
-    );
-    let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
-    assert!(!ok, "a run whose rows cannot be delivered must fail");
-    assert!(
-        stderr.contains(&format!("kafka topic {topic}")) && stderr.contains("delivery failed"),
-        "the error names the topic and the delivery failure:\n{stderr}"
-    );
+    // Nothing listens on port 9: every message times out undelivered, and
+    // the exactly-once default cannot even open its transactional producer.
+    for delivery in ["at-least-once", "exactly-once"] {
+        let topic = common::unique_name("undeliverable");
+        let sql = write_sql(
+            "undeliverable",
+            &format!(
+                "CREATE EXTERNAL TABLE person STORED AS NEXMARK LOCATION 'person' OPTIONS ('events' '500');
+                 CREATE EXTERNAL TABLE out (id BIGINT, name VARCHAR) STORED AS KAFKA LOCATION '{topic}'
+                   OPTIONS ('bootstrap.servers' '127.0.0.1:9', 'message.timeout.ms' '1500',
+                            'delivery' '{delivery}');
+                 INSERT INTO out SELECT id, name FROM person"
+            ),
+        );
+        let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "1"]);
+        assert!(
+            !ok,
+            "{delivery}: a run whose rows cannot be delivered must fail"
+        );
+        assert!(
+            stderr.contains(&format!("kafka topic {topic}")),
+            "{delivery}: the error names the topic:\n{stderr}"
+        );
+        if delivery == "at-least-once" {
+            assert!(
+                stderr.contains("delivery failed"),
+                "the error names the delivery failure:\n{stderr}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -429,8 +398,13 @@ async fn q10_writes_its_files_to_s3() {
         .send()
         .await
         .unwrap_or_else(|e| panic!("ListObjectsV2: {}", common::error_chain(&e)));
-    let keys: Vec<&str> = listed.contents().iter().filter_map(|o| o.key()).collect();
+    let (markers, keys): (Vec<&str>, Vec<&str>) = listed
+        .contents()
+        .iter()
+        .filter_map(|o| o.key())
+        .partition(|k| k.contains("/_skein_commits/"));
     assert!(!keys.is_empty());
+    assert!(!markers.is_empty(), "each write commits with a marker");
     assert!(
         keys.iter()
             .all(|k| k.contains("/dt=2020-01-01/hm=") && k.ends_with(".json")),
@@ -438,48 +412,12 @@ async fn q10_writes_its_files_to_s3() {
     );
 }
 
-/// (key, value) of the committed messages of `topic` (read_committed).
-fn drain_committed(brokers: &str, topic: &str, expect: usize) -> Vec<Vec<u8>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", common::unique_name("publish-committed"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .expect("consumer");
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let partitions = metadata.topics()[0].partitions().len();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = vec![];
-    let mut ended = BTreeSet::new();
-    let started = std::time::Instant::now();
-    // Past `expect`, keep reading to the end: extra messages must show.
-    while ended.len() < partitions || out.len() < expect {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "{topic}: {} messages in 60 s",
-            out.len()
-        );
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                out.push(m.payload().unwrap_or_default().to_vec());
-            }
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
-                ended.insert(p);
-            }
-            Some(Err(e)) => panic!("{topic}: {e}"),
-            None => {}
-        }
-    }
-    out
+/// The values of the committed messages of `topic`.
+fn drain_committed(brokers: &str, topic: &str) -> Vec<Vec<u8>> {
+    common::kafka::committed_records(brokers, topic)
+        .into_iter()
+        .map(|(_, _, value)| value)
+        .collect()
 }
 
 #[tokio::test]
@@ -512,30 +450,35 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
         )
         .unwrap()
     };
-    let write = |epoch: u64, from: i64, offset: i64| SinkWrite {
+    // One run across the "restart" below: its epochs are replays. Member m
+    // reads source partition m.
+    let write = |epoch: u64, member: u32, from: i64, offset: i64| SinkWrite {
         query: "q",
-        run: "",
+        run: "r1",
         epoch,
-        member: 0,
+        member,
         schema: schema.clone(),
         batches: vec![batch(from)],
         offsets: vec![SourceOffset {
             source: "input".into(),
-            partition: 0,
+            partition: member as i32,
             offset,
         }],
         last: false,
     };
     let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
-    sink.write(write(0, 0, 100)).await.unwrap();
-    sink.write(write(1, 100, 200)).await.unwrap();
+    sink.write(write(0, 0, 0, 100)).await.unwrap();
+    sink.write(write(1, 0, 100, 200)).await.unwrap();
     // The same epoch again (a re-delivery) writes nothing.
-    sink.write(write(1, 100, 200)).await.unwrap();
-    // A new writer (a restarted engine) knows the committed offsets too.
+    sink.write(write(1, 0, 100, 200)).await.unwrap();
+    // Another member's write of the same epoch is no replay of member 0's.
+    sink.write(write(1, 1, 300, 50)).await.unwrap();
+    // A new writer (a restarted engine) knows the committed epochs too.
     drop(sink);
     let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
-    sink.write(write(1, 100, 200)).await.unwrap();
-    sink.write(write(2, 200, 300)).await.unwrap();
+    sink.write(write(1, 0, 100, 200)).await.unwrap();
+    sink.write(write(1, 1, 300, 50)).await.unwrap();
+    sink.write(write(2, 0, 200, 300)).await.unwrap();
 
     let (b, o, c) = (brokers.clone(), offsets_topic.clone(), checkpoint.clone());
     let stored = tokio::task::spawn_blocking(move || {
@@ -544,9 +487,9 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
     .await
     .unwrap()
     .unwrap();
-    assert_eq!(stored, [(0, 300)].into_iter().collect());
+    assert_eq!(stored, [(0, 300), (1, 50)].into_iter().collect());
     let t = topic.clone();
-    let values = tokio::task::spawn_blocking(move || drain_committed(&brokers, &t, 300))
+    let values = tokio::task::spawn_blocking(move || drain_committed(&brokers, &t))
         .await
         .unwrap();
     let mut ns: Vec<i64> = values
@@ -558,7 +501,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
         })
         .collect();
     ns.sort();
-    assert_eq!(ns, (0..300).collect::<Vec<_>>(), "every row once");
+    assert_eq!(ns, (0..400).collect::<Vec<_>>(), "every row once");
 }
 
 #[tokio::test]
@@ -721,7 +664,7 @@ fn kafka_to_kafka_exactly_once_resumes_where_the_sink_committed() {
     // Two epochs of at most 400 records per instance: part of the input.
     let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "2"]);
     assert!(ok, "first run failed:\n{stderr}");
-    let after_first = drain_committed(&brokers, &output, 0).len();
+    let after_first = drain_committed(&brokers, &output).len();
     assert!(
         after_first > 0 && after_first < 1500,
         "the first run wrote part of the evens: {after_first}"
@@ -729,7 +672,7 @@ fn kafka_to_kafka_exactly_once_resumes_where_the_sink_committed() {
     // The second run resumes from the committed offsets and finishes.
     let (ok, _, stderr) = common::skein(&["run", &sql, "--epochs", "4"]);
     assert!(ok, "second run failed:\n{stderr}");
-    let values = drain_committed(&brokers, &output, 1500);
+    let values = drain_committed(&brokers, &output);
     let mut ns: Vec<i64> = values
         .iter()
         .map(|v| {

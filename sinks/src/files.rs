@@ -9,10 +9,13 @@
 //!   `a=<value>/b=<value>/` by those columns' values (kept in the rows too).
 //!
 //! Each write puts one object per partition, named by (query, epoch,
-//! member): `part-<query>-e<epoch>-m<member>.<ext>`. A replayed epoch writes
-//! the same names again and replaces what it wrote, so a retried or
-//! re-delivered write never duplicates rows: exactly once on an object store
-//! without transactions.
+//! member): `part-<query>-e<epoch>-m<member>.<ext>`, then a commit marker
+//! `_skein_commits/<query>/<run>-e<epoch>-m<member>` listing those objects.
+//! A replayed epoch writes the same names again and replaces what it wrote,
+//! so a retried or re-delivered write never duplicates rows; [`read`] takes
+//! only the objects a marker lists, so a write cut short by a crash counts
+//! for nothing until its replay completes. Exactly once on an object store
+//! without transactions, at any group size.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,7 +30,12 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
+use crate::epochs::Runs;
 use crate::results::open;
+
+/// The folder (under the location) of the commit markers; Hive-style
+/// readers skip names starting with `_`.
+const COMMITS: &str = "_skein_commits";
 
 /// The sink kind, as registered.
 pub const KIND: &str = "FILES";
@@ -86,6 +94,7 @@ impl SinkFactory for FilesSinkFactory {
             prefix,
             format,
             partition_by,
+            runs: Runs::new(),
         }))
     }
 }
@@ -109,6 +118,7 @@ struct FilesSink {
     prefix: String,
     format: FileFormat,
     partition_by: Vec<String>,
+    runs: Runs,
 }
 
 impl FilesSink {
@@ -200,6 +210,7 @@ impl Sink for FilesSink {
             return Ok(());
         }
         let all = concat_batches(&write.schema, batches)?;
+        let mut written = vec![];
         for (dir, part) in self.partitions(&all)? {
             let name = format!(
                 "part-{}-e{:08}-m{:04}.{}",
@@ -219,13 +230,74 @@ impl Sink for FilesSink {
                 .put(&Path::from(key.as_str()), bytes.into())
                 .await
                 .map_err(|e| bad(&self.location, format!("writing {key}: {e}")))?;
+            written.push(key);
         }
+        // Last, so that it names only objects already in place.
+        let marker = commit_marker(
+            &self.prefix,
+            write.query,
+            self.runs.of(&write),
+            write.epoch,
+            write.member,
+        );
+        self.store
+            .put(&marker, written.join("\n").into_bytes().into())
+            .await
+            .map_err(|e| bad(&self.location, format!("writing {marker}: {e}")))?;
         Ok(())
     }
 }
 
-/// The objects `query` wrote under `location`, in key order.
-async fn objects(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, Vec<Path>)> {
+fn under(prefix: &str, rest: String) -> Path {
+    if prefix.is_empty() {
+        Path::from(rest)
+    } else {
+        Path::from(format!("{prefix}/{rest}"))
+    }
+}
+
+/// Where the commit markers of `query` live.
+fn commits_dir(prefix: &str, query: &str) -> Path {
+    under(prefix, format!("{COMMITS}/{}", path_safe(query)))
+}
+
+/// The commit marker of one write.
+fn commit_marker(prefix: &str, query: &str, run: &str, epoch: u64, member: u32) -> Path {
+    under(
+        prefix,
+        format!(
+            "{COMMITS}/{}/{}-e{epoch:08}-m{member:04}",
+            path_safe(query),
+            path_safe(run)
+        ),
+    )
+}
+
+/// The commit markers of `query` under `location`.
+async fn markers(store: &dyn ObjectStore, prefix: &str, query: &str) -> Result<Vec<Path>> {
+    Ok(store
+        .list(Some(&commits_dir(prefix, query)))
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await?)
+}
+
+/// The objects committed writes of `query` put under `location`, in key
+/// order: those some commit marker lists.
+async fn committed(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, Vec<Path>)> {
+    let (store, prefix) = open(location)?;
+    let mut keys = std::collections::BTreeSet::new();
+    for marker in markers(store.as_ref(), &prefix, query).await? {
+        let listed = store.get(&marker).await?.bytes().await?;
+        let listed = String::from_utf8_lossy(&listed);
+        keys.extend(listed.lines().filter(|l| !l.is_empty()).map(Path::from));
+    }
+    Ok((store, keys.into_iter().collect()))
+}
+
+/// The data objects `query` wrote under `location`, committed or not, in
+/// key order; with the store and the key prefix.
+async fn objects(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, String, Vec<Path>)> {
     let (store, prefix) = open(location)?;
     let list_prefix = (!prefix.is_empty()).then(|| Path::from(prefix.as_str()));
     let marker = format!("part-{query}-");
@@ -236,17 +308,18 @@ async fn objects(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, V
         .await?;
     keys.retain(|k| k.filename().is_some_and(|f| f.starts_with(&marker)));
     keys.sort();
-    Ok((store, keys))
+    Ok((store, prefix, keys))
 }
 
-/// Every row `query` wrote under `location`, read back with `schema`.
+/// Every row of the committed writes of `query` under `location`, read back
+/// with `schema`.
 pub async fn read(
     location: &str,
     query: &str,
     format: FileFormat,
     schema: SchemaRef,
 ) -> Result<Vec<RecordBatch>> {
-    let (store, keys) = objects(location, query).await?;
+    let (store, keys) = committed(location, query).await?;
     let mut out = vec![];
     for key in keys {
         let bytes = store.get(&key).await?.bytes().await?;
@@ -294,10 +367,14 @@ pub fn format_of(config: &SinkConfig) -> Result<FileFormat> {
     )
 }
 
-/// Removes what `query` wrote under `location` (before a run writes it anew).
+/// Removes what `query` wrote under `location`, commit markers included
+/// (before a run writes it anew); returns how many data objects went.
 pub async fn clear(location: &str, query: &str) -> Result<usize> {
-    let (store, keys) = objects(location, query).await?;
-    for k in &keys {
+    let (store, prefix, keys) = objects(location, query).await?;
+    for k in keys
+        .iter()
+        .chain(&markers(store.as_ref(), &prefix, query).await?)
+    {
         store.delete(k).await?;
     }
     Ok(keys.len())
@@ -352,7 +429,7 @@ mod tests {
         for member in [0, 0, 1] {
             sink.write(SinkWrite {
                 query: "qx",
-                run: "",
+                run: "r1",
                 epoch: 3,
                 member,
                 schema: b.schema(),
@@ -363,6 +440,10 @@ mod tests {
             .await
             .unwrap();
         }
+        // Each write's marker lists its objects, and names its run.
+        let marker = dir.join(COMMITS).join("qx").join("r1-e00000003-m0001");
+        let listed = std::fs::read_to_string(&marker).unwrap();
+        assert_eq!(listed.lines().count(), 2, "{listed}");
         assert!(dir.join("dt=2026-01-01").is_dir());
         assert!(
             dir.join("dt=2026-01_02").is_dir(),
@@ -393,6 +474,59 @@ mod tests {
                 .await
                 .unwrap()
                 .is_empty()
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_write_cut_short_counts_only_once_its_replay_completes() {
+        let dir = std::env::temp_dir().join(format!("skein-files-cut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let location = format!("file://{}", dir.display());
+        let config = SinkConfig {
+            kind: KIND.into(),
+            location: location.clone(),
+            options: BTreeMap::new(),
+        };
+        let b = batch();
+        let write = |epoch| SinkWrite {
+            query: "qc",
+            run: "r",
+            epoch,
+            member: 2,
+            schema: b.schema(),
+            batches: vec![b.clone()],
+            offsets: vec![],
+            last: false,
+        };
+        let rows = || async {
+            read(&location, "qc", FileFormat::Json, b.schema())
+                .await
+                .unwrap()
+                .iter()
+                .map(|b| b.num_rows())
+                .sum::<usize>()
+        };
+        let sink = FilesSinkFactory.create(&config).unwrap();
+        sink.write(write(0)).await.unwrap();
+        assert_eq!(rows().await, 3);
+        // The crash: epoch 1's object is in place, its marker is not.
+        std::fs::copy(
+            dir.join("part-qc-e00000000-m0002.json"),
+            dir.join("part-qc-e00000001-m0002.json"),
+        )
+        .unwrap();
+        assert_eq!(rows().await, 3, "an uncommitted write is not counted");
+        // The replay after a restart replaces the object and commits it.
+        let restarted = FilesSinkFactory.create(&config).unwrap();
+        restarted.write(write(1)).await.unwrap();
+        assert_eq!(rows().await, 6);
+        assert_eq!(clear(&location, "qc").await.unwrap(), 2);
+        assert!(
+            !dir.join(COMMITS)
+                .join("qc")
+                .join("r-e00000000-m0002")
+                .exists()
         );
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -1,29 +1,37 @@
 //! The Kafka sink: `INSERT INTO` a `STORED AS KAFKA` table writes each row as
 //! one message of the table's topic (LOCATION).
 //!
-//! The producer is idempotent (`enable.idempotence`), so a retried produce
-//! request never duplicates or reorders a partition's messages. A write
-//! returns only when the broker acknowledged every message of it; the first
-//! delivery error fails the write, naming the topic and the reason, so the
-//! engine's retry (or the caller) sees it instead of losing rows quietly.
-//!
 //! Options: `bootstrap.servers` (required), the encoder's `format`, `key` and
-//! `value` (see [`crate::encode`]), and any other librdkafka producer
-//! property (any option with a dot that is not one of the Kafka source's own).
+//! `value` (see [`crate::encode`]), `delivery`, `checkpoint`,
+//! `offsets.topic`, and any other librdkafka producer property (any option
+//! with a dot that is not one of the Kafka source's own).
 //!
-//! **Exactly once** (option `checkpoint`): each write is one Kafka
-//! transaction holding its rows and the source offsets they cover, the
-//! offsets as records of a compacted topic (option `offsets.topic`, default
-//! [`DEFAULT_OFFSETS_TOPIC`]) keyed `<checkpoint>/<source topic>/<partition>`
-//! with the next offset to read as the value. Consumers reading with
-//! `isolation.level=read_committed` see a write whole or not at all. The
-//! transactional id is `skein-<checkpoint>-<member>`, so a restarted writer
-//! fences its predecessor. A Kafka source with `'startup' 'checkpoint'`
-//! resumes from the offsets ([`stored_offsets`]), and a write whose offsets
-//! are all at or behind those stored is a replay and writes nothing. Each
-//! source partition's offsets must come from one writer: a query whose
-//! source stage writes (filters, projections), or whose last stage is one
-//! function (`--group-size 1`) emitting per epoch.
+//! **Exactly once** (the default, `'delivery' 'exactly-once'`): each write is
+//! one Kafka transaction holding its rows and an epoch marker, a record of a
+//! compacted topic (option `offsets.topic`, default
+//! [`DEFAULT_OFFSETS_TOPIC`]) keyed `<name>/<run>/<member>` whose value is
+//! the epoch; `<name>` is the `checkpoint` option or, without it, the query.
+//! A write at or below its member's marker is a replay and writes nothing
+//! (see [`crate::epochs`]), so this holds at any group size. The
+//! transactional id is `skein-<name>-<member>`: a restarted writer fences its
+//! predecessor, then reads the markers. Consumers reading
+//! with `isolation.level=read_committed` see each write whole or not at all.
+//! With `checkpoint`, a transaction also records the source offsets it
+//! covers under `<checkpoint>/<source topic>/<partition>`, for a Kafka source
+//! with `'startup' 'checkpoint'` ([`stored_offsets`]); they decide nothing
+//! here.
+//!
+//! **At least once** (`'delivery' 'at-least-once'`): the idempotent producer
+//! (`enable.idempotence`), so a retried produce request never duplicates or
+//! reorders a partition's messages, but a replayed epoch is written again.
+//!
+//! Either way a write returns only when the broker acknowledged every message
+//! of it; the first delivery error fails the write, naming the topic and the
+//! reason, so the engine's retry (or the caller) sees it instead of losing
+//! rows quietly.
+
+mod exactly_once;
+mod offsets_topic;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,19 +41,16 @@ use async_trait::async_trait;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
-use skein_engine::payload::SourceOffset;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use skein_engine::planner::EMIT_OPTION;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use skein_engine::{EngineError, Result};
-use tokio::sync::Mutex;
 
 use crate::encode::{ENCODER_OPTIONS, RowEncoder};
+use exactly_once::ExactlyOnce;
+pub use offsets_topic::stored_offsets;
 
 /// The sink kind, as registered (the table kind of the Kafka source too).
 pub const KIND: &str = "KAFKA";
@@ -53,12 +58,11 @@ pub const KIND: &str = "KAFKA";
 /// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]);
 /// other options with a dot that are not the Kafka source's are producer
 /// properties.
-pub const OPTIONS: &[&str] = &["checkpoint", "offsets.topic"];
+pub const OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
 
-/// Where exactly-once writers keep their source offsets unless a table says.
+/// Where exactly-once writers keep their epoch markers (and source offsets)
+/// unless a table says.
 pub const DEFAULT_OFFSETS_TOPIC: &str = "skein-offsets";
-/// How long a transaction call waits for the broker.
-const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the producer is set to unless the table says otherwise: idempotent,
 /// acknowledged by all in-sync replicas, and batched for throughput.
@@ -119,42 +123,11 @@ pub struct KafkaSink {
 
 /// How writes reach the topic; each holds only the producer it uses.
 enum Delivery {
-    /// The idempotent producer: every message acknowledged, a restart may
-    /// write an epoch again.
-    Idempotent(FutureProducer),
-    /// One transaction per write, with the offsets it covers.
+    /// The idempotent producer: every message acknowledged, a replayed
+    /// epoch written again.
+    AtLeastOnce(FutureProducer),
+    /// One transaction per write, with its epoch marker.
     ExactlyOnce(ExactlyOnce),
-}
-
-/// A transactional writer's checkpoint and what it has committed.
-struct ExactlyOnce {
-    checkpoint: String,
-    offsets_topic: String,
-    /// Opened on the first write: the member is known only then.
-    writer: Mutex<Option<TransactionalWriter>>,
-}
-
-struct TransactionalWriter {
-    member: u32,
-    producer: FutureProducer,
-    /// `<source>/<partition>` -> next offset, as committed.
-    committed: BTreeMap<String, i64>,
-}
-
-fn offset_key(checkpoint: &str, source: &str, partition: i32) -> String {
-    format!("{checkpoint}/{source}/{partition}")
-}
-
-/// The latest offset per (source, partition) among `offsets`.
-fn latest_offsets(offsets: &[SourceOffset]) -> BTreeMap<(String, i32), i64> {
-    let mut out: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for o in offsets {
-        let e = out
-            .entry((o.source.clone(), o.partition))
-            .or_insert(o.offset);
-        *e = (*e).max(o.offset);
-    }
-    out
 }
 
 impl KafkaSink {
@@ -166,21 +139,35 @@ impl KafkaSink {
             return Err(sink_error(topic, "option 'bootstrap.servers' is required"));
         }
         let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(topic, e))?;
-        let delivery = match options.get("checkpoint").filter(|c| !c.is_empty()) {
-            // The transactional producer is opened on the first write.
-            Some(checkpoint) => Delivery::ExactlyOnce(ExactlyOnce {
-                checkpoint: checkpoint.clone(),
-                offsets_topic: options
+        let checkpoint = options.get("checkpoint").filter(|c| !c.is_empty());
+        let delivery = match options.get("delivery").map(String::as_str) {
+            // The transactional producers are opened on each member's first write.
+            None | Some("exactly-once") => Delivery::ExactlyOnce(ExactlyOnce::new(
+                checkpoint.cloned(),
+                options
                     .get("offsets.topic")
                     .cloned()
                     .unwrap_or_else(|| DEFAULT_OFFSETS_TOPIC.into()),
-                writer: Mutex::new(None),
-            }),
-            None => Delivery::Idempotent(
+            )),
+            Some("at-least-once") if checkpoint.is_some() => {
+                return Err(sink_error(
+                    topic,
+                    "option 'checkpoint' records offsets in transactions: it needs 'delivery' 'exactly-once'",
+                ));
+            }
+            Some("at-least-once") => Delivery::AtLeastOnce(
                 producer_config(options)
                     .create()
                     .map_err(|e| sink_error(topic, format!("creating the producer: {e}")))?,
             ),
+            Some(other) => {
+                return Err(sink_error(
+                    topic,
+                    format!(
+                        "option 'delivery' = {other:?}: give 'exactly-once' (the default) or 'at-least-once'"
+                    ),
+                ));
+            }
         };
         Ok(KafkaSink {
             topic: topic.to_string(),
@@ -188,118 +175,6 @@ impl KafkaSink {
             options: options.clone(),
             delivery,
         })
-    }
-
-    /// The transactional producer of `member`, initialised (fencing any
-    /// earlier writer with the same id) with the offsets committed so far.
-    async fn open_writer(&self, eo: &ExactlyOnce, member: u32) -> Result<TransactionalWriter> {
-        let brokers = self.options["bootstrap.servers"].clone();
-        ensure_topic(
-            &brokers,
-            &eo.offsets_topic,
-            1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .map_err(|e| sink_error(&self.topic, e))?;
-        let mut config = producer_config(&self.options);
-        // librdkafka wants message.timeout.ms <= transaction.timeout.ms.
-        if !self.options.contains_key("transaction.timeout.ms") {
-            let message_timeout = config
-                .get("message.timeout.ms")
-                .unwrap_or("120000")
-                .to_string();
-            config.set("transaction.timeout.ms", message_timeout);
-        }
-        config.set(
-            "transactional.id",
-            format!("skein-{}-{member}", eo.checkpoint),
-        );
-        let producer: FutureProducer = config
-            .create()
-            .map_err(|e| sink_error(&self.topic, format!("creating the producer: {e}")))?;
-        let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(TRANSACTION_TIMEOUT))
-            .await
-            .map_err(|e| sink_error(&self.topic, e))?
-            .map_err(|e| sink_error(&self.topic, format!("init_transactions: {e}")))?;
-        let (topic, checkpoint) = (eo.offsets_topic.clone(), eo.checkpoint.clone());
-        let all = tokio::task::spawn_blocking(move || read_offsets(&brokers, &topic, &checkpoint))
-            .await
-            .map_err(|e| sink_error(&self.topic, e))?
-            .map_err(|e| sink_error(&self.topic, e))?;
-        Ok(TransactionalWriter {
-            member,
-            producer,
-            committed: all,
-        })
-    }
-
-    /// One transaction: the rows and the offsets they cover, or nothing.
-    async fn write_exactly_once(&self, eo: &ExactlyOnce, write: &SinkWrite<'_>) -> Result<()> {
-        let mut slot = eo.writer.lock().await;
-        if slot.as_ref().is_none_or(|w| w.member != write.member) {
-            *slot = Some(self.open_writer(eo, write.member).await?);
-        }
-        let writer = slot.as_mut().expect("opened above");
-        let offsets = latest_offsets(&write.offsets);
-        let advances = offsets.iter().any(|((source, partition), offset)| {
-            writer
-                .committed
-                .get(&format!("{source}/{partition}"))
-                .is_none_or(|old| offset > old)
-        });
-        if !offsets.is_empty() && !advances {
-            tracing::debug!(epoch = write.epoch, topic = %self.topic, "replayed epoch: nothing to write");
-            return Ok(());
-        }
-        let producer = writer.producer.clone();
-        producer
-            .begin_transaction()
-            .map_err(|e| sink_error(&self.topic, format!("begin_transaction: {e}")))?;
-        let outcome = async {
-            send_rows(&producer, &self.topic, &self.encoder, &write.batches).await?;
-            let mut pending = vec![];
-            for ((source, partition), offset) in &offsets {
-                let key = offset_key(&eo.checkpoint, source, *partition);
-                let value = offset.to_string();
-                let record = FutureRecord::to(&eo.offsets_topic)
-                    .key(key.as_bytes())
-                    .payload(value.as_bytes());
-                match producer.send_result(record) {
-                    Ok(d) => pending.push(d),
-                    Err((e, _)) => return Err(sink_error(&eo.offsets_topic, e)),
-                }
-            }
-            await_deliveries(&eo.offsets_topic, pending).await?;
-            let p = producer.clone();
-            tokio::task::spawn_blocking(move || p.commit_transaction(TRANSACTION_TIMEOUT))
-                .await
-                .map_err(|e| sink_error(&self.topic, e))?
-                .map_err(|e| sink_error(&self.topic, format!("commit_transaction: {e}")))
-        }
-        .await;
-        match outcome {
-            Ok(()) => {
-                for ((source, partition), offset) in offsets {
-                    writer
-                        .committed
-                        .insert(format!("{source}/{partition}"), offset);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                let p = producer.clone();
-                let aborted =
-                    tokio::task::spawn_blocking(move || p.abort_transaction(TRANSACTION_TIMEOUT))
-                        .await;
-                if !matches!(aborted, Ok(Ok(()))) {
-                    // The producer is in an unknown state: open a new one next time.
-                    *slot = None;
-                }
-                Err(e)
-            }
-        }
     }
 }
 
@@ -376,10 +251,11 @@ impl KafkaSink {
         &self,
         batches: &[datafusion::arrow::record_batch::RecordBatch],
     ) -> Result<Acks> {
-        let Delivery::Idempotent(producer) = &self.delivery else {
+        let Delivery::AtLeastOnce(producer) = &self.delivery else {
             return Err(sink_error(
                 &self.topic,
-                "a 'checkpoint' table writes transactions, not enqueued rows",
+                "an exactly-once table writes transactions, not enqueued rows: \
+                 give 'delivery' 'at-least-once'",
             ));
         };
         Ok(Acks {
@@ -425,7 +301,10 @@ pub async fn ensure_topic(
     let results = admin
         .create_topics(
             &[new],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            // Without a client-side limit an unreachable broker costs a minute.
+            &AdminOptions::new()
+                .operation_timeout(Some(Duration::from_secs(10)))
+                .request_timeout(Some(Duration::from_secs(15))),
         )
         .await
         .map_err(|e| {
@@ -440,92 +319,12 @@ pub async fn ensure_topic(
     Ok(())
 }
 
-/// Every offset committed under `checkpoint` in `offsets_topic`, as
-/// `<source>/<partition>` -> next offset (read_committed; latest wins).
-fn read_offsets(
-    brokers: &str,
-    offsets_topic: &str,
-    checkpoint: &str,
-) -> std::result::Result<BTreeMap<String, i64>, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("skein-offsets-reader-{checkpoint}"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .map_err(|e| format!("offsets reader: {e}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
-        .map_err(|e| format!("metadata of {offsets_topic}: {e}"))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .first()
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    let mut out = BTreeMap::new();
-    if partitions.is_empty() {
-        return Ok(out);
-    }
-    let mut tpl = TopicPartitionList::new();
-    for p in &partitions {
-        tpl.add_partition_offset(offsets_topic, *p, Offset::Beginning)
-            .map_err(|e| e.to_string())?;
-    }
-    consumer.assign(&tpl).map_err(|e| e.to_string())?;
-    let prefix = format!("{checkpoint}/");
-    let mut at_end = std::collections::BTreeSet::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while at_end.len() < partitions.len() {
-        if std::time::Instant::now() > deadline {
-            return Err(format!("reading {offsets_topic}: no end after 60 s"));
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                let (Some(key), Some(value)) = (m.key(), m.payload()) else {
-                    continue;
-                };
-                let key = String::from_utf8_lossy(key);
-                if let Some(rest) = key.strip_prefix(&prefix)
-                    && let Ok(offset) = String::from_utf8_lossy(value).parse::<i64>()
-                {
-                    out.insert(rest.to_string(), offset);
-                }
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            Some(Err(e)) => return Err(format!("reading {offsets_topic}: {e}")),
-            None => {}
-        }
-    }
-    Ok(out)
-}
-
-/// The offsets an exactly-once Kafka sink committed under `checkpoint` for
-/// source `topic`: partition -> next offset to read.
-pub fn stored_offsets(
-    brokers: &str,
-    offsets_topic: &str,
-    checkpoint: &str,
-    topic: &str,
-) -> std::result::Result<BTreeMap<i32, i64>, String> {
-    let all = read_offsets(brokers, offsets_topic, checkpoint)?;
-    Ok(all
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let (t, p) = k.rsplit_once('/')?;
-            (t == topic).then(|| Some((p.parse().ok()?, v)))?
-        })
-        .collect())
-}
-
 #[async_trait]
 impl Sink for KafkaSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
         match &self.delivery {
-            Delivery::ExactlyOnce(eo) => self.write_exactly_once(eo, &write).await,
-            Delivery::Idempotent(producer) => {
+            Delivery::ExactlyOnce(eo) => eo.write(self, &write).await,
+            Delivery::AtLeastOnce(producer) => {
                 send_rows(producer, &self.topic, &self.encoder, &write.batches).await
             }
         }

@@ -1,10 +1,13 @@
-//! Sinks of Skein: Redis (generic layouts and YSB's, exactly once with the
-//! source offsets in the same MULTI/EXEC), Kafka and Kinesis (a message per
-//! row), files on a local disk or S3, and a blackhole that only counts.
+//! Sinks of Skein: Redis (generic layouts and YSB's), Kafka and Kinesis (a
+//! message per row), files on a local disk or S3, and a blackhole that only
+//! counts. Redis, Kafka and files are exactly once at any group size: each
+//! write is keyed by (run, epoch, member) and a replay changes nothing (see
+//! [`epochs`]).
 
 // Drops rows and counts them: a benchmark's sink.
 pub mod blackhole;
 pub mod encode;
+pub mod epochs;
 pub mod error;
 pub mod files;
 pub mod kafka;

@@ -16,16 +16,23 @@
 //! `dead.letter.bootstrap.servers` is where the YSB layout sends the counts of
 //! ads without a campaign.
 //!
-//! **Exactly once.** Every write is one MULTI/EXEC holding the results and
-//! the source offsets they cover, stored in the hash `skein:offsets:<checkpoint>`
-//! (field `<topic>:<partition>`, value the next offset to read; option
-//! `checkpoint`, default `default`). A restarted query resumes its source from
-//! [`stored_offsets`]. A write whose offsets are all at or behind the stored
-//! ones is a replay and changes nothing, so a re-delivered epoch does not
-//! double a count. This needs one writer per checkpoint: the query's last
-//! stage must be a single function (`--group-size 1`), and it must emit per
-//! epoch (`'emit' 'updates'`), so that the offsets of a write cover exactly
-//! the rows it carries.
+//! **Exactly once, at any group size.** Every write is one MULTI/EXEC holding
+//! its commands and the member's epoch marker, `HSET skein:epochs:<name>
+//! <run>/<member> <epoch>`, where `<name>` is the `checkpoint` option or, without
+//! it, the query. A write at or below its member's marker is a replay and
+//! changes nothing (see [`crate::epochs`]); a member reads its marker once,
+//! at its first write, since it is the only writer of its field.
+//!
+//! With `'emit' 'updates'` each epoch carries only its part of a window (a
+//! delta): `list` appends it and `ysb` adds it (HINCRBY), but `string` and
+//! `hash` would overwrite one delta with the next, so that combination is
+//! refused when the sink is declared.
+//!
+//! The same MULTI/EXEC also stores the source offsets a write covers in the
+//! hash `skein:offsets:<checkpoint>` (field `<topic>:<partition>`, value the
+//! next offset to read; `checkpoint` defaults to `default` there), from which
+//! a query with `'startup' 'checkpoint'` resumes ([`stored_offsets`]). They
+//! decide no replay.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -42,9 +49,11 @@ use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use redis::aio::MultiplexedConnection;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
+use skein_engine::planner::{EMIT_OPTION, EMIT_UPDATES};
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use tracing::{debug, warn};
 
+use crate::epochs::{Runs, is_replay, marker_field, marker_name};
 use crate::error::{Result, SinkError};
 
 pub const KIND: &str = "REDIS";
@@ -70,6 +79,11 @@ fn connection_config() -> redis::AsyncConnectionConfig {
     redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
         .set_response_timeout(Some(std::time::Duration::from_secs(30)))
+}
+
+/// The hash holding the epoch markers kept under `name`.
+pub fn epochs_key(name: &str) -> String {
+    format!("skein:epochs:{name}")
 }
 
 /// The hash holding a checkpoint's offsets.
@@ -114,6 +128,10 @@ pub enum Layout {
 /// * `LPUSH <window list UUID> <window start ms>` when the window is new;
 /// * hash `<window UUID>`: `HINCRBY seen_count n`, `time_updated` = now (ms).
 ///
+/// Counts add up, so whole windows and per-epoch deltas (`'emit' 'updates'`)
+/// both give the window's total; the epoch marker keeps a replayed epoch
+/// from adding its counts twice.
+///
 /// Rows carry a campaign (or an ad, mapped to its campaign through the
 /// `SET <ad_id> <campaign_id>` keys of YSB's setup, each ad looked up once
 /// and cached as YSB's RedisAdCampaignCache does), a window start and a
@@ -151,7 +169,8 @@ pub struct RedisSinkConfig {
     pub key_template: String,
     /// Positive: EXPIRE with zero or less deletes the key it was meant to keep.
     pub ttl_seconds: Option<i64>,
-    pub checkpoint: String,
+    /// Names the epoch markers and the stored offsets (option `checkpoint`).
+    pub checkpoint: Option<String>,
     /// YSB with `ad.column`: where rows of ads without a campaign go
     /// (options `dead.letter.topic`, `dead.letter.bootstrap.servers`);
     /// without it they are counted and logged.
@@ -199,6 +218,15 @@ impl RedisSinkConfig {
                 )));
             }
         };
+        if config.options.get(EMIT_OPTION).map(String::as_str) == Some(EMIT_UPDATES)
+            && let Layout::String { .. } | Layout::Hash = layout
+        {
+            let name = opt("layout").unwrap_or_else(|| "string".into());
+            return Err(SinkError::Config(format!(
+                "layout {name:?} with 'emit' 'updates' would overwrite each epoch's partial result \
+                 with the next: use layout 'list' or 'ysb', or drop 'emit' 'updates' to write whole windows"
+            )));
+        }
         let key_template = match &layout {
             Layout::Ysb(_) => String::new(),
             _ => need("key")?,
@@ -227,7 +255,7 @@ impl RedisSinkConfig {
             layout,
             key_template,
             ttl_seconds,
-            checkpoint: opt("checkpoint").unwrap_or_else(|| "default".into()),
+            checkpoint: opt("checkpoint").filter(|c| !c.is_empty()),
             dead_letters: match (
                 opt("dead.letter.topic"),
                 opt("dead.letter.bootstrap.servers"),
@@ -270,6 +298,11 @@ pub struct RedisSink {
     campaigns: tokio::sync::Mutex<HashMap<String, String>>,
     /// Opened at the first letter.
     letter_producer: std::sync::OnceLock<rdkafka::producer::FutureProducer>,
+    runs: Runs,
+    /// (run, member) -> the member's marker as last read or written; absent
+    /// while unknown (before the first write, or after a write that failed
+    /// and may or may not have been applied).
+    markers: tokio::sync::Mutex<HashMap<(String, u32), Option<u64>>>,
 }
 
 impl RedisSink {
@@ -280,6 +313,8 @@ impl RedisSink {
             connection: tokio::sync::Mutex::new(None),
             campaigns: tokio::sync::Mutex::new(HashMap::new()),
             letter_producer: std::sync::OnceLock::new(),
+            runs: Runs::new(),
+            markers: tokio::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -298,7 +333,8 @@ impl RedisSink {
 
     /// One write, retried while Redis is away (up to `retry_timeout`). A
     /// retry is safe: a write Redis applied before the connection broke has
-    /// moved the stored offsets, so its retry is a replay and is skipped.
+    /// moved its member's epoch marker, which the retry reads again, so it
+    /// is a replay and is skipped.
     async fn write_retrying(&self, write: &SinkWrite<'_>) -> Result<()> {
         let mut since: Option<Instant> = None;
         let mut attempt = 0u32;
@@ -332,60 +368,79 @@ impl RedisSink {
 
     async fn write_inner(&self, write: &SinkWrite<'_>) -> Result<()> {
         let mut con = self.connection().await?;
-        let okey = offsets_key(&self.config.checkpoint);
-        let offsets = latest_offsets(&write.offsets);
-        let mut from = BTreeMap::new();
-        if !offsets.is_empty() {
-            let fields: Vec<&String> = offsets.keys().collect();
-            let stored: Vec<Option<i64>> = redis::cmd("HMGET")
-                .arg(&okey)
-                .arg(&fields)
-                .query_async(&mut con)
-                .await?;
-            let advances = offsets
-                .values()
-                .zip(&stored)
-                .any(|(new, old)| old.is_none_or(|old| *new > old));
-            if !advances {
-                debug!(
-                    epoch = write.epoch,
-                    "redis sink: replayed epoch, nothing to write"
-                );
-                return Ok(());
+        let ekey = epochs_key(marker_name(self.config.checkpoint.as_deref(), write));
+        let run = self.runs.of(write);
+        let field = marker_field(run, write.member);
+        let slot = (run.to_string(), write.member);
+        // Held for the whole write: a member's writes come one at a time.
+        let mut markers = self.markers.lock().await;
+        let committed = match markers.get(&slot) {
+            Some(known) => *known,
+            None => {
+                redis::cmd("HGET")
+                    .arg(&ekey)
+                    .arg(&field)
+                    .query_async(&mut con)
+                    .await?
             }
-            from = fields
-                .into_iter()
-                .zip(stored)
-                .map(|(f, o)| (f.clone(), o))
-                .collect();
+        };
+        markers.insert(slot.clone(), committed);
+        if is_replay(committed, write.epoch) {
+            debug!(
+                epoch = write.epoch,
+                member = write.member,
+                "redis sink: replayed epoch, nothing to write"
+            );
+            return Ok(());
+        }
+        let okey = offsets_key(self.config.checkpoint.as_deref().unwrap_or("default"));
+        let offsets = latest_offsets(&write.offsets);
+        if offsets.is_empty() && write.batches.iter().all(|b| b.num_rows() == 0) {
+            // Nothing to make atomic: a replay of it writes nothing either.
+            return Ok(());
         }
         let mut pipe = redis::pipe();
         pipe.atomic();
         let mut unknown_views = 0;
         match &self.config.layout {
             Layout::Ysb(ysb) => {
+                // Where the write starts: only the dead letters' keys use it.
+                let fields: Vec<&String> = offsets.keys().collect();
+                let mut from = BTreeMap::new();
+                if !fields.is_empty() {
+                    let stored: Vec<Option<i64>> = redis::cmd("HMGET")
+                        .arg(&okey)
+                        .arg(&fields)
+                        .query_async(&mut con)
+                        .await?;
+                    from = fields.into_iter().cloned().zip(stored).collect();
+                }
                 unknown_views = self
                     .ysb_commands(ysb, write, &from, &offsets, &mut con, &mut pipe)
                     .await?
             }
             layout => self.generic_commands(layout, write, &mut pipe)?,
         }
-        if !offsets.is_empty() {
-            // HSET only moves forward: a partition never goes back.
-            for (field, offset) in &offsets {
-                pipe.cmd("EVAL")
-                    .arg(MAX_FIELD_SCRIPT)
-                    .arg(1)
-                    .arg(&okey)
-                    .arg(field)
-                    .arg(offset)
-                    .ignore();
-            }
+        // HSET only moves forward: a partition never goes back.
+        for (field, offset) in &offsets {
+            pipe.cmd("EVAL")
+                .arg(MAX_FIELD_SCRIPT)
+                .arg(1)
+                .arg(&okey)
+                .arg(field)
+                .arg(offset)
+                .ignore();
         }
+        pipe.hset(&ekey, &field, write.epoch).ignore();
+        // Unknown until EXEC answers: if it does not, the next attempt reads
+        // the marker again rather than trust this one.
+        markers.remove(&slot);
         let _: () = pipe.query_async(&mut con).await?;
+        markers.insert(slot, Some(write.epoch));
         UNKNOWN_AD_VIEWS.fetch_add(unknown_views, Ordering::Relaxed);
         Ok(())
     }
+
     fn generic_commands(
         &self,
         layout: &Layout,
@@ -456,48 +511,30 @@ impl RedisSink {
         if counts.is_empty() {
             return Ok(unknown_views);
         }
-        // Which windows and window lists exist already (one round trip).
-        let mut probe = redis::pipe();
-        for (campaign, window) in counts.keys() {
-            probe
-                .hget(campaign, window.to_string())
-                .hget(campaign, "windows");
-        }
-        let existing: Vec<Option<String>> = probe.query_async(con).await?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or_default();
-        let mut new_lists: HashMap<&str, String> = HashMap::new();
-        for (((campaign, window), n), known) in counts.iter().zip(existing.chunks(2)) {
+        // One script for every window: whether a window is new is decided
+        // inside EXEC, so members adding to one campaign's window at once
+        // list it once, and each adds its own count.
+        let script = pipe
+            .cmd("EVAL")
+            .arg(YSB_WINDOWS_SCRIPT)
+            .arg(0)
+            .arg(now)
+            .arg(self.config.ttl_seconds.unwrap_or(0));
+        for ((campaign, window), n) in &counts {
             let window_ts = window.to_string();
             // UUIDs derived from the names, so a retried write reuses them.
-            let window_uuid = match &known[0] {
-                Some(u) => u.clone(),
-                None => {
-                    let u = name_uuid(&[campaign.as_bytes(), window_ts.as_bytes()]);
-                    let list = match (&known[1], new_lists.get(campaign.as_str())) {
-                        (Some(l), _) => l.clone(),
-                        (None, Some(l)) => l.clone(),
-                        (None, None) => {
-                            let l = name_uuid(&[campaign.as_bytes(), b"windows"]);
-                            pipe.hset(campaign, "windows", &l).ignore();
-                            new_lists.insert(campaign, l.clone());
-                            l
-                        }
-                    };
-                    pipe.hset(campaign, &window_ts, &u).ignore();
-                    pipe.lpush(&list, &window_ts).ignore();
-                    u
-                }
-            };
-            pipe.hincr(&window_uuid, "seen_count", *n).ignore();
-            pipe.hset(&window_uuid, "time_updated", now.to_string())
-                .ignore();
-            if let Some(ttl) = self.config.ttl_seconds {
-                pipe.expire(&window_uuid, ttl).ignore();
-            }
+            script
+                .arg(campaign)
+                .arg(&window_ts)
+                .arg(name_uuid(&[campaign.as_bytes(), window_ts.as_bytes()]))
+                .arg(name_uuid(&[campaign.as_bytes(), b"windows"]))
+                .arg(*n);
         }
+        script.ignore();
         Ok(unknown_views)
     }
 
@@ -669,6 +706,32 @@ fn retry_backoff(attempt: u32) -> Duration {
 const MAX_FIELD_SCRIPT: &str = "local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) \
      if old == nil or tonumber(ARGV[2]) > old then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end \
      return 0";
+
+/// Adds counts to YSB windows. ARGV: now (ms), TTL seconds (0: none), then
+/// per window: campaign, window start, UUID and window-list UUID to use if
+/// new, count. A window new to its campaign gets its UUID in the campaign's
+/// hash and its start pushed on the campaign's window list.
+const YSB_WINDOWS_SCRIPT: &str = r#"
+local now, ttl = ARGV[1], tonumber(ARGV[2])
+for i = 3, #ARGV, 5 do
+  local campaign, window = ARGV[i], ARGV[i + 1]
+  local uuid = redis.call('HGET', campaign, window)
+  if not uuid then
+    uuid = ARGV[i + 2]
+    redis.call('HSET', campaign, window, uuid)
+    local list = redis.call('HGET', campaign, 'windows')
+    if not list then
+      list = ARGV[i + 3]
+      redis.call('HSET', campaign, 'windows', list)
+    end
+    redis.call('LPUSH', list, window)
+  end
+  redis.call('HINCRBY', uuid, 'seen_count', ARGV[i + 4])
+  redis.call('HSET', uuid, 'time_updated', now)
+  if ttl > 0 then redis.call('EXPIRE', uuid, ttl) end
+end
+return 0
+"#;
 
 /// Looks up the campaigns of `ads` as YSB's RedisAdCampaignCache does, from
 /// the `SET <ad_id> <campaign_id>` keys of YSB's setup (one MGET for all of

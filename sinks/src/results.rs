@@ -1,6 +1,8 @@
 //! The `RESULTS` sink: a query's result rows as Arrow IPC streams in an
 //! object store, one object per (query, epoch, member). The key is
-//! deterministic, so a replayed write replaces what it wrote before.
+//! deterministic, so a replayed write replaces what it wrote before; a write
+//! is that one object, put whole or not at all, so unlike the files sink it
+//! needs no commit marker.
 //!
 //! This is how a query without `INSERT INTO` returns rows when its functions
 //! run elsewhere (on Lambda): the last stage writes here and `skein run`

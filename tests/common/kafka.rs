@@ -1,5 +1,6 @@
 //! Kafka helpers of the tests: fresh topics, writing records into chosen
-//! partitions, and reading a topic's end offsets and first records.
+//! partitions, and reading a topic's end offsets, first records and
+//! committed records.
 
 use std::time::{Duration, Instant};
 
@@ -157,4 +158,51 @@ pub fn first_records(brokers: &str, topic: &str) -> Vec<Vec<u8>> {
         }
     }
     firsts.into_values().collect()
+}
+
+/// A committed record: (partition, key, value).
+pub type Record = (i32, Option<Vec<u8>>, Vec<u8>);
+
+/// Every committed record of `topic` (read_committed), each partition's in
+/// offset order. It reads to each partition's end rather than to a count
+/// from the watermarks: transaction markers take offsets too.
+pub fn committed_records(brokers: &str, topic: &str) -> Vec<Record> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", super::unique_name("skein-tests"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let ids = partitions(&consumer, topic);
+    let mut assignment = TopicPartitionList::new();
+    for p in &ids {
+        assignment
+            .add_partition_offset(topic, *p, Offset::Beginning)
+            .expect("assignment");
+    }
+    consumer.assign(&assignment).expect("assign partitions");
+    let (mut out, mut ended) = (vec![], std::collections::BTreeSet::new());
+    let started = Instant::now();
+    while ended.len() < ids.len() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{topic}: read {} records, not at the end after 60 s",
+            out.len()
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out.push((
+                m.partition(),
+                m.key().map(<[u8]>::to_vec),
+                m.payload().unwrap_or_default().to_vec(),
+            )),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    out
 }

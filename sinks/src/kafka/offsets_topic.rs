@@ -1,0 +1,135 @@
+//! Reading the compacted topic where exactly-once Kafka writers keep their
+//! epoch markers (`<name>/<run>/<member>` -> epoch) and, with a
+//! `checkpoint`, source offsets (`<checkpoint>/<source>/<partition>` -> next
+//! offset to read).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::epochs::parse_marker_field;
+
+/// Every committed record of `offsets_topic` whose key starts with
+/// `prefix`, as key without the prefix -> value (latest wins).
+///
+/// It reads up to the high watermark seen when it starts, not merely to the
+/// last stable offset: a transaction of another writer still open there
+/// would otherwise hide this writer's later commits. Records past an open
+/// transaction arrive once it ends, so this waits up to `wait` for that.
+pub(super) fn read_latest(
+    brokers: &str,
+    offsets_topic: &str,
+    prefix: &str,
+    wait: Duration,
+) -> Result<BTreeMap<String, String>, String> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "skein-offsets-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|e| format!("offsets reader: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
+        .map_err(|e| format!("metadata of {offsets_topic}: {e}"))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    let mut ends = BTreeMap::new();
+    for p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(offsets_topic, p, Duration::from_secs(30))
+            .map_err(|e| format!("watermarks of {offsets_topic}/{p}: {e}"))?;
+        if high > low {
+            ends.insert(p, high);
+        }
+    }
+    let mut out = BTreeMap::new();
+    if ends.is_empty() {
+        return Ok(out);
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in ends.keys() {
+        tpl.add_partition_offset(offsets_topic, *p, Offset::Beginning)
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + wait;
+    let mut done = BTreeSet::new();
+    while done.len() < ends.len() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "reading {offsets_topic}: not at its end after {wait:?} \
+                 (a transaction left open holds it back until it times out)"
+            ));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                if let (Some(key), Some(value)) = (m.key(), m.payload())
+                    && let Some(rest) = String::from_utf8_lossy(key).strip_prefix(prefix)
+                {
+                    out.insert(
+                        rest.to_string(),
+                        String::from_utf8_lossy(value).into_owned(),
+                    );
+                }
+            }
+            Some(Err(e)) => return Err(format!("reading {offsets_topic}: {e}")),
+            None => {}
+        }
+        // Transaction markers and aborted records move the position without
+        // a message, so the position, not the last message, says where we are.
+        let position = consumer.position().map_err(|e| e.to_string())?;
+        for e in position.elements() {
+            if let (Offset::Offset(at), Some(end)) = (e.offset(), ends.get(&e.partition()))
+                && at >= *end
+            {
+                done.insert(e.partition());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// run -> last committed epoch of `member`, from the records under a name.
+pub(super) fn member_markers(
+    records: &BTreeMap<String, String>,
+    member: u32,
+) -> BTreeMap<String, u64> {
+    records
+        .iter()
+        .filter_map(|(field, epoch)| {
+            let (run, m) = parse_marker_field(field)?;
+            (m == member).then(|| Some((run.to_string(), epoch.parse().ok()?)))?
+        })
+        .collect()
+}
+
+/// The offsets an exactly-once Kafka sink committed under `checkpoint` for
+/// source `topic`: partition -> next offset to read.
+pub fn stored_offsets(
+    brokers: &str,
+    offsets_topic: &str,
+    checkpoint: &str,
+    topic: &str,
+) -> Result<BTreeMap<i32, i64>, String> {
+    let all = read_latest(
+        brokers,
+        offsets_topic,
+        &format!("{checkpoint}/"),
+        Duration::from_secs(60),
+    )?;
+    Ok(all
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let (t, p) = k.rsplit_once('/')?;
+            (t == topic).then(|| Some((p.parse().ok()?, v.parse().ok()?)))?
+        })
+        .collect())
+}
