@@ -2,7 +2,8 @@
 //! from a 4-partition Kafka topic at the default group size, killed with
 //! SIGKILL at random moments and restarted from its checkpoint directory,
 //! must write exactly the rows a reference computed here says: none
-//! missing, doubled or partial.
+//! missing, doubled or partial, into each exactly-once sink (files; Kafka
+//! read with read_committed; Redis).
 //!
 //! `SKEIN_DURABLE_RECORDS` sets the number of records (default 120,000;
 //! the issue's figure is 2,000,000) and `SKEIN_DURABLE_KILLS` the number of
@@ -15,9 +16,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kafka::{PartitionWriter, create_topic};
+use common::kafka::{PartitionWriter, committed_records, create_topic};
 use common::rows::{int, millis, read_rows, text};
 use rand::Rng;
+use serde_json::{Map, Value};
 
 const BASE_MS: i64 = 1_700_000_000_000;
 const PARTITIONS: usize = 4;
@@ -61,18 +63,16 @@ fn topic(n: usize) -> (String, Reference) {
     (name, reference)
 }
 
-/// The query file: the table, a files sink in `out`, the windowed query.
-fn query(dir: &Path, topic: &str, out: &Path) -> std::path::PathBuf {
+/// The query file: the table `ev`, the sink `out` (its DDL), the query.
+fn query(dir: &Path, topic: &str, sink: &str) -> std::path::PathBuf {
     let sql = format!(
         "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
            LOCATION '{topic}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
            'event_time' 'ts', 'max.records.per.pull' '1000');\n\
-         CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
-           LOCATION 'file://{out}' OPTIONS ('format' 'json');\n\
+         {sink}\n\
          INSERT INTO out SELECT tumble(ts, INTERVAL '10' SECOND) AS w, k, count(*) AS n, \
            sum(v) AS s FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND), k;\n",
         brokers = common::kafka_brokers(),
-        out = out.display(),
     );
     let file = dir.join("q.sql");
     std::fs::write(&file, sql).expect("writing the query");
@@ -92,24 +92,17 @@ fn run_command(sql: &Path, checkpoints: &Path) -> Command {
     c
 }
 
-#[test]
-fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
-    let n = env_number("SKEIN_DURABLE_RECORDS", 120_000);
-    let kills = env_number("SKEIN_DURABLE_KILLS", 10);
-    let (topic, reference) = topic(n);
-    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
-    let (out, checkpoints) = (dir.join("out"), dir.join("checkpoints"));
-    std::fs::create_dir_all(&out).unwrap();
-    let sql = query(&dir, &topic, &out);
-
-    // How long one uninterrupted run would take is unknown; kill early in
-    // the first runs and later as the run goes on, so that kills land in
-    // every phase (start, middle, the final flush).
+/// Runs the query in `dir` to the end, killing it with SIGKILL `kills`
+/// times at random moments and restarting it; returns the last run's report.
+fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value {
+    let checkpoints = dir.join("checkpoints");
+    // Kills land early and late in a run, in every phase (start, middle,
+    // the final flush): each restart goes on from the last commit.
     let mut rng = rand::rng();
     let mut killed = 0;
     let started = Instant::now();
     let report = loop {
-        let mut child = run_command(&sql, &checkpoints)
+        let mut child = run_command(sql, &checkpoints)
             .spawn()
             .expect("starting skein");
         let deadline = (killed < kills)
@@ -139,21 +132,33 @@ fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
             "no run finished in 10 minutes"
         );
     };
+    assert_eq!(killed, kills, "every planned kill happened");
     let report: serde_json::Value =
         serde_json::from_str(report.lines().last().expect("a report line")).unwrap();
+    assert!(
+        report["resumed_after"].is_u64(),
+        "the last run resumed from a checkpoint: {report}"
+    );
+    report
+}
 
+/// The rows written equal the reference: none missing, doubled or wrong.
+fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
     let mut got = Reference::new();
     let mut doubled = vec![];
-    for row in read_rows(&out, true) {
-        let key = (millis(&row, "w"), text(&row, "k"));
+    for row in rows {
+        let key = (millis(row, "w"), text(row, "k"));
         if got
-            .insert(key.clone(), (int(&row, "n"), int(&row, "s")))
+            .insert(key.clone(), (int(row, "n"), int(row, "s")))
             .is_some()
         {
             doubled.push(key);
         }
     }
-    assert!(doubled.is_empty(), "windows written twice: {doubled:?}");
+    assert!(
+        doubled.is_empty(),
+        "{what}: windows written twice: {doubled:?}"
+    );
     let missing: Vec<_> = reference.keys().filter(|k| !got.contains_key(*k)).collect();
     let wrong: Vec<_> = got
         .iter()
@@ -161,17 +166,104 @@ fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
         .collect();
     assert!(
         missing.is_empty() && wrong.is_empty(),
-        "after {killed} kills ({report}): {} of {} windows missing, first {:?}; {} wrong, first {:?}",
+        "{what}: {} of {} windows missing, first {:?}; {} wrong, first {:?}",
         missing.len(),
         reference.len(),
         missing.first(),
         wrong.len(),
         wrong.first()
     );
-    assert_eq!(killed, kills, "every planned kill happened");
-    assert!(
-        report["resumed_after"].is_u64(),
-        "the last run resumed from a checkpoint: {report}"
+}
+
+fn scale() -> (usize, usize) {
+    (
+        env_number("SKEIN_DURABLE_RECORDS", 120_000),
+        env_number("SKEIN_DURABLE_KILLS", 10),
+    )
+}
+
+#[test]
+fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
+    let (n, kills) = scale();
+    let (topic, reference) = topic(n);
+    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
+           LOCATION 'file://{}' OPTIONS ('format' 'json');",
+        out.display()
     );
+    let sql = query(&dir, &topic, &sink);
+    let report = run_through_kills(&dir, &sql, kills);
+    assert_exact(
+        &read_rows(&out, true),
+        &reference,
+        &format!("files {report}"),
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
+    let (n, kills) = scale();
+    let (topic, reference) = topic(n);
+    let brokers = common::kafka_brokers();
+    let out = common::unique_name("durable-out");
+    create_topic(&brokers, &out, 2);
+    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS KAFKA \
+           LOCATION '{out}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');"
+    );
+    let sql = query(&dir, &topic, &sink);
+    let report = run_through_kills(&dir, &sql, kills);
+    let rows: Vec<Map<String, Value>> = committed_records(&brokers, &out)
+        .into_iter()
+        .map(|(_, _, value)| serde_json::from_slice(&value).expect("a JSON row"))
+        .collect();
+    assert_exact(&rows, &reference, &format!("kafka read_committed {report}"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
+    let (n, kills) = scale();
+    let (topic, reference) = topic(n);
+    let url = common::require_redis();
+    let prefix = common::unique_name("durable");
+    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS REDIS \
+           LOCATION '{url}' OPTIONS ('layout' 'hash', 'key' '{prefix}|{{w}}|{{k}}');"
+    );
+    let sql = query(&dir, &topic, &sink);
+    let report = run_through_kills(&dir, &sql, kills);
+    let mut con = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}|*"))
+        .query(&mut con)
+        .unwrap();
+    let rows: Vec<Map<String, Value>> = keys
+        .iter()
+        .map(|key| {
+            let fields: BTreeMap<String, i64> =
+                redis::cmd("HGETALL").arg(key).query(&mut con).unwrap();
+            let mut parts = key.splitn(3, '|').skip(1);
+            let mut row = Map::new();
+            row.insert("w".into(), parts.next().unwrap_or_default().into());
+            row.insert("k".into(), parts.next().unwrap_or_default().into());
+            for (f, v) in fields {
+                row.insert(f, v.into());
+            }
+            row
+        })
+        .collect();
+    assert_exact(&rows, &reference, &format!("redis {report}"));
     let _ = std::fs::remove_dir_all(dir);
 }
