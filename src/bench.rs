@@ -27,6 +27,9 @@ pub enum BenchCommand {
     /// NEXMark queries: events/s per core, generation included (as Flink's
     /// nexmark reports). Pin to one core: `taskset -c 0 skein bench nexmark`.
     Nexmark(NexmarkBenchArgs),
+    /// Durable state: NEXMark q5, q7, q8 with checkpoints off and on (cost
+    /// ratio, checkpoint bytes per epoch).
+    State(crate::bench_state::StateBenchArgs),
     /// Lambda backend: query launch time and per-hop invocation overhead,
     /// or (--exchange) payloads vs S3 between two functions.
     Lambda(crate::lambda_cmd::BenchLambdaArgs),
@@ -82,6 +85,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Codec(args) => codec(args).await,
         BenchCommand::Nexmark(args) => nexmark(args).await,
         BenchCommand::Lambda(args) => crate::lambda_cmd::bench(args).await,
+        BenchCommand::State(args) => crate::bench_state::state(args).await,
     }
 }
 

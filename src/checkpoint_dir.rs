@@ -53,6 +53,32 @@ fn unreplayable(plan: &QueryPlan) -> Vec<String> {
         .collect()
 }
 
+/// Why a query that does not checkpoint is not exactly once across
+/// restarts, when it reads a live source into a durable sink; said on
+/// stderr before it runs rather than left for the user to find out.
+pub fn at_least_once_reason(plan: &QueryPlan, request: &Request) -> Option<String> {
+    let live = plan.stages.iter().flat_map(|s| s.sources.iter()).any(|l| {
+        matches!(
+            l.config.kind.to_ascii_uppercase().as_str(),
+            "KAFKA" | "KINESIS"
+        )
+    });
+    let durable_sink = DURABLE_SINKS.contains(&plan.sink.kind.to_ascii_uppercase().as_str());
+    if !live || !durable_sink {
+        return None;
+    }
+    if request.off {
+        return Some("--no-checkpoint: a restart reads the source afresh".into());
+    }
+    let cannot = unreplayable(plan);
+    (!cannot.is_empty()).then(|| {
+        format!(
+            "{} cannot be read again from a checkpoint, so the query does not checkpoint",
+            cannot.join(", ")
+        )
+    })
+}
+
 /// A checkpoint directory this process holds; the lock goes with it.
 pub struct Held {
     pub store: Arc<CheckpointStore>,

@@ -2,6 +2,7 @@
 //! as a DAG of functions passing Arrow data in their payloads.
 
 mod bench;
+mod bench_state;
 mod checkpoint;
 mod checkpoint_dir;
 mod lambda_cmd;

@@ -216,6 +216,11 @@ pub async fn run_sql(
         off: args.no_checkpoint,
     };
     let held = crate::checkpoint_dir::open(&plan, &request).await?;
+    if held.is_none()
+        && let Some(reason) = crate::checkpoint_dir::at_least_once_reason(&plan, &request)
+    {
+        eprintln!("note: at least once across restarts, not exactly once: {reason}");
+    }
     match &held {
         Some(h) => {
             opts.run = h.store.manifest().run.clone();

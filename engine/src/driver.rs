@@ -267,8 +267,10 @@ pub async fn run_local_until(
         tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
     }
     let mut epoch = first_epoch;
+    // A bounded run that already reached its last epoch has nothing to do;
+    // a larger --epochs goes on where it ended.
     let bounded_and_done =
-        matches!((stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.last || c.epoch + 1 >= n);
+        matches!((stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.epoch + 1 >= n);
     loop {
         if bounded_and_done {
             break;

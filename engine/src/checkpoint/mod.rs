@@ -85,6 +85,8 @@ pub struct CheckpointStore {
     store: Arc<dyn ObjectStore>,
     root: Path,
     manifest: Manifest,
+    /// Bytes this handle has written (what a checkpoint costs).
+    written: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn epoch_name(e: u64) -> String {
@@ -124,6 +126,7 @@ impl CheckpointStore {
             store,
             root,
             manifest,
+            written: Default::default(),
         })
     }
 
@@ -137,6 +140,7 @@ impl CheckpointStore {
                 query_code: query_code.to_string(),
                 run: run.to_string(),
             },
+            written: Default::default(),
         }
     }
 
@@ -146,6 +150,23 @@ impl CheckpointStore {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Bytes written through this handle so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    async fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
+        self.written
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.store.put(key, PutPayload::from(bytes)).await?;
+        Ok(())
+    }
+
+    async fn put_json<T: Serialize>(&self, key: &Path, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec(value).map_err(|e| corrupt(key, e))?;
+        self.put(key, bytes).await
     }
 
     fn key(&self, parts: &[&str]) -> Path {
@@ -165,7 +186,7 @@ impl CheckpointStore {
     }
 
     pub async fn commit(&self, commit: Commit) -> Result<()> {
-        put_json(&self.store, &self.key(&["commit.json"]), &commit).await
+        self.put_json(&self.key(&["commit.json"]), &commit).await
     }
 
     pub async fn epoch_plan(&self, epoch: u64) -> Result<Option<EpochPlan>> {
@@ -175,7 +196,7 @@ impl CheckpointStore {
 
     pub async fn put_epoch_plan(&self, epoch: u64, plan: EpochPlan) -> Result<()> {
         let name = format!("{}.json", epoch_name(epoch));
-        put_json(&self.store, &self.key(&["epochs", &name]), &plan).await
+        self.put_json(&self.key(&["epochs", &name]), &plan).await
     }
 
     pub async fn offsets(
@@ -198,7 +219,8 @@ impl CheckpointStore {
     ) -> Result<()> {
         let name = format!("{}.json", epoch_name(epoch));
         let dir = Self::member_dir(stage, member);
-        put_json(&self.store, &self.key(&["offsets", &dir, &name]), entry).await
+        self.put_json(&self.key(&["offsets", &dir, &name]), entry)
+            .await
     }
 
     pub async fn state(&self, stage: u32, member: u32, epoch: u64) -> Result<Option<Vec<u8>>> {
