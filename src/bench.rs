@@ -89,7 +89,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
     xs[xs.len() / 2]
 }

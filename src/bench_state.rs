@@ -16,6 +16,7 @@ use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, plan_query, session};
 
+use crate::bench::median;
 use crate::registry::registries;
 
 #[derive(Args, Debug)]
@@ -89,11 +90,6 @@ fn peak_rss_mb() -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
 }
 
 pub async fn state(args: StateBenchArgs) -> Result<()> {

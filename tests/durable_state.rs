@@ -92,6 +92,12 @@ fn run_command(sql: &Path, checkpoints: &Path) -> Command {
     c
 }
 
+/// The last committed epoch in a checkpoint directory, if any.
+fn committed_epoch(checkpoints: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(checkpoints.join("commit.json")).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
+}
+
 /// Runs the query in `dir` to the end, killing it with SIGKILL `kills`
 /// times at random moments and restarting it; returns the last run's report.
 fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value {
@@ -105,11 +111,19 @@ fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value 
         let mut child = run_command(sql, &checkpoints)
             .spawn()
             .expect("starting skein");
-        let deadline = (killed < kills)
-            .then(|| Instant::now() + Duration::from_millis(rng.random_range(200..1500)));
+        // Every third kill comes early (before or around the first
+        // commit); the others once this run has committed an epoch, so
+        // the machine's speed does not decide where kills land.
+        let at_spawn = committed_epoch(&checkpoints);
+        let early = killed % 3 == 0;
+        let delay = Duration::from_millis(rng.random_range(if early { 100..1000 } else { 0..800 }));
+        let mut deadline = (killed < kills && early).then(|| Instant::now() + delay);
         let status = loop {
             if let Some(status) = child.try_wait().expect("waiting for skein") {
                 break Some(status);
+            }
+            if killed < kills && deadline.is_none() && committed_epoch(&checkpoints) > at_spawn {
+                deadline = Some(Instant::now() + delay);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 child.kill().expect("SIGKILL");
@@ -175,72 +189,92 @@ fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) 
     );
 }
 
-fn scale() -> (usize, usize) {
-    (
-        env_number("SKEIN_DURABLE_RECORDS", 120_000),
-        env_number("SKEIN_DURABLE_KILLS", 10),
-    )
+/// A test's input and working directory.
+struct Setup {
+    topic: String,
+    reference: Reference,
+    kills: usize,
+    dir: std::path::PathBuf,
+}
+
+fn setup() -> Setup {
+    let n = env_number("SKEIN_DURABLE_RECORDS", 120_000);
+    let kills = env_number("SKEIN_DURABLE_KILLS", 10);
+    let (topic, reference) = topic(n);
+    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
+    std::fs::create_dir_all(&dir).expect("a working directory");
+    Setup {
+        topic,
+        reference,
+        kills,
+        dir,
+    }
+}
+
+impl Setup {
+    /// Runs the query into the sink `out` (its DDL) through the kills.
+    fn run(&self, sink: &str) -> serde_json::Value {
+        let sql = query(&self.dir, &self.topic, sink);
+        run_through_kills(&self.dir, &sql, self.kills)
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[test]
 fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
-    let (n, kills) = scale();
-    let (topic, reference) = topic(n);
-    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
-    let out = dir.join("out");
+    let setup = setup();
+    let out = setup.dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let sink = format!(
         "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
            LOCATION 'file://{}' OPTIONS ('format' 'json');",
         out.display()
     );
-    let sql = query(&dir, &topic, &sink);
-    let report = run_through_kills(&dir, &sql, kills);
+    let report = setup.run(&sink);
     assert_exact(
         &read_rows(&out, true),
-        &reference,
+        &setup.reference,
         &format!("files {report}"),
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
 fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
-    let (n, kills) = scale();
-    let (topic, reference) = topic(n);
+    let setup = setup();
     let brokers = common::kafka_brokers();
     let out = common::unique_name("durable-out");
     create_topic(&brokers, &out, 2);
-    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
-    std::fs::create_dir_all(&dir).unwrap();
     let sink = format!(
         "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS KAFKA \
            LOCATION '{out}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');"
     );
-    let sql = query(&dir, &topic, &sink);
-    let report = run_through_kills(&dir, &sql, kills);
+    let report = setup.run(&sink);
     let rows: Vec<Map<String, Value>> = committed_records(&brokers, &out)
         .into_iter()
         .map(|(_, _, value)| serde_json::from_slice(&value).expect("a JSON row"))
         .collect();
-    assert_exact(&rows, &reference, &format!("kafka read_committed {report}"));
-    let _ = std::fs::remove_dir_all(dir);
+    assert_exact(
+        &rows,
+        &setup.reference,
+        &format!("kafka read_committed {report}"),
+    );
 }
 
 #[test]
 fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
-    let (n, kills) = scale();
-    let (topic, reference) = topic(n);
+    let setup = setup();
     let url = common::require_redis();
     let prefix = common::unique_name("durable");
-    let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
-    std::fs::create_dir_all(&dir).unwrap();
     let sink = format!(
         "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS REDIS \
            LOCATION '{url}' OPTIONS ('layout' 'hash', 'key' '{prefix}|{{w}}|{{k}}');"
     );
-    let sql = query(&dir, &topic, &sink);
-    let report = run_through_kills(&dir, &sql, kills);
+    let report = setup.run(&sink);
     let mut con = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
@@ -264,6 +298,5 @@ fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
             row
         })
         .collect();
-    assert_exact(&rows, &reference, &format!("redis {report}"));
-    let _ = std::fs::remove_dir_all(dir);
+    assert_exact(&rows, &setup.reference, &format!("redis {report}"));
 }
