@@ -257,3 +257,78 @@ fn bad_input_is_refused_with_a_one_line_reason() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A checkpoint directory belongs to one query and one process: another
+/// query text, a second live process, or a generator resumed with another
+/// epoch count is a one-line refusal.
+#[test]
+fn a_checkpoint_directory_is_kept_to_its_query_and_process() {
+    let dir = std::env::temp_dir().join(common::unique_name("skein-cli-checkpoint"));
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let checkpoints = dir.join("checkpoints");
+    let query = |threshold: u32| {
+        let file = dir.join(format!("q{threshold}.sql"));
+        std::fs::write(
+            &file,
+            format!(
+                "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+                   OPTIONS ('events' '20000', 'partitions' '2', 'event_time' 'date_time');\n\
+                 CREATE EXTERNAL TABLE out (auction BIGINT, price BIGINT) STORED AS FILES \
+                   LOCATION 'file://{}' OPTIONS ('format' 'json');\n\
+                 INSERT INTO out SELECT auction, price FROM bid WHERE price > {threshold};\n",
+                out.display()
+            ),
+        )
+        .unwrap();
+        file.to_str().unwrap().to_string()
+    };
+    let dir_arg = checkpoints.to_str().unwrap();
+    let run = |file: &str, epochs: &str| {
+        skein(&[
+            "run",
+            file,
+            "--epochs",
+            epochs,
+            "--checkpoint-dir",
+            dir_arg,
+            "--json",
+        ])
+    };
+    let first = query(100);
+    let (ok, stdout, stderr) = run(&first, "4");
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["epochs"], 4, "{report}");
+    // Run again: it resumes after its last epoch and has nothing left.
+    let (ok, stdout, stderr) = run(&first, "4");
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["resumed_after"], 3, "{report}");
+    assert_eq!(report["epochs"], 0, "{report}");
+    // A generator slices its input by --epochs: another count would read
+    // events twice, so it is refused.
+    let (ok, _, stderr) = run(&first, "6");
+    assert!(!ok, "a generator resumed with another --epochs");
+    assert!(
+        stderr.contains("resume with the same --epochs") && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+
+    let (ok, _, stderr) = run(&query(200), "4");
+    assert!(!ok, "another query was let into the directory");
+    assert!(
+        stderr.contains("belongs to query") && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+
+    // This test's own process stands in for a live holder of the lock.
+    std::fs::write(checkpoints.join("lock"), std::process::id().to_string()).unwrap();
+    let (ok, _, stderr) = run(&first, "4");
+    assert!(!ok, "a second process was let into the directory");
+    assert!(
+        stderr.contains("in use by process") && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

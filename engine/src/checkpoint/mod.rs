@@ -77,6 +77,10 @@ pub struct OffsetsEntry {
     pub idle: bool,
     pub drained: bool,
     pub finished: bool,
+    /// The run's number of epochs when it was bounded: generators slice
+    /// their input by it, so a resume must keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<u64>,
 }
 
 /// A query's checkpoint store.
@@ -361,6 +365,7 @@ mod tests {
                 idle: false,
                 drained: false,
                 finished: false,
+                epochs: None,
             };
             cs.put_offsets(0, 1, e, &entry).await.unwrap();
             cs.put_state(1, 0, e, vec![e as u8]).await.unwrap();

@@ -140,6 +140,7 @@ impl StageFunction {
                     idle: watermark.idle,
                     drained,
                     finished,
+                    epochs: self.ctx.epochs,
                 };
                 cs.put_offsets(self.ctx.stage, self.ctx.member, t.epoch, &entry)
                     .await?;
@@ -199,6 +200,26 @@ impl StageFunction {
                     spec.epoch
                 ))
             })?;
+        let by_epoch = self
+            .readers
+            .iter()
+            .find(|r| r.source.replay_mode() == ReplayMode::ByEpoch);
+        if let Some(r) = by_epoch
+            && entry.epochs != self.ctx.epochs
+        {
+            let said =
+                |e: Option<u64>| e.map_or("unbounded".to_string(), |n| format!("{n} epochs"));
+            return Err(EngineError::Source {
+                source_name: r.table.clone(),
+                reason: format!(
+                    "{}: this table slices its input by the run's epochs, and the checkpointed \
+                     run had {}, not {}: resume with the same --epochs",
+                    self.name,
+                    said(entry.epochs),
+                    said(self.ctx.epochs)
+                ),
+            });
+        }
         let now = Instant::now();
         for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
             let Some(read) = entry.tables.iter().find(|x| x.table == r.table) else {
