@@ -17,9 +17,9 @@ pub const DEFAULT_ROOT: &str = ".skein/checkpoints";
 /// Sink kinds whose writes a restart can repeat without doubling them.
 const DURABLE_SINKS: &[&str] = &["KAFKA", "REDIS", "FILES"];
 
-/// Source kinds a checkpoint can read again: by offsets (Kafka) or by
+/// Source kinds a checkpoint can read again: by offsets (Kafka, Kinesis) or by
 /// epoch (the generators).
-const REPLAYABLE_SOURCES: &[&str] = &["KAFKA", "NEXMARK", "YSB"];
+const REPLAYABLE_SOURCES: &[&str] = &["KAFKA", "KINESIS", "NEXMARK", "YSB"];
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ fn default_on(plan: &QueryPlan) -> bool {
         .iter()
         .flat_map(|s| s.sources.iter().map(|l| l.config.kind.to_ascii_uppercase()))
         .collect();
-    let live = kinds.iter().any(|k| k == "KAFKA");
+    let live = kinds.iter().any(|k| k == "KAFKA" || k == "KINESIS");
     let replayable = kinds
         .iter()
         .all(|k| REPLAYABLE_SOURCES.contains(&k.as_str()));
@@ -93,7 +93,7 @@ impl Drop for Held {
 }
 
 /// Open the query's checkpoint directory if it checkpoints: an explicit
-/// `--checkpoint-dir`, or by default a query that reads Kafka and writes a
+/// `--checkpoint-dir`, or by default a query that reads Kafka or Kinesis and writes a
 /// sink that takes repeated writes. `None`: it does not checkpoint.
 pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
     if request.off {

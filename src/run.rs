@@ -56,7 +56,7 @@ pub struct CommonRunArgs {
     pub metrics: Option<std::net::SocketAddr>,
     /// Keep the query's durable state (offsets log, member state, commits)
     /// here; a restart resumes from it. Default: .skein/checkpoints/<query>
-    /// for a query that reads Kafka and writes Kafka, Redis or files.
+    /// for a query that reads Kafka or Kinesis and writes Kafka, Redis or files.
     #[arg(long, value_name = "DIR", conflicts_with = "no_checkpoint")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Do not checkpoint: a restart starts afresh (at least once).

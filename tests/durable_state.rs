@@ -3,7 +3,7 @@
 //! SIGKILL at random moments and restarted from its checkpoint directory,
 //! must write exactly the rows a reference computed here says: none
 //! missing, doubled or partial, into each exactly-once sink (files; Kafka
-//! read with read_committed; Redis).
+//! read with read_committed; Redis), and from a Kinesis stream (ministack).
 //!
 //! `SKEIN_DURABLE_RECORDS` sets the number of records (default 120,000;
 //! the issue's figure is 2,000,000) and `SKEIN_DURABLE_KILLS` the number of
@@ -38,41 +38,93 @@ fn env_number(name: &str, default: usize) -> usize {
 /// (window start, key) -> (count, sum), computed outside the engine.
 type Reference = BTreeMap<(i64, String), (i64, i64)>;
 
-/// A fresh topic of `n` records `{"k", "v", "ts"}`, in event-time order
-/// within each partition; returns its name and the reference result.
-fn topic(n: usize) -> (String, Reference) {
-    let brokers = common::require_kafka();
-    let name = common::unique_name("durable");
-    create_topic(&brokers, &name, PARTITIONS as i32);
-    let writer = PartitionWriter::new(&brokers, &name);
+/// The test records `{"k", "v", "ts"}` as (partition, JSON), in
+/// event-time order within each partition, and the reference result.
+fn records(n: usize) -> (Vec<(usize, String)>, Reference) {
     let mut reference = Reference::new();
+    let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let ts = BASE_MS + (i as i64 * SPAN_MS) / n as i64;
         let k = format!("k{}", (i * 7) % KEYS);
         let v = i as i64;
-        writer.send(
-            (i % PARTITIONS) as i32,
-            &format!(r#"{{"k":"{k}","v":{v},"ts":{ts}}}"#),
-        );
+        out.push((
+            i % PARTITIONS,
+            format!(r#"{{"k":"{k}","v":{v},"ts":{ts}}}"#),
+        ));
         let w = ts - ts.rem_euclid(WINDOW_MS);
         let e = reference.entry((w, k)).or_default();
         e.0 += 1;
         e.1 += v;
     }
+    (out, reference)
+}
+
+/// A fresh topic holding the records; returns the table `ev` reading it.
+fn kafka_source(records: &[(usize, String)]) -> String {
+    let brokers = common::require_kafka();
+    let name = common::unique_name("durable");
+    create_topic(&brokers, &name, PARTITIONS as i32);
+    let writer = PartitionWriter::new(&brokers, &name);
+    for (p, json) in records {
+        writer.send(*p as i32, json);
+    }
     writer.flush();
-    (name, reference)
+    format!(
+        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+           LOCATION '{name}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
+           'event_time' 'ts', 'max.records.per.pull' '1000');"
+    )
+}
+
+/// A fresh Kinesis stream (ministack) holding the records, one shard per
+/// partition by explicit hash key; returns the table `ev` reading it.
+async fn kinesis_source(records: &[(usize, String)]) -> String {
+    use aws_sdk_kinesis::primitives::Blob;
+    use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+    common::require_aws();
+    let stream = common::unique_name("durable");
+    let shards = 2;
+    common::create_stream(&stream, shards as i32).await;
+    let kinesis = aws_sdk_kinesis::Client::new(&common::aws_sdk_config().await);
+    // Shard s owns hash keys [s, s+1) * 2^128 / shards: its middle routes there.
+    let hash_key = |p: usize| {
+        let shard = (p % shards) as u128;
+        ((u128::MAX / shards as u128) * shard + u128::MAX / (2 * shards as u128)).to_string()
+    };
+    for chunk in records.chunks(500) {
+        let entries = chunk
+            .iter()
+            .map(|(p, json)| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key("k")
+                    .explicit_hash_key(hash_key(*p))
+                    .data(Blob::new(json.clone()))
+                    .build()
+                    .expect("a record")
+            })
+            .collect();
+        let put = kinesis
+            .put_records()
+            .stream_name(&stream)
+            .set_records(Some(entries))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
+        assert_eq!(put.failed_record_count(), Some(0));
+    }
+    format!(
+        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KINESIS \
+           LOCATION '{stream}' OPTIONS ('format' 'json', 'event_time' 'ts', \
+           'max.records.per.pull' '200');"
+    )
 }
 
 /// The query file: the table `ev`, the sink `out` (its DDL), the query.
-fn query(dir: &Path, topic: &str, sink: &str) -> std::path::PathBuf {
+fn query(dir: &Path, source: &str, sink: &str) -> std::path::PathBuf {
     let sql = format!(
-        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
-           LOCATION '{topic}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
-           'event_time' 'ts', 'max.records.per.pull' '1000');\n\
-         {sink}\n\
+        "{source}\n{sink}\n\
          INSERT INTO out SELECT tumble(ts, INTERVAL '10' SECOND) AS w, k, count(*) AS n, \
-           sum(v) AS s FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND), k;\n",
-        brokers = common::kafka_brokers(),
+           sum(v) AS s FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND), k;\n"
     );
     let file = dir.join("q.sql");
     std::fs::write(&file, sql).expect("writing the query");
@@ -81,6 +133,11 @@ fn query(dir: &Path, topic: &str, sink: &str) -> std::path::PathBuf {
 
 fn run_command(sql: &Path, checkpoints: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+    let (id, secret) = common::aws_credentials();
+    c.env("AWS_ENDPOINT_URL", common::aws_endpoint())
+        .env("AWS_REGION", common::aws_region())
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
     c.args(["run", sql.to_str().expect("utf-8 path")])
         .args(["--until-drained", "--interval", "10ms", "--json"])
         .args([
@@ -191,20 +248,21 @@ fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) 
 
 /// A test's input and working directory.
 struct Setup {
-    topic: String,
+    source: String,
     reference: Reference,
     kills: usize,
     dir: std::path::PathBuf,
 }
 
-fn setup() -> Setup {
-    let n = env_number("SKEIN_DURABLE_RECORDS", 120_000);
-    let kills = env_number("SKEIN_DURABLE_KILLS", 10);
-    let (topic, reference) = topic(n);
+fn setup(records: usize, kills: usize, source: impl FnOnce(&[(usize, String)]) -> String) -> Setup {
+    let n = env_number("SKEIN_DURABLE_RECORDS", records);
+    let kills = env_number("SKEIN_DURABLE_KILLS", kills);
+    let (records, reference) = self::records(n);
+    let source = source(&records);
     let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
     std::fs::create_dir_all(&dir).expect("a working directory");
     Setup {
-        topic,
+        source,
         reference,
         kills,
         dir,
@@ -214,7 +272,7 @@ fn setup() -> Setup {
 impl Setup {
     /// Runs the query into the sink `out` (its DDL) through the kills.
     fn run(&self, sink: &str) -> serde_json::Value {
-        let sql = query(&self.dir, &self.topic, sink);
+        let sql = query(&self.dir, &self.source, sink);
         run_through_kills(&self.dir, &sql, self.kills)
     }
 }
@@ -227,7 +285,7 @@ impl Drop for Setup {
 
 #[test]
 fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
-    let setup = setup();
+    let setup = setup(120_000, 10, kafka_source);
     let out = setup.dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let sink = format!(
@@ -245,7 +303,7 @@ fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
 
 #[test]
 fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
-    let setup = setup();
+    let setup = setup(120_000, 10, kafka_source);
     let brokers = common::kafka_brokers();
     let out = common::unique_name("durable-out");
     create_topic(&brokers, &out, 2);
@@ -267,7 +325,7 @@ fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
 
 #[test]
 fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
-    let setup = setup();
+    let setup = setup(120_000, 10, kafka_source);
     let url = common::require_redis();
     let prefix = common::unique_name("durable");
     let sink = format!(
@@ -299,4 +357,25 @@ fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
         })
         .collect();
     assert_exact(&rows, &setup.reference, &format!("redis {report}"));
+}
+
+#[test]
+fn a_kinesis_source_killed_at_random_moments_counts_every_record_once() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let setup = setup(20_000, 5, |records| {
+        runtime.block_on(kinesis_source(records))
+    });
+    let out = setup.dir.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
+           LOCATION 'file://{}' OPTIONS ('format' 'json');",
+        out.display()
+    );
+    let report = setup.run(&sink);
+    assert_exact(
+        &read_rows(&out, true),
+        &setup.reference,
+        &format!("kinesis to files {report}"),
+    );
 }

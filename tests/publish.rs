@@ -463,6 +463,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
             source: "input".into(),
             partition: member as i32,
             offset,
+            position: None,
         }],
         last: false,
     };

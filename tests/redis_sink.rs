@@ -44,6 +44,7 @@ fn offsets(topic: &str, at: i64) -> Vec<SourceOffset> {
             source: topic.into(),
             partition: p,
             offset: at + i64::from(p),
+            position: None,
         })
         .collect()
 }

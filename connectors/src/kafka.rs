@@ -639,6 +639,7 @@ impl PartitionReader {
                 source: topic.to_string(),
                 partition: *p,
                 offset: *o,
+                position: None,
             })
             .collect()
     }
@@ -833,6 +834,7 @@ impl PartitionReader {
                 source: config.topic.clone(),
                 partition: *p,
                 offset: *o,
+                position: None,
             })
             .collect();
         Ok(MicroBatch {

@@ -34,9 +34,10 @@ use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::backoff::Backoff;
 use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, Source, SourceConfig, SourceFactory,
-    TableOptions,
+    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, ReplayMode, Source, SourceConfig,
+    SourceFactory, TableOptions,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
@@ -419,6 +420,104 @@ impl Source for KinesisSource {
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
+        self.pull_to(spec, None).await
+    }
+
+    fn replay_mode(&self) -> ReplayMode {
+        ReplayMode::Offsets
+    }
+
+    async fn decode_pushed(&self, records: &[PushedRecord]) -> EngineResult<MicroBatch> {
+        let records: Vec<(&str, &str, &[u8])> = records
+            .iter()
+            .map(|r| (r.partition.as_str(), r.position.as_str(), r.data.as_slice()))
+            .collect();
+        self.decode_records(&records).await
+    }
+
+    async fn position(&self, spec: EpochSpec) -> EngineResult<Vec<SourceOffset>> {
+        let mut slot = self.reader.lock().await;
+        if slot.is_none() {
+            *slot = Some(self.open(&spec).await?);
+        }
+        let reader = slot.as_ref().expect("opened above");
+        Ok(reader
+            .shards
+            .iter()
+            .map(|s| SourceOffset {
+                source: self.config.stream.clone(),
+                partition: shard_number(&s.id),
+                offset: 0,
+                position: s.last_sequence.clone(),
+            })
+            .collect())
+    }
+
+    async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
+        let mut slot = self.reader.lock().await;
+        if slot.is_none() {
+            *slot = Some(self.open(&spec).await?);
+        }
+        let reader = slot.as_mut().expect("opened above");
+        let client = self.client().await;
+        for shard in reader.shards.iter_mut() {
+            let Some(seq) = self.logged(at, &shard.id) else {
+                continue;
+            };
+            if shard.last_sequence.as_deref() == Some(seq.as_str()) {
+                continue;
+            }
+            shard.last_sequence = Some(seq);
+            shard.iterator = self.renew(client, shard).await?;
+        }
+        Ok(())
+    }
+
+    async fn replay(
+        &self,
+        spec: EpochSpec,
+        from: &[SourceOffset],
+        to: &[SourceOffset],
+    ) -> EngineResult<MicroBatch> {
+        self.seek(spec, from).await?;
+        let targets = to
+            .iter()
+            .filter(|o| o.source == self.config.stream)
+            .filter_map(|o| Some((o.partition, o.position.clone()?)))
+            .collect();
+        self.pull_to(spec, Some(targets)).await
+    }
+}
+
+/// The number in a shard id (`shardId-000000000003` -> 3).
+fn shard_number(id: &str) -> i32 {
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Kinesis sequence numbers are decimal strings of up to 128 bits: compare
+/// by length, then text.
+fn sequence_after(a: &str, b: &str) -> bool {
+    (a.len(), a) > (b.len(), b)
+}
+
+impl KinesisSource {
+    /// The logged sequence number of shard `id` among `at`.
+    fn logged(&self, at: &[SourceOffset], id: &str) -> Option<String> {
+        at.iter()
+            .find(|o| o.source == self.config.stream && o.partition == shard_number(id))
+            .and_then(|o| o.position.clone())
+    }
+
+    /// A pull, or with `targets` (shard number -> last sequence number the
+    /// logged pull read) a replay that reads exactly up to them.
+    async fn pull_to(
+        &self,
+        spec: EpochSpec,
+        targets: Option<std::collections::BTreeMap<i32, String>>,
+    ) -> EngineResult<MicroBatch> {
         let mut slot = self.reader.lock().await;
         if slot.is_none() {
             *slot = Some(self.open(&spec).await?);
@@ -426,12 +525,27 @@ impl Source for KinesisSource {
         let reader = slot.as_mut().expect("opened above");
         let client = self.client().await;
         let started = Instant::now();
-        let budget = self.config.max_records_per_pull;
+        let (budget, time) = match &targets {
+            Some(_) => (usize::MAX, Duration::from_secs(60)),
+            None => (self.config.max_records_per_pull, self.config.pull_timeout),
+        };
         let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
         let mut backoff = Backoff::new(Duration::from_secs(1));
         let mut caught_up = vec![false; reader.shards.len()];
         for (index, shard) in reader.shards.iter_mut().enumerate() {
-            while data.len() < budget && started.elapsed() < self.config.pull_timeout {
+            let target = targets
+                .as_ref()
+                .map(|t| t.get(&shard_number(&shard.id)).cloned());
+            loop {
+                if data.len() >= budget || started.elapsed() >= time {
+                    break;
+                }
+                // A replay stops where the logged pull stopped.
+                match &target {
+                    Some(None) => break,
+                    Some(Some(t)) if shard.last_sequence.as_ref() == Some(t) => break,
+                    _ => {}
+                }
                 let Some(iterator) = shard.iterator.clone() else {
                     break;
                 };
@@ -467,7 +581,14 @@ impl Source for KinesisSource {
                 backoff.reset();
                 shard.iterator = page.next_shard_iterator().map(str::to_string);
                 let n = page.records().len();
+                let mut past_target = false;
                 for r in page.records() {
+                    if let Some(Some(t)) = &target
+                        && sequence_after(r.sequence_number(), t)
+                    {
+                        past_target = true;
+                        break;
+                    }
                     shard.last_sequence = Some(r.sequence_number().to_string());
                     data.push((
                         index,
@@ -475,10 +596,24 @@ impl Source for KinesisSource {
                         r.data().as_ref().to_vec(),
                     ));
                 }
-                if n == 0 || page.millis_behind_latest() == Some(0) {
+                if past_target {
+                    // Records after the target come again in the next pull.
+                    shard.iterator = self.renew(client, shard).await?;
+                    break;
+                }
+                if target.is_none() && (n == 0 || page.millis_behind_latest() == Some(0)) {
                     caught_up[index] = true;
                     break;
                 }
+            }
+            if let Some(Some(t)) = &target
+                && shard.last_sequence.as_ref() != Some(t)
+            {
+                return Err(self.error(format!(
+                    "replaying an epoch from the checkpoint: shard {} gave records up to {:?} \
+                     only, not {t} (trimmed by retention?)",
+                    shard.id, shard.last_sequence
+                )));
             }
         }
         // Decoded per shard, so event time is tracked per shard.
@@ -508,14 +643,6 @@ impl Source for KinesisSource {
             out.partitions.push(progress);
         }
         Ok(out)
-    }
-
-    async fn decode_pushed(&self, records: &[PushedRecord]) -> EngineResult<MicroBatch> {
-        let records: Vec<(&str, &str, &[u8])> = records
-            .iter()
-            .map(|r| (r.partition.as_str(), r.position.as_str(), r.data.as_slice()))
-            .collect();
-        self.decode_records(&records).await
     }
 }
 

@@ -110,6 +110,10 @@ pub struct SourceOffset {
     pub source: String,
     pub partition: i32,
     pub offset: i64,
+    /// A position that is not a number: the last Kinesis sequence number
+    /// read from a shard (`partition` is then the shard's number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<String>,
 }
 
 impl Payload {

@@ -426,6 +426,7 @@ impl Source for MemorySource {
             source: "memory".into(),
             partition: spec.instance as i32,
             offset: end as i64,
+            position: None,
         }];
         Ok(MicroBatch::single_partition(
             out,

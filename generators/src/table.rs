@@ -188,6 +188,7 @@ impl Split {
             source: format!("{generator}/{}", self.table),
             partition: spec.instance as i32,
             offset: offset as i64,
+            position: None,
         }];
         let finished = self
             .max_events

@@ -956,6 +956,7 @@ mod tests {
             source: "t".into(),
             partition: p,
             offset: off,
+            position: None,
         };
         let m = latest_offsets(&[o(0, 5), o(1, 3), o(0, 9)]);
         assert_eq!(m["t:0"], 9);

@@ -358,6 +358,7 @@ mod tests {
                         source: "t".into(),
                         partition: 0,
                         offset: e as i64,
+                        position: None,
                     }],
                     clock: None,
                 }],
