@@ -242,10 +242,7 @@ impl CheckpointStore {
     ) -> Result<()> {
         let name = format!("{}.bin", epoch_name(epoch));
         let dir = Self::member_dir(stage, member);
-        self.store
-            .put(&self.key(&["state", &dir, &name]), PutPayload::from(bytes))
-            .await?;
-        Ok(())
+        self.put(&self.key(&["state", &dir, &name]), bytes).await
     }
 
     /// Delete what no restart can need once `commit` is committed: epoch
@@ -379,6 +376,7 @@ mod tests {
         .unwrap();
         assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 3);
         assert_eq!(cs.forget_before(3).await.unwrap(), 9);
+        assert!(cs.bytes_written() > 0);
         assert!(cs.offsets(0, 1, 2).await.unwrap().is_none());
         assert_eq!(
             cs.offsets(0, 1, 3).await.unwrap().unwrap().watermark,
