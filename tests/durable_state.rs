@@ -103,14 +103,7 @@ async fn kinesis_source(records: &[(usize, String)]) -> String {
                     .expect("a record")
             })
             .collect();
-        let put = kinesis
-            .put_records()
-            .stream_name(&stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
-        assert_eq!(put.failed_record_count(), Some(0));
+        common::put_records(&kinesis, &stream, entries).await;
     }
     format!(
         "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KINESIS \
@@ -270,6 +263,18 @@ fn setup(records: usize, kills: usize, source: impl FnOnce(&[(usize, String)]) -
 }
 
 impl Setup {
+    /// A fresh output directory and the files table `out` writing to it.
+    fn files_sink(&self) -> (std::path::PathBuf, String) {
+        let out = self.dir.join("out");
+        std::fs::create_dir_all(&out).expect("an output directory");
+        let ddl = format!(
+            "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
+               FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
+            out.display()
+        );
+        (out, ddl)
+    }
+
     /// Runs the query into the sink `out` (its DDL) through the kills.
     fn run(&self, sink: &str) -> serde_json::Value {
         let sql = query(&self.dir, &self.source, sink);
@@ -286,13 +291,7 @@ impl Drop for Setup {
 #[test]
 fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
     let setup = setup(120_000, 10, kafka_source);
-    let out = setup.dir.join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
-           LOCATION 'file://{}' OPTIONS ('format' 'json');",
-        out.display()
-    );
+    let (out, sink) = setup.files_sink();
     let report = setup.run(&sink);
     assert_exact(
         &read_rows(&out, true),
@@ -365,13 +364,7 @@ fn a_kinesis_source_killed_at_random_moments_counts_every_record_once() {
     let setup = setup(20_000, 5, |records| {
         runtime.block_on(kinesis_source(records))
     });
-    let out = setup.dir.join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS FILES \
-           LOCATION 'file://{}' OPTIONS ('format' 'json');",
-        out.display()
-    );
+    let (out, sink) = setup.files_sink();
     let report = setup.run(&sink);
     assert_exact(
         &read_rows(&out, true),

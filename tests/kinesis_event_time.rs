@@ -35,14 +35,7 @@ async fn windows_over_unevenly_read_shards_come_out_once_and_whole() {
                     .unwrap()
             })
             .collect();
-        let put = kinesis
-            .put_records()
-            .stream_name(&stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
-        assert_eq!(put.failed_record_count(), Some(0));
+        common::put_records(&kinesis, &stream, entries).await;
     }
     let path = std::env::temp_dir().join(format!("{}.sql", common::unique_name("et-shards")));
     // Pulls of 150 records take one shard far ahead of the other.

@@ -553,14 +553,7 @@ async fn the_kinesis_source_reads_every_shard_and_dead_letters_bad_records() {
                 .unwrap()
         })
         .collect();
-    let put = kinesis
-        .put_records()
-        .stream_name(&stream)
-        .set_records(Some(entries))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
-    assert_eq!(put.failed_record_count(), Some(0));
+    common::put_records(&kinesis, &stream, entries).await;
 
     let sql = write_sql(
         "kinesis-source",

@@ -30,18 +30,7 @@ async fn kinesis_put_get_on_two_shards() {
                 .expect("entry")
         })
         .collect();
-    let put = kinesis
-        .put_records()
-        .stream_name(&stream)
-        .set_records(Some(entries))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("PutRecords: {}", common::error_chain(&e)));
-    assert_eq!(
-        put.failed_record_count(),
-        Some(0),
-        "some records were not put"
-    );
+    common::put_records(&kinesis, &stream, entries).await;
 
     let shards = kinesis
         .list_shards()

@@ -207,6 +207,27 @@ pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String
     )
 }
 
+/// Puts `entries` on `stream` (at most 500, one PutRecords call); fails the
+/// test unless every record was taken.
+pub async fn put_records(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    entries: Vec<aws_sdk_kinesis::types::PutRecordsRequestEntry>,
+) {
+    let put = kinesis
+        .put_records()
+        .stream_name(stream)
+        .set_records(Some(entries))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PutRecords on {stream}: {}", error_chain(&e)));
+    assert_eq!(
+        put.failed_record_count(),
+        Some(0),
+        "{stream}: some records were not put"
+    );
+}
+
 /// Creates a Kinesis stream of `shards` shards and waits until it is ACTIVE.
 pub async fn create_stream(stream: &str, shards: i32) {
     use aws_sdk_kinesis::types::StreamStatus;
