@@ -37,6 +37,36 @@ pub struct SavedWindows<'a> {
     pub emitted_sessions: &'a BTreeMap<u32, HashMap<String, (i64, i64)>>,
 }
 
+/// One change to what a [`WindowBuffer`] holds. Kept between checkpoints
+/// so that a checkpoint can write what changed since the last one rather
+/// than every held row: applied in order to the earlier state, the changes
+/// give the same buffer (releasing is deterministic).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// On-time rows kept for an edge.
+    Rows { edge: u32, batch: RecordBatch },
+    /// The watermark released every window ending at or before it.
+    Released(i64),
+}
+
+/// The changes since the last checkpoint, when a checkpoint wants them.
+#[derive(Debug, Default)]
+struct Journal {
+    on: bool,
+    changes: Vec<Change>,
+    /// Something happened that changes cannot say (everything was taken):
+    /// the next checkpoint must be whole.
+    whole: bool,
+}
+
+impl Journal {
+    fn push(&mut self, change: impl FnOnce() -> Change) {
+        if self.on && !self.whole {
+            self.changes.push(change());
+        }
+    }
+}
+
 /// The open windows of one stage.
 #[derive(Debug, Default)]
 pub struct WindowBuffer {
@@ -47,6 +77,7 @@ pub struct WindowBuffer {
     /// Per session edge: the first and last time of each key's emitted
     /// sessions, kept while a row could still belong to them.
     emitted_sessions: BTreeMap<u32, HashMap<String, (i64, i64)>>,
+    journal: Journal,
 }
 
 impl WindowBuffer {
@@ -84,6 +115,10 @@ impl WindowBuffer {
                 _ => (b, None),
             };
             if on_time.num_rows() > 0 {
+                self.journal.push(|| Change::Rows {
+                    edge,
+                    batch: on_time.clone(),
+                });
                 self.buffered.entry(edge).or_default().push(on_time);
             }
             late.extend(late_rows);
@@ -121,6 +156,7 @@ impl WindowBuffer {
             closed.insert(*edge, out);
         }
         self.released = Some(watermark);
+        self.journal.push(|| Change::Released(watermark));
         // A row can belong to an emitted session only while it is within
         // the gap of it; past that, the plain watermark test covers it.
         for (edge, sessions) in self.emitted_sessions.iter_mut() {
@@ -133,7 +169,37 @@ impl WindowBuffer {
 
     /// Remove and return everything held (the end of a bounded run).
     pub fn take_all(&mut self) -> BTreeMap<u32, Vec<RecordBatch>> {
+        self.journal.whole = true;
+        self.journal.changes.clear();
         std::mem::take(&mut self.buffered)
+    }
+
+    /// Keep the changes from now on, for checkpoints that write only them.
+    pub fn keep_changes(&mut self) {
+        self.journal.on = true;
+    }
+
+    /// The changes since the last call (or since the state was restored),
+    /// or `None` when only a whole checkpoint can say what happened.
+    pub fn take_changes(&mut self) -> Option<Vec<Change>> {
+        let whole = std::mem::take(&mut self.journal.whole);
+        let changes = std::mem::take(&mut self.journal.changes);
+        (!whole).then_some(changes)
+    }
+
+    /// Apply changes a checkpoint kept, in order, to the restored state.
+    /// What they release was emitted before the checkpoint: dropped here.
+    pub fn apply(&mut self, changes: Vec<Change>) -> Result<()> {
+        for change in changes {
+            match change {
+                Change::Rows { edge, batch } => self.buffered.entry(edge).or_default().push(batch),
+                Change::Released(watermark) => {
+                    self.release(watermark)?;
+                }
+            }
+        }
+        self.journal.changes.clear();
+        Ok(())
     }
 
     /// What a checkpoint keeps: the rows held, per edge, and what has been
@@ -156,6 +222,8 @@ impl WindowBuffer {
         self.buffered = buffered;
         self.released = released;
         self.emitted_sessions = emitted_sessions;
+        self.journal.changes.clear();
+        self.journal.whole = false;
     }
 
     fn split_late(
@@ -423,6 +491,55 @@ mod tests {
         // A key never seen, whose lone session would already be closed.
         let late = buf.add(1, vec![rows(&["z"], &[50])]).unwrap();
         assert_eq!(late.len(), 1);
+    }
+
+    #[test]
+    fn changes_applied_to_an_earlier_state_give_the_same_buffer() {
+        let spec = SessionSpec {
+            keys: vec![0],
+            time: 1,
+            gap_ms: 10,
+        };
+        let windows: BTreeMap<u32, Option<EdgeWindow>> = [
+            (
+                1,
+                Some(EdgeWindow::Fixed(WindowColumn {
+                    index: 1,
+                    size_ms: 100,
+                })),
+            ),
+            (2, Some(EdgeWindow::Session(spec))),
+        ]
+        .into();
+        let mut live = WindowBuffer::new(windows.clone());
+        live.keep_changes();
+        live.add(1, vec![rows(&["a", "b"], &[0, 100])]).unwrap();
+        live.add(2, vec![rows(&["a", "b"], &[80, 100])]).unwrap();
+        live.release(50).unwrap();
+        // The checkpoint: a whole state, then only changes.
+        let saved = live.saved();
+        let (buffered, released, sessions) = (
+            saved.buffered.clone(),
+            saved.released,
+            saved.emitted_sessions.clone(),
+        );
+        assert!(live.take_changes().is_some());
+        live.add(1, vec![rows(&["c"], &[200])]).unwrap();
+        live.add(2, vec![rows(&["a", "c"], &[85, 300])]).unwrap();
+        live.release(100).unwrap();
+        live.add(1, vec![rows(&["d"], &[0])]).unwrap(); // late: not a change
+        live.release(250).unwrap();
+        let changes = live.take_changes().unwrap();
+        let mut back = WindowBuffer::new(windows);
+        back.restore(buffered, released, sessions);
+        back.apply(changes).unwrap();
+        assert_eq!(back.buffered, live.buffered);
+        assert_eq!(back.released, live.released);
+        assert_eq!(back.emitted_sessions, live.emitted_sessions);
+        // After everything is taken only a whole state says what is left.
+        live.take_all();
+        assert!(live.take_changes().is_none());
+        assert_eq!(live.take_changes(), Some(vec![]));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! commit.json                        the last epoch every member finished
 //! epochs/<e>.json                    the driver's decisions for epoch e (is it the last?)
 //! offsets/<stage>-<member>/<e>.json  what a source member read in epoch e
-//! state/<stage>-<member>/<e>.bin     a stateful member's state as of the end of e
+//! state/<stage>-<member>/<e>.bin     a stateful member's whole state as of the end of e
+//! state/<stage>-<member>/<e>.changes.bin  or its changes since an earlier state
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
@@ -30,7 +31,9 @@ use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 use crate::watermark::ClockState;
 
-pub use snapshot::{MemberState, decode_state, encode_state};
+pub use snapshot::{
+    MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
+};
 
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,10 +230,22 @@ impl CheckpointStore {
             .await
     }
 
+    fn state_key(&self, stage: u32, member: u32, epoch: u64, whole: bool) -> Path {
+        let kind = if whole { "bin" } else { "changes.bin" };
+        let name = format!("{}.{kind}", epoch_name(epoch));
+        self.key(&["state", &Self::member_dir(stage, member), &name])
+    }
+
+    /// A member's state object for an epoch: whole or changes (its header
+    /// says which).
     pub async fn state(&self, stage: u32, member: u32, epoch: u64) -> Result<Option<Vec<u8>>> {
-        let name = format!("{}.bin", epoch_name(epoch));
-        let dir = Self::member_dir(stage, member);
-        get_bytes(&self.store, &self.key(&["state", &dir, &name])).await
+        for whole in [true, false] {
+            let key = self.state_key(stage, member, epoch, whole);
+            if let Some(bytes) = get_bytes(&self.store, &key).await? {
+                return Ok(Some(bytes));
+            }
+        }
+        Ok(None)
     }
 
     pub async fn put_state(
@@ -238,33 +253,57 @@ impl CheckpointStore {
         stage: u32,
         member: u32,
         epoch: u64,
+        whole: bool,
         bytes: Vec<u8>,
     ) -> Result<()> {
-        let name = format!("{}.bin", epoch_name(epoch));
-        let dir = Self::member_dir(stage, member);
-        self.put(&self.key(&["state", &dir, &name]), bytes).await
+        // An earlier instance may have written the other kind for this
+        // (uncommitted) epoch: it goes first, so the two never both stand.
+        // A crash in between leaves neither, and the epoch is not committed.
+        let other = self.state_key(stage, member, epoch, !whole);
+        match self.store.delete(&other).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.put(&self.state_key(stage, member, epoch, whole), bytes)
+            .await
     }
 
     /// Delete what no restart can need once `commit` is committed: epoch
-    /// plans, log entries and states of epochs before it (the committed
-    /// epoch's own log entry and state are what a restart starts from).
+    /// plans and log entries of epochs before it (the committed epoch's own
+    /// entry is where a restart starts), and per member the states before
+    /// the newest whole state at or before it (the changes after that whole
+    /// state rebuild the committed one).
     pub async fn forget_before(&self, commit: u64) -> Result<u64> {
         use futures::TryStreamExt;
         let mut deleted = 0;
         for dir in ["epochs", "offsets", "state"] {
             let prefix = self.key(&[dir]);
             let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-            for o in objects {
-                let Some(epoch) = o
-                    .location
-                    .filename()
-                    .and_then(|f| f.split('.').next())
-                    .and_then(|n| n.parse::<u64>().ok())
-                else {
-                    continue;
+            let parsed: Vec<(&Path, u64, bool)> = objects
+                .iter()
+                .filter_map(|o| {
+                    let name = o.location.filename()?;
+                    let epoch = name.split('.').next()?.parse::<u64>().ok()?;
+                    Some((&o.location, epoch, !name.ends_with(".changes.bin")))
+                })
+                .collect();
+            // Per member directory: where its chain for `commit` starts.
+            let mut keep_from: std::collections::HashMap<String, u64> = Default::default();
+            if dir == "state" {
+                for (location, epoch, whole) in &parsed {
+                    if *whole && *epoch <= commit {
+                        let e = keep_from.entry(parent(location)).or_insert(*epoch);
+                        *e = (*e).max(*epoch);
+                    }
+                }
+            }
+            for (location, epoch, _) in parsed {
+                let before = match dir {
+                    "state" => keep_from.get(&parent(location)).copied().unwrap_or(0),
+                    _ => commit,
                 };
-                if epoch < commit {
-                    match self.store.delete(&o.location).await {
+                if epoch < before {
+                    match self.store.delete(location).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
                         Err(e) => return Err(e.into()),
                     }
@@ -273,6 +312,12 @@ impl CheckpointStore {
         }
         Ok(deleted)
     }
+}
+
+/// The directory part of a key.
+fn parent(location: &Path) -> String {
+    let s = location.as_ref();
+    s.rsplit_once('/').map_or("", |(dir, _)| dir).to_string()
 }
 
 /// A run lineage nobody has used: the query, the time and some randomness.
@@ -366,7 +411,8 @@ mod tests {
                 epochs: None,
             };
             cs.put_offsets(0, 1, e, &entry).await.unwrap();
-            cs.put_state(1, 0, e, vec![e as u8]).await.unwrap();
+            // Whole at 1, changes after it.
+            cs.put_state(1, 0, e, e <= 1, vec![e as u8]).await.unwrap();
         }
         cs.commit(Commit {
             epoch: 3,
@@ -375,14 +421,22 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 3);
-        assert_eq!(cs.forget_before(3).await.unwrap(), 9);
+        // Plans and entries of 0..3; the state of 0 (1 is whole, and 2 and
+        // 3 build on it).
+        assert_eq!(cs.forget_before(3).await.unwrap(), 7);
+        assert!(cs.state(1, 0, 0).await.unwrap().is_none());
+        assert_eq!(cs.state(1, 0, 2).await.unwrap().unwrap().as_slice(), &[2]);
+        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[3]);
+        // A whole state replaces the changes written for the same epoch.
+        cs.put_state(1, 0, 3, true, vec![33]).await.unwrap();
+        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[33]);
+        assert_eq!(cs.forget_before(3).await.unwrap(), 2);
         assert!(cs.bytes_written() > 0);
         assert!(cs.offsets(0, 1, 2).await.unwrap().is_none());
         assert_eq!(
             cs.offsets(0, 1, 3).await.unwrap().unwrap().watermark,
             Some(3)
         );
-        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[3]);
         assert!(cs.epoch_plan(4).await.unwrap().unwrap().last);
     }
 }

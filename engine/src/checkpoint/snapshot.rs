@@ -1,6 +1,10 @@
 //! A stateful member's state as bytes: a JSON header (watermark, what has
 //! been emitted) and the held rows of each input edge as an Arrow IPC
 //! stream, the whole zstd-compressed.
+//!
+//! A state is whole, or the changes since an earlier state (its base): the
+//! rows kept and the watermarks that released windows, in order. Changes
+//! cost what an epoch added rather than every row of the open windows.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -12,7 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::ipc_decode::decode_stream;
 use crate::payload::ipc_bytes;
 use crate::watermark::Watermark;
-use crate::window_state::SavedWindows;
+use crate::window_state::{Change, SavedWindows};
 
 const MAGIC: &[u8; 8] = b"SKSTATE1";
 
@@ -26,6 +30,29 @@ pub struct MemberState {
     pub emitted_sessions: BTreeMap<u32, HashMap<String, (i64, i64)>>,
 }
 
+/// A member's changes between its state at `base` and at `epoch`, decoded.
+#[derive(Debug, Default)]
+pub struct MemberChanges {
+    pub epoch: u64,
+    pub base: u64,
+    pub watermark: Watermark,
+    pub changes: Vec<Change>,
+}
+
+/// What one state object holds.
+#[derive(Debug)]
+pub enum Snapshot {
+    Whole(MemberState),
+    Changes(MemberChanges),
+}
+
+/// One change in a header; its rows are the next batch of its edge's stream.
+#[derive(Serialize, Deserialize)]
+enum ChangeHead {
+    Rows(u32),
+    Released(i64),
+}
+
 #[derive(Serialize, Deserialize)]
 struct Header {
     epoch: u64,
@@ -35,6 +62,67 @@ struct Header {
     emitted_sessions: BTreeMap<u32, Vec<(String, i64, i64)>>,
     /// The edges whose rows follow, in order.
     edges: Vec<u32>,
+    /// Set when this holds changes on the state at that epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    changes: Vec<ChangeHead>,
+}
+
+/// Header, then per edge the length and bytes of its IPC stream, compressed.
+fn frame(
+    header: &Header,
+    streams: &[(u32, &[RecordBatch])],
+    schemas: &BTreeMap<u32, SchemaRef>,
+) -> Result<Vec<u8>> {
+    let json = serde_json::to_vec(header).map_err(|e| EngineError::Context(e.to_string()))?;
+    let mut raw = Vec::with_capacity(json.len() + 64);
+    raw.extend_from_slice(MAGIC);
+    raw.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    raw.extend_from_slice(&json);
+    for (edge, batches) in streams {
+        let schema = schemas.get(edge).ok_or_else(|| {
+            EngineError::Context(format!("state of edge {edge}: no schema for it"))
+        })?;
+        let ipc = ipc_bytes(schema, batches)?;
+        raw.extend_from_slice(&(ipc.len() as u64).to_le_bytes());
+        raw.extend_from_slice(&ipc);
+    }
+    zstd::bulk::compress(&raw, 1).map_err(EngineError::Io)
+}
+
+/// Encode the changes a member made since its state at `base`.
+pub fn encode_changes(
+    epoch: u64,
+    base: u64,
+    watermark: Watermark,
+    changes: &[Change],
+    schemas: &BTreeMap<u32, SchemaRef>,
+) -> Result<Vec<u8>> {
+    let mut rows: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+    let heads = changes
+        .iter()
+        .map(|c| match c {
+            Change::Rows { edge, batch } => {
+                rows.entry(*edge).or_default().push(batch.clone());
+                ChangeHead::Rows(*edge)
+            }
+            Change::Released(w) => ChangeHead::Released(*w),
+        })
+        .collect();
+    let header = Header {
+        epoch,
+        watermark: watermark.value,
+        idle: watermark.idle,
+        released: None,
+        emitted_sessions: BTreeMap::new(),
+        edges: rows.keys().copied().collect(),
+        base: Some(base),
+        changes: heads,
+    };
+    let streams: Vec<(u32, &[RecordBatch])> =
+        rows.iter().map(|(e, b)| (*e, b.as_slice())).collect();
+    frame(&header, &streams, schemas)
 }
 
 /// Encode a member's state; `schemas` gives each edge's row schema.
@@ -65,29 +153,23 @@ pub fn encode_state(
             })
             .collect(),
         edges: edges.clone(),
+        base: None,
+        changes: vec![],
     };
-    let json = serde_json::to_vec(&header).map_err(|e| EngineError::Context(e.to_string()))?;
-    let mut raw = Vec::with_capacity(json.len() + 64);
-    raw.extend_from_slice(MAGIC);
-    raw.extend_from_slice(&(json.len() as u64).to_le_bytes());
-    raw.extend_from_slice(&json);
-    for edge in edges {
-        let schema = schemas.get(&edge).ok_or_else(|| {
-            EngineError::Context(format!("state of edge {edge}: no schema for it"))
-        })?;
-        let ipc = ipc_bytes(schema, &windows.buffered[&edge])?;
-        raw.extend_from_slice(&(ipc.len() as u64).to_le_bytes());
-        raw.extend_from_slice(&ipc);
-    }
-    zstd::bulk::compress(&raw, 1).map_err(EngineError::Io)
+    let streams: Vec<(u32, &[RecordBatch])> = edges
+        .iter()
+        .map(|e| (*e, windows.buffered[e].as_slice()))
+        .collect();
+    frame(&header, &streams, schemas)
 }
 
-/// Decode what [`encode_state`] wrote; `what` names it in errors.
+/// Decode what [`encode_state`] or [`encode_changes`] wrote; `what` names
+/// it in errors.
 pub fn decode_state(
     bytes: &[u8],
     schemas: &BTreeMap<u32, SchemaRef>,
     what: &str,
-) -> Result<MemberState> {
+) -> Result<Snapshot> {
     let bad = |reason: String| EngineError::Context(format!("state {what}: {reason}"));
     let raw =
         zstd::stream::decode_all(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
@@ -118,12 +200,37 @@ pub fn decode_state(
             decode_stream(take(n)?, schema).map_err(|e| bad(format!("edge {edge}: {e}")))?;
         buffered.insert(*edge, batches);
     }
-    Ok(MemberState {
+    let watermark = Watermark {
+        value: header.watermark,
+        idle: header.idle,
+    };
+    if let Some(base) = header.base {
+        let mut rows: BTreeMap<u32, std::vec::IntoIter<RecordBatch>> = buffered
+            .into_iter()
+            .map(|(e, b): (u32, Vec<RecordBatch>)| (e, b.into_iter()))
+            .collect();
+        let changes = header
+            .changes
+            .into_iter()
+            .map(|c| match c {
+                ChangeHead::Rows(edge) => rows
+                    .get_mut(&edge)
+                    .and_then(Iterator::next)
+                    .map(|batch| Change::Rows { edge, batch })
+                    .ok_or_else(|| bad(format!("edge {edge} has fewer batches than its changes"))),
+                ChangeHead::Released(w) => Ok(Change::Released(w)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Snapshot::Changes(MemberChanges {
+            epoch: header.epoch,
+            base,
+            watermark,
+            changes,
+        }));
+    }
+    Ok(Snapshot::Whole(MemberState {
         epoch: header.epoch,
-        watermark: Watermark {
-            value: header.watermark,
-            idle: header.idle,
-        },
+        watermark,
         buffered,
         released: header.released,
         emitted_sessions: header
@@ -131,7 +238,7 @@ pub fn decode_state(
             .into_iter()
             .map(|(e, v)| (e, v.into_iter().map(|(k, a, b)| (k, (a, b))).collect()))
             .collect(),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -165,15 +272,31 @@ mod tests {
             idle: true,
         };
         let bytes = encode_state(3, wm, saved, &schemas).unwrap();
-        let back = decode_state(&bytes, &schemas, "t").unwrap();
+        let Snapshot::Whole(back) = decode_state(&bytes, &schemas, "t").unwrap() else {
+            panic!("a whole state decodes whole");
+        };
         assert_eq!(back.epoch, 3);
         assert_eq!(back.watermark, wm);
         assert_eq!(back.released, Some(7));
-        assert_eq!(back.buffered[&4], vec![batch]);
+        assert_eq!(back.buffered[&4], vec![batch.clone()]);
         assert_eq!(back.emitted_sessions, sessions);
         for cut in [0, 5, bytes.len() / 2, bytes.len() - 1] {
             assert!(decode_state(&bytes[..cut], &schemas, "t").is_err());
         }
+        let changes = vec![
+            Change::Rows {
+                edge: 4,
+                batch: batch.clone(),
+            },
+            Change::Released(9),
+            Change::Rows { edge: 4, batch },
+        ];
+        let bytes = encode_changes(5, 3, wm, &changes, &schemas).unwrap();
+        let Snapshot::Changes(back) = decode_state(&bytes, &schemas, "t").unwrap() else {
+            panic!("changes decode as changes");
+        };
+        assert_eq!((back.epoch, back.base, back.watermark), (5, 3, wm));
+        assert_eq!(back.changes, changes);
         let other = zstd::bulk::compress(b"SKSTATE1\xff\xff\xff\xff\xff\xff\xff\xff", 1).unwrap();
         assert!(decode_state(&other, &schemas, "t").is_err());
     }

@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 
 use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
-use crate::checkpoint::{CheckpointStore, decode_state, encode_state};
+use crate::checkpoint::CheckpointStore;
 use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
@@ -37,6 +37,7 @@ use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
 use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
 use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 
+mod member_state;
 mod routing;
 mod source_stage;
 
@@ -134,6 +135,9 @@ struct StageState {
     /// This instance took its state from the checkpoint store (or had
     /// nothing to take): done once, before its first epoch.
     restored: bool,
+    /// The states this member wrote (or restored), that the next
+    /// checkpoint may build on.
+    saved: member_state::SavedChain,
 }
 
 pub struct StageFunction {
@@ -274,71 +278,6 @@ impl StageFunction {
 
     pub fn context(&self) -> &CloudContext {
         &self.ctx
-    }
-
-    /// The checkpoint store, when this query checkpoints.
-    fn checkpoints(&self) -> Option<&Arc<CheckpointStore>> {
-        self.ctx
-            .checkpoint
-            .as_ref()
-            .and(self.env.checkpoints.as_ref())
-    }
-
-    /// A cold instance of a member that takes payloads: continue after the
-    /// last committed epoch, with the state this member had then.
-    async fn restore(&self, state: &mut StageState) -> Result<()> {
-        let Some(cs) = self.checkpoints() else {
-            return Ok(());
-        };
-        let Some(commit) = cs.committed().await? else {
-            return Ok(());
-        };
-        state.next_epoch = commit.epoch + 1;
-        if self.ctx.mode == StageMode::Stream {
-            return Ok(());
-        }
-        let bytes = cs
-            .state(self.ctx.stage, self.ctx.member, commit.epoch)
-            .await?
-            .ok_or_else(|| {
-                EngineError::Context(format!(
-                    "{}: epoch {} is committed but this member's state for it is not in the \
-                     checkpoint store {}",
-                    self.name,
-                    commit.epoch,
-                    cs.root()
-                ))
-            })?;
-        let what = format!("{} epoch {}", self.name, commit.epoch);
-        let saved = decode_state(&bytes, &self.input_schemas, &what)?;
-        state.watermark = saved.watermark;
-        state
-            .windows
-            .restore(saved.buffered, saved.released, saved.emitted_sessions);
-        tracing::info!(stage = %self.name, epoch = commit.epoch, "state restored from the checkpoint");
-        Ok(())
-    }
-
-    /// Keep this member's state as of the end of `epoch`, when the
-    /// checkpoint interval (or the end of the run) says so.
-    async fn save_state(&self, state: &StageState, epoch: u64, last: bool) -> Result<()> {
-        let (Some(cs), Some(spec)) = (self.checkpoints(), &self.ctx.checkpoint) else {
-            return Ok(());
-        };
-        if self.ctx.mode == StageMode::Stream
-            || !(last || epoch.is_multiple_of(spec.interval.max(1)))
-        {
-            return Ok(());
-        }
-        let bytes = encode_state(
-            epoch,
-            state.watermark,
-            state.windows.saved(),
-            &self.input_schemas,
-        )?;
-        crate::metrics::checkpoint_bytes(&self.name, bytes.len());
-        cs.put_state(self.ctx.stage, self.ctx.member, epoch, bytes)
-            .await
     }
 
     /// Serve one invocation as it came over the wire. Errors name the

@@ -1,0 +1,167 @@
+//! A stateful member's durable state: restored once by a cold instance,
+//! written at the end of checkpointed epochs. Most checkpoints write only
+//! the changes since the previous one; a whole state is written when there
+//! is nothing to build on or the chain of changes has grown as large as a
+//! whole state would be, so a restore reads at most about twice the state.
+
+use std::sync::Arc;
+
+use super::{StageFunction, StageState};
+use crate::checkpoint::{CheckpointStore, Snapshot, decode_state, encode_changes, encode_state};
+use crate::context::StageMode;
+use crate::error::{EngineError, Result};
+
+/// Longest chain of changes before a whole state, whatever the sizes: it
+/// bounds how many objects a restore reads.
+const MAX_CHAIN: u32 = 64;
+
+/// What this instance knows of the states it wrote or read.
+#[derive(Debug, Default)]
+pub(super) struct SavedChain {
+    /// The epoch of the newest state in the store that this instance's
+    /// buffer continues from.
+    base: Option<u64>,
+    /// Bytes of the whole state at the chain's start.
+    whole_bytes: usize,
+    /// Bytes and count of the changes written on it since.
+    changes_bytes: usize,
+    changes: u32,
+}
+
+impl SavedChain {
+    fn wants_whole(&self) -> bool {
+        self.base.is_none()
+            || self.changes >= MAX_CHAIN
+            || self.changes_bytes >= self.whole_bytes.max(64 * 1024)
+    }
+}
+
+impl StageFunction {
+    /// The checkpoint store, when this query checkpoints.
+    pub(super) fn checkpoints(&self) -> Option<&Arc<CheckpointStore>> {
+        self.ctx
+            .checkpoint
+            .as_ref()
+            .and(self.env.checkpoints.as_ref())
+    }
+
+    /// A cold instance of a member that takes payloads: continue after the
+    /// last committed epoch, with the state this member had then (a whole
+    /// state and the changes written on it since).
+    pub(super) async fn restore(&self, state: &mut StageState) -> Result<()> {
+        let Some(cs) = self.checkpoints() else {
+            return Ok(());
+        };
+        if self.ctx.mode != StageMode::Stream {
+            state.windows.keep_changes();
+        }
+        let Some(commit) = cs.committed().await? else {
+            return Ok(());
+        };
+        state.next_epoch = commit.epoch + 1;
+        if self.ctx.mode == StageMode::Stream {
+            return Ok(());
+        }
+        let mut chain = vec![];
+        let mut epoch = commit.epoch;
+        let mut saved = SavedChain {
+            base: Some(commit.epoch),
+            ..Default::default()
+        };
+        let whole = loop {
+            let bytes = cs
+                .state(self.ctx.stage, self.ctx.member, epoch)
+                .await?
+                .ok_or_else(|| {
+                    EngineError::Context(format!(
+                        "{}: epoch {} is committed but this member's state for epoch {epoch} \
+                         is not in the checkpoint store {}",
+                        self.name,
+                        commit.epoch,
+                        cs.root()
+                    ))
+                })?;
+            let what = format!("{} epoch {epoch}", self.name);
+            match decode_state(&bytes, &self.input_schemas, &what)? {
+                Snapshot::Whole(w) => {
+                    saved.whole_bytes = bytes.len();
+                    break w;
+                }
+                Snapshot::Changes(c) => {
+                    if c.base >= epoch {
+                        return Err(EngineError::Context(format!(
+                            "state {what}: its base epoch {} is not before it",
+                            c.base
+                        )));
+                    }
+                    saved.changes_bytes += bytes.len();
+                    saved.changes += 1;
+                    epoch = c.base;
+                    chain.push(c);
+                }
+            }
+        };
+        state.watermark = whole.watermark;
+        state
+            .windows
+            .restore(whole.buffered, whole.released, whole.emitted_sessions);
+        for c in chain.into_iter().rev() {
+            state.watermark = c.watermark;
+            state.windows.apply(c.changes)?;
+        }
+        state.saved = saved;
+        tracing::info!(stage = %self.name, epoch = commit.epoch, "state restored from the checkpoint");
+        Ok(())
+    }
+
+    /// Keep this member's state as of the end of `epoch`, when the
+    /// checkpoint interval (or the end of the run) says so.
+    pub(super) async fn save_state(
+        &self,
+        state: &mut StageState,
+        epoch: u64,
+        last: bool,
+    ) -> Result<()> {
+        let (Some(cs), Some(spec)) = (self.checkpoints(), &self.ctx.checkpoint) else {
+            return Ok(());
+        };
+        if self.ctx.mode == StageMode::Stream
+            || !(last || epoch.is_multiple_of(spec.interval.max(1)))
+        {
+            return Ok(());
+        }
+        let changes = state.windows.take_changes();
+        let (bytes, whole) = match (changes, state.saved.base) {
+            (Some(changes), Some(base)) if !state.saved.wants_whole() => (
+                encode_changes(epoch, base, state.watermark, &changes, &self.input_schemas)?,
+                false,
+            ),
+            _ => (
+                encode_state(
+                    epoch,
+                    state.watermark,
+                    state.windows.saved(),
+                    &self.input_schemas,
+                )?,
+                true,
+            ),
+        };
+        crate::metrics::checkpoint_bytes(&self.name, bytes.len());
+        let len = bytes.len();
+        cs.put_state(self.ctx.stage, self.ctx.member, epoch, whole, bytes)
+            .await?;
+        let chain = &mut state.saved;
+        chain.base = Some(epoch);
+        if whole {
+            *chain = SavedChain {
+                base: Some(epoch),
+                whole_bytes: len,
+                ..Default::default()
+            };
+        } else {
+            chain.changes_bytes += len;
+            chain.changes += 1;
+        }
+        Ok(())
+    }
+}
