@@ -94,7 +94,13 @@ pub struct CheckpointStore {
     manifest: Manifest,
     /// Bytes this handle has written (what a checkpoint costs).
     written: Arc<std::sync::atomic::AtomicU64>,
+    /// The commit this handle last cleaned up after (listing costs).
+    forgot_at: Arc<std::sync::Mutex<Option<u64>>>,
 }
+
+/// Commits between clean-ups: each lists the store, and what waits for the
+/// next one costs only space.
+const FORGET_EVERY: u64 = 16;
 
 fn epoch_name(e: u64) -> String {
     // Zero-padded so that listings sort by epoch.
@@ -134,6 +140,7 @@ impl CheckpointStore {
             root,
             manifest,
             written: Default::default(),
+            forgot_at: Default::default(),
         })
     }
 
@@ -148,6 +155,7 @@ impl CheckpointStore {
                 run: run.to_string(),
             },
             written: Default::default(),
+            forgot_at: Default::default(),
         }
     }
 
@@ -272,8 +280,21 @@ impl CheckpointStore {
     /// plans and log entries of epochs before it (the committed epoch's own
     /// entry is where a restart starts), and per member the states before
     /// the newest whole state at or before it (the changes after that whole
-    /// state rebuild the committed one).
+    /// state rebuild the committed one). Done at most every
+    /// [`FORGET_EVERY`] commits of this handle.
     pub async fn forget_before(&self, commit: u64) -> Result<u64> {
+        {
+            let mut at = self.forgot_at.lock().expect("not poisoned");
+            if at.is_some_and(|at| commit < at + FORGET_EVERY) {
+                return Ok(0);
+            }
+            *at = Some(commit);
+        }
+        self.forget_now(commit).await
+    }
+
+    /// [`Self::forget_before`], now.
+    pub async fn forget_now(&self, commit: u64) -> Result<u64> {
         use futures::TryStreamExt;
         let mut deleted = 0;
         for dir in ["epochs", "offsets", "state"] {
@@ -430,7 +451,8 @@ mod tests {
         // A whole state replaces the changes written for the same epoch.
         cs.put_state(1, 0, 3, true, vec![33]).await.unwrap();
         assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[33]);
-        assert_eq!(cs.forget_before(3).await.unwrap(), 2);
+        assert_eq!(cs.forget_before(3).await.unwrap(), 0, "done at 3 already");
+        assert_eq!(cs.forget_now(3).await.unwrap(), 2);
         assert!(cs.bytes_written() > 0);
         assert!(cs.offsets(0, 1, 2).await.unwrap().is_none());
         assert_eq!(

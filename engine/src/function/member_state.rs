@@ -114,21 +114,21 @@ impl StageFunction {
         Ok(())
     }
 
-    /// Keep this member's state as of the end of `epoch`, when the
-    /// checkpoint interval (or the end of the run) says so.
-    pub(super) async fn save_state(
+    /// This member's state as of the end of `epoch`, encoded, when the
+    /// checkpoint interval (or the end of the run) says to keep it.
+    pub(super) fn state_to_save(
         &self,
         state: &mut StageState,
         epoch: u64,
         last: bool,
-    ) -> Result<()> {
-        let (Some(cs), Some(spec)) = (self.checkpoints(), &self.ctx.checkpoint) else {
-            return Ok(());
+    ) -> Result<Option<StateWrite>> {
+        let Some(spec) = self.checkpoints().and(self.ctx.checkpoint.as_ref()) else {
+            return Ok(None);
         };
         if self.ctx.mode == StageMode::Stream
             || !(last || epoch.is_multiple_of(spec.interval.max(1)))
         {
-            return Ok(());
+            return Ok(None);
         }
         let changes = state.windows.take_changes();
         let (bytes, whole) = match (changes, state.saved.base) {
@@ -147,21 +147,55 @@ impl StageFunction {
             ),
         };
         crate::metrics::checkpoint_bytes(&self.name, bytes.len());
-        let len = bytes.len();
-        cs.put_state(self.ctx.stage, self.ctx.member, epoch, whole, bytes)
+        Ok(Some(StateWrite {
+            epoch,
+            whole,
+            bytes,
+        }))
+    }
+
+    /// Write what [`Self::state_to_save`] encoded; its size, once written.
+    pub(super) async fn write_state(&self, write: Option<StateWrite>) -> Result<Option<Written>> {
+        let (Some(cs), Some(w)) = (self.checkpoints(), write) else {
+            return Ok(None);
+        };
+        let len = w.bytes.len();
+        cs.put_state(self.ctx.stage, self.ctx.member, w.epoch, w.whole, w.bytes)
             .await?;
-        let chain = &mut state.saved;
-        chain.base = Some(epoch);
-        if whole {
-            *chain = SavedChain {
-                base: Some(epoch),
-                whole_bytes: len,
+        Ok(Some(Written {
+            epoch: w.epoch,
+            whole: w.whole,
+            len,
+        }))
+    }
+}
+
+/// A member state encoded for one epoch, not yet written.
+pub(super) struct StateWrite {
+    epoch: u64,
+    whole: bool,
+    bytes: Vec<u8>,
+}
+
+/// A member state in the store: the next changes build on it.
+pub(super) struct Written {
+    epoch: u64,
+    whole: bool,
+    len: usize,
+}
+
+impl SavedChain {
+    pub(super) fn note(&mut self, w: Written) {
+        if w.whole {
+            *self = SavedChain {
+                base: Some(w.epoch),
+                whole_bytes: w.len,
                 ..Default::default()
             };
         } else {
-            chain.changes_bytes += len;
-            chain.changes += 1;
+            self.base = Some(w.epoch);
+            self.changes_bytes += w.len;
+            self.changes += 1;
         }
-        Ok(())
     }
 }

@@ -432,26 +432,36 @@ impl StageFunction {
             }
         };
         crate::metrics::state_bytes(&self.name, state.windows.bytes());
-        self.save_state(state, epoch, input.last).await?;
+        // The state is encoded now and written while the epoch's output is
+        // computed and sent: both finish before the invocation answers, and
+        // so before the epoch can be committed.
+        let to_save = self.state_to_save(state, epoch, input.last)?;
         let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
-        match to_run {
-            None => {
-                self.route(output, header, None).await?;
-                Ok(0)
+        let run = async {
+            match to_run {
+                None => {
+                    self.route(output, header, None).await?;
+                    Ok(0)
+                }
+                Some(mut edges) => {
+                    let plan = bind_leaves(&output.plan, &mut |input| match input {
+                        StageInput::Shuffle { shuffle_id } => {
+                            Ok(edges.remove(shuffle_id).unwrap_or_default())
+                        }
+                        StageInput::Source { table, .. } => Err(EngineError::plan(format!(
+                            "stage {} has a source leaf {table} beside exchanges",
+                            self.name
+                        ))),
+                    })?;
+                    self.run_and_route(output, plan, header).await
+                }
             }
-            Some(mut edges) => {
-                let plan = bind_leaves(&output.plan, &mut |input| match input {
-                    StageInput::Shuffle { shuffle_id } => {
-                        Ok(edges.remove(shuffle_id).unwrap_or_default())
-                    }
-                    StageInput::Source { table, .. } => Err(EngineError::plan(format!(
-                        "stage {} has a source leaf {table} beside exchanges",
-                        self.name
-                    ))),
-                })?;
-                self.run_and_route(output, plan, header).await
-            }
+        };
+        let (written, rows) = tokio::join!(self.write_state(to_save), run);
+        if let Some(w) = written? {
+            state.saved.note(w);
         }
+        rows
     }
 
     /// Count late rows per table and send them to their table's dead-letter
