@@ -15,6 +15,7 @@ pub mod arena;
 pub mod backoff;
 pub mod checkpoint;
 pub mod codec;
+pub mod compaction;
 pub mod context;
 pub mod driver;
 pub mod error;

@@ -174,6 +174,27 @@ impl WindowBuffer {
         std::mem::take(&mut self.buffered)
     }
 
+    /// Batches held for an edge.
+    pub fn held_batches(&self, edge: u32) -> usize {
+        self.buffered.get(&edge).map_or(0, Vec::len)
+    }
+
+    /// Take an edge's held rows to rewrite them (merge partial aggregates);
+    /// [`WindowBuffer::put_back`] returns them. Changes cannot say this: the
+    /// next checkpoint is whole.
+    pub fn take_edge(&mut self, edge: u32) -> Vec<RecordBatch> {
+        self.journal.whole = true;
+        self.journal.changes.clear();
+        self.buffered.remove(&edge).unwrap_or_default()
+    }
+
+    pub fn put_back(&mut self, edge: u32, batches: Vec<RecordBatch>) {
+        let batches: Vec<_> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        if !batches.is_empty() {
+            self.buffered.insert(edge, batches);
+        }
+    }
+
     /// Keep the changes from now on, for checkpoints that write only them.
     pub fn keep_changes(&mut self) {
         self.journal.on = true;

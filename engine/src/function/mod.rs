@@ -25,6 +25,7 @@ use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
 use crate::checkpoint::CheckpointStore;
 use crate::codec::{plan_from_bytes, schema_from_bytes};
+use crate::compaction::Compactor;
 use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
 use crate::exec::{StageInput, StageInputExec, rewrite_leaves};
@@ -149,6 +150,8 @@ pub struct StageFunction {
     readers: Vec<SourceReader>,
     sink: Option<Arc<dyn Sink>>,
     input_schemas: BTreeMap<u32, SchemaRef>,
+    /// Per input edge of partial aggregate rows: how to merge them.
+    compactors: BTreeMap<u32, Compactor>,
     late: BTreeMap<u32, LateHandling>,
     env: FunctionEnv,
     state: Mutex<StageState>,
@@ -217,6 +220,11 @@ impl StageFunction {
         };
         let mut input_schemas = BTreeMap::new();
         collect_leaf_schemas(&outputs[0].plan, &mut input_schemas);
+        let compactors = if ctx.mode == StageMode::Stream {
+            BTreeMap::new()
+        } else {
+            Compactor::for_plan(&outputs[0].plan)
+        };
         let mut late = BTreeMap::new();
         for e in &ctx.inputs {
             let dead_letters = match &e.late_letters {
@@ -266,6 +274,7 @@ impl StageFunction {
             readers,
             sink,
             input_schemas,
+            compactors,
             late,
             env,
             state: Mutex::new(state),
@@ -431,6 +440,13 @@ impl StageFunction {
                 }
             }
         };
+        for c in self.compactors.values() {
+            if c.wants(state.windows.held_batches(c.edge())) {
+                let held = state.windows.take_edge(c.edge());
+                let merged = c.merge(held, self.task_ctx.clone()).await?;
+                state.windows.put_back(c.edge(), merged);
+            }
+        }
         crate::metrics::state_bytes(&self.name, state.windows.bytes());
         // The state is encoded now and written while the epoch's output is
         // computed and sent: both finish before the invocation answers, and
