@@ -2,6 +2,7 @@
 //! with checkpoints off and on (a local directory, every epoch), in the same
 //! process and with the same input; the figures are medians of the runs.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -14,12 +15,12 @@ use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::context::CheckpointSpec;
 use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
-use skein_engine::planner::{PlanOptions, plan_query, session};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 
 use crate::bench::median;
 use crate::registry::registries;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct StateBenchArgs {
     /// Queries to run.
     #[arg(long, value_delimiter = ',', default_values_t = [5, 7, 8])]
@@ -43,8 +44,16 @@ pub struct StateBenchArgs {
     json: bool,
 }
 
-/// One run: seconds, and bytes written to the checkpoint store.
-async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<(f64, u64)> {
+/// A query planned onto a fresh in-process runtime; with `dir`, it
+/// checkpoints there every epoch.
+struct Setup {
+    plan: QueryPlan,
+    runtime: Arc<LocalRuntime>,
+    options: PlanOptions,
+    store: Option<Arc<CheckpointStore>>,
+}
+
+async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
     let sql = crate::run::nexmark_sql(query, args.events, args.rate, 1)?;
     let regs = registries();
     let ctx = session(&regs.sources, args.group_size);
@@ -56,32 +65,99 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
-    let dir = std::env::temp_dir().join(format!(
-        "skein-bench-state-{}-{}",
-        std::process::id(),
-        plan.query_code
-    ));
-    let store = if checkpoint {
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir)?;
-        let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&dir)?);
-        let cs = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
-            .await
-            .map_err(anyhow::Error::msg)?;
-        options.run = cs.manifest().run.clone();
-        options.checkpoint = Some(CheckpointSpec { interval: 1 });
-        let cs = Arc::new(cs);
-        runtime.set_checkpoints(Some(cs.clone()));
-        Some(cs)
-    } else {
-        None
+    let store = match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir)?);
+            let cs =
+                CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            options.run = cs.manifest().run.clone();
+            options.checkpoint = Some(CheckpointSpec { interval: 1 });
+            let cs = Arc::new(cs);
+            runtime.set_checkpoints(Some(cs.clone()));
+            Some(cs)
+        }
+        None => None,
     };
-    let report = run_local(&plan, &runtime, &options, args.epochs, |_, _| {})
+    Ok(Setup {
+        plan,
+        runtime,
+        options,
+        store,
+    })
+}
+
+fn scratch_dir(query: u32, what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "skein-bench-state-{}-q{query}-{what}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// One run: seconds, and bytes written to the checkpoint store.
+async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<(f64, u64)> {
+    let dir = checkpoint.then(|| scratch_dir(query, "run"));
+    let s = setup(query, args, dir.as_deref()).await?;
+    let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, _| {})
         .await
         .with_context(|| format!("running NEXMark q{query}"))?;
-    let written = store.as_ref().map_or(0, |s| s.bytes_written());
-    let _ = std::fs::remove_dir_all(&dir);
+    let written = s.store.as_ref().map_or(0, |s| s.bytes_written());
+    if let Some(dir) = dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
     Ok((report.elapsed_s, written))
+}
+
+/// Recovery time: a run is killed midway (its own tokio runtime is shut
+/// down with every task in it, as a crash would stop them), then a fresh
+/// runtime on the same checkpoint directory resumes. Seconds from the
+/// resume's start until it has finished its first epoch: deploying,
+/// restoring each member's state and re-running the epoch after the commit.
+async fn recovery_once(query: u32, args: &StateBenchArgs) -> Result<f64> {
+    let dir = scratch_dir(query, "recovery");
+    let kill_at = args.epochs / 2;
+    let (killed_dir, bench) = (dir.clone(), args.clone());
+    std::thread::spawn(move || -> Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.block_on(async {
+            let s = setup(query, &bench, Some(&killed_dir)).await?;
+            tokio::spawn(async move {
+                let _ = run_local(&s.plan, &s.runtime, &s.options, bench.epochs, |e, _| {
+                    if e >= kill_at {
+                        let _ = tx.send(());
+                    }
+                })
+                .await;
+            });
+            anyhow::Ok(())
+        })?;
+        let _ = rx.recv();
+        rt.shutdown_background();
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the killed run panicked"))??;
+    let s = setup(query, args, Some(&dir)).await?;
+    let started = std::time::Instant::now();
+    let mut first = None;
+    let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, _| {
+        first.get_or_insert_with(|| started.elapsed().as_secs_f64());
+    })
+    .await
+    .with_context(|| format!("resuming NEXMark q{query}"))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if report.resumed_after.is_none() {
+        anyhow::bail!("q{query}: the resumed run found no commit to resume after");
+    }
+    first.ok_or_else(|| anyhow::anyhow!("q{query}: the resumed run ran no epoch"))
 }
 
 /// The process's peak resident set (VmHWM), in MB, where Linux says it.
@@ -95,15 +171,16 @@ fn peak_rss_mb() -> Option<f64> {
 pub async fn state(args: StateBenchArgs) -> Result<()> {
     let mut rows = vec![];
     for &query in &args.queries {
-        let (mut off, mut on, mut bytes) = (vec![], vec![], 0);
+        let (mut off, mut on, mut bytes, mut recovery) = (vec![], vec![], 0, vec![]);
         // Alternate the settings so drift on a noisy machine hits both.
         for _ in 0..args.repeat {
             off.push(run_once(query, &args, false).await?.0);
             let (s, b) = run_once(query, &args, true).await?;
             on.push(s);
             bytes = b;
+            recovery.push(recovery_once(query, &args).await?);
         }
-        let (off, on) = (median(off), median(on));
+        let (off, on, recovery) = (median(off), median(on), median(recovery));
         let events = args.events as f64;
         rows.push(json!({
             "query": query,
@@ -111,6 +188,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
             "events_per_s_on": (events / on).round(),
             "cost_ratio": on / off,
             "checkpoint_bytes_per_epoch": bytes / args.epochs,
+            "recovery_s": recovery,
         }));
     }
     let report = json!({
@@ -126,15 +204,16 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
         "{} events at {}/s of event time, {} epochs, group size {}, median of {}",
         args.events, args.rate, args.epochs, args.group_size, args.repeat
     );
-    println!("query  events/s off  events/s on  on/off time  checkpoint bytes/epoch");
+    println!("query  events/s off  events/s on  on/off time  checkpoint bytes/epoch  recovery s");
     for r in &rows {
         println!(
-            "q{:<5} {:>12} {:>12} {:>11.2}x {:>22}",
+            "q{:<5} {:>12} {:>12} {:>11.2}x {:>22} {:>11.3}",
             r["query"],
             r["events_per_s_off"],
             r["events_per_s_on"],
             r["cost_ratio"].as_f64().unwrap_or_default(),
-            r["checkpoint_bytes_per_epoch"]
+            r["checkpoint_bytes_per_epoch"],
+            r["recovery_s"].as_f64().unwrap_or_default()
         );
     }
     if let Some(mb) = report["peak_rss_mb"].as_f64() {
