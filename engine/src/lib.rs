@@ -17,6 +17,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod context;
 pub mod driver;
+pub mod epochs;
 pub mod error;
 pub mod exec;
 pub mod function;
