@@ -9,20 +9,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_lambda::types::Architecture;
 use clap::{Args, ValueEnum};
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::pretty::pretty_format_batches;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
-use skein_engine::driver::{destroy as destroy_functions, trigger_epoch};
+use skein_engine::driver::destroy as destroy_functions;
 use skein_engine::invoke::{FunctionService, FunctionSpec};
-use skein_engine::planner::{QueryPlan, plan_query, session};
-use skein_engine::verify::{compare, single_process};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
 use skein_lambda::dead_letter;
 use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
@@ -35,7 +32,7 @@ use skein_sinks::results;
 
 use crate::PlanArgs;
 use crate::registry::registries;
-use crate::run::{limit_rows, read_sql};
+use crate::run::read_sql;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -215,13 +212,13 @@ pub fn package(args: PackageArgs) -> Result<()> {
 }
 
 /// Everything a Lambda command talks to.
-struct Connection {
-    sdk: aws_config::SdkConfig,
-    store: Arc<dyn ObjectStore>,
-    store_url: String,
+pub(crate) struct Connection {
+    pub(crate) sdk: aws_config::SdkConfig,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) store_url: String,
 }
 
-async fn connect(store_url: &str) -> Result<Connection> {
+pub(crate) async fn connect(store_url: &str) -> Result<Connection> {
     let sdk = skein_lambda::sdk_config().await;
     skein_lambda::store::ensure_bucket(&sdk, store_url).await?;
     let store = skein_lambda::store::open(store_url)?;
@@ -274,7 +271,7 @@ fn run_id() -> String {
 }
 
 /// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
-async fn plan(
+pub(crate) async fn plan(
     sql: &str,
     p: &PlanArgs,
     store_url: &str,
@@ -295,7 +292,7 @@ async fn plan(
 
 /// The Kinesis tables declared `'mode' 'push'`, with the function an
 /// event-source mapping feeds: the source stage's first member.
-fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> {
+pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> {
     let mut out = vec![];
     for stage in &plan.stages {
         for leaf in &stage.sources {
@@ -325,35 +322,33 @@ fn results_location(store_url: &str) -> String {
     format!("{}/skein/results", store_url.trim_end_matches('/'))
 }
 
-/// Deploy the query's dead-letter function (unless --on-failure names
-/// another destination), then every stage function.
-async fn deploy_plan(
+/// The options every function of the query is deployed with: its code
+/// (uploaded once) and the on-failure destination of its async invocations
+/// (the query's dead-letter function, deployed here, unless --on-failure
+/// names another).
+pub(crate) async fn service_options(
     b: &Connection,
     args: &LambdaArgs,
     plan: &QueryPlan,
-    p: &PlanArgs,
-    epochs: Option<u64>,
-) -> Result<Vec<Deployed>> {
+) -> Result<ServiceOptions> {
     let (code, code_sha256) = code(b, args).await?;
-    let extra_env = BTreeMap::from([
-        (STORE_ENV.to_string(), b.store_url.clone()),
-        // A new id per deployment: every function starts from a fresh instance.
-        (RUN_ENV.to_string(), run_id()),
-    ]);
-    let mut service_options = ServiceOptions {
+    let mut options = ServiceOptions {
         code,
         code_sha256,
         role: args.role.clone(),
         memory_mb: args.memory,
         timeout_s: args.timeout,
         arch: args.arch.lambda(),
-        extra_env: extra_env.clone(),
+        extra_env: BTreeMap::from([
+            (STORE_ENV.to_string(), b.store_url.clone()),
+            (RUN_ENV.to_string(), run_id()),
+        ]),
         on_failure: None,
     };
-    service_options.on_failure = match &args.on_failure {
+    options.on_failure = match &args.on_failure {
         Some(arn) => Some(arn.clone()),
         None => {
-            let dlq = LambdaFunctionService::new(&b.sdk, Some(service_options.clone()));
+            let dlq = LambdaFunctionService::new(&b.sdk, Some(options.clone()));
             let name = dead_letter::function_name(&plan.query_code);
             dlq.create(FunctionSpec {
                 name: name.clone(),
@@ -364,8 +359,40 @@ async fn deploy_plan(
             Some(dlq.function_arn(&name).await?)
         }
     };
+    Ok(options)
+}
+
+/// Deploy every stage function with `env` added to its environment and a
+/// new run id, so every function starts from a fresh instance.
+pub(crate) async fn deploy_stages(
+    b: &Connection,
+    service_options: &ServiceOptions,
+    plan: &QueryPlan,
+    options: &PlanOptions,
+    epochs: Option<u64>,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<Deployed>> {
+    let mut service_options = service_options.clone();
+    service_options.extra_env.extend(env.clone());
+    service_options
+        .extra_env
+        .insert(RUN_ENV.to_string(), run_id());
+    let extra_env = service_options.extra_env.clone();
     let service = LambdaFunctionService::new(&b.sdk, Some(service_options));
-    Ok(deploy_functions(plan, &service, &b.store, &p.options(), epochs, &extra_env).await?)
+    Ok(deploy_functions(plan, &service, &b.store, options, epochs, &extra_env).await?)
+}
+
+/// Deploy the query's dead-letter function (unless --on-failure names
+/// another destination), then every stage function.
+async fn deploy_plan(
+    b: &Connection,
+    args: &LambdaArgs,
+    plan: &QueryPlan,
+    p: &PlanArgs,
+    epochs: Option<u64>,
+) -> Result<Vec<Deployed>> {
+    let service = service_options(b, args, plan).await?;
+    deploy_stages(b, &service, plan, &p.options(), epochs, &BTreeMap::new()).await
 }
 
 /// `skein deploy FILE.sql --backend lambda`.
@@ -432,197 +459,6 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `skein run FILE.sql --backend lambda`: deploy for this run, trigger the
-/// source stage once per epoch, read the results back, optionally verify.
-/// Invocations between functions happen in other processes, so the JSON
-/// line reports `invocations` and `payload_bytes` as null.
-pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaArgs) -> Result<()> {
-    let sql = read_sql(file)?;
-    let b = connect(&args.store).await?;
-    let (plan, ctx) = plan(&sql, &common.plan, &b.store_url).await?;
-    if !pushed_sources(&plan)?.is_empty() {
-        bail!(
-            "this query reads a pushed Kinesis table ('mode' 'push'): its event-source mapping \
-             runs it; deploy it with `skein deploy --backend lambda` and put records on the stream"
-        );
-    }
-    if common.plan.invoke_async && plan.sink.kind != results::KIND {
-        bail!(
-            "--invoke-async on Lambda needs a query without INSERT INTO: the run knows the last \
-             async hop has finished when the last stage's results of the last epoch are in the store"
-        );
-    }
-    let epochs = common.epochs.max(1);
-    let deploy_start = Instant::now();
-    let deployed = deploy_plan(&b, args, &plan, &common.plan, Some(epochs)).await?;
-    let deploy_s = deploy_start.elapsed().as_secs_f64();
-    let collects = plan.sink.kind == results::KIND;
-    if collects {
-        results::clear(&plan.sink.location, &plan.query_code).await?;
-    }
-    for stale in object_keys(
-        &b.store,
-        &format!("{}/{}", dead_letter::PREFIX, plan.query_code),
-    )
-    .await?
-    {
-        b.store.delete(&stale).await?;
-    }
-    let invoker = LambdaInvoker::new(&b.sdk);
-    let start = Instant::now();
-    let mut events = 0;
-    for epoch in 0..epochs {
-        events += trigger_epoch(&plan, &invoker, epoch, epoch + 1 == epochs)
-            .await
-            .with_context(|| format!("epoch {epoch}"))?;
-    }
-    if common.plan.invoke_async {
-        // The triggers returned once the sources had handed their payloads
-        // to Lambda; the rest of the DAG runs on its own.
-        wait_for_last_epoch(
-            &b,
-            &plan,
-            epochs - 1,
-            Duration::from_secs(args.timeout.max(1) as u64),
-        )
-        .await?;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let rows: Vec<RecordBatch> = if collects {
-        results::read(&plan.sink.location, &plan.query_code).await?
-    } else {
-        vec![]
-    };
-    let result_rows: usize = rows.iter().map(|b| b.num_rows()).sum();
-    let dead_letters = dead_letter::list(&b.store, &plan.query_code).await?;
-    let mut verified = None;
-    let mut diff = None;
-    if common.verify {
-        if !collects {
-            bail!(
-                "--verify on Lambda needs a query without INSERT INTO (its rows are read back from the store)"
-            );
-        }
-        let expected = single_process(&ctx, &plan)
-            .await
-            .context("single-process DataFusion run")?;
-        let cmp = compare(&expected, &rows, plan.ordered)?;
-        verified = Some(cmp.equal);
-        if !cmp.equal {
-            diff = Some(cmp);
-        }
-    }
-    let events_per_s = if elapsed > 0.0 {
-        events as f64 / elapsed
-    } else {
-        0.0
-    };
-    if common.json {
-        println!(
-            "{}",
-            json!({
-                "stages": plan.stages.len(),
-                "functions": deployed.len(),
-                "invocations": null,
-                "payload_bytes": null,
-                "events": events,
-                "events_per_s": events_per_s.round(),
-                "result_rows": result_rows,
-                "verified": verified,
-                "epochs": epochs,
-                "elapsed_s": elapsed,
-                "query_code": plan.query_code,
-                "backend": "lambda",
-                "deploy_s": deploy_s,
-                "spilled_contexts": deployed.iter().filter(|d| d.spilled).count(),
-                "dead_letters": dead_letters.len(),
-            })
-        );
-    } else {
-        let shown = limit_rows(&rows, common.show);
-        println!("{}", pretty_format_batches(&shown)?);
-        println!(
-            "{result_rows} result rows; {events} events in {epochs} epochs, {elapsed:.3} s on Lambda, \
-             {events_per_s:.0} events/s\n{} stages, {} functions (deployed in {deploy_s:.2} s){}",
-            plan.stages.len(),
-            deployed.len(),
-            match verified {
-                Some(true) => "\nverified: equal to single-process DataFusion",
-                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
-                None => "",
-            }
-        );
-    }
-    if let Some(first) = dead_letters.first() {
-        bail!(
-            "{} async invocations failed every retry and were dead-lettered; first: {}",
-            dead_letters.len(),
-            first["responsePayload"]
-        );
-    }
-    if let Some(cmp) = diff {
-        bail!(
-            "verification failed: {} rows expected, {} produced; first differences:\n{}",
-            cmp.expected_rows,
-            cmp.got_rows,
-            cmp.differences.join("\n")
-        );
-    }
-    Ok(())
-}
-
-/// Wait until every member of the sink stage has written its results of
-/// `epoch` (each writes once per epoch, rows or not), failing early when an
-/// async invocation has been dead-lettered.
-async fn wait_for_last_epoch(
-    b: &Connection,
-    plan: &QueryPlan,
-    epoch: u64,
-    timeout: Duration,
-) -> Result<()> {
-    let members = plan
-        .stages
-        .iter()
-        .find(|s| s.consumer.is_none())
-        .context("the plan has no sink stage")?
-        .members as usize;
-    let (store, prefix) = results::open(&plan.sink.location)?;
-    let dir = if prefix.is_empty() {
-        plan.query_code.clone()
-    } else {
-        format!("{prefix}/{}", plan.query_code)
-    };
-    // The RESULTS sink's key: <dir>/epoch-<epoch:08>-member-<member:04>.arrow.
-    let marker = format!("epoch-{epoch:08}-member-");
-    let start = Instant::now();
-    loop {
-        let written = object_keys(&store, &dir)
-            .await?
-            .iter()
-            .filter(|k| k.filename().is_some_and(|f| f.starts_with(&marker)))
-            .count();
-        if written >= members {
-            return Ok(());
-        }
-        let dead = dead_letter::list(&b.store, &plan.query_code).await?;
-        if let Some(first) = dead.first() {
-            bail!(
-                "{} async invocations failed every retry and were dead-lettered; first: {}",
-                dead.len(),
-                first["responsePayload"]
-            );
-        }
-        if start.elapsed() > timeout {
-            bail!(
-                "{written} of {members} members of the last stage wrote epoch {epoch} within {} s \
-                 (async hops still running, or lost)",
-                timeout.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `skein destroy FILE.sql|QUERY_CODE`.
@@ -703,7 +539,10 @@ fn query_code_of(name: &str) -> Option<&str> {
     (two_digits(member) && two_digits(stage) && !code.is_empty()).then_some(code)
 }
 
-async fn object_keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Result<Vec<StorePath>> {
+pub(crate) async fn object_keys(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+) -> Result<Vec<StorePath>> {
     use futures::TryStreamExt;
     Ok(store
         .list(Some(&StorePath::from(prefix)))
