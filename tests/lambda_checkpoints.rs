@@ -8,6 +8,10 @@
 //!   next invocation, which loads the last commit, or the driver replaces
 //!   every instance and runs the failed epoch again. The sink then holds
 //!   exactly the reference result computed here.
+//! * With a commit every third epoch, a member killed between commits is
+//!   replaced by an instance that loads an older state and waits for input
+//!   the others already sent: the driver's probe sees it before the next
+//!   commit, every instance is replaced, and the run ends exact.
 //! * `skein run --backend lambda` itself is SIGKILLed mid-run; a second run
 //!   resumes after the last commit and ends exact.
 //!
@@ -75,11 +79,16 @@ impl Setup {
 
     /// `skein run --backend lambda` of the query until the topic is drained.
     fn spawn(&self) -> Child {
+        self.spawn_with(&[])
+    }
+
+    fn spawn_with(&self, extra: &[&str]) -> Child {
         let (id, secret) = common::aws_credentials();
         Command::new(env!("CARGO_BIN_EXE_skein"))
             .args(["run", path(&self.sql), "--backend", "lambda"])
             .args(["--group-size", "2", "--until-drained", "--interval", "10ms"])
             .arg("--json")
+            .args(extra)
             .env("AWS_ENDPOINT_URL", common::aws_endpoint())
             .env("AWS_REGION", common::aws_region())
             .env("AWS_ACCESS_KEY_ID", id)
@@ -96,9 +105,9 @@ impl Setup {
             .expect("starting skein")
     }
 
-    /// The last committed epoch in the query's checkpoint store on S3.
-    fn committed(&self, runtime: &tokio::runtime::Runtime) -> Option<u64> {
-        let key = format!("skein/checkpoints/{}/commit.json", self.query_code);
+    /// An object of the query's checkpoint store on S3, as JSON.
+    fn checkpoint_object(&self, runtime: &tokio::runtime::Runtime, key: &str) -> Option<Value> {
+        let key = format!("skein/checkpoints/{}/{key}", self.query_code);
         runtime.block_on(async {
             let s3 = common::s3_client().await;
             let object = s3
@@ -109,8 +118,29 @@ impl Setup {
                 .await
                 .ok()?;
             let bytes = object.body.collect().await.ok()?.into_bytes();
-            serde_json::from_slice::<Value>(&bytes).ok()?["epoch"].as_u64()
+            serde_json::from_slice::<Value>(&bytes).ok()
         })
+    }
+
+    /// The last committed epoch.
+    fn committed(&self, runtime: &tokio::runtime::Runtime) -> Option<u64> {
+        self.checkpoint_object(runtime, "commit.json")?["epoch"].as_u64()
+    }
+
+    /// Waits until the driver has decided `epoch` (it does before firing it).
+    fn wait_for_plan(&self, runtime: &tokio::runtime::Runtime, child: &mut Child, epoch: u64) {
+        let key = format!("epochs/{epoch:020}.json");
+        let started = Instant::now();
+        while self.checkpoint_object(runtime, &key).is_none() {
+            if let Some(status) = child.try_wait().expect("waiting for skein") {
+                panic!("skein ended ({status}) before deciding epoch {epoch}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(300),
+                "epoch {epoch} not decided in 300 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits until a commit after `epoch` (the run must still be going).
@@ -267,4 +297,28 @@ fn a_second_run_resumes_after_the_last_commit_of_a_killed_one() {
         "the second run resumed after the commit the first reached ({epoch:?}): {report}"
     );
     setup.assert_exact(&report);
+}
+
+#[test]
+fn a_member_killed_between_commits_is_caught_up_by_replacing_every_instance() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let setup = Setup::new();
+    // Commits every third epoch: a member killed after the epoch after a
+    // commit has state its replacement cannot load (it loads the commit),
+    // so its replacement waits for input the others already sent, or fails.
+    let mut child = setup.spawn_with(&["--checkpoint-interval", "3"]);
+    let commit = setup.wait_for_commit_after(&runtime, &mut child, Some(2));
+    setup.wait_for_plan(&runtime, &mut child, commit + 2);
+    let function = &setup.group[0];
+    let pid = kill_bootstrap(function);
+    let report = setup.finish(child);
+    eprintln!(
+        "killed {function} (pid {pid}) when epoch {} was decided",
+        commit + 2
+    );
+    setup.assert_exact(&report);
+    assert!(
+        report["recoveries"].as_u64() >= Some(1),
+        "the driver replaced every instance: {report}"
+    );
 }
