@@ -5,6 +5,7 @@ mod bench;
 mod bench_state;
 mod checkpoint;
 mod checkpoint_dir;
+mod lambda_bench;
 mod lambda_cmd;
 mod lambda_run;
 mod publish;
