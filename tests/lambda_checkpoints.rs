@@ -130,40 +130,21 @@ impl Setup {
     /// Waits until the driver has decided `epoch` (it does before firing it).
     fn wait_for_plan(&self, runtime: &tokio::runtime::Runtime, child: &mut Child, epoch: u64) {
         let key = format!("epochs/{epoch:020}.json");
-        let started = Instant::now();
-        while self.checkpoint_object(runtime, &key).is_none() {
-            if let Some(status) = child.try_wait().expect("waiting for skein") {
-                panic!("skein ended ({status}) before deciding epoch {epoch}");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "epoch {epoch} not decided in 300 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        while_running(child, &format!("deciding epoch {epoch}"), || {
+            self.checkpoint_object(runtime, &key).map(|_| ())
+        })
     }
 
-    /// Waits until a commit after `epoch` (the run must still be going).
+    /// Waits until a commit after `epoch`.
     fn wait_for_commit_after(
         &self,
         runtime: &tokio::runtime::Runtime,
         child: &mut Child,
         epoch: Option<u64>,
     ) -> u64 {
-        let started = Instant::now();
-        loop {
-            if let Some(c) = self.committed(runtime).filter(|c| Some(*c) > epoch) {
-                return c;
-            }
-            if let Some(status) = child.try_wait().expect("waiting for skein") {
-                panic!("skein ended ({status}) before committing after epoch {epoch:?}");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(300),
-                "no commit after epoch {epoch:?} in 300 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        while_running(child, &format!("a commit after {epoch:?}"), || {
+            self.committed(runtime).filter(|c| Some(*c) > epoch)
+        })
     }
 
     /// The run's report; fails the test unless it succeeded.
@@ -195,6 +176,25 @@ impl Drop for Setup {
         let _ = std::fs::remove_file(&self.sql);
         // Leave no functions behind on ministack.
         let _ = common::skein_on_aws(None, &["destroy", &self.query_code]);
+    }
+}
+
+/// Polls `ready` until it gives a value; fails the test if `child` ends
+/// first or nothing comes within 300 s.
+fn while_running<T>(child: &mut Child, what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = ready() {
+            return value;
+        }
+        if let Some(status) = child.try_wait().expect("waiting for skein") {
+            panic!("skein ended ({status}) before {what}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no {what} in 300 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
