@@ -56,7 +56,7 @@ fn unreplayable(plan: &QueryPlan) -> Vec<String> {
 /// Why a query that does not checkpoint is not exactly once across
 /// restarts, when it reads a live source into a durable sink; said on
 /// stderr before it runs rather than left for the user to find out.
-pub fn at_least_once_reason(plan: &QueryPlan, request: &Request) -> Option<String> {
+fn at_least_once_reason(plan: &QueryPlan, request: &Request) -> Option<String> {
     let live = plan.stages.iter().flat_map(|s| s.sources.iter()).any(|l| {
         matches!(
             l.config.kind.to_ascii_uppercase().as_str(),
@@ -92,14 +92,22 @@ impl Drop for Held {
     }
 }
 
-/// Open the query's checkpoint directory if it checkpoints: an explicit
-/// `--checkpoint-dir`, or by default a query that reads Kafka or Kinesis and writes a
-/// sink that takes repeated writes. `None`: it does not checkpoint.
-pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
+/// Where a query checkpoints, when it does.
+pub enum Location {
+    /// `--checkpoint-dir`.
+    Given(PathBuf),
+    /// The backend's default place for this query.
+    Default,
+}
+
+/// Whether the query checkpoints: an explicit `--checkpoint-dir` (refused
+/// for a source a checkpoint cannot read again), or by default a query that
+/// reads Kafka or Kinesis and writes a sink that takes repeated writes.
+pub fn location(plan: &QueryPlan, request: &Request) -> Result<Option<Location>> {
     if request.off {
         return Ok(None);
     }
-    let dir = match &request.dir {
+    match &request.dir {
         Some(dir) => {
             let cannot = unreplayable(plan);
             if !cannot.is_empty() {
@@ -109,9 +117,27 @@ pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
                     cannot.join(", ")
                 );
             }
-            dir.clone()
+            Ok(Some(Location::Given(dir.clone())))
         }
-        None if default_on(plan) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
+        None if default_on(plan) => Ok(Some(Location::Default)),
+        None => Ok(None),
+    }
+}
+
+/// Say on stderr, before the query runs, when a query that does not
+/// checkpoint is not exactly once across restarts.
+pub fn note_if_at_least_once(plan: &QueryPlan, request: &Request) {
+    if let Some(reason) = at_least_once_reason(plan, request) {
+        eprintln!("note: at least once across restarts, not exactly once: {reason}");
+    }
+}
+
+/// Open the query's checkpoint directory if it checkpoints (see
+/// [`location`]). `None`: it does not checkpoint.
+pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
+    let dir = match location(plan, request)? {
+        Some(Location::Given(dir)) => dir,
+        Some(Location::Default) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
         None => return Ok(None),
     };
     std::fs::create_dir_all(&dir)

@@ -1,5 +1,6 @@
-//! The Lambda backend on the command line: `skein deploy`, `skein run
-//! --backend lambda`, `skein destroy`, `skein status` and `skein package`.
+//! The Lambda backend on the command line: `skein deploy`, `skein destroy`,
+//! `skein status` and `skein package` (`skein run --backend lambda` is in
+//! `lambda_run.rs`, `skein bench lambda` in `lambda_bench.rs`).
 //!
 //! Every function runs the `skein-function` binary that sits next to this
 //! one (or `--function-binary`), zipped as `bootstrap`. Results of a query
@@ -9,33 +10,27 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_lambda::types::Architecture;
 use clap::{Args, ValueEnum};
-use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::pretty::pretty_format_batches;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
-use skein_engine::driver::{destroy as destroy_functions, trigger_epoch};
+use skein_engine::driver::destroy as destroy_functions;
 use skein_engine::invoke::{FunctionService, FunctionSpec};
-use skein_engine::planner::{QueryPlan, plan_query, session};
-use skein_engine::verify::{compare, single_process};
-use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_lambda::dead_letter;
 use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
 use skein_lambda::esm;
 use skein_lambda::package::{bootstrap_zip, code_sha256};
-use skein_lambda::{
-    CodeSource, LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions,
-};
+use skein_lambda::{CodeSource, LambdaFunctionService, RUN_ENV, STORE_ENV, ServiceOptions};
 use skein_sinks::results;
 
 use crate::PlanArgs;
 use crate::registry::registries;
-use crate::run::{limit_rows, read_sql};
+use crate::run::read_sql;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Backend {
@@ -54,7 +49,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    fn lambda(self) -> Architecture {
+    pub(crate) fn lambda(self) -> Architecture {
         match self {
             Arch::X86_64 => Architecture::X8664,
             Arch::Arm64 => Architecture::Arm64,
@@ -215,13 +210,13 @@ pub fn package(args: PackageArgs) -> Result<()> {
 }
 
 /// Everything a Lambda command talks to.
-struct Connection {
-    sdk: aws_config::SdkConfig,
-    store: Arc<dyn ObjectStore>,
-    store_url: String,
+pub(crate) struct Connection {
+    pub(crate) sdk: aws_config::SdkConfig,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) store_url: String,
 }
 
-async fn connect(store_url: &str) -> Result<Connection> {
+pub(crate) async fn connect(store_url: &str) -> Result<Connection> {
     let sdk = skein_lambda::sdk_config().await;
     skein_lambda::store::ensure_bucket(&sdk, store_url).await?;
     let store = skein_lambda::store::open(store_url)?;
@@ -234,7 +229,7 @@ async fn connect(store_url: &str) -> Result<Connection> {
 
 /// The code to deploy: a zip in S3 under its hash (uploaded once, not with
 /// every function), or the zip itself for a file store.
-async fn code(b: &Connection, args: &LambdaArgs) -> Result<(CodeSource, String)> {
+pub(crate) async fn code(b: &Connection, args: &LambdaArgs) -> Result<(CodeSource, String)> {
     let zip = match &args.zip {
         Some(p) => std::fs::read(p).with_context(|| format!("reading {}", p.display()))?,
         None => {
@@ -265,7 +260,7 @@ async fn code(b: &Connection, args: &LambdaArgs) -> Result<(CodeSource, String)>
     ))
 }
 
-fn run_id() -> String {
+pub(crate) fn run_id() -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
@@ -274,7 +269,7 @@ fn run_id() -> String {
 }
 
 /// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
-async fn plan(
+pub(crate) async fn plan(
     sql: &str,
     p: &PlanArgs,
     store_url: &str,
@@ -295,7 +290,7 @@ async fn plan(
 
 /// The Kinesis tables declared `'mode' 'push'`, with the function an
 /// event-source mapping feeds: the source stage's first member.
-fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> {
+pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> {
     let mut out = vec![];
     for stage in &plan.stages {
         for leaf in &stage.sources {
@@ -325,35 +320,33 @@ fn results_location(store_url: &str) -> String {
     format!("{}/skein/results", store_url.trim_end_matches('/'))
 }
 
-/// Deploy the query's dead-letter function (unless --on-failure names
-/// another destination), then every stage function.
-async fn deploy_plan(
+/// The options every function of the query is deployed with: its code
+/// (uploaded once) and the on-failure destination of its async invocations
+/// (the query's dead-letter function, deployed here, unless --on-failure
+/// names another).
+pub(crate) async fn service_options(
     b: &Connection,
     args: &LambdaArgs,
     plan: &QueryPlan,
-    p: &PlanArgs,
-    epochs: Option<u64>,
-) -> Result<Vec<Deployed>> {
+) -> Result<ServiceOptions> {
     let (code, code_sha256) = code(b, args).await?;
-    let extra_env = BTreeMap::from([
-        (STORE_ENV.to_string(), b.store_url.clone()),
-        // A new id per deployment: every function starts from a fresh instance.
-        (RUN_ENV.to_string(), run_id()),
-    ]);
-    let mut service_options = ServiceOptions {
+    let mut options = ServiceOptions {
         code,
         code_sha256,
         role: args.role.clone(),
         memory_mb: args.memory,
         timeout_s: args.timeout,
         arch: args.arch.lambda(),
-        extra_env: extra_env.clone(),
+        extra_env: BTreeMap::from([
+            (STORE_ENV.to_string(), b.store_url.clone()),
+            (RUN_ENV.to_string(), run_id()),
+        ]),
         on_failure: None,
     };
-    service_options.on_failure = match &args.on_failure {
+    options.on_failure = match &args.on_failure {
         Some(arn) => Some(arn.clone()),
         None => {
-            let dlq = LambdaFunctionService::new(&b.sdk, Some(service_options.clone()));
+            let dlq = LambdaFunctionService::new(&b.sdk, Some(options.clone()));
             let name = dead_letter::function_name(&plan.query_code);
             dlq.create(FunctionSpec {
                 name: name.clone(),
@@ -364,8 +357,40 @@ async fn deploy_plan(
             Some(dlq.function_arn(&name).await?)
         }
     };
+    Ok(options)
+}
+
+/// Deploy every stage function with `env` added to its environment and a
+/// new run id, so every function starts from a fresh instance.
+pub(crate) async fn deploy_stages(
+    b: &Connection,
+    service_options: &ServiceOptions,
+    plan: &QueryPlan,
+    options: &PlanOptions,
+    epochs: Option<u64>,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<Deployed>> {
+    let mut service_options = service_options.clone();
+    service_options.extra_env.extend(env.clone());
+    service_options
+        .extra_env
+        .insert(RUN_ENV.to_string(), run_id());
+    let extra_env = service_options.extra_env.clone();
     let service = LambdaFunctionService::new(&b.sdk, Some(service_options));
-    Ok(deploy_functions(plan, &service, &b.store, &p.options(), epochs, &extra_env).await?)
+    Ok(deploy_functions(plan, &service, &b.store, options, epochs, &extra_env).await?)
+}
+
+/// Deploy the query's dead-letter function (unless --on-failure names
+/// another destination), then every stage function.
+pub(crate) async fn deploy_plan(
+    b: &Connection,
+    args: &LambdaArgs,
+    plan: &QueryPlan,
+    p: &PlanArgs,
+    epochs: Option<u64>,
+) -> Result<Vec<Deployed>> {
+    let service = service_options(b, args, plan).await?;
+    deploy_stages(b, &service, plan, &p.options(), epochs, &BTreeMap::new()).await
 }
 
 /// `skein deploy FILE.sql --backend lambda`.
@@ -432,197 +457,6 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `skein run FILE.sql --backend lambda`: deploy for this run, trigger the
-/// source stage once per epoch, read the results back, optionally verify.
-/// Invocations between functions happen in other processes, so the JSON
-/// line reports `invocations` and `payload_bytes` as null.
-pub async fn run(file: &Path, common: &crate::run::CommonRunArgs, args: &LambdaArgs) -> Result<()> {
-    let sql = read_sql(file)?;
-    let b = connect(&args.store).await?;
-    let (plan, ctx) = plan(&sql, &common.plan, &b.store_url).await?;
-    if !pushed_sources(&plan)?.is_empty() {
-        bail!(
-            "this query reads a pushed Kinesis table ('mode' 'push'): its event-source mapping \
-             runs it; deploy it with `skein deploy --backend lambda` and put records on the stream"
-        );
-    }
-    if common.plan.invoke_async && plan.sink.kind != results::KIND {
-        bail!(
-            "--invoke-async on Lambda needs a query without INSERT INTO: the run knows the last \
-             async hop has finished when the last stage's results of the last epoch are in the store"
-        );
-    }
-    let epochs = common.epochs.max(1);
-    let deploy_start = Instant::now();
-    let deployed = deploy_plan(&b, args, &plan, &common.plan, Some(epochs)).await?;
-    let deploy_s = deploy_start.elapsed().as_secs_f64();
-    let collects = plan.sink.kind == results::KIND;
-    if collects {
-        results::clear(&plan.sink.location, &plan.query_code).await?;
-    }
-    for stale in object_keys(
-        &b.store,
-        &format!("{}/{}", dead_letter::PREFIX, plan.query_code),
-    )
-    .await?
-    {
-        b.store.delete(&stale).await?;
-    }
-    let invoker = LambdaInvoker::new(&b.sdk);
-    let start = Instant::now();
-    let mut events = 0;
-    for epoch in 0..epochs {
-        events += trigger_epoch(&plan, &invoker, epoch, epoch + 1 == epochs)
-            .await
-            .with_context(|| format!("epoch {epoch}"))?;
-    }
-    if common.plan.invoke_async {
-        // The triggers returned once the sources had handed their payloads
-        // to Lambda; the rest of the DAG runs on its own.
-        wait_for_last_epoch(
-            &b,
-            &plan,
-            epochs - 1,
-            Duration::from_secs(args.timeout.max(1) as u64),
-        )
-        .await?;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let rows: Vec<RecordBatch> = if collects {
-        results::read(&plan.sink.location, &plan.query_code).await?
-    } else {
-        vec![]
-    };
-    let result_rows: usize = rows.iter().map(|b| b.num_rows()).sum();
-    let dead_letters = dead_letter::list(&b.store, &plan.query_code).await?;
-    let mut verified = None;
-    let mut diff = None;
-    if common.verify {
-        if !collects {
-            bail!(
-                "--verify on Lambda needs a query without INSERT INTO (its rows are read back from the store)"
-            );
-        }
-        let expected = single_process(&ctx, &plan)
-            .await
-            .context("single-process DataFusion run")?;
-        let cmp = compare(&expected, &rows, plan.ordered)?;
-        verified = Some(cmp.equal);
-        if !cmp.equal {
-            diff = Some(cmp);
-        }
-    }
-    let events_per_s = if elapsed > 0.0 {
-        events as f64 / elapsed
-    } else {
-        0.0
-    };
-    if common.json {
-        println!(
-            "{}",
-            json!({
-                "stages": plan.stages.len(),
-                "functions": deployed.len(),
-                "invocations": null,
-                "payload_bytes": null,
-                "events": events,
-                "events_per_s": events_per_s.round(),
-                "result_rows": result_rows,
-                "verified": verified,
-                "epochs": epochs,
-                "elapsed_s": elapsed,
-                "query_code": plan.query_code,
-                "backend": "lambda",
-                "deploy_s": deploy_s,
-                "spilled_contexts": deployed.iter().filter(|d| d.spilled).count(),
-                "dead_letters": dead_letters.len(),
-            })
-        );
-    } else {
-        let shown = limit_rows(&rows, common.show);
-        println!("{}", pretty_format_batches(&shown)?);
-        println!(
-            "{result_rows} result rows; {events} events in {epochs} epochs, {elapsed:.3} s on Lambda, \
-             {events_per_s:.0} events/s\n{} stages, {} functions (deployed in {deploy_s:.2} s){}",
-            plan.stages.len(),
-            deployed.len(),
-            match verified {
-                Some(true) => "\nverified: equal to single-process DataFusion",
-                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
-                None => "",
-            }
-        );
-    }
-    if let Some(first) = dead_letters.first() {
-        bail!(
-            "{} async invocations failed every retry and were dead-lettered; first: {}",
-            dead_letters.len(),
-            first["responsePayload"]
-        );
-    }
-    if let Some(cmp) = diff {
-        bail!(
-            "verification failed: {} rows expected, {} produced; first differences:\n{}",
-            cmp.expected_rows,
-            cmp.got_rows,
-            cmp.differences.join("\n")
-        );
-    }
-    Ok(())
-}
-
-/// Wait until every member of the sink stage has written its results of
-/// `epoch` (each writes once per epoch, rows or not), failing early when an
-/// async invocation has been dead-lettered.
-async fn wait_for_last_epoch(
-    b: &Connection,
-    plan: &QueryPlan,
-    epoch: u64,
-    timeout: Duration,
-) -> Result<()> {
-    let members = plan
-        .stages
-        .iter()
-        .find(|s| s.consumer.is_none())
-        .context("the plan has no sink stage")?
-        .members as usize;
-    let (store, prefix) = results::open(&plan.sink.location)?;
-    let dir = if prefix.is_empty() {
-        plan.query_code.clone()
-    } else {
-        format!("{prefix}/{}", plan.query_code)
-    };
-    // The RESULTS sink's key: <dir>/epoch-<epoch:08>-member-<member:04>.arrow.
-    let marker = format!("epoch-{epoch:08}-member-");
-    let start = Instant::now();
-    loop {
-        let written = object_keys(&store, &dir)
-            .await?
-            .iter()
-            .filter(|k| k.filename().is_some_and(|f| f.starts_with(&marker)))
-            .count();
-        if written >= members {
-            return Ok(());
-        }
-        let dead = dead_letter::list(&b.store, &plan.query_code).await?;
-        if let Some(first) = dead.first() {
-            bail!(
-                "{} async invocations failed every retry and were dead-lettered; first: {}",
-                dead.len(),
-                first["responsePayload"]
-            );
-        }
-        if start.elapsed() > timeout {
-            bail!(
-                "{written} of {members} members of the last stage wrote epoch {epoch} within {} s \
-                 (async hops still running, or lost)",
-                timeout.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `skein destroy FILE.sql|QUERY_CODE`.
@@ -703,7 +537,10 @@ fn query_code_of(name: &str) -> Option<&str> {
     (two_digits(member) && two_digits(stage) && !code.is_empty()).then_some(code)
 }
 
-async fn object_keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Result<Vec<StorePath>> {
+pub(crate) async fn object_keys(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &str,
+) -> Result<Vec<StorePath>> {
     use futures::TryStreamExt;
     Ok(store
         .list(Some(&StorePath::from(prefix)))
@@ -723,275 +560,4 @@ mod tests {
         assert_eq!(query_code_of("plain"), None);
         assert_eq!(query_code_of("q0123456789-dlq"), Some("q0123456789"));
     }
-}
-
-#[derive(Args, Debug)]
-pub struct BenchLambdaArgs {
-    /// NEXMark query whose launch is timed.
-    #[arg(long, default_value_t = 5)]
-    pub query: u32,
-    /// Members of each function group.
-    #[arg(long, default_value_t = 4, value_parser = crate::positive)]
-    pub group_size: usize,
-    /// Warm invocations to time.
-    #[arg(long, default_value_t = 30)]
-    pub warm: usize,
-    /// Instead of the launch and hop figures: the exchange comparison of the
-    /// Flock paper's Table 2, payloads (sync and async) vs S3 between two functions.
-    #[arg(long)]
-    pub exchange: bool,
-    /// Bytes moved by --exchange, one figure per size.
-    #[arg(long, value_delimiter = ',', default_values_t = [1_500, 15_000, 150_000, 1_500_000, 15_000_000])]
-    pub sizes: Vec<usize>,
-    /// Timed repetitions per size and method for --exchange (after one
-    /// untimed warm-up); medians are reported.
-    #[arg(long, default_value_t = 5)]
-    pub repeat: usize,
-    /// --exchange: one JSON line per size instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    #[command(flatten)]
-    pub lambda: LambdaArgs,
-}
-
-/// `skein bench lambda`: query launch time (deploy of every function of a
-/// NEXMark query, cold = create, warm = re-deploy; code uploaded beforehand,
-/// no compilation) and the overhead of one hop (a probe invocation through
-/// the Lambda API: the first after a deploy starts an instance, later ones
-/// reuse it). Prints one JSON line; leaves nothing deployed.
-pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
-    if args.exchange {
-        return exchange_bench(args).await;
-    }
-    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
-    let b = connect(&args.lambda.store).await?;
-    let p = PlanArgs {
-        group_size: args.group_size,
-        encoding: Default::default(),
-        invoke_async: false,
-    };
-    let (plan, _) = plan(&sql, &p, &b.store_url).await?;
-    let lister = LambdaFunctionService::new(&b.sdk, None);
-    destroy_functions(&plan.query_code, &lister).await?;
-    code(&b, &args.lambda).await?; // upload once, outside the timings
-
-    let t = Instant::now();
-    let deployed = deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
-    let deploy_cold_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
-    let deploy_warm_s = t.elapsed().as_secs_f64();
-
-    let invoker = LambdaInvoker::new(&b.sdk);
-    let target = &deployed.last().context("no functions deployed")?.name;
-    let probe = || async {
-        let t = Instant::now();
-        skein_engine::invoke::invoke_with_retry(
-            &invoker,
-            target,
-            br#"{"probe": true}"#.to_vec(),
-            skein_engine::invoke::InvocationType::Sync,
-            std::time::Duration::from_millis(200),
-            50,
-        )
-        .await?;
-        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
-    };
-    let cold_ms = probe().await?;
-    let mut warm = vec![];
-    for _ in 0..args.warm.max(1) {
-        warm.push(probe().await?);
-    }
-    warm.sort_by(|a, b| a.total_cmp(b));
-    destroy_functions(&plan.query_code, &lister).await?;
-    println!(
-        "{}",
-        json!({
-            "query": args.query,
-            "functions": deployed.len() + 1,
-            "deploy_cold_s": deploy_cold_s,
-            "deploy_warm_s": deploy_warm_s,
-            "hop_cold_ms": cold_ms,
-            "hop_warm_ms_median": warm[warm.len() / 2],
-            "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
-        })
-    );
-    Ok(())
-}
-
-/// Names of the two functions of `skein bench lambda --exchange`.
-const EXCHANGE_SENDER: &str = "skein-bench-exchange-send";
-const EXCHANGE_RECEIVER: &str = "skein-bench-exchange-recv";
-
-/// `skein bench lambda --exchange`: Flock's Table 2 on our functions. Two
-/// functions (the same bootstrap) are deployed; the command asks the sender
-/// to move each size to the receiver by each method (see
-/// `skein_lambda::exchange` for what is timed, all inside the sender) and
-/// reports medians. Methods alternate within each repetition so that a
-/// noisy moment hits all three alike. Leaves nothing deployed.
-async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
-    use skein_lambda::exchange::{ExchangeReport, ExchangeRequest, Method};
-
-    let b = connect(&args.lambda.store).await?;
-    let (code, code_sha256) = code(&b, &args.lambda).await?;
-    let options = ServiceOptions {
-        code,
-        code_sha256,
-        role: args.lambda.role.clone(),
-        memory_mb: args.lambda.memory.max(1024),
-        timeout_s: args.lambda.timeout,
-        arch: args.lambda.arch.lambda(),
-        extra_env: BTreeMap::from([
-            (STORE_ENV.to_string(), b.store_url.clone()),
-            (RUN_ENV.to_string(), run_id()),
-        ]),
-        on_failure: None,
-    };
-    let service = LambdaFunctionService::new(&b.sdk, Some(options));
-    // Only these two serve exchange requests: the sender may invoke the
-    // receiver, both only touch this run's keys (bench_scope.rs).
-    let run = run_id();
-    for (name, peers) in [
-        (EXCHANGE_SENDER, vec![EXCHANGE_RECEIVER.to_string()]),
-        (EXCHANGE_RECEIVER, vec![]),
-    ] {
-        let scope = BenchScope {
-            run: run.clone(),
-            peers,
-            record_prefix: None,
-        };
-        service
-            .create(FunctionSpec {
-                name: name.to_string(),
-                environment: BTreeMap::from([(BENCH_ENV.to_string(), scope.to_json())]),
-                concurrency: skein_engine::planner::STATELESS_CONCURRENCY,
-            })
-            .await
-            .with_context(|| format!("deploying {name}"))?;
-    }
-    let invoker = LambdaInvoker::new(&b.sdk);
-    let repeat = args.repeat.max(1);
-    let total = (args.sizes.len() * Method::ALL.len() * (repeat + 1)) as u64;
-    let bar = indicatif::ProgressBar::new(total).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} exchanges {msg} [{elapsed}]")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let mut counter = 0u64;
-    let result: Result<Vec<serde_json::Value>> = async {
-        let mut lines = vec![];
-        for &bytes in &args.sizes {
-            bar.set_message(format!("{bytes} bytes"));
-            let mut times: BTreeMap<&str, Vec<ExchangeReport>> = BTreeMap::new();
-            // Repetition 0 warms both functions up for this size; not timed.
-            for rep in 0..=repeat {
-                for method in Method::ALL {
-                    counter += 1;
-                    let request = ExchangeRequest::Send {
-                        bytes,
-                        method,
-                        to: EXCHANGE_RECEIVER.to_string(),
-                        tag: format!("{run}/{counter}"),
-                    };
-                    let answer = skein_engine::invoke::invoke_with_retry(
-                        &invoker,
-                        EXCHANGE_SENDER,
-                        request.to_json(),
-                        skein_engine::invoke::InvocationType::Sync,
-                        std::time::Duration::from_millis(500),
-                        50,
-                    )
-                    .await
-                    .with_context(|| format!("{} exchange of {bytes} bytes", method.name()))?;
-                    let report: ExchangeReport = serde_json::from_slice(&answer)
-                        .context("the sender's answer is not an exchange report")?;
-                    tracing::debug!(?report, rep, "exchange");
-                    if rep > 0 {
-                        times.entry(method.name()).or_default().push(report);
-                    }
-                    bar.inc(1);
-                }
-            }
-            lines.push(exchange_line(bytes, repeat, &times));
-        }
-        Ok(lines)
-    }
-    .await;
-    bar.finish_and_clear();
-    for name in [EXCHANGE_SENDER, EXCHANGE_RECEIVER] {
-        service.delete(name).await?;
-    }
-    let lines = result?;
-    if args.json {
-        for l in &lines {
-            println!("{l}");
-        }
-        return Ok(());
-    }
-    println!("payload vs S3 between two functions, medians of {repeat} (ms); ratio = payload / S3");
-    println!(
-        "{:>10} {:>9} {:>9} {:>9} {:>12} {:>10} {:>11} {:>9}",
-        "bytes", "sync", "async", "s3", "s3 put+get", "sync/s3", "async/s3", "fragments"
-    );
-    for l in &lines {
-        let f = |k: &str| l[k].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "{:>10} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>10.2} {:>11.2} {:>9}",
-            l["bytes"].as_u64().unwrap_or(0),
-            f("sync_ms"),
-            f("async_ms"),
-            f("s3_ms"),
-            f("s3_put_get_ms"),
-            f("ratio_sync_s3"),
-            f("ratio_async_s3"),
-            format!("{}/{}", l["sync_fragments"], l["async_fragments"]),
-        );
-    }
-    Ok(())
-}
-
-/// One size's figures: medians per method and the payload / S3 ratios.
-fn exchange_line(
-    bytes: usize,
-    repeat: usize,
-    times: &BTreeMap<&str, Vec<skein_lambda::exchange::ExchangeReport>>,
-) -> serde_json::Value {
-    let median = |mut xs: Vec<f64>| -> Option<f64> {
-        if xs.is_empty() {
-            return None;
-        }
-        xs.sort_by(|a, b| a.total_cmp(b));
-        Some(xs[xs.len() / 2])
-    };
-    let ms = |m: &str| {
-        median(
-            times
-                .get(m)
-                .map_or(vec![], |r| r.iter().map(|r| r.ms).collect()),
-        )
-    };
-    let s3_parts = median(times.get("s3").map_or(vec![], |r| {
-        r.iter()
-            .filter_map(|r| Some(r.put_ms? + r.get_ms?))
-            .collect()
-    }));
-    let first = |m: &str, f: fn(&skein_lambda::exchange::ExchangeReport) -> usize| {
-        times.get(m).and_then(|r| r.first()).map(f)
-    };
-    let round = |x: Option<f64>| x.map(|x| (x * 100.0).round() / 100.0);
-    let (sync, asyn, s3) = (ms("sync"), ms("async"), ms("s3"));
-    let ratio = |p: Option<f64>| round(p.zip(s3).map(|(p, s)| p / s));
-    json!({
-        "bytes": bytes,
-        "repeat": repeat,
-        "sync_ms": round(sync),
-        "async_ms": round(asyn),
-        "s3_ms": round(s3),
-        "s3_put_get_ms": round(s3_parts),
-        "ratio_sync_s3": ratio(sync),
-        "ratio_async_s3": ratio(asyn),
-        "sync_fragments": first("sync", |r| r.fragments),
-        "async_fragments": first("async", |r| r.fragments),
-        "payload_wire_bytes": first("sync", |r| r.wire_bytes),
-        "object_bytes": first("s3", |r| r.wire_bytes),
-    })
 }

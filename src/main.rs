@@ -5,7 +5,9 @@ mod bench;
 mod bench_state;
 mod checkpoint;
 mod checkpoint_dir;
+mod lambda_bench;
 mod lambda_cmd;
+mod lambda_run;
 mod publish;
 mod registry;
 mod run;
@@ -127,7 +129,7 @@ async fn cli() -> Result<()> {
         Command::Explain { file, plan, json } => run::explain(&file, &plan, json).await,
         Command::Run { args, lambda } => match lambda.backend {
             lambda_cmd::Backend::Local => run::run(args).await,
-            lambda_cmd::Backend::Lambda => lambda_cmd::run(&args.file, &args.common, &lambda).await,
+            lambda_cmd::Backend::Lambda => lambda_run::run(&args.file, &args.common, &lambda).await,
         },
         Command::Deploy(args) => lambda_cmd::deploy(args).await,
         Command::Destroy(args) => lambda_cmd::destroy(args).await,

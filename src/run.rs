@@ -57,6 +57,7 @@ pub struct CommonRunArgs {
     /// Keep the query's durable state (offsets log, member state, commits)
     /// here; a restart resumes from it. Default: .skein/checkpoints/<query>
     /// for a query that reads Kafka or Kinesis and writes Kafka, Redis or files.
+    /// On Lambda: s3://bucket/prefix (default <store>/skein/checkpoints/<query>).
     #[arg(long, value_name = "DIR", conflicts_with = "no_checkpoint")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Do not checkpoint: a restart starts afresh (at least once).
@@ -71,6 +72,30 @@ pub struct CommonRunArgs {
     /// Result rows to print (text mode).
     #[arg(long, default_value_t = 20)]
     pub show: usize,
+}
+
+impl CommonRunArgs {
+    /// When the run stops.
+    pub fn stop(&self) -> StopAfter {
+        match (self.duration, self.until_drained) {
+            (_, true) => StopAfter::Drained {
+                interval: self.interval,
+            },
+            (Some(duration), false) => StopAfter::Duration {
+                duration,
+                interval: self.interval,
+            },
+            (None, false) => StopAfter::Epochs(self.epochs),
+        }
+    }
+
+    /// What the user asked of checkpoints.
+    pub fn checkpoint_request(&self) -> crate::checkpoint_dir::Request {
+        crate::checkpoint_dir::Request {
+            dir: self.checkpoint_dir.clone(),
+            off: self.no_checkpoint,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -211,15 +236,10 @@ pub async fn run_sql(
     }
     let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
     let mut opts = opts;
-    let request = crate::checkpoint_dir::Request {
-        dir: args.checkpoint_dir.clone(),
-        off: args.no_checkpoint,
-    };
+    let request = args.checkpoint_request();
     let held = crate::checkpoint_dir::open(&plan, &request).await?;
-    if held.is_none()
-        && let Some(reason) = crate::checkpoint_dir::at_least_once_reason(&plan, &request)
-    {
-        eprintln!("note: at least once across restarts, not exactly once: {reason}");
+    if held.is_none() {
+        crate::checkpoint_dir::note_if_at_least_once(&plan, &request);
     }
     match &held {
         Some(h) => {
@@ -250,16 +270,7 @@ pub async fn run_sql(
             .context("clearing the files of an earlier run")?;
     }
 
-    let stop = match (args.duration, args.until_drained) {
-        (_, true) => StopAfter::Drained {
-            interval: args.interval,
-        },
-        (Some(duration), false) => StopAfter::Duration {
-            duration,
-            interval: args.interval,
-        },
-        (None, false) => StopAfter::Epochs(args.epochs),
-    };
+    let stop = args.stop();
     let expected_epochs = match stop {
         StopAfter::Epochs(n) => n,
         StopAfter::Duration { duration, interval } => {

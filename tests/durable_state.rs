@@ -16,17 +16,14 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kafka::{PartitionWriter, committed_records, create_topic};
-use common::rows::{int, millis, read_rows, text};
+use common::rows::read_rows;
+use common::windowed::{self, Reference, assert_exact};
 use rand::Rng;
 use serde_json::{Map, Value};
 
-const BASE_MS: i64 = 1_700_000_000_000;
 const PARTITIONS: usize = 4;
-const KEYS: usize = 50;
 /// Event time the records span: the 10 s windows close 25 times.
 const SPAN_MS: i64 = 250_000;
-const WINDOW_MS: i64 = 10_000;
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -35,45 +32,9 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// (window start, key) -> (count, sum), computed outside the engine.
-type Reference = BTreeMap<(i64, String), (i64, i64)>;
-
-/// The test records `{"k", "v", "ts"}` as (partition, JSON), in
-/// event-time order within each partition, and the reference result.
-fn records(n: usize) -> (Vec<(usize, String)>, Reference) {
-    let mut reference = Reference::new();
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let ts = BASE_MS + (i as i64 * SPAN_MS) / n as i64;
-        let k = format!("k{}", (i * 7) % KEYS);
-        let v = i as i64;
-        out.push((
-            i % PARTITIONS,
-            format!(r#"{{"k":"{k}","v":{v},"ts":{ts}}}"#),
-        ));
-        let w = ts - ts.rem_euclid(WINDOW_MS);
-        let e = reference.entry((w, k)).or_default();
-        e.0 += 1;
-        e.1 += v;
-    }
-    (out, reference)
-}
-
 /// A fresh topic holding the records; returns the table `ev` reading it.
 fn kafka_source(records: &[(usize, String)]) -> String {
-    let brokers = common::require_kafka();
-    let name = common::unique_name("durable");
-    create_topic(&brokers, &name, PARTITIONS as i32);
-    let writer = PartitionWriter::new(&brokers, &name);
-    for (p, json) in records {
-        writer.send(*p as i32, json);
-    }
-    writer.flush();
-    format!(
-        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
-           LOCATION '{name}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
-           'event_time' 'ts', 'max.records.per.pull' '1000');"
-    )
+    windowed::kafka_table(records, PARTITIONS, 1000)
 }
 
 /// A fresh Kinesis stream (ministack) holding the records, one shard per
@@ -114,13 +75,8 @@ async fn kinesis_source(records: &[(usize, String)]) -> String {
 
 /// The query file: the table `ev`, the sink `out` (its DDL), the query.
 fn query(dir: &Path, source: &str, sink: &str) -> std::path::PathBuf {
-    let sql = format!(
-        "{source}\n{sink}\n\
-         INSERT INTO out SELECT tumble(ts, INTERVAL '10' SECOND) AS w, k, count(*) AS n, \
-           sum(v) AS s FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND), k;\n"
-    );
     let file = dir.join("q.sql");
-    std::fs::write(&file, sql).expect("writing the query");
+    std::fs::write(&file, windowed::query(source, sink)).expect("writing the query");
     file
 }
 
@@ -206,39 +162,6 @@ fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value 
     report
 }
 
-/// The rows written equal the reference: none missing, doubled or wrong.
-fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
-    let mut got = Reference::new();
-    let mut doubled = vec![];
-    for row in rows {
-        let key = (millis(row, "w"), text(row, "k"));
-        if got
-            .insert(key.clone(), (int(row, "n"), int(row, "s")))
-            .is_some()
-        {
-            doubled.push(key);
-        }
-    }
-    assert!(
-        doubled.is_empty(),
-        "{what}: windows written twice: {doubled:?}"
-    );
-    let missing: Vec<_> = reference.keys().filter(|k| !got.contains_key(*k)).collect();
-    let wrong: Vec<_> = got
-        .iter()
-        .filter(|(k, v)| reference.get(*k) != Some(v))
-        .collect();
-    assert!(
-        missing.is_empty() && wrong.is_empty(),
-        "{what}: {} of {} windows missing, first {:?}; {} wrong, first {:?}",
-        missing.len(),
-        reference.len(),
-        missing.first(),
-        wrong.len(),
-        wrong.first()
-    );
-}
-
 /// A test's input and working directory.
 struct Setup {
     source: String,
@@ -250,7 +173,7 @@ struct Setup {
 fn setup(records: usize, kills: usize, source: impl FnOnce(&[(usize, String)]) -> String) -> Setup {
     let n = env_number("SKEIN_DURABLE_RECORDS", records);
     let kills = env_number("SKEIN_DURABLE_KILLS", kills);
-    let (records, reference) = self::records(n);
+    let (records, reference) = windowed::records(n, PARTITIONS, SPAN_MS);
     let source = source(&records);
     let dir = std::env::temp_dir().join(common::unique_name("skein-durable"));
     std::fs::create_dir_all(&dir).expect("a working directory");
@@ -303,20 +226,10 @@ fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
 #[test]
 fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
     let setup = setup(120_000, 10, kafka_source);
-    let brokers = common::kafka_brokers();
-    let out = common::unique_name("durable-out");
-    create_topic(&brokers, &out, 2);
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS KAFKA \
-           LOCATION '{out}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');"
-    );
+    let (out, sink) = windowed::kafka_sink();
     let report = setup.run(&sink);
-    let rows: Vec<Map<String, Value>> = committed_records(&brokers, &out)
-        .into_iter()
-        .map(|(_, _, value)| serde_json::from_slice(&value).expect("a JSON row"))
-        .collect();
     assert_exact(
-        &rows,
+        &windowed::kafka_rows(&out),
         &setup.reference,
         &format!("kafka read_committed {report}"),
     );

@@ -6,17 +6,20 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures::future::try_join_all;
+use async_trait::async_trait;
+use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointStore, Commit, EpochPlan};
 use crate::context::function_name;
+use crate::epochs::{EpochLog, EpochRuntime, not_committed, run_epochs};
 use crate::error::{EngineError, Result};
 use crate::function::{Request, Response, Trigger};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invoke_with_retry};
 use crate::local::{LocalRuntime, environment};
 use crate::planner::{PlanOptions, QueryPlan};
+
+pub use crate::epochs::{EpochOutcome, StopAfter};
 
 /// Create (or refresh) every function of the query. Returns their names.
 pub async fn deploy(
@@ -61,17 +64,6 @@ pub async fn trigger_epoch(
     Ok(fire_epoch(plan, invoker, epoch, last).await?.events)
 }
 
-/// What the source instances said about one epoch.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EpochOutcome {
-    /// Records pulled, each source record once.
-    pub events: u64,
-    /// Every source partition reached the end it had when the run started.
-    pub drained: bool,
-    /// Every source is exhausted for good (bounded sources).
-    pub finished: bool,
-}
-
 /// Fire every source instance for one epoch.
 pub async fn fire_epoch(
     plan: &QueryPlan,
@@ -106,74 +98,17 @@ pub async fn fire_epoch(
                 })
             }
         });
-    let answers = try_join_all(calls).await?;
+    // Every call is waited for, failed or not: nothing of this epoch is
+    // still running when the driver goes on (or runs it again).
+    let answers = join_all(calls)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
     Ok(EpochOutcome {
         events: answers.iter().map(|r| r.events).sum(),
         drained: answers.iter().all(|r| r.drained || r.finished),
         finished: answers.iter().all(|r| r.finished),
     })
-}
-
-/// The driver's side of checkpoints: its decisions are written before an
-/// epoch fires (a restart makes the same ones), and an epoch is committed
-/// once every function has finished it.
-struct EpochLog {
-    store: Option<Arc<CheckpointStore>>,
-    interval: u64,
-    /// Async invocations that had failed before the run.
-    failed_before: usize,
-}
-
-impl EpochLog {
-    /// Whether `epoch` is the last: as decided the first time it fired.
-    async fn decide(&self, epoch: u64, last: bool) -> Result<bool> {
-        let Some(cs) = &self.store else {
-            return Ok(last);
-        };
-        match cs.epoch_plan(epoch).await? {
-            Some(plan) => Ok(plan.last),
-            None => {
-                cs.put_epoch_plan(epoch, EpochPlan { last }).await?;
-                Ok(last)
-            }
-        }
-    }
-
-    /// Commit `epoch` if it is complete everywhere and the interval (or
-    /// the end of the run) says so; then drop what no restart needs.
-    async fn commit(&self, runtime: &Arc<LocalRuntime>, epoch: u64, last: bool) -> Result<()> {
-        let Some(cs) = &self.store else {
-            return Ok(());
-        };
-        // An epoch that lost an invocation or left a member waiting is not
-        // complete: the run fails below, and a restart re-runs the epoch.
-        let failed = runtime.dead_letters();
-        if failed.len() > self.failed_before {
-            return Err(EngineError::Invocation {
-                name: failed[self.failed_before].function.clone(),
-                reason: format!(
-                    "epoch {epoch} is not committed: {}",
-                    failed[self.failed_before].error
-                ),
-            });
-        }
-        let pending = runtime.pending().await;
-        if !pending.is_empty() {
-            return Err(EngineError::Incomplete(format!(
-                "epoch {epoch} is not committed: {}",
-                pending.join("; ")
-            )));
-        }
-        if last || epoch.is_multiple_of(self.interval) {
-            cs.commit(Commit { epoch, last }).await?;
-            cs.forget_before(epoch).await?;
-            let recycled = runtime.recycle_some().await;
-            if recycled > 0 {
-                tracing::debug!(epoch, recycled, "fault injection: instances recycled");
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The summary line of `skein run --json`.
@@ -196,23 +131,6 @@ pub struct RunReport {
     pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
     /// The committed epoch a checkpointed run resumed after, if any.
     pub resumed_after: Option<u64>,
-}
-
-/// When a run stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopAfter {
-    /// A bounded run: the input is split into this many epochs.
-    Epochs(u64),
-    /// Fire an epoch every `interval` until `duration` has passed (or every
-    /// source is exhausted for good), then one last epoch that flushes all
-    /// state. A live source that is merely quiet does not end the run.
-    Duration {
-        duration: Duration,
-        interval: Duration,
-    },
-    /// Fire an epoch every `interval` until every source partition has
-    /// reached the end it had when the run started, then one last epoch.
-    Drained { interval: Duration },
 }
 
 /// Deploy to an in-process runtime and run until `stop`; the last epoch
@@ -239,86 +157,24 @@ pub async fn run_local_until(
     runtime: &Arc<LocalRuntime>,
     options: &PlanOptions,
     stop: StopAfter,
-    mut on_epoch: impl FnMut(u64, u64),
+    on_epoch: impl FnMut(u64, u64),
 ) -> Result<RunReport> {
-    let bounded = match stop {
-        StopAfter::Epochs(n) => Some(n.max(1)),
-        StopAfter::Duration { .. } | StopAfter::Drained { .. } => None,
-    };
     let store = runtime.store();
-    let names = deploy(plan, runtime.as_ref(), &store, options, bounded).await?;
+    let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
     let before_late = runtime.late_rows();
     let start = Instant::now();
-    let mut events = 0;
-    let checkpoints = runtime.checkpoints();
-    let epochs = EpochLog {
-        store: checkpoints.clone(),
-        interval: options.checkpoint.as_ref().map_or(1, |c| c.interval.max(1)),
+    let log = EpochLog::new(
+        runtime.checkpoints(),
+        options.checkpoint.as_ref().map_or(1, |c| c.interval),
+    );
+    let local = LocalEpochs {
+        plan,
+        runtime,
         failed_before: runtime.dead_letters().len(),
     };
-    let resumed = match &checkpoints {
-        Some(cs) => cs.committed().await?,
-        None => None,
-    };
-    let first_epoch = resumed.map_or(0, |c| c.epoch + 1);
-    if let Some(c) = resumed {
-        tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
-    }
-    let mut epoch = first_epoch;
-    // A bounded run that already reached its last epoch has nothing to do;
-    // a larger --epochs goes on where it ended.
-    let bounded_and_done =
-        matches!((stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.epoch + 1 >= n);
-    loop {
-        if bounded_and_done {
-            break;
-        }
-        let last = match stop {
-            StopAfter::Epochs(n) => epoch + 1 >= n,
-            StopAfter::Duration { duration, .. } => start.elapsed() >= duration,
-            StopAfter::Drained { .. } => false,
-        };
-        let last = epochs.decide(epoch, last).await?;
-        let fired = Instant::now();
-        let outcome = fire_epoch(plan, runtime.as_ref(), epoch, last).await?;
-        runtime.wait_idle().await;
-        epochs.commit(runtime, epoch, last).await?;
-        crate::metrics::epoch(fired.elapsed(), outcome.events);
-        events += outcome.events;
-        on_epoch(epoch, events);
-        epoch += 1;
-        if last {
-            break;
-        }
-        let interval = match stop {
-            StopAfter::Epochs(_) => continue,
-            StopAfter::Duration { interval, .. } => interval,
-            StopAfter::Drained { interval } => interval,
-        };
-        let done = match stop {
-            StopAfter::Drained { .. } => outcome.drained,
-            _ => outcome.finished,
-        };
-        if done {
-            // One more epoch flushes the state (and takes what came since).
-            let last = epochs.decide(epoch, true).await?;
-            events += fire_epoch(plan, runtime.as_ref(), epoch, last)
-                .await?
-                .events;
-            runtime.wait_idle().await;
-            epochs.commit(runtime, epoch, last).await?;
-            on_epoch(epoch, events);
-            epoch += 1;
-            if last {
-                break;
-            }
-            continue;
-        }
-        tokio::time::sleep(interval.saturating_sub(fired.elapsed())).await;
-    }
-    let epochs = epoch - first_epoch;
+    let run = run_epochs(&local, &log, stop, on_epoch).await?;
     let elapsed = start.elapsed().as_secs_f64();
     let mut late_by_table = runtime.late_rows();
     for (table, n) in &before_late {
@@ -346,13 +202,13 @@ pub async fn run_local_until(
         query_code: plan.query_code.clone(),
         stages: plan.stages.len(),
         functions: names.len(),
-        epochs,
+        epochs: run.epochs,
         invocations: runtime.stats().invocations.load(Ordering::Relaxed) - before_inv,
         payload_bytes: runtime.stats().payload_bytes.load(Ordering::Relaxed) - before_bytes,
-        events,
+        events: run.events,
         elapsed_s: elapsed,
         events_per_s: if elapsed > 0.0 {
-            events as f64 / elapsed
+            run.events as f64 / elapsed
         } else {
             0.0
         },
@@ -360,6 +216,46 @@ pub async fn run_local_until(
         verified: None,
         late_rows: late_by_table.values().sum(),
         late_rows_by_table: late_by_table,
-        resumed_after: resumed.map(|c| c.epoch),
+        resumed_after: run.resumed.map(|c| c.epoch),
     })
+}
+
+/// The in-process runtime under the epoch loop. It cannot replace
+/// instances mid-run (a failed epoch fails the run; a restart resumes).
+struct LocalEpochs<'a> {
+    plan: &'a QueryPlan,
+    runtime: &'a Arc<LocalRuntime>,
+    /// Async invocations that had failed before the run.
+    failed_before: usize,
+}
+
+#[async_trait]
+impl EpochRuntime for LocalEpochs<'_> {
+    async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
+        let outcome = fire_epoch(self.plan, self.runtime.as_ref(), epoch, last).await?;
+        self.runtime.wait_idle().await;
+        Ok(outcome)
+    }
+
+    async fn check_complete(&self, epoch: u64) -> Result<()> {
+        let failed = self.runtime.dead_letters();
+        if let Some(first) = failed.get(self.failed_before) {
+            return Err(EngineError::Invocation {
+                name: first.function.clone(),
+                reason: format!("epoch {epoch} is not committed: {}", first.error),
+            });
+        }
+        let pending = self.runtime.pending().await;
+        if !pending.is_empty() {
+            return Err(not_committed(epoch, pending.join("; ")));
+        }
+        Ok(())
+    }
+
+    async fn committed(&self, epoch: u64) {
+        let recycled = self.runtime.recycle_some().await;
+        if recycled > 0 {
+            tracing::debug!(epoch, recycled, "fault injection: instances recycled");
+        }
+    }
 }

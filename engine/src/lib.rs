@@ -18,6 +18,7 @@ pub mod codec;
 pub mod compaction;
 pub mod context;
 pub mod driver;
+pub mod epochs;
 pub mod error;
 pub mod exec;
 pub mod function;

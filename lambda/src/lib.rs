@@ -6,14 +6,18 @@
 //! * [`package`]: the `bootstrap.zip` Lambda expects;
 //! * [`exchange`]: the payload-vs-S3 exchange benchmark (Flock's Table 2);
 //! * [`bench_scope`]: which bench and probe requests a function serves;
-//! * [`esm`]: Kinesis event-source mappings for pushed source stages.
+//! * [`esm`]: Kinesis event-source mappings for pushed source stages;
+//! * [`checkpoints`]: a query's checkpoint store on S3;
+//! * [`epochs`]: Lambda under the engine's epoch loop (commits, recovery).
 //!
 //! Every AWS call uses the standard credential chain and honours
 //! `AWS_ENDPOINT_URL`; nothing (bucket, role, region) is hard-coded.
 
 pub mod bench_scope;
+pub mod checkpoints;
 pub mod dead_letter;
 pub mod deploy;
+pub mod epochs;
 pub mod esm;
 pub mod exchange;
 pub mod invoker;

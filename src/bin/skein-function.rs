@@ -13,6 +13,10 @@
 //! {"probe": {"record_to": "s3://bucket/key.json"}} -> report also written there
 //! ```
 //!
+//! The report also lists what the instance's stage still waits for
+//! (`pending`): before committing an epoch, `skein run --backend lambda`
+//! asks every function that takes payloads.
+//!
 //! `record_to` exists for asynchronous (`Event`) invokes, whose response nobody
 //! reads; it takes `s3://bucket/key` (S3 configured from the usual `AWS_*`
 //! variables) or `file:///absolute/path`.
@@ -178,8 +182,11 @@ async fn handle(
                 .map_err(|e| internal(format!("encoding the response: {e}")))
         }
         Request::Probe(probe) => {
-            let report = ProbeReport::new(&context);
-            tracing::info!(recorded = probe.record_to.is_some(), "probe answered");
+            let mut report = ProbeReport::new(&context);
+            if let Some(stage) = stage.get() {
+                report.pending = stage.pending().await;
+            }
+            tracing::debug!(recorded = probe.record_to.is_some(), "probe answered");
             if let Some(target) = &probe.record_to {
                 bench_scope("a probe with record_to")?
                     .check_record_to(target)
@@ -222,6 +229,10 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         _ => None,
     };
     let ctx = CloudContext::from_env(&value, store.as_ref()).await?;
+    // A cold instance of a checkpointing query loads the last commit.
+    let checkpoints = skein_lambda::checkpoints::attach_from_env(&ctx)
+        .map_err(|e| EngineError::Context(e.to_string()))?
+        .map(Arc::new);
     let sdk = skein_lambda::sdk_config().await;
     let registry::Registries { sources, sinks, .. } = registry::registries();
     let env = FunctionEnv {
@@ -231,9 +242,7 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         invoker: Arc::new(LambdaInvoker::new(&sdk)),
         max_backoff: Duration::from_secs(2),
         late: Default::default(),
-        // Durable state on Lambda is not wired yet: a checkpointing query
-        // is refused before it is deployed there.
-        checkpoints: None,
+        checkpoints,
     };
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");
@@ -273,6 +282,9 @@ struct ProbeReport {
     request_id: String,
     /// Every `SKEIN_*` variable of the process, sorted by name.
     env: BTreeMap<String, String>,
+    /// What this instance's stage waits for (the driver asks before a
+    /// commit); empty when it has not built its stage.
+    pending: Vec<String>,
 }
 
 impl ProbeReport {
@@ -289,6 +301,7 @@ impl ProbeReport {
             function_name: context.env_config.function_name.clone(),
             request_id: context.request_id.clone(),
             env,
+            pending: vec![],
         }
     }
 }

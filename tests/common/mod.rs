@@ -23,6 +23,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod kafka;
 pub mod rows;
+pub mod windowed;
 use aws_sdk_lambda::config::Credentials;
 
 pub const START_HINT: &str =
@@ -178,6 +179,54 @@ pub fn skein(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+/// Waits for `child` (stdout and stderr piped, read as it writes them),
+/// killing it and failing the test after `timeout`.
+pub fn wait_with_timeout(
+    mut child: std::process::Child,
+    timeout: Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = vec![];
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break status;
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = String::from_utf8_lossy(&stderr.join().unwrap_or_default()).to_string();
+            panic!("no exit within {} s; stderr:\n{err}", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
 }
 
 /// Run `skein` with the AWS stand-in's settings in its environment, and,

@@ -1,0 +1,135 @@
+//! Lambda under the engine's epoch loop (`skein_engine::epochs`): an epoch
+//! is fired with synchronous triggers, which return once the chain below
+//! them has run; it is complete when no async invocation was dead-lettered
+//! and no function that takes payloads waits for input (each is asked with
+//! a probe, which reports its stage's pending inputs); a failed epoch is
+//! run again from the last commit after every instance is replaced by a
+//! redeployment.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use object_store::ObjectStore;
+use serde::Deserialize;
+use skein_engine::epochs::{EpochOutcome, EpochRuntime, not_committed};
+use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
+use skein_engine::planner::QueryPlan;
+use skein_engine::{EngineError, Result};
+
+use crate::dead_letter;
+
+/// Replaces every function instance of the query (a redeployment with a
+/// new run id): fresh instances load the last committed state.
+#[async_trait]
+pub trait Redeploy: Send + Sync {
+    async fn redeploy(&self) -> Result<()>;
+}
+
+/// What a probe says about a function's stage (the bootstrap's report).
+#[derive(Debug, Default, Deserialize)]
+pub struct ProbeAnswer {
+    /// What the stage waits for; empty when nothing is pending or the
+    /// instance has not built its stage yet.
+    #[serde(default)]
+    pub pending: Vec<String>,
+}
+
+pub struct LambdaEpochs<'a> {
+    plan: &'a QueryPlan,
+    invoker: &'a dyn Invoker,
+    /// The deployment's store, where dead letters are recorded.
+    store: Arc<dyn ObjectStore>,
+    /// Functions that take payloads: the ones that can wait for input.
+    receivers: Vec<String>,
+    redeploy: Option<&'a dyn Redeploy>,
+}
+
+impl<'a> LambdaEpochs<'a> {
+    pub fn new(
+        plan: &'a QueryPlan,
+        invoker: &'a dyn Invoker,
+        store: Arc<dyn ObjectStore>,
+        redeploy: Option<&'a dyn Redeploy>,
+    ) -> Self {
+        let receivers = plan
+            .stages
+            .iter()
+            .filter(|s| !s.inputs.is_empty())
+            .flat_map(|s| {
+                (0..s.members)
+                    .map(|m| skein_engine::context::function_name(&plan.query_code, s.id, m))
+            })
+            .collect();
+        LambdaEpochs {
+            plan,
+            invoker,
+            store,
+            receivers,
+            redeploy,
+        }
+    }
+
+    /// What every function that takes payloads still waits for.
+    pub async fn pending(&self) -> Result<Vec<String>> {
+        let probes = self.receivers.iter().map(|name| async move {
+            let answer = invoke_with_retry(
+                self.invoker,
+                name,
+                br#"{"probe":{}}"#.to_vec(),
+                InvocationType::Sync,
+                Duration::from_secs(2),
+                100,
+            )
+            .await?;
+            serde_json::from_slice::<ProbeAnswer>(&answer)
+                .map(|a| a.pending)
+                .map_err(|e| EngineError::Invocation {
+                    name: name.clone(),
+                    reason: format!("the probe's answer is not a report: {e}"),
+                })
+        });
+        let mut out = vec![];
+        for answer in join_all(probes).await {
+            out.extend(answer?);
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl EpochRuntime for LambdaEpochs<'_> {
+    async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
+        skein_engine::driver::fire_epoch(self.plan, self.invoker, epoch, last).await
+    }
+
+    async fn check_complete(&self, epoch: u64) -> Result<()> {
+        let dead = dead_letter::list(&self.store, &self.plan.query_code)
+            .await
+            .map_err(|e| not_committed(epoch, format!("reading dead letters: {e}")))?;
+        if let Some(first) = dead.first() {
+            return Err(not_committed(
+                epoch,
+                format!(
+                    "{} async invocations were dead-lettered; first: {}",
+                    dead.len(),
+                    first["responsePayload"]
+                ),
+            ));
+        }
+        let pending = self.pending().await?;
+        if !pending.is_empty() {
+            return Err(not_committed(epoch, pending.join("; ")));
+        }
+        Ok(())
+    }
+
+    async fn replace_instances(&self) -> Result<bool> {
+        let Some(r) = self.redeploy else {
+            return Ok(false);
+        };
+        r.redeploy().await?;
+        Ok(true)
+    }
+}

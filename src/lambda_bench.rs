@@ -1,0 +1,287 @@
+//! `skein bench lambda`: a query's launch time and the overhead of one hop
+//! on Lambda, and the payload-vs-S3 exchange comparison (Flock's Table 2).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use skein_engine::driver::destroy as destroy_functions;
+use skein_engine::invoke::{FunctionService, FunctionSpec};
+use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
+use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
+
+use crate::PlanArgs;
+use crate::lambda_cmd::{LambdaArgs, code, connect, deploy_plan, plan, run_id};
+
+#[derive(Args, Debug)]
+pub struct BenchLambdaArgs {
+    /// NEXMark query whose launch is timed.
+    #[arg(long, default_value_t = 5)]
+    pub query: u32,
+    /// Members of each function group.
+    #[arg(long, default_value_t = 4, value_parser = crate::positive)]
+    pub group_size: usize,
+    /// Warm invocations to time.
+    #[arg(long, default_value_t = 30)]
+    pub warm: usize,
+    /// Instead of the launch and hop figures: the exchange comparison of the
+    /// Flock paper's Table 2, payloads (sync and async) vs S3 between two functions.
+    #[arg(long)]
+    pub exchange: bool,
+    /// Bytes moved by --exchange, one figure per size.
+    #[arg(long, value_delimiter = ',', default_values_t = [1_500, 15_000, 150_000, 1_500_000, 15_000_000])]
+    pub sizes: Vec<usize>,
+    /// Timed repetitions per size and method for --exchange (after one
+    /// untimed warm-up); medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// --exchange: one JSON line per size instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub lambda: LambdaArgs,
+}
+
+/// `skein bench lambda`: query launch time (deploy of every function of a
+/// NEXMark query, cold = create, warm = re-deploy; code uploaded beforehand,
+/// no compilation) and the overhead of one hop (a probe invocation through
+/// the Lambda API: the first after a deploy starts an instance, later ones
+/// reuse it). Prints one JSON line; leaves nothing deployed.
+pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
+    if args.exchange {
+        return exchange_bench(args).await;
+    }
+    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
+    let b = connect(&args.lambda.store).await?;
+    let p = PlanArgs {
+        group_size: args.group_size,
+        encoding: Default::default(),
+        invoke_async: false,
+    };
+    let (plan, _) = plan(&sql, &p, &b.store_url).await?;
+    let lister = LambdaFunctionService::new(&b.sdk, None);
+    destroy_functions(&plan.query_code, &lister).await?;
+    code(&b, &args.lambda).await?; // upload once, outside the timings
+
+    let t = Instant::now();
+    let deployed = deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    let deploy_cold_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    let deploy_warm_s = t.elapsed().as_secs_f64();
+
+    let invoker = LambdaInvoker::new(&b.sdk);
+    let target = &deployed.last().context("no functions deployed")?.name;
+    let probe = || async {
+        let t = Instant::now();
+        skein_engine::invoke::invoke_with_retry(
+            &invoker,
+            target,
+            br#"{"probe": true}"#.to_vec(),
+            skein_engine::invoke::InvocationType::Sync,
+            std::time::Duration::from_millis(200),
+            50,
+        )
+        .await?;
+        Ok::<f64, anyhow::Error>(t.elapsed().as_secs_f64() * 1000.0)
+    };
+    let cold_ms = probe().await?;
+    let mut warm = vec![];
+    for _ in 0..args.warm.max(1) {
+        warm.push(probe().await?);
+    }
+    warm.sort_by(|a, b| a.total_cmp(b));
+    destroy_functions(&plan.query_code, &lister).await?;
+    println!(
+        "{}",
+        json!({
+            "query": args.query,
+            "functions": deployed.len() + 1,
+            "deploy_cold_s": deploy_cold_s,
+            "deploy_warm_s": deploy_warm_s,
+            "hop_cold_ms": cold_ms,
+            "hop_warm_ms_median": warm[warm.len() / 2],
+            "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
+        })
+    );
+    Ok(())
+}
+
+/// Names of the two functions of `skein bench lambda --exchange`.
+const EXCHANGE_SENDER: &str = "skein-bench-exchange-send";
+const EXCHANGE_RECEIVER: &str = "skein-bench-exchange-recv";
+
+/// `skein bench lambda --exchange`: Flock's Table 2 on our functions. Two
+/// functions (the same bootstrap) are deployed; the command asks the sender
+/// to move each size to the receiver by each method (see
+/// `skein_lambda::exchange` for what is timed, all inside the sender) and
+/// reports medians. Methods alternate within each repetition so that a
+/// noisy moment hits all three alike. Leaves nothing deployed.
+async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
+    use skein_lambda::exchange::{ExchangeReport, ExchangeRequest, Method};
+
+    let b = connect(&args.lambda.store).await?;
+    let (code, code_sha256) = code(&b, &args.lambda).await?;
+    let options = ServiceOptions {
+        code,
+        code_sha256,
+        role: args.lambda.role.clone(),
+        memory_mb: args.lambda.memory.max(1024),
+        timeout_s: args.lambda.timeout,
+        arch: args.lambda.arch.lambda(),
+        extra_env: BTreeMap::from([
+            (STORE_ENV.to_string(), b.store_url.clone()),
+            (RUN_ENV.to_string(), run_id()),
+        ]),
+        on_failure: None,
+    };
+    let service = LambdaFunctionService::new(&b.sdk, Some(options));
+    // Only these two serve exchange requests: the sender may invoke the
+    // receiver, both only touch this run's keys (bench_scope.rs).
+    let run = run_id();
+    for (name, peers) in [
+        (EXCHANGE_SENDER, vec![EXCHANGE_RECEIVER.to_string()]),
+        (EXCHANGE_RECEIVER, vec![]),
+    ] {
+        let scope = BenchScope {
+            run: run.clone(),
+            peers,
+            record_prefix: None,
+        };
+        service
+            .create(FunctionSpec {
+                name: name.to_string(),
+                environment: BTreeMap::from([(BENCH_ENV.to_string(), scope.to_json())]),
+                concurrency: skein_engine::planner::STATELESS_CONCURRENCY,
+            })
+            .await
+            .with_context(|| format!("deploying {name}"))?;
+    }
+    let invoker = LambdaInvoker::new(&b.sdk);
+    let repeat = args.repeat.max(1);
+    let total = (args.sizes.len() * Method::ALL.len() * (repeat + 1)) as u64;
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} exchanges {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut counter = 0u64;
+    let result: Result<Vec<serde_json::Value>> = async {
+        let mut lines = vec![];
+        for &bytes in &args.sizes {
+            bar.set_message(format!("{bytes} bytes"));
+            let mut times: BTreeMap<&str, Vec<ExchangeReport>> = BTreeMap::new();
+            // Repetition 0 warms both functions up for this size; not timed.
+            for rep in 0..=repeat {
+                for method in Method::ALL {
+                    counter += 1;
+                    let request = ExchangeRequest::Send {
+                        bytes,
+                        method,
+                        to: EXCHANGE_RECEIVER.to_string(),
+                        tag: format!("{run}/{counter}"),
+                    };
+                    let answer = skein_engine::invoke::invoke_with_retry(
+                        &invoker,
+                        EXCHANGE_SENDER,
+                        request.to_json(),
+                        skein_engine::invoke::InvocationType::Sync,
+                        std::time::Duration::from_millis(500),
+                        50,
+                    )
+                    .await
+                    .with_context(|| format!("{} exchange of {bytes} bytes", method.name()))?;
+                    let report: ExchangeReport = serde_json::from_slice(&answer)
+                        .context("the sender's answer is not an exchange report")?;
+                    tracing::debug!(?report, rep, "exchange");
+                    if rep > 0 {
+                        times.entry(method.name()).or_default().push(report);
+                    }
+                    bar.inc(1);
+                }
+            }
+            lines.push(exchange_line(bytes, repeat, &times));
+        }
+        Ok(lines)
+    }
+    .await;
+    bar.finish_and_clear();
+    for name in [EXCHANGE_SENDER, EXCHANGE_RECEIVER] {
+        service.delete(name).await?;
+    }
+    let lines = result?;
+    if args.json {
+        for l in &lines {
+            println!("{l}");
+        }
+        return Ok(());
+    }
+    println!("payload vs S3 between two functions, medians of {repeat} (ms); ratio = payload / S3");
+    println!(
+        "{:>10} {:>9} {:>9} {:>9} {:>12} {:>10} {:>11} {:>9}",
+        "bytes", "sync", "async", "s3", "s3 put+get", "sync/s3", "async/s3", "fragments"
+    );
+    for l in &lines {
+        let f = |k: &str| l[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:>10} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>10.2} {:>11.2} {:>9}",
+            l["bytes"].as_u64().unwrap_or(0),
+            f("sync_ms"),
+            f("async_ms"),
+            f("s3_ms"),
+            f("s3_put_get_ms"),
+            f("ratio_sync_s3"),
+            f("ratio_async_s3"),
+            format!("{}/{}", l["sync_fragments"], l["async_fragments"]),
+        );
+    }
+    Ok(())
+}
+
+/// One size's figures: medians per method and the payload / S3 ratios.
+fn exchange_line(
+    bytes: usize,
+    repeat: usize,
+    times: &BTreeMap<&str, Vec<skein_lambda::exchange::ExchangeReport>>,
+) -> serde_json::Value {
+    let median = |mut xs: Vec<f64>| -> Option<f64> {
+        if xs.is_empty() {
+            return None;
+        }
+        xs.sort_by(|a, b| a.total_cmp(b));
+        Some(xs[xs.len() / 2])
+    };
+    let ms = |m: &str| {
+        median(
+            times
+                .get(m)
+                .map_or(vec![], |r| r.iter().map(|r| r.ms).collect()),
+        )
+    };
+    let s3_parts = median(times.get("s3").map_or(vec![], |r| {
+        r.iter()
+            .filter_map(|r| Some(r.put_ms? + r.get_ms?))
+            .collect()
+    }));
+    let first = |m: &str, f: fn(&skein_lambda::exchange::ExchangeReport) -> usize| {
+        times.get(m).and_then(|r| r.first()).map(f)
+    };
+    let round = |x: Option<f64>| x.map(|x| (x * 100.0).round() / 100.0);
+    let (sync, asyn, s3) = (ms("sync"), ms("async"), ms("s3"));
+    let ratio = |p: Option<f64>| round(p.zip(s3).map(|(p, s)| p / s));
+    json!({
+        "bytes": bytes,
+        "repeat": repeat,
+        "sync_ms": round(sync),
+        "async_ms": round(asyn),
+        "s3_ms": round(s3),
+        "s3_put_get_ms": round(s3_parts),
+        "ratio_sync_s3": ratio(sync),
+        "ratio_async_s3": ratio(asyn),
+        "sync_fragments": first("sync", |r| r.fragments),
+        "async_fragments": first("async", |r| r.fragments),
+        "payload_wire_bytes": first("sync", |r| r.wire_bytes),
+        "object_bytes": first("s3", |r| r.wire_bytes),
+    })
+}

@@ -1,0 +1,118 @@
+//! The windowed count and sum per key the durable-state tests run: the
+//! input records, the reference result computed here (outside the engine),
+//! and the check that what a sink holds equals it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::rows::{int, millis, text};
+
+pub const BASE_MS: i64 = 1_700_000_000_000;
+pub const KEYS: usize = 50;
+pub const WINDOW_MS: i64 = 10_000;
+
+/// (window start, key) -> (count, sum).
+pub type Reference = BTreeMap<(i64, String), (i64, i64)>;
+
+/// `n` records `{"k", "v", "ts"}` over `span_ms` of event time as
+/// (partition, JSON), in event-time order within each of `partitions`
+/// partitions, and the reference result.
+pub fn records(n: usize, partitions: usize, span_ms: i64) -> (Vec<(usize, String)>, Reference) {
+    let mut reference = Reference::new();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let ts = BASE_MS + (i as i64 * span_ms) / n as i64;
+        let k = format!("k{}", (i * 7) % KEYS);
+        let v = i as i64;
+        out.push((
+            i % partitions,
+            format!(r#"{{"k":"{k}","v":{v},"ts":{ts}}}"#),
+        ));
+        let w = ts - ts.rem_euclid(WINDOW_MS);
+        let e = reference.entry((w, k)).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    (out, reference)
+}
+
+/// The query: `ev` (a source DDL) into `out` (a sink DDL).
+pub fn query(source: &str, sink: &str) -> String {
+    format!(
+        "{source}\n{sink}\n\
+         INSERT INTO out SELECT tumble(ts, INTERVAL '10' SECOND) AS w, k, count(*) AS n, \
+           sum(v) AS s FROM ev GROUP BY tumble(ts, INTERVAL '10' SECOND), k;\n"
+    )
+}
+
+/// The rows written equal the reference: none missing, doubled or wrong.
+pub fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
+    let mut got = Reference::new();
+    let mut doubled = vec![];
+    for row in rows {
+        let key = (millis(row, "w"), text(row, "k"));
+        if got
+            .insert(key.clone(), (int(row, "n"), int(row, "s")))
+            .is_some()
+        {
+            doubled.push(key);
+        }
+    }
+    assert!(
+        doubled.is_empty(),
+        "{what}: windows written twice: {doubled:?}"
+    );
+    let missing: Vec<_> = reference.keys().filter(|k| !got.contains_key(*k)).collect();
+    let wrong: Vec<_> = got
+        .iter()
+        .filter(|(k, v)| reference.get(*k) != Some(v))
+        .collect();
+    assert!(
+        missing.is_empty() && wrong.is_empty(),
+        "{what}: {} of {} windows missing, first {:?}; {} wrong, first {:?}",
+        missing.len(),
+        reference.len(),
+        missing.first(),
+        wrong.len(),
+        wrong.first()
+    );
+}
+
+/// A fresh topic of `partitions` partitions holding the records; returns
+/// the table `ev` reading it, `pull` records per partition and epoch.
+pub fn kafka_table(records: &[(usize, String)], partitions: usize, pull: usize) -> String {
+    let brokers = super::require_kafka();
+    let name = super::unique_name("durable");
+    super::kafka::create_topic(&brokers, &name, partitions as i32);
+    let writer = super::kafka::PartitionWriter::new(&brokers, &name);
+    for (p, json) in records {
+        writer.send(*p as i32, json);
+    }
+    writer.flush();
+    format!(
+        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+           LOCATION '{name}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
+           'event_time' 'ts', 'max.records.per.pull' '{pull}');"
+    )
+}
+
+/// A fresh 2-partition topic and the Kafka table `out` writing to it.
+pub fn kafka_sink() -> (String, String) {
+    let brokers = super::kafka_brokers();
+    let out = super::unique_name("durable-out");
+    super::kafka::create_topic(&brokers, &out, 2);
+    let ddl = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS KAFKA \
+           LOCATION '{out}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');"
+    );
+    (out, ddl)
+}
+
+/// The rows of the committed records of `topic` (read_committed).
+pub fn kafka_rows(topic: &str) -> Vec<Map<String, Value>> {
+    super::kafka::committed_records(&super::kafka_brokers(), topic)
+        .into_iter()
+        .map(|(_, _, value)| serde_json::from_slice(&value).expect("a JSON row"))
+        .collect()
+}
