@@ -127,6 +127,28 @@ fn a_ysb_generator_table_runs_the_ysb_aggregate_and_verifies() {
 }
 
 #[test]
+fn a_generator_query_without_a_bound_runs_ten_epochs_and_exits() {
+    let dir = std::env::temp_dir().join(format!("skein-cli-unbounded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("count.sql");
+    std::fs::write(
+        &file,
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+           OPTIONS ('events' '20000', 'partitions' '2');\n\
+         SELECT count(*) AS bids FROM bid;\n",
+    )
+    .unwrap();
+    // Bounded sources are no standing query: no bound means --epochs 10.
+    let (ok, stdout, stderr) = skein(&["run", file.to_str().unwrap(), "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["epochs"], 10, "{v}");
+    assert_eq!(v["stopped"], "bound", "{v}");
+    assert_eq!(v["result_rows"], 1, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn a_blackhole_sink_counts_the_rows_it_drops() {
     let dir = std::env::temp_dir().join(format!("skein-cli-blackhole-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
