@@ -304,8 +304,14 @@ pub async fn run_sql(
     };
     let (bar, template) = match expected_epochs {
         _ if args.json => (ProgressBar::hidden(), "{msg}"),
-        Some(n) => (ProgressBar::new(n), "{spinner} epoch {pos}/{len} {wide_bar} {msg}"),
-        None => (ProgressBar::no_length(), "{spinner} epoch {pos} {elapsed} {msg}"),
+        Some(n) => (
+            ProgressBar::new(n),
+            "{spinner} epoch {pos}/{len} {wide_bar} {msg}",
+        ),
+        None => (
+            ProgressBar::no_length(),
+            "{spinner} epoch {pos} {elapsed} {msg}",
+        ),
     };
     bar.set_style(ProgressStyle::with_template(template).expect("progress template"));
     bar.enable_steady_tick(Duration::from_millis(200));

@@ -180,10 +180,7 @@ impl Drop for Standing {
 fn assert_partial(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
     let mut some = Reference::new();
     for row in rows {
-        let key = (
-            common::rows::millis(row, "w"),
-            common::rows::text(row, "k"),
-        );
+        let key = (common::rows::millis(row, "w"), common::rows::text(row, "k"));
         if let Some(v) = reference.get(&key) {
             some.insert(key, *v);
         }
