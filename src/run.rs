@@ -33,8 +33,8 @@ pub struct RunArgs {
 #[derive(Args, Debug)]
 pub struct CommonRunArgs {
     /// Number of epochs (micro-batches) to split a bounded input into
-    /// [default: 10]. A query that reads Kafka or Kinesis, given no
-    /// --epochs, --duration or --until-drained, is a standing query: one
+    /// [default: 10]. In-process, a query that reads Kafka or Kinesis given
+    /// no --epochs, --duration or --until-drained is a standing query: one
     /// epoch per --interval until SIGINT or SIGTERM.
     #[arg(long, conflicts_with_all = ["duration", "until_drained"])]
     pub epochs: Option<u64>,
