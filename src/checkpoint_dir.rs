@@ -28,6 +28,17 @@ pub struct Request {
     pub off: bool,
 }
 
+/// Whether the query reads a live source (Kafka or Kinesis): one that has
+/// no end of its own.
+pub fn reads_live_source(plan: &QueryPlan) -> bool {
+    plan.stages.iter().flat_map(|s| s.sources.iter()).any(|l| {
+        matches!(
+            l.config.kind.to_ascii_uppercase().as_str(),
+            "KAFKA" | "KINESIS"
+        )
+    })
+}
+
 /// Why a query does or does not checkpoint by default.
 fn default_on(plan: &QueryPlan) -> bool {
     let kinds: Vec<String> = plan
@@ -35,7 +46,7 @@ fn default_on(plan: &QueryPlan) -> bool {
         .iter()
         .flat_map(|s| s.sources.iter().map(|l| l.config.kind.to_ascii_uppercase()))
         .collect();
-    let live = kinds.iter().any(|k| k == "KAFKA" || k == "KINESIS");
+    let live = reads_live_source(plan);
     let replayable = kinds
         .iter()
         .all(|k| REPLAYABLE_SOURCES.contains(&k.as_str()));
@@ -57,14 +68,8 @@ fn unreplayable(plan: &QueryPlan) -> Vec<String> {
 /// restarts, when it reads a live source into a durable sink; said on
 /// stderr before it runs rather than left for the user to find out.
 fn at_least_once_reason(plan: &QueryPlan, request: &Request) -> Option<String> {
-    let live = plan.stages.iter().flat_map(|s| s.sources.iter()).any(|l| {
-        matches!(
-            l.config.kind.to_ascii_uppercase().as_str(),
-            "KAFKA" | "KINESIS"
-        )
-    });
     let durable_sink = DURABLE_SINKS.contains(&plan.sink.kind.to_ascii_uppercase().as_str());
-    if !live || !durable_sink {
+    if !reads_live_source(plan) || !durable_sink {
         return None;
     }
     if request.off {

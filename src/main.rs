@@ -11,6 +11,7 @@ mod lambda_run;
 mod publish;
 mod registry;
 mod run;
+mod standing;
 mod ysb;
 
 use std::path::PathBuf;

@@ -32,9 +32,12 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct CommonRunArgs {
-    /// Number of epochs (micro-batches) to split a bounded input into.
-    #[arg(long, default_value_t = 10, conflicts_with_all = ["duration", "until_drained"])]
-    pub epochs: u64,
+    /// Number of epochs (micro-batches) to split a bounded input into
+    /// [default: 10]. In-process, a query that reads Kafka or Kinesis given
+    /// no --epochs, --duration or --until-drained is a standing query: one
+    /// epoch per --interval until SIGINT or SIGTERM.
+    #[arg(long, conflicts_with_all = ["duration", "until_drained"])]
+    pub epochs: Option<u64>,
     /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
     #[arg(long, value_parser = parse_duration, conflicts_with = "until_drained")]
     pub duration: Option<Duration>,
@@ -42,7 +45,7 @@ pub struct CommonRunArgs {
     /// reached the end it had when the run started, one epoch per --interval.
     #[arg(long)]
     pub until_drained: bool,
-    /// Time between epochs of a --duration or --until-drained run.
+    /// Time between epochs of a --duration, --until-drained or standing run.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub interval: Duration,
     #[command(flatten)]
@@ -74,8 +77,16 @@ pub struct CommonRunArgs {
     pub show: usize,
 }
 
+/// Epochs of a bounded run given no bound.
+const DEFAULT_EPOCHS: u64 = 10;
+
 impl CommonRunArgs {
-    /// When the run stops.
+    /// No --epochs, --duration or --until-drained.
+    pub fn unbounded(&self) -> bool {
+        self.epochs.is_none() && self.duration.is_none() && !self.until_drained
+    }
+
+    /// When a bounded run stops.
     pub fn stop(&self) -> StopAfter {
         match (self.duration, self.until_drained) {
             (_, true) => StopAfter::Drained {
@@ -85,7 +96,7 @@ impl CommonRunArgs {
                 duration,
                 interval: self.interval,
             },
-            (None, false) => StopAfter::Epochs(self.epochs),
+            (None, false) => StopAfter::Epochs(self.epochs.unwrap_or(DEFAULT_EPOCHS)),
         }
     }
 
@@ -270,24 +281,39 @@ pub async fn run_sql(
             .context("clearing the files of an earlier run")?;
     }
 
-    let stop = args.stop();
-    let expected_epochs = match stop {
-        StopAfter::Epochs(n) => n,
+    // A live source and no bound: a standing query, stopped by a signal.
+    let (stop, signal) = if args.unbounded() && crate::checkpoint_dir::reads_live_source(&plan) {
+        if args.verify {
+            bail!(
+                "--verify compares a whole input with its result: give a standing query a \
+                 bound (--epochs, --duration or --until-drained)"
+            );
+        }
+        let (stop, signal) = crate::standing::until_signalled(args.interval)?;
+        (stop, Some(signal))
+    } else {
+        (args.stop(), None)
+    };
+    let expected_epochs = match &stop {
+        StopAfter::Epochs(n) => Some(*n),
         StopAfter::Duration { duration, interval } => {
-            (duration.as_millis() / interval.as_millis().max(1)) as u64 + 1
+            Some((duration.as_millis() / interval.as_millis().max(1)) as u64 + 1)
         }
         // Unknown in advance: the bar counts up.
-        StopAfter::Drained { .. } => 0,
+        StopAfter::Drained { .. } | StopAfter::Signalled { .. } => None,
     };
-    let bar = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(expected_epochs)
+    let (bar, template) = match expected_epochs {
+        _ if args.json => (ProgressBar::hidden(), "{msg}"),
+        Some(n) => (
+            ProgressBar::new(n),
+            "{spinner} epoch {pos}/{len} {wide_bar} {msg}",
+        ),
+        None => (
+            ProgressBar::no_length(),
+            "{spinner} epoch {pos} {elapsed} {msg}",
+        ),
     };
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} epoch {pos}/{len} {wide_bar} {msg}")
-            .expect("progress template"),
-    );
+    bar.set_style(ProgressStyle::with_template(template).expect("progress template"));
     bar.enable_steady_tick(Duration::from_millis(200));
     let mut report: RunReport = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
@@ -296,6 +322,7 @@ pub async fn run_sql(
     .await
     .context("running the query")?;
     bar.finish_and_clear();
+    let signalled = signal.is_some_and(|s| s.is_raised());
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.
     let results: Vec<RecordBatch> = if files_sink {
@@ -346,6 +373,7 @@ pub async fn run_sql(
             "query_code": report.query_code,
             "checkpoint_dir": held.as_ref().map(|h| h.dir.display().to_string()),
             "resumed_after": report.resumed_after,
+            "stopped": if signalled { "signal" } else { "bound" },
         });
         if let Some(q) = nexmark_query {
             v["query"] = json!(q);
@@ -388,6 +416,12 @@ pub async fn run_sql(
                 None => "",
             }
         ));
+        if signalled {
+            out.push_str(match held {
+                Some(_) => "\nstopped by a signal: open windows wait in the checkpoint for the next run",
+                None => "\nstopped by a signal: without a checkpoint, the last epoch flushed open windows",
+            });
+        }
     }
     if let Some(cmp) = diff {
         eprintln!("{out}");

@@ -41,19 +41,24 @@ fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {
     assert!(v["invocations"].as_u64().unwrap() > 0 && v["payload_bytes"].as_u64().unwrap() > 0);
 }
 
+/// Writes `sql` to `<temp>/skein-cli-<test>-<pid>/query.sql`: (dir, file).
+fn query_file(test: &str, sql: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("skein-cli-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("query.sql");
+    std::fs::write(&file, sql).unwrap();
+    (dir, file)
+}
+
 #[test]
 fn run_a_sql_file_and_explain_it() {
-    let dir = std::env::temp_dir().join(format!("skein-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("top.sql");
-    std::fs::write(
-        &file,
+    let (_, file) = query_file(
+        "top",
         "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
            OPTIONS ('events' '20000', 'partitions' '2', 'event_time' 'date_time');\n\
          -- the ten highest bids\n\
          SELECT auction, bidder, price FROM bid ORDER BY price DESC, auction, bidder LIMIT 10;\n",
-    )
-    .unwrap();
+    );
     let path = file.to_str().unwrap();
     let (ok, stdout, stderr) = skein(&["run", path, "--epochs", "4", "--verify"]);
     assert!(ok, "{stderr}");
@@ -123,6 +128,24 @@ fn a_ysb_generator_table_runs_the_ysb_aggregate_and_verifies() {
     assert_eq!(v["events"], 50_000, "{v}");
     // 1,000 ads, each seen in the one window.
     assert_eq!(v["result_rows"], 1000, "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_generator_query_without_a_bound_runs_ten_epochs_and_exits() {
+    let (dir, file) = query_file(
+        "unbounded",
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+           OPTIONS ('events' '20000', 'partitions' '2');\n\
+         SELECT count(*) AS bids FROM bid;\n",
+    );
+    // Bounded sources are no standing query: no bound means --epochs 10.
+    let (ok, stdout, stderr) = skein(&["run", file.to_str().unwrap(), "--json"]);
+    assert!(ok, "{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["epochs"], 10, "{v}");
+    assert_eq!(v["stopped"], "bound", "{v}");
+    assert_eq!(v["result_rows"], 1, "{v}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

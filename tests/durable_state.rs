@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::rows::read_rows;
-use common::windowed::{self, Reference, assert_exact};
+use common::windowed::{self, Reference, assert_exact, committed_epoch};
 use rand::Rng;
 use serde_json::{Map, Value};
 
@@ -96,12 +96,6 @@ fn run_command(sql: &Path, checkpoints: &Path) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
-}
-
-/// The last committed epoch in a checkpoint directory, if any.
-fn committed_epoch(checkpoints: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(checkpoints.join("commit.json")).ok()?;
-    serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
 }
 
 /// Runs the query in `dir` to the end, killing it with SIGKILL `kills`

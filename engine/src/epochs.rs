@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::checkpoint::{CheckpointStore, Commit, EpochPlan};
 use crate::error::{EngineError, Result};
@@ -25,7 +27,7 @@ pub struct EpochOutcome {
 }
 
 /// When a run stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum StopAfter {
     /// A bounded run: the input is split into this many epochs.
     Epochs(u64),
@@ -39,14 +41,87 @@ pub enum StopAfter {
     /// Fire an epoch every `interval` until every source partition has
     /// reached the end it had when the run started, then one last epoch.
     Drained { interval: Duration },
+    /// A standing query: fire an epoch every `interval` until `signal` is
+    /// raised, then finish the epoch in flight and commit it without
+    /// flushing open windows (a restart resumes them from the checkpoint).
+    /// Without a checkpoint store nothing could resume them, so that epoch
+    /// is the last and flushes, as at the end of a `Duration` run.
+    Signalled {
+        interval: Duration,
+        signal: StopSignal,
+    },
 }
 
 impl StopAfter {
     /// The epoch count of a bounded run (sources slice their input by it).
-    pub fn bounded(self) -> Option<u64> {
+    pub fn bounded(&self) -> Option<u64> {
         match self {
-            StopAfter::Epochs(n) => Some(n.max(1)),
-            StopAfter::Duration { .. } | StopAfter::Drained { .. } => None,
+            StopAfter::Epochs(n) => Some((*n).max(1)),
+            _ => None,
+        }
+    }
+
+    /// Time between epochs; none for a bounded run (back to back).
+    fn interval(&self) -> Option<Duration> {
+        match self {
+            StopAfter::Epochs(_) => None,
+            StopAfter::Duration { interval, .. }
+            | StopAfter::Drained { interval }
+            | StopAfter::Signalled { interval, .. } => Some(*interval),
+        }
+    }
+
+    fn signal(&self) -> Option<&StopSignal> {
+        match self {
+            StopAfter::Signalled { signal, .. } => Some(signal),
+            _ => None,
+        }
+    }
+}
+
+/// Why a run stopped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stopped {
+    /// Its bound was reached (epochs, duration, drained or finished
+    /// sources): the last epoch flushed all state.
+    #[default]
+    Bound,
+    /// A stop was asked for ([`StopSignal`]).
+    Signal,
+}
+
+/// Asks a standing run to stop; see [`StopAfter::Signalled`].
+#[derive(Debug, Clone)]
+pub struct StopHandle(Arc<watch::Sender<bool>>);
+
+/// What the epoch loop watches for a request to stop.
+#[derive(Debug, Clone)]
+pub struct StopSignal(watch::Receiver<bool>);
+
+/// A new stop request: the handle for whoever may ask (a signal handler,
+/// a deadline), the signal for the run.
+pub fn stop_signal() -> (StopHandle, StopSignal) {
+    let (tx, rx) = watch::channel(false);
+    (StopHandle(Arc::new(tx)), StopSignal(rx))
+}
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl StopSignal {
+    pub fn is_raised(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Returns once a stop is asked for; never if every handle is gone.
+    pub async fn raised(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|stop| *stop).await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }
@@ -114,12 +189,19 @@ impl EpochLog {
     }
 
     /// Commit `epoch` if it is complete everywhere and the interval (or
-    /// the end of the run) says so; then drop what no restart needs.
-    async fn commit(&self, runtime: &dyn EpochRuntime, epoch: u64, last: bool) -> Result<()> {
+    /// the end of the run, or a stop: `force`) says so; then drop what no
+    /// restart needs.
+    async fn commit(
+        &self,
+        runtime: &dyn EpochRuntime,
+        epoch: u64,
+        last: bool,
+        force: bool,
+    ) -> Result<()> {
         let Some(cs) = &self.store else {
             return Ok(());
         };
-        if !(last || epoch.is_multiple_of(self.interval)) {
+        if !(last || force || epoch.is_multiple_of(self.interval)) {
             return Ok(());
         }
         // An epoch that lost an invocation or left a member waiting is not
@@ -150,9 +232,12 @@ pub struct EpochsRun {
     pub events: u64,
     /// Times every instance was replaced after a failed epoch.
     pub recoveries: u32,
+    /// Why it stopped.
+    pub stopped: Stopped,
 }
 
-/// Fire epochs until `stop`; the last epoch flushes all state. With a
+/// Fire epochs until `stop`; the last epoch flushes all state, except
+/// where a standing run is stopped ([`StopAfter::Signalled`]). With a
 /// checkpoint store, a run resumes after the last commit, and a failed
 /// epoch is run again from the last commit where the runtime can replace
 /// its instances. `on_epoch(epoch, events so far)` follows progress.
@@ -170,12 +255,13 @@ pub async fn run_epochs(
     }
     // A bounded run that already reached its last epoch has nothing to do;
     // a larger --epochs goes on where it ended.
-    if matches!((stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.epoch + 1 >= n) {
+    if matches!((&stop, resumed), (StopAfter::Epochs(n), Some(c)) if c.epoch + 1 >= *n) {
         return Ok(EpochsRun {
             resumed,
             ..Default::default()
         });
     }
+    let signal = stop.signal();
     let mut events: BTreeMap<u64, u64> = BTreeMap::new();
     let mut failures: BTreeMap<u64, u32> = BTreeMap::new();
     let mut recoveries = 0;
@@ -185,15 +271,17 @@ pub async fn run_epochs(
     let mut flush = false;
     loop {
         let last = flush
-            || match stop {
-                StopAfter::Epochs(n) => epoch + 1 >= n,
-                StopAfter::Duration { duration, .. } => start.elapsed() >= duration,
+            || match &stop {
+                StopAfter::Epochs(n) => epoch + 1 >= *n,
+                StopAfter::Duration { duration, .. } => start.elapsed() >= *duration,
                 StopAfter::Drained { .. } => false,
+                // Stopped with nothing to resume from: flush, as a bound would.
+                StopAfter::Signalled { signal, .. } => log.store.is_none() && signal.is_raised(),
             };
         let last = log.decide(epoch, last).await?;
         let fired = Instant::now();
-        let outcome = match run_and_commit(runtime, log, epoch, last).await {
-            Ok(outcome) => outcome,
+        let (outcome, stopping) = match run_and_commit(runtime, log, epoch, last, signal).await {
+            Ok(done) => done,
             Err(e) => {
                 let tries = failures.entry(epoch).or_default();
                 *tries += 1;
@@ -215,38 +303,59 @@ pub async fn run_epochs(
         events.insert(epoch, outcome.events);
         on_epoch(epoch, events.values().sum());
         epoch += 1;
-        if last {
+        if last || (stopping && log.store.is_some()) {
             break;
         }
-        let interval = match stop {
-            StopAfter::Epochs(_) => continue,
-            StopAfter::Duration { interval, .. } | StopAfter::Drained { interval } => interval,
+        let Some(interval) = stop.interval() else {
+            continue;
         };
-        flush |= match stop {
+        flush |= match &stop {
             StopAfter::Drained { .. } => outcome.drained,
+            // A standing query runs until it is stopped, however quiet.
+            StopAfter::Signalled { .. } => false,
             _ => outcome.finished,
         };
-        if !flush {
-            tokio::time::sleep(interval.saturating_sub(fired.elapsed())).await;
+        if flush || stopping {
+            continue;
+        }
+        let wait = interval.saturating_sub(fired.elapsed());
+        match signal {
+            Some(signal) => tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = signal.raised() => {}
+            },
+            None => tokio::time::sleep(wait).await,
         }
     }
+    let stopped = if signal.is_some_and(StopSignal::is_raised) {
+        tracing::info!(epoch = epoch - 1, "stopped on request");
+        Stopped::Signal
+    } else {
+        Stopped::Bound
+    };
     Ok(EpochsRun {
         resumed,
         epochs: epoch - first_epoch,
         events: events.values().sum(),
         recoveries,
+        stopped,
     })
 }
 
+/// Run `epoch` and commit it when due. A stop asked for while it ran
+/// (seen once it has run) ends the run with it, so it is committed now
+/// whatever the interval; `true` in the answer says so.
 async fn run_and_commit(
     runtime: &dyn EpochRuntime,
     log: &EpochLog,
     epoch: u64,
     last: bool,
-) -> Result<EpochOutcome> {
+    signal: Option<&StopSignal>,
+) -> Result<(EpochOutcome, bool)> {
     let outcome = runtime.run_epoch(epoch, last).await?;
-    log.commit(runtime, epoch, last).await?;
-    Ok(outcome)
+    let stopping = signal.is_some_and(StopSignal::is_raised);
+    log.commit(runtime, epoch, last, stopping).await?;
+    Ok((outcome, stopping))
 }
 
 /// An error for an epoch some function did not finish.
@@ -268,12 +377,24 @@ mod tests {
         fail_once: Mutex<Vec<u64>>,
         ran: Mutex<Vec<u64>>,
         replaced: Mutex<u32>,
+        /// Epochs fired as the last (flushing) one.
+        flushed: Mutex<Vec<u64>>,
+        /// Asks for a stop while this epoch runs.
+        stop_during: Option<(u64, StopHandle)>,
     }
 
     #[async_trait]
     impl EpochRuntime for Scripted {
-        async fn run_epoch(&self, epoch: u64, _last: bool) -> Result<EpochOutcome> {
+        async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
             self.ran.lock().unwrap().push(epoch);
+            if last {
+                self.flushed.lock().unwrap().push(epoch);
+            }
+            if let Some((at, handle)) = &self.stop_during
+                && *at == epoch
+            {
+                handle.stop();
+            }
             Ok(EpochOutcome {
                 events: 10,
                 ..Default::default()
@@ -354,5 +475,66 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((run.epochs, *rt.replaced.lock().unwrap()), (2, 0));
+    }
+
+    fn standing(stop_at: u64) -> (Scripted, StopAfter) {
+        let (handle, signal) = stop_signal();
+        let rt = Scripted {
+            stop_during: Some((stop_at, handle)),
+            ..Default::default()
+        };
+        let interval = Duration::from_millis(1);
+        (rt, StopAfter::Signalled { interval, signal })
+    }
+
+    #[tokio::test]
+    async fn a_stopped_standing_run_commits_its_last_epoch_without_flushing() {
+        let cs = store().await;
+        let (rt, stop) = standing(3);
+        // Commits every 5 epochs: the stop commits epoch 3 all the same.
+        let log = EpochLog::new(Some(cs.clone()), 5);
+        let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
+        assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert!(rt.flushed.lock().unwrap().is_empty(), "nothing flushed");
+        assert_eq!((run.epochs, run.stopped), (4, Stopped::Signal));
+        let commit = cs.committed().await.unwrap().unwrap();
+        assert_eq!((commit.epoch, commit.last), (3, false));
+        // A restart goes on after it until stopped again.
+        let (rt, stop) = standing(5);
+        let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
+        assert_eq!(*rt.ran.lock().unwrap(), vec![4, 5]);
+        assert_eq!(run.resumed.map(|c| c.epoch), Some(3));
+    }
+
+    #[tokio::test]
+    async fn without_checkpoints_a_stopped_standing_run_flushes() {
+        let (rt, stop) = standing(2);
+        let run = run_epochs(&rt, &EpochLog::new(None, 1), stop, |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(*rt.flushed.lock().unwrap(), vec![3]);
+        assert_eq!(run.stopped, Stopped::Signal);
+    }
+
+    #[tokio::test]
+    async fn a_stop_between_epochs_does_not_wait_for_the_interval() {
+        let (handle, signal) = stop_signal();
+        let rt = Scripted::default();
+        let stop = StopAfter::Signalled {
+            interval: Duration::from_secs(600),
+            signal,
+        };
+        let asked = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            handle.stop();
+        });
+        let log = EpochLog::new(Some(store().await), 1);
+        let started = Instant::now();
+        let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
+        asked.await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(60));
+        // Woken in the pause after epoch 0: one more epoch, committed.
+        assert_eq!((run.epochs, run.stopped), (2, Stopped::Signal));
     }
 }

@@ -82,19 +82,38 @@ pub fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &s
 /// A fresh topic of `partitions` partitions holding the records; returns
 /// the table `ev` reading it, `pull` records per partition and epoch.
 pub fn kafka_table(records: &[(usize, String)], partitions: usize, pull: usize) -> String {
+    let (topic, ddl) = empty_kafka_table(partitions, pull);
+    produce(&topic, records);
+    ddl
+}
+
+/// A fresh, empty topic of `partitions` partitions: (topic, the table `ev`
+/// reading it, `pull` records per partition and epoch).
+pub fn empty_kafka_table(partitions: usize, pull: usize) -> (String, String) {
     let brokers = super::require_kafka();
     let name = super::unique_name("durable");
     super::kafka::create_topic(&brokers, &name, partitions as i32);
-    let writer = super::kafka::PartitionWriter::new(&brokers, &name);
+    let ddl = format!(
+        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+           LOCATION '{name}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
+           'event_time' 'ts', 'max.records.per.pull' '{pull}');"
+    );
+    (name, ddl)
+}
+
+/// Appends the records (partition, JSON) to `topic`, in order.
+pub fn produce(topic: &str, records: &[(usize, String)]) {
+    let writer = super::kafka::PartitionWriter::new(&super::kafka_brokers(), topic);
     for (p, json) in records {
         writer.send(*p as i32, json);
     }
     writer.flush();
-    format!(
-        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
-           LOCATION '{name}' OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
-           'event_time' 'ts', 'max.records.per.pull' '{pull}');"
-    )
+}
+
+/// The last committed epoch in a local checkpoint directory, if any.
+pub fn committed_epoch(checkpoints: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(checkpoints.join("commit.json")).ok()?;
+    serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
 }
 
 /// A fresh 2-partition topic and the Kafka table `out` writing to it.

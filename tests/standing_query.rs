@@ -1,0 +1,211 @@
+//! Standing queries in-process: `skein run` with no bound over a Kafka
+//! topic runs until SIGTERM or SIGINT, then commits the epoch in flight
+//! and exits 0 without flushing its open windows. Records are produced
+//! while it runs; it is stopped and restarted, and a last bounded run
+//! (`--until-drained`) flushes. The sink then holds exactly the windowed
+//! count and sum per key a reference computed here says.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::rows::read_rows;
+use common::windowed::{self, Reference, assert_exact, committed_epoch};
+use serde_json::{Map, Value};
+
+const PARTITIONS: usize = 4;
+const RECORDS: usize = 30_000;
+/// Event time the records span: the 10 s windows close 25 times.
+const SPAN_MS: i64 = 250_000;
+const INTERVAL: &str = "200ms";
+/// How long a stop may take: the epoch in flight, its commit and exit, on
+/// a loaded 2-core machine (the interval is 0.2 s).
+const STOP_WITHIN: Duration = Duration::from_secs(10);
+
+/// Reads back what the sink holds.
+type Written = dyn Fn() -> Vec<Map<String, Value>>;
+
+struct Standing {
+    dir: PathBuf,
+    sql: PathBuf,
+    topic: String,
+}
+
+impl Standing {
+    /// A fresh empty topic, the query from it into `sink` (a DDL of `out`).
+    fn new(sink: impl FnOnce(&Path) -> String) -> Self {
+        let dir = std::env::temp_dir().join(common::unique_name("skein-standing"));
+        std::fs::create_dir_all(&dir).expect("a working directory");
+        let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 1000);
+        let sql = dir.join("q.sql");
+        std::fs::write(&sql, windowed::query(&source, &sink(&dir))).expect("writing the query");
+        Standing { dir, sql, topic }
+    }
+
+    fn checkpoints(&self) -> PathBuf {
+        self.dir.join("checkpoints")
+    }
+
+    fn command(&self, bound: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+        c.args(["run", self.sql.to_str().expect("utf-8 path")])
+            .args(bound)
+            .args(["--interval", INTERVAL, "--json", "--checkpoint-dir"])
+            .arg(self.checkpoints())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Start a standing run, produce `records` while it runs, wait until
+    /// it writes windows of them, check it is still running, stop it with
+    /// `signal`; it exits 0 within [`STOP_WITHIN`] saying it was stopped by
+    /// the signal.
+    fn run_then_stop(&self, records: &[(usize, String)], signal: &str, written: &Written) {
+        let rows_before = written().len();
+        let mut child = self.command(&[]).spawn().expect("starting skein");
+        let mut at = self.wait_for_commit_after(&mut child, None);
+        windowed::produce(&self.topic, records);
+        let started = Instant::now();
+        while written().len() == rows_before {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no window written within 120 s"
+            );
+            at = self.wait_for_commit_after(&mut child, at);
+        }
+        // A few more epochs: the stop may come in any of them.
+        for _ in 0..3 {
+            at = self.wait_for_commit_after(&mut child, at);
+        }
+        assert!(
+            child.try_wait().expect("polling skein").is_none(),
+            "a standing query keeps running without a bound"
+        );
+        let asked = Instant::now();
+        let sent = Command::new("kill")
+            .args(["-s", signal, &child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill -s {signal}");
+        let output = common::wait_with_timeout(child, Duration::from_secs(120));
+        let took = asked.elapsed();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{signal}: exit {}:\n{stderr}",
+            output.status
+        );
+        assert!(
+            took < STOP_WITHIN,
+            "{signal}: stopped after {took:?}:\n{stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let report: Value = serde_json::from_str(stdout.lines().last().expect("a summary line"))
+            .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+        assert_eq!(report["stopped"], "signal", "{report}");
+        assert!(report["epochs"].as_u64() > Some(3), "{report}");
+    }
+
+    /// Waits until the run has committed an epoch after `after`.
+    fn wait_for_commit_after(&self, child: &mut Child, after: Option<u64>) -> Option<u64> {
+        let started = Instant::now();
+        loop {
+            let now = committed_epoch(&self.checkpoints());
+            if now.is_some() && now > after {
+                return now;
+            }
+            if let Some(status) = child.try_wait().expect("polling skein") {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("skein exited with {status} before committing:\n{err}");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no commit after {after:?} within 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The bounded last run: it takes what is left and flushes.
+    fn drain(&self) -> Value {
+        let child = self
+            .command(&["--until-drained"])
+            .spawn()
+            .expect("starting skein");
+        let output = common::wait_with_timeout(child, Duration::from_secs(300));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "the draining run failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: Value =
+            serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
+        assert_eq!(report["stopped"], "bound", "{report}");
+        report
+    }
+
+    /// Two standing runs stopped by `signals`, each taking a third of the
+    /// records, then the last third and a draining run: the sink holds
+    /// exactly the reference.
+    fn run(&self, signals: [&str; 2], written: &Written) {
+        let (records, reference) = windowed::records(RECORDS, PARTITIONS, SPAN_MS);
+        let third = records.len() / 3;
+        self.run_then_stop(&records[..third], signals[0], written);
+        assert_partial(&written(), &reference, "after the first stop");
+        self.run_then_stop(&records[third..2 * third], signals[1], written);
+        assert_partial(&written(), &reference, "after the second stop");
+        windowed::produce(&self.topic, &records[2 * third..]);
+        let report = self.drain();
+        assert!(report["resumed_after"].is_u64(), "{report}");
+        assert_exact(&written(), &reference, &format!("standing runs {report}"));
+    }
+}
+
+impl Drop for Standing {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What a stopped run wrote so far: whole windows, each once and right,
+/// and some of them (the windows its watermark passed).
+fn assert_partial(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
+    let mut some = Reference::new();
+    for row in rows {
+        let key = (common::rows::millis(row, "w"), common::rows::text(row, "k"));
+        if let Some(v) = reference.get(&key) {
+            some.insert(key, *v);
+        }
+    }
+    assert!(!some.is_empty(), "{what}: no window written yet");
+    assert_exact(rows, &some, what);
+}
+
+#[test]
+fn a_standing_query_stopped_by_sigterm_and_sigint_writes_files_exactly() {
+    let standing = Standing::new(|dir| {
+        let out = dir.join("out");
+        format!(
+            "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
+               FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
+            out.display()
+        )
+    });
+    let out = standing.dir.join("out");
+    standing.run(["TERM", "INT"], &move || read_rows(&out, true));
+}
+
+#[test]
+fn a_standing_query_stopped_by_sigint_and_sigterm_writes_kafka_exactly() {
+    let (topic, sink) = windowed::kafka_sink();
+    let standing = Standing::new(|_| sink);
+    standing.run(["INT", "TERM"], &move || windowed::kafka_rows(&topic));
+}
