@@ -155,6 +155,9 @@ pub trait EpochRuntime: Send + Sync {
 pub struct EpochLog {
     store: Option<Arc<CheckpointStore>>,
     interval: u64,
+    /// The highest epoch with a decision in the store, once listed: later
+    /// ones are new, and their decision is written without a read first.
+    planned: tokio::sync::Mutex<Option<Option<u64>>>,
 }
 
 impl EpochLog {
@@ -163,6 +166,7 @@ impl EpochLog {
         EpochLog {
             store,
             interval: interval.max(1),
+            planned: Default::default(),
         }
     }
 
@@ -179,13 +183,19 @@ impl EpochLog {
         let Some(cs) = &self.store else {
             return Ok(last);
         };
-        match cs.epoch_plan(epoch).await? {
-            Some(plan) => Ok(plan.last),
-            None => {
-                cs.put_epoch_plan(epoch, EpochPlan { last }).await?;
-                Ok(last)
-            }
+        let mut planned = self.planned.lock().await;
+        let highest = match *planned {
+            Some(h) => h,
+            None => *planned.insert(cs.last_planned_epoch().await?),
+        };
+        if highest.is_some_and(|h| epoch <= h)
+            && let Some(plan) = cs.epoch_plan(epoch).await?
+        {
+            return Ok(plan.last);
         }
+        cs.put_epoch_plan(epoch, EpochPlan { last }).await?;
+        *planned = Some(highest.max(Some(epoch)));
+        Ok(last)
     }
 
     /// Commit `epoch` if it is complete everywhere and the interval (or

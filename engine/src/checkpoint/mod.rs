@@ -256,6 +256,10 @@ impl CheckpointStore {
         Ok(None)
     }
 
+    /// Write a member's state for an epoch. Only one instance of a member
+    /// writes at a time, and a cold one first drops what an earlier
+    /// instance wrote past the commit ([`Self::drop_states_after`]), so
+    /// the whole and the changes of one epoch never both stand.
     pub async fn put_state(
         &self,
         stage: u32,
@@ -264,16 +268,49 @@ impl CheckpointStore {
         whole: bool,
         bytes: Vec<u8>,
     ) -> Result<()> {
-        // An earlier instance may have written the other kind for this
-        // (uncommitted) epoch: it goes first, so the two never both stand.
-        // A crash in between leaves neither, and the epoch is not committed.
-        let other = self.state_key(stage, member, epoch, !whole);
-        match self.store.delete(&other).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
         self.put(&self.state_key(stage, member, epoch, whole), bytes)
             .await
+    }
+
+    /// Delete a member's states of epochs after `commit` (all of them when
+    /// nothing is committed): an earlier instance wrote them for epochs
+    /// that a restart runs again. Returns how many.
+    pub async fn drop_states_after(
+        &self,
+        stage: u32,
+        member: u32,
+        commit: Option<u64>,
+    ) -> Result<u64> {
+        use futures::TryStreamExt;
+        let prefix = self.key(&["state", &Self::member_dir(stage, member)]);
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let mut dropped = 0;
+        for o in objects {
+            let Some(epoch) = o
+                .location
+                .filename()
+                .and_then(|f| f.split('.').next())
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if commit.is_none_or(|c| epoch > c) {
+                delete_if_there(&self.store, &o.location).await?;
+                dropped += 1;
+            }
+        }
+        Ok(dropped)
+    }
+
+    /// The highest epoch the driver has decided, if any (listed).
+    pub async fn last_planned_epoch(&self) -> Result<Option<u64>> {
+        use futures::TryStreamExt;
+        let prefix = self.key(&["epochs"]);
+        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        Ok(objects
+            .iter()
+            .filter_map(|o| o.location.filename()?.split('.').next()?.parse().ok())
+            .max())
     }
 
     /// Delete what no restart can need once `commit` is committed: epoch
@@ -324,10 +361,8 @@ impl CheckpointStore {
                     _ => commit,
                 };
                 if epoch < before {
-                    match self.store.delete(location).await {
-                        Ok(()) | Err(object_store::Error::NotFound { .. }) => deleted += 1,
-                        Err(e) => return Err(e.into()),
-                    }
+                    delete_if_there(&self.store, location).await?;
+                    deleted += 1;
                 }
             }
         }
@@ -352,6 +387,13 @@ pub fn fresh_run(query_code: &str) -> String {
         &query_code[..query_code.len().min(8)],
         rand::random::<u32>()
     )
+}
+
+async fn delete_if_there(store: &Arc<dyn ObjectStore>, key: &Path) -> Result<()> {
+    match store.delete(key).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn get_bytes(store: &Arc<dyn ObjectStore>, key: &Path) -> Result<Option<Vec<u8>>> {
@@ -448,7 +490,10 @@ mod tests {
         assert!(cs.state(1, 0, 0).await.unwrap().is_none());
         assert_eq!(cs.state(1, 0, 2).await.unwrap().unwrap().as_slice(), &[2]);
         assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[3]);
-        // A whole state replaces the changes written for the same epoch.
+        // A cold member drops what an earlier instance wrote past the
+        // commit; then its whole state stands alone.
+        assert_eq!(cs.drop_states_after(1, 0, Some(3)).await.unwrap(), 1);
+        assert_eq!(cs.drop_states_after(1, 0, Some(2)).await.unwrap(), 1);
         cs.put_state(1, 0, 3, true, vec![33]).await.unwrap();
         assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[33]);
         assert_eq!(cs.forget_before(3).await.unwrap(), 0, "done at 3 already");
@@ -460,5 +505,6 @@ mod tests {
             Some(3)
         );
         assert!(cs.epoch_plan(4).await.unwrap().unwrap().last);
+        assert_eq!(cs.last_planned_epoch().await.unwrap(), Some(4));
     }
 }

@@ -52,10 +52,13 @@ impl StageFunction {
         let Some(cs) = self.checkpoints() else {
             return Ok(());
         };
+        let commit = cs.committed().await?;
         if self.ctx.mode != StageMode::Stream {
             state.windows.keep_changes();
+            cs.drop_states_after(self.ctx.stage, self.ctx.member, commit.map(|c| c.epoch))
+                .await?;
         }
-        let Some(commit) = cs.committed().await? else {
+        let Some(commit) = commit else {
             return Ok(());
         };
         state.next_epoch = commit.epoch + 1;
