@@ -16,6 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::function::{Request, Response, Trigger};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invoke_with_retry};
 use crate::local::{LocalRuntime, environment};
+use crate::payload::SourceOffset;
 use crate::planner::{PlanOptions, QueryPlan};
 
 /// Create (or refresh) every function of the query. Returns their names.
@@ -239,7 +240,31 @@ pub async fn run_local_until(
     runtime: &Arc<LocalRuntime>,
     options: &PlanOptions,
     stop: StopAfter,
+    on_epoch: impl FnMut(u64, u64),
+) -> Result<RunReport> {
+    run_local_drained_by(
+        plan,
+        runtime,
+        options,
+        stop,
+        on_epoch,
+        async |_, outcome| Ok(outcome.drained),
+    )
+    .await
+}
+
+/// [`run_local_until`] where the caller decides when a
+/// [`StopAfter::Drained`] run has drained: `drained` is asked after each
+/// epoch is committed (with the epoch and what its sources said) in place
+/// of the sources' own flag, e.g. to compare the committed offsets
+/// ([`committed_offsets`]) with ends that move while the run goes on.
+pub async fn run_local_drained_by(
+    plan: &QueryPlan,
+    runtime: &Arc<LocalRuntime>,
+    options: &PlanOptions,
+    stop: StopAfter,
     mut on_epoch: impl FnMut(u64, u64),
+    mut drained: impl AsyncFnMut(u64, EpochOutcome) -> Result<bool>,
 ) -> Result<RunReport> {
     let bounded = match stop {
         StopAfter::Epochs(n) => Some(n.max(1)),
@@ -298,7 +323,7 @@ pub async fn run_local_until(
             StopAfter::Drained { interval } => interval,
         };
         let done = match stop {
-            StopAfter::Drained { .. } => outcome.drained,
+            StopAfter::Drained { .. } => drained(epoch - 1, outcome).await?,
             _ => outcome.finished,
         };
         if done {
@@ -362,4 +387,33 @@ pub async fn run_local_until(
         late_rows_by_table: late_by_table,
         resumed_after: resumed.map(|c| c.epoch),
     })
+}
+
+/// Where the sources stood after the last committed epoch: every source
+/// member's logged positions (next offset per partition) for that epoch,
+/// with the epoch. `None` before the first commit.
+pub async fn committed_offsets(
+    plan: &QueryPlan,
+    store: &CheckpointStore,
+) -> Result<Option<(u64, Vec<SourceOffset>)>> {
+    let Some(commit) = store.committed().await? else {
+        return Ok(None);
+    };
+    let mut out = vec![];
+    for stage in plan.source_stages() {
+        for member in 0..stage.members {
+            let entry = store
+                .offsets(stage.id, member, commit.epoch)
+                .await?
+                .ok_or_else(|| {
+                    EngineError::Context(format!(
+                        "the offsets log has no entry of committed epoch {} for {}",
+                        commit.epoch,
+                        function_name(&plan.query_code, stage.id, member)
+                    ))
+                })?;
+            out.extend(entry.tables.into_iter().flat_map(|t| t.to));
+        }
+    }
+    Ok(Some((commit.epoch, out)))
 }
