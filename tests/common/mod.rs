@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod kafka;
+pub mod kills;
 pub mod rows;
 use aws_sdk_lambda::config::Credentials;
 
