@@ -26,39 +26,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
 
+/// `skein ysb <cmd> --json` on the shared services.
+fn ysb_command(cmd: &str, topic: &str, dir: &Path, seed: u64) -> Command {
+    common::ysb::command(cmd, &common::kafka_brokers(), topic, dir, seed)
+}
+
 /// Runs `skein ysb <cmd> <args> --json`; returns the last stdout line as JSON.
 fn ysb(cmd: &str, topic: &str, dir: &Path, seed: u64, extra: &[&str]) -> (bool, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args([
-            "ysb",
-            cmd,
-            "--topic",
-            topic,
-            "--seed",
-            &seed.to_string(),
-            "--json",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args([
-            "--brokers",
-            &common::kafka_brokers(),
-            "--redis",
-            &common::redis_url(),
-        ])
-        .args(extra)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("running skein");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let last = stdout.lines().last().unwrap_or_default();
-    let json = serde_json::from_str(last).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        json,
-        format!("stdout: {stdout}\nstderr: {stderr}"),
-    )
+    common::ysb::output(ysb_command(cmd, topic, dir, seed).args(extra))
 }
 
 fn require_services() {
@@ -242,35 +217,13 @@ fn killed_at_commits_and_restarted_still_exact() {
     // marker). Small pulls and at least 100 ms per epoch: a whole run takes
     // 34 epochs, over 3 s however fast the machine, so the kills land mid-way.
     let run = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
-        c.args([
-            "ysb",
-            "run",
-            "--topic",
-            &topic,
-            "--seed",
-            &seed.to_string(),
-            "--json",
-        ])
-        .arg("--dir")
-        .arg(&dir)
-        .arg("--checkpoint-dir")
-        .arg(&checkpoints)
-        .args([
-            "--brokers",
-            &common::kafka_brokers(),
-            "--redis",
-            &common::redis_url(),
-        ])
-        .args([
-            "--until-drained",
-            "--max-records",
-            "3000",
-            "--interval",
-            "100ms",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        let mut c = ysb_command("run", &topic, &dir, seed);
+        c.arg("--checkpoint-dir")
+            .arg(&checkpoints)
+            .args(["--until-drained", "--max-records", "3000"])
+            .args(["--interval", "100ms"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         c
     };
     let stdout = common::kills::run_through_kills(run, &checkpoints, 4);
@@ -303,25 +256,8 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     // The topic exists and is empty when the run starts.
     let empty = prepare(&topic, &dir, seed, 0, &[]);
     assert_eq!(empty["events"].as_u64(), Some(0), "{empty}");
-    let child = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args([
-            "ysb",
-            "run",
-            "--topic",
-            &topic,
-            "--seed",
-            &seed.to_string(),
-            "--json",
-        ])
+    let child = ysb_command("run", &topic, &dir, seed)
         .args(["--duration", "25s"])
-        .arg("--dir")
-        .arg(&dir)
-        .args([
-            "--brokers",
-            &common::kafka_brokers(),
-            "--redis",
-            &common::redis_url(),
-        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -24,6 +24,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 pub mod kafka;
 pub mod kills;
 pub mod rows;
+pub mod ysb;
 use aws_sdk_lambda::config::Credentials;
 
 pub const START_HINT: &str =
