@@ -1,13 +1,16 @@
 -- The Yahoo Streaming Benchmark: views per campaign in 10 s event-time
 -- tumbling windows, written to Redis in YSB's layout, exactly once.
--- `skein ysb run` fills the {{...}} parts (brokers, Redis, resume offsets).
+-- `skein ysb run` fills the {{...}} parts (brokers, Redis, topics) and runs
+-- it at the default group size from a checkpoint directory: a restart
+-- resumes after the last committed epoch.
 --
 -- Only the fields the query needs are declared: the JSON decoder skips the
 -- others without parsing them. Ads map to campaigns in the sink through the
 -- `SET <ad_id> <campaign_id>` keys YSB's setup (and `skein ysb setup`) puts
 -- in Redis (YSB's RedisAdCampaignCache); counts of an ad without a campaign
 -- go to the dead-letter topic. 'emit' 'updates' writes each epoch's counts
--- as HINCRBY deltas together with the offsets they cover.
+-- as HINCRBY deltas, each sink member's in one MULTI/EXEC with its epoch
+-- marker (named by 'checkpoint') and the offsets they cover.
 CREATE EXTERNAL TABLE ad_events (
   ad_id VARCHAR NOT NULL,
   event_type VARCHAR NOT NULL,
@@ -16,8 +19,6 @@ CREATE EXTERNAL TABLE ad_events (
   'bootstrap.servers' '{{brokers}}',
   'format' 'json',
   'parallelism' '{{parallelism}}',
-  'startup' 'offsets',
-  'offsets' '{{offsets}}',
   'max.records.per.pull' '{{max_records}}',
   'dead.letter.topic' '{{dead_letter_topic}}'
 );

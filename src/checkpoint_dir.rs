@@ -8,7 +8,9 @@ use anyhow::{Context, Result, bail};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use skein_engine::checkpoint::CheckpointStore;
-use skein_engine::planner::QueryPlan;
+use skein_engine::context::CheckpointSpec;
+use skein_engine::local::LocalRuntime;
+use skein_engine::planner::{PlanOptions, QueryPlan};
 
 /// Where checkpoints go unless `--checkpoint-dir` says: one directory per
 /// query under the working directory.
@@ -91,6 +93,17 @@ pub struct Held {
     lock: PathBuf,
 }
 
+impl Held {
+    /// Make `runtime` checkpoint here and plan with `options` in the
+    /// store's run lineage, committing every `interval` epochs.
+    pub fn attach(&self, runtime: &LocalRuntime, options: &mut PlanOptions, interval: u64) {
+        options.run = self.store.manifest().run.clone();
+        options.checkpoint = Some(CheckpointSpec { interval });
+        runtime.set_checkpoints(Some(self.store.clone()));
+        tracing::info!(dir = %self.dir.display(), "checkpointing");
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.lock);
@@ -162,6 +175,19 @@ pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
         dir,
         lock,
     }))
+}
+
+/// Remove a checkpoint directory (a query starting afresh); refused while
+/// a live process holds it. Returns whether there was one.
+pub fn remove(dir: &Path) -> Result<bool> {
+    if !dir.exists() {
+        return Ok(false);
+    }
+    let lock = take_lock(dir)?;
+    std::fs::remove_dir_all(dir)
+        .with_context(|| format!("removing the checkpoint directory {}", dir.display()))?;
+    drop(lock);
+    Ok(true)
 }
 
 /// One process per checkpoint directory: a second would interleave its

@@ -13,7 +13,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use object_store::memory::InMemory;
 use serde_json::json;
 use skein_engine::checkpoint::fresh_run;
-use skein_engine::context::CheckpointSpec;
 use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{QueryPlan, plan_query, session};
@@ -253,14 +252,7 @@ pub async fn run_sql(
         crate::checkpoint_dir::note_if_at_least_once(&plan, &request);
     }
     match &held {
-        Some(h) => {
-            opts.run = h.store.manifest().run.clone();
-            opts.checkpoint = Some(CheckpointSpec {
-                interval: args.checkpoint_interval as u64,
-            });
-            runtime.set_checkpoints(Some(h.store.clone()));
-            tracing::info!(dir = %h.dir.display(), "checkpointing");
-        }
+        Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval as u64),
         None => opts.run = fresh_run(&plan.query_code),
     }
     let files_sink = plan

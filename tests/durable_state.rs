@@ -14,11 +14,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::rows::read_rows;
-use common::windowed::{self, Reference, assert_exact, committed_epoch};
-use rand::Rng;
+use common::windowed::{self, Reference, assert_exact};
 use serde_json::{Map, Value};
 
 const PARTITIONS: usize = 4;
@@ -98,57 +96,14 @@ fn run_command(sql: &Path, checkpoints: &Path) -> Command {
     c
 }
 
-/// Runs the query in `dir` to the end, killing it with SIGKILL `kills`
-/// times at random moments and restarting it; returns the last run's report.
+/// Runs the query in `dir` to the end through `kills` SIGKILLs and
+/// restarts; returns the last run's report.
 fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value {
     let checkpoints = dir.join("checkpoints");
-    // Kills land early and late in a run, in every phase (start, middle,
-    // the final flush): each restart goes on from the last commit.
-    let mut rng = rand::rng();
-    let mut killed = 0;
-    let started = Instant::now();
-    let report = loop {
-        let mut child = run_command(sql, &checkpoints)
-            .spawn()
-            .expect("starting skein");
-        // Every third kill comes early (before or around the first
-        // commit); the others once this run has committed an epoch, so
-        // the machine's speed does not decide where kills land.
-        let at_spawn = committed_epoch(&checkpoints);
-        let early = killed % 3 == 0;
-        let delay = Duration::from_millis(rng.random_range(if early { 100..1000 } else { 0..800 }));
-        let mut deadline = (killed < kills && early).then(|| Instant::now() + delay);
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("waiting for skein") {
-                break Some(status);
-            }
-            if killed < kills && deadline.is_none() && committed_epoch(&checkpoints) > at_spawn {
-                deadline = Some(Instant::now() + delay);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                child.kill().expect("SIGKILL");
-                child.wait().expect("reaping skein");
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let output = child.wait_with_output().expect("skein output");
-        match status {
-            None => killed += 1,
-            Some(s) if s.success() => break String::from_utf8_lossy(&output.stdout).to_string(),
-            Some(s) => panic!(
-                "skein exited with {s} after {killed} kills:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "no run finished in 10 minutes"
-        );
-    };
-    assert_eq!(killed, kills, "every planned kill happened");
+    let stdout =
+        common::kills::run_through_kills(|| run_command(sql, &checkpoints), &checkpoints, kills);
     let report: serde_json::Value =
-        serde_json::from_str(report.lines().last().expect("a report line")).unwrap();
+        serde_json::from_str(stdout.lines().last().expect("a report line")).unwrap();
     assert!(
         report["resumed_after"].is_u64(),
         "the last run resumed from a checkpoint: {report}"

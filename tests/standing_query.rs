@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::kills::committed_epoch;
 use common::rows::read_rows;
-use common::windowed::{self, Reference, assert_exact, committed_epoch};
+use common::windowed::{self, Reference, assert_exact};
 use serde_json::{Map, Value};
 
 const PARTITIONS: usize = 4;

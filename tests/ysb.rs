@@ -4,10 +4,10 @@
 //! * exact counts for 1 000 000 events;
 //! * 1% malformed records: exact counts for the good ones, every bad one in
 //!   the dead-letter topic with its reason, exactly once;
-//! * the engine killed with SIGKILL three times mid-run and restarted: the
-//!   counts are still exact (the offsets are committed with the results) and
-//!   every bad record has a dead letter (a replayed epoch may send one again,
-//!   under the same key);
+//! * `ysb run` (default group size) killed with SIGKILL four times, at
+//!   moments tied to its commits, and restarted from its checkpoint
+//!   directory: the counts are still exact and every bad record has a dead
+//!   letter (a replayed epoch may send one again, under the same key);
 //! * `--duration` keeps pulling after an empty epoch while a producer writes.
 //!
 //! `ysb check` compares Redis with the ground truth file and with counts it
@@ -26,39 +26,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
 
+/// `skein ysb <cmd> --json` on the shared services.
+fn ysb_command(cmd: &str, topic: &str, dir: &Path, seed: u64) -> Command {
+    common::ysb::command(cmd, &common::kafka_brokers(), topic, dir, seed)
+}
+
 /// Runs `skein ysb <cmd> <args> --json`; returns the last stdout line as JSON.
 fn ysb(cmd: &str, topic: &str, dir: &Path, seed: u64, extra: &[&str]) -> (bool, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args([
-            "ysb",
-            cmd,
-            "--topic",
-            topic,
-            "--seed",
-            &seed.to_string(),
-            "--json",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args([
-            "--brokers",
-            &common::kafka_brokers(),
-            "--redis",
-            &common::redis_url(),
-        ])
-        .args(extra)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("running skein");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let last = stdout.lines().last().unwrap_or_default();
-    let json = serde_json::from_str(last).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        json,
-        format!("stdout: {stdout}\nstderr: {stderr}"),
-    )
+    common::ysb::output(ysb_command(cmd, topic, dir, seed).args(extra))
 }
 
 fn require_services() {
@@ -223,10 +198,11 @@ fn malformed_events_go_to_the_dead_letter_topic() {
 }
 
 #[test]
-fn killed_three_times_still_exact() {
+fn killed_at_commits_and_restarted_still_exact() {
     require_services();
     let topic = common::unique_name("ysb-kill");
     let dir = tempdir(&topic);
+    let checkpoints = dir.join("checkpoints");
     let seed = 13;
     let generated = prepare(
         &topic,
@@ -237,60 +213,30 @@ fn killed_three_times_still_exact() {
     );
     let malformed = generated["malformed"].as_u64().unwrap();
     assert_eq!(malformed, 2_000, "{generated}");
-    // Small pulls and at least 100 ms per epoch: a whole run takes 34 epochs,
-    // over 3 s however fast the machine, so the kills land mid-way.
-    let slow = [
-        "--until-drained",
-        "--max-records",
-        "3000",
-        "--interval",
-        "100ms",
-    ];
-    let mut rng = rand::random::<u64>();
-    for round in 0..3 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
-            .args([
-                "ysb",
-                "run",
-                "--topic",
-                &topic,
-                "--seed",
-                &seed.to_string(),
-                "--json",
-            ])
-            .arg("--dir")
-            .arg(&dir)
-            .args([
-                "--brokers",
-                &common::kafka_brokers(),
-                "--redis",
-                &common::redis_url(),
-            ])
-            .args(slow)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting skein ysb run");
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let after = Duration::from_millis(800 + (rng >> 33) % 1500);
-        std::thread::sleep(after);
-        // Child::kill sends SIGKILL: no chance to flush or clean up.
-        let exited = child.try_wait().expect("waiting").is_some();
-        child.kill().ok();
-        child.wait().ok();
-        eprintln!("round {round}: killed after {after:?} (had exited already: {exited})");
-    }
-    let (ok, run, log) = ysb("run", &topic, &dir, seed, &["--until-drained"]);
-    assert!(ok, "final ysb run failed: {log}");
+    // The default group size (several sink members, each with its own epoch
+    // marker). Small pulls and at least 100 ms per epoch: a whole run takes
+    // 34 epochs, over 3 s however fast the machine, so the kills land mid-way.
+    let run = || {
+        let mut c = ysb_command("run", &topic, &dir, seed);
+        c.arg("--checkpoint-dir")
+            .arg(&checkpoints)
+            .args(["--until-drained", "--max-records", "3000"])
+            .args(["--interval", "100ms"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let stdout = common::kills::run_through_kills(run, &checkpoints, 4);
+    let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
     eprintln!("final run: {run}");
-    // The kills interrupted the work: some was done before, some was left.
-    let resumed = run["resumed_from"].as_i64().unwrap_or_default();
     assert!(
-        resumed > 0 && resumed < 200_000,
-        "the kills did not land mid-run: {run}"
+        run["functions"].as_u64() > Some(3),
+        "the default group size: {run}"
     );
+    // The kills interrupted the work: the last run went on from a commit.
+    assert!(run["resumed_after"].is_u64(), "{run}");
+    assert!(run["resumed_from"].as_i64() > Some(0), "{run}");
     let check = assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
     // Each bad record has its letter; an epoch replayed after a kill may
     // have sent some again, with the same key.
@@ -310,25 +256,8 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     // The topic exists and is empty when the run starts.
     let empty = prepare(&topic, &dir, seed, 0, &[]);
     assert_eq!(empty["events"].as_u64(), Some(0), "{empty}");
-    let child = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args([
-            "ysb",
-            "run",
-            "--topic",
-            &topic,
-            "--seed",
-            &seed.to_string(),
-            "--json",
-        ])
+    let child = ysb_command("run", &topic, &dir, seed)
         .args(["--duration", "25s"])
-        .arg("--dir")
-        .arg(&dir)
-        .args([
-            "--brokers",
-            &common::kafka_brokers(),
-            "--redis",
-            &common::redis_url(),
-        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

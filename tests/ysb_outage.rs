@@ -95,18 +95,7 @@ fn ysb(
     seed: u64,
     extra: &[&str],
 ) -> (bool, Value, String) {
-    let out = ysb_command(cmd, brokers, topic, dir, seed, extra)
-        .output()
-        .expect("running skein");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let json =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        json,
-        format!("stdout: {stdout}\nstderr: {stderr}"),
-    )
+    common::ysb::output(&mut ysb_command(cmd, brokers, topic, dir, seed, extra))
 }
 
 fn ysb_command(
@@ -117,21 +106,8 @@ fn ysb_command(
     seed: u64,
     extra: &[&str],
 ) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
-    c.args([
-        "ysb",
-        cmd,
-        "--topic",
-        topic,
-        "--seed",
-        &seed.to_string(),
-        "--json",
-    ])
-    .arg("--dir")
-    .arg(dir)
-    .args(["--brokers", brokers, "--redis", &common::redis_url()])
-    .args(extra)
-    .env("RUST_BACKTRACE", "0");
+    let mut c = common::ysb::command(cmd, brokers, topic, dir, seed);
+    c.args(extra);
     c
 }
 

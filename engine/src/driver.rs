@@ -11,15 +11,17 @@ use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::Serialize;
 
+use crate::checkpoint::CheckpointStore;
 use crate::context::function_name;
 use crate::epochs::{EpochLog, EpochRuntime, not_committed, run_epochs};
 use crate::error::{EngineError, Result};
 use crate::function::{Request, Response, Trigger};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invoke_with_retry};
 use crate::local::{LocalRuntime, environment};
+use crate::payload::SourceOffset;
 use crate::planner::{PlanOptions, QueryPlan};
 
-pub use crate::epochs::{EpochOutcome, StopAfter};
+pub use crate::epochs::{DrainCheck, EpochOutcome, StopAfter};
 
 /// Create (or refresh) every function of the query. Returns their names.
 pub async fn deploy(
@@ -159,6 +161,19 @@ pub async fn run_local_until(
     stop: StopAfter,
     on_epoch: impl FnMut(u64, u64),
 ) -> Result<RunReport> {
+    run_local_drained_by(plan, runtime, options, stop, on_epoch, None).await
+}
+
+/// [`run_local_until`] where `drain` (when given) decides when a
+/// [`StopAfter::Drained`] run has drained, asked after each committed epoch.
+pub async fn run_local_drained_by<'a>(
+    plan: &'a QueryPlan,
+    runtime: &'a Arc<LocalRuntime>,
+    options: &PlanOptions,
+    stop: StopAfter,
+    on_epoch: impl FnMut(u64, u64),
+    drain: Option<&'a mut (dyn DrainCheck + 'a)>,
+) -> Result<RunReport> {
     let store = runtime.store();
     let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
@@ -173,6 +188,7 @@ pub async fn run_local_until(
         plan,
         runtime,
         failed_before: runtime.dead_letters().len(),
+        drain: drain.map(tokio::sync::Mutex::new),
     };
     let run = run_epochs(&local, &log, stop, on_epoch).await?;
     let elapsed = start.elapsed().as_secs_f64();
@@ -227,6 +243,7 @@ struct LocalEpochs<'a> {
     runtime: &'a Arc<LocalRuntime>,
     /// Async invocations that had failed before the run.
     failed_before: usize,
+    drain: Option<tokio::sync::Mutex<&'a mut (dyn DrainCheck + 'a)>>,
 }
 
 #[async_trait]
@@ -258,4 +275,40 @@ impl EpochRuntime for LocalEpochs<'_> {
             tracing::debug!(epoch, recycled, "fault injection: instances recycled");
         }
     }
+
+    async fn drained(&self, epoch: u64, outcome: EpochOutcome) -> Result<bool> {
+        match &self.drain {
+            Some(d) => d.lock().await.drained(epoch, outcome).await,
+            None => Ok(outcome.drained),
+        }
+    }
+}
+
+/// Where the sources stood after the last committed epoch: every source
+/// member's logged positions (next offset per partition) for that epoch,
+/// with the epoch. `None` before the first commit.
+pub async fn committed_offsets(
+    plan: &QueryPlan,
+    store: &CheckpointStore,
+) -> Result<Option<(u64, Vec<SourceOffset>)>> {
+    let Some(commit) = store.committed().await? else {
+        return Ok(None);
+    };
+    let mut out = vec![];
+    for stage in plan.source_stages() {
+        for member in 0..stage.members {
+            let entry = store
+                .offsets(stage.id, member, commit.epoch)
+                .await?
+                .ok_or_else(|| {
+                    EngineError::Context(format!(
+                        "the offsets log has no entry of committed epoch {} for {}",
+                        commit.epoch,
+                        function_name(&plan.query_code, stage.id, member)
+                    ))
+                })?;
+            out.extend(entry.tables.into_iter().flat_map(|t| t.to));
+        }
+    }
+    Ok(Some((commit.epoch, out)))
 }

@@ -126,6 +126,14 @@ impl StopSignal {
     }
 }
 
+/// Decides when a [`StopAfter::Drained`] run has drained, in place of its
+/// sources' flag: e.g. by comparing the committed offsets with ends that
+/// move while the run goes on.
+#[async_trait]
+pub trait DrainCheck: Send {
+    async fn drained(&mut self, epoch: u64, outcome: EpochOutcome) -> Result<bool>;
+}
+
 /// Where the functions run, as the epoch loop sees it.
 #[async_trait]
 pub trait EpochRuntime: Send + Sync {
@@ -140,6 +148,12 @@ pub trait EpochRuntime: Send + Sync {
 
     /// After `epoch` was committed.
     async fn committed(&self, _epoch: u64) {}
+
+    /// Whether a [`StopAfter::Drained`] run has drained after `epoch`
+    /// (committed): by default what its sources said.
+    async fn drained(&self, _epoch: u64, outcome: EpochOutcome) -> Result<bool> {
+        Ok(outcome.drained)
+    }
 
     /// After a failed epoch: replace every function instance, so that all
     /// start again from the last commit. `false`: this runtime cannot, and
@@ -320,7 +334,7 @@ pub async fn run_epochs(
             continue;
         };
         flush |= match &stop {
-            StopAfter::Drained { .. } => outcome.drained,
+            StopAfter::Drained { .. } => runtime.drained(epoch - 1, outcome).await?,
             // A standing query runs until it is stopped, however quiet.
             StopAfter::Signalled { .. } => false,
             _ => outcome.finished,

@@ -404,19 +404,8 @@ impl RedisSink {
         let mut unknown_views = 0;
         match &self.config.layout {
             Layout::Ysb(ysb) => {
-                // Where the write starts: only the dead letters' keys use it.
-                let fields: Vec<&String> = offsets.keys().collect();
-                let mut from = BTreeMap::new();
-                if !fields.is_empty() {
-                    let stored: Vec<Option<i64>> = redis::cmd("HMGET")
-                        .arg(&okey)
-                        .arg(&fields)
-                        .query_async(&mut con)
-                        .await?;
-                    from = fields.into_iter().cloned().zip(stored).collect();
-                }
                 unknown_views = self
-                    .ysb_commands(ysb, write, &from, &offsets, &mut con, &mut pipe)
+                    .ysb_commands(ysb, write, run, &offsets, &mut con, &mut pipe)
                     .await?
             }
             layout => self.generic_commands(layout, write, &mut pipe)?,
@@ -496,7 +485,7 @@ impl RedisSink {
         &self,
         ysb: &YsbLayout,
         write: &SinkWrite<'_>,
-        from: &BTreeMap<String, Option<i64>>,
+        run: &str,
         to: &BTreeMap<String, i64>,
         con: &mut MultiplexedConnection,
         pipe: &mut redis::Pipeline,
@@ -506,7 +495,7 @@ impl RedisSink {
         if !unknown.is_empty() {
             // Sent before the MULTI/EXEC that commits the offsets: no row of
             // an unknown ad is lost; a retried write sends the same keys.
-            self.send_unknown_ads(write, &unknown, from, to).await?;
+            self.send_unknown_ads(write, run, &unknown, to).await?;
         }
         if counts.is_empty() {
             return Ok(unknown_views);
@@ -608,13 +597,13 @@ impl RedisSink {
     }
 
     /// Letters for the rows of ads without a campaign, one per (ad, window),
-    /// keyed by the ad, the window and the offsets the write starts from,
-    /// so a replay of the same epoch replaces its letter when Kafka compacts.
+    /// keyed by the ad, the window and the write's (run, epoch, member), so
+    /// a replay of the same write replaces its letter when Kafka compacts.
     async fn send_unknown_ads(
         &self,
         write: &SinkWrite<'_>,
+        run: &str,
         unknown: &WindowCounts,
-        from: &BTreeMap<String, Option<i64>>,
         to: &BTreeMap<String, i64>,
     ) -> Result<()> {
         let views: i64 = unknown.values().sum();
@@ -644,15 +633,11 @@ impl RedisSink {
             .next()
             .and_then(|f| f.rsplit_once(':'))
             .map_or("", |(t, _)| t);
-        let start: Vec<String> = from
-            .iter()
-            .map(|(f, o)| format!("{f}@{}", o.unwrap_or(-1)))
-            .collect();
-        let start = start.join(",");
+        let (epoch, member) = (write.epoch, write.member);
         let letters: Vec<(String, String)> = unknown
             .iter()
             .map(|((ad, window), n)| {
-                let key = format!("{topic}/unknown-ad/{ad}/{window}/{start}");
+                let key = format!("{topic}/unknown-ad/{ad}/{window}/{run}/{epoch}/{member}");
                 let letter = serde_json::json!({
                     "topic": topic,
                     "reason": format!("ad {ad:?} has no campaign in Redis"),
@@ -661,7 +646,9 @@ impl RedisSink {
                     "seen_count": n,
                     "query": write.query,
                     "key": key,
-                    "offsets_from": from,
+                    "run": run,
+                    "epoch": epoch,
+                    "member": member,
                     "offsets_to": to,
                 })
                 .to_string();

@@ -22,8 +22,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod kafka;
+pub mod kills;
 pub mod rows;
 pub mod windowed;
+pub mod ysb;
 use aws_sdk_lambda::config::Credentials;
 
 pub const START_HINT: &str =

@@ -110,12 +110,6 @@ pub fn produce(topic: &str, records: &[(usize, String)]) {
     writer.flush();
 }
 
-/// The last committed epoch in a local checkpoint directory, if any.
-pub fn committed_epoch(checkpoints: &std::path::Path) -> Option<u64> {
-    let text = std::fs::read_to_string(checkpoints.join("commit.json")).ok()?;
-    serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
-}
-
 /// A fresh 2-partition topic and the Kafka table `out` writing to it.
 pub fn kafka_sink() -> (String, String) {
     let brokers = super::kafka_brokers();

@@ -19,6 +19,7 @@
 //! is left to the caller: [`YsbCampaigns`] exposes the mapping.
 
 mod arrow;
+mod recount;
 #[cfg(test)]
 mod tests;
 mod truth;
@@ -36,6 +37,7 @@ use crate::rng::ItemRng;
 use crate::text::{push_int, push_uuid};
 
 pub use arrow::{YsbBatchBuilder, ysb_schema};
+pub use recount::{YsbRecount, malformed_record};
 pub use truth::YsbGroundTruth;
 
 /// Campaigns in the benchmark.

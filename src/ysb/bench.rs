@@ -1,0 +1,288 @@
+//! `ysb bench`: the drain throughput against a raw rdkafka drain
+//! (`--events`), or YSB's window latency under a steady load (`--rate`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkafka::config::ClientConfig;
+use serde::Serialize;
+use serde_json::json;
+use skein_sinks::kafka::ensure_topic;
+
+use super::check::{check_report, check_windows, latencies};
+use super::run::{RunOutcome, run_query};
+use super::setup::{generate, setup};
+use super::{BenchArgs, GenerateArgs, YsbArgs, YsbRunArgs, default_dead_letter_topic, now_ms};
+
+/// Read every record of `topic` with a plain rdkafka consumer, no parsing:
+/// the ceiling a Kafka reader on this machine can reach. Returns (records, s).
+fn raw_drain(brokers: &str, topic: &str) -> Result<(u64, f64)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("skein-raw-drain-{}", now_ms()))
+        .set("enable.auto.commit", "false");
+    // The same fetch settings as the Kafka source, for a fair comparison.
+    for (key, value) in skein_connectors::kafka::FETCH_DEFAULTS {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config.create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut tpl = TopicPartitionList::new();
+    let mut total = 0i64;
+    for p in metadata.topics()[0].partitions() {
+        let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+        total += high - low;
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    // librdkafka's batch API, as the Kafka source reads: a `poll` per record
+    // caps one thread near 0.55 M records/s here (docs/benchmarks.md).
+    let consumer = skein_connectors::kafka::BatchConsumer::new(consumer);
+    let started = Instant::now();
+    let mut n = 0i64;
+    let mut bytes = 0usize;
+    let mut error = None;
+    while n < total {
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("raw drain: {n} of {total} records after 10 minutes");
+        }
+        consumer.read(
+            Duration::from_millis(100),
+            usize::MAX,
+            |fetched| match fetched {
+                skein_connectors::kafka::Fetched::Record { payload, .. } => {
+                    bytes += payload.len();
+                    n += 1;
+                }
+                skein_connectors::kafka::Fetched::Error(e) => error = Some(e),
+            },
+        );
+        if let Some(e) = error.take() {
+            bail!("raw drain: {e}");
+        }
+    }
+    tracing::debug!(bytes, "raw drain done");
+    Ok((n as u64, started.elapsed().as_secs_f64()))
+}
+
+pub(super) async fn bench(a: BenchArgs) -> Result<()> {
+    match (a.rate, a.duration) {
+        (Some(rate), Some(duration)) => latency_bench(&a, rate, duration).await,
+        _ => drain_bench(&a, a.events.unwrap_or(5_000_000)).await,
+    }
+}
+
+/// What `ysb bench --rate R --duration D` reports.
+#[derive(Debug, Serialize)]
+pub struct LatencyBench {
+    pub target_rate: u64,
+    pub duration_s: f64,
+    /// Published and acknowledged, and the rate that makes.
+    pub events: u64,
+    pub achieved_events_per_s: f64,
+    /// Events behind the target when the load stopped.
+    pub lag_events: u64,
+    /// Records the query read.
+    pub events_read: u64,
+    /// Windows that ended before the load stopped: the ones measured.
+    pub windows: usize,
+    pub latency_ms_p50: i64,
+    pub latency_ms_p90: i64,
+    pub latency_ms_p99: i64,
+    pub latency_ms_max: i64,
+    /// Redis matches the topic recounted, and the query read every record.
+    pub exact: bool,
+    /// How long the query took to finish once the load stopped.
+    pub drain_after_load_s: f64,
+    pub epochs: u64,
+    pub load_avg_1m: Option<f64>,
+    pub topic: String,
+}
+
+/// The 1-minute load average, for the record of how busy the machine was.
+fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A bench's arguments on a fresh topic unless one is named (so it reads
+/// exactly the events of this run), and the same, quiet, for the steps.
+fn bench_topic(a: &BenchArgs) -> (YsbArgs, YsbArgs) {
+    let mut common = a.common.clone();
+    if common.topic == "ad-events" {
+        common.topic = format!("ad-events-bench-{}", now_ms());
+        // A fresh topic's checkpoints are of no use after the bench.
+        common.checkpoint_dir.get_or_insert_with(|| {
+            std::env::temp_dir().join(format!("skein-{}-checkpoints", common.topic))
+        });
+    }
+    let quiet = YsbArgs {
+        quiet: true,
+        ..common.clone()
+    };
+    (common, quiet)
+}
+
+/// `ysb run --until-drained` as a bench runs it; with `load_done`, not
+/// drained before the load has stopped.
+fn run_args(
+    a: &BenchArgs,
+    quiet: &YsbArgs,
+    interval: Duration,
+    load_done: Option<Arc<AtomicBool>>,
+) -> YsbRunArgs {
+    YsbRunArgs {
+        common: quiet.clone(),
+        until_drained: true,
+        duration: None,
+        interval,
+        parallelism: a.parallelism,
+        max_records: 250_000,
+        dead_letter_topic: None,
+        load_done,
+    }
+}
+
+/// YSB as YSB measures it: a load at a fixed rate, the query running beside
+/// it, and the latency of every window from Redis afterwards.
+async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<()> {
+    let (common, quiet) = bench_topic(a);
+    setup(&quiet).await?;
+    ensure_topic(&common.brokers, &common.topic, 4, &[])
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let done = Arc::new(AtomicBool::new(false));
+    let gen_args = crate::publish::GenArgs {
+        benchmark: crate::publish::Benchmark::Ysb,
+        to: format!("kafka://{}/{}", common.brokers, common.topic),
+        events: None,
+        rate: Some(rate),
+        event_rate: None,
+        duration: Some(duration),
+        table: crate::publish::NexmarkTable::All,
+        seed: common.seed,
+        partitions: 4,
+        in_flight: 4,
+        json: common.json,
+    };
+    let load_done = done.clone();
+    // The publisher of `skein gen ysb`, beside the query in this process.
+    let load = tokio::spawn(async move {
+        let report = crate::publish::publish(&gen_args).await;
+        let stopped_ms = now_ms();
+        load_done.store(true, Ordering::Release);
+        report.map(|r| (r, stopped_ms, Instant::now()))
+    });
+    let run = run_query(&run_args(a, &quiet, a.interval, Some(done.clone()))).await;
+    if run.is_err() {
+        // Let the load end with the run rather than after it.
+        load.abort();
+    }
+    let RunOutcome { report, .. } = run?;
+    let finished = Instant::now();
+    let (published, stopped_ms, stopped) = load.await.context("the load task")??;
+    let (check, found) = check_windows(&quiet, &default_dead_letter_topic(&common.topic)).await?;
+    let latency = latencies(&found, Some(stopped_ms));
+    let line = LatencyBench {
+        target_rate: rate,
+        duration_s: duration.as_secs_f64(),
+        events: published.events,
+        achieved_events_per_s: published.events_per_s.round(),
+        lag_events: published.lag_events,
+        events_read: report.events,
+        windows: latency.windows,
+        latency_ms_p50: latency.p50,
+        latency_ms_p90: latency.p90,
+        latency_ms_p99: latency.p99,
+        latency_ms_max: latency.max,
+        exact: check.exact && report.events == published.events,
+        drain_after_load_s: finished.saturating_duration_since(stopped).as_secs_f64(),
+        epochs: report.epochs,
+        load_avg_1m: load_avg(),
+        topic: common.topic.clone(),
+    };
+    if common.json {
+        println!("{}", serde_json::to_string(&line)?);
+    } else {
+        println!(
+            "{} events at {:.0}/s (target {rate}/s) over {:.0} s; {} windows ended under load: \
+             latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms; counts {}",
+            line.events,
+            line.achieved_events_per_s,
+            line.duration_s,
+            line.windows,
+            line.latency_ms_p50,
+            line.latency_ms_p90,
+            line.latency_ms_p99,
+            line.latency_ms_max,
+            if line.exact { "exact" } else { "DIFFERENT" }
+        );
+    }
+    if !line.exact {
+        bail!("the Skein run's counts differ from the topic recounted");
+    }
+    Ok(())
+}
+
+/// Pre-load a fresh topic, then time a raw rdkafka drain and Skein's drain.
+async fn drain_bench(a: &BenchArgs, events: u64) -> Result<()> {
+    let (common, quiet) = bench_topic(a);
+    eprintln!(
+        "setting up and publishing {} events to {}",
+        events, common.topic
+    );
+    setup(&quiet).await?;
+    generate(&GenerateArgs {
+        common: quiet.clone(),
+        events,
+        rate: 100_000,
+        partitions: 4,
+        malformed_percent: 0.0,
+    })
+    .await?;
+    let (brokers, topic) = (common.brokers.clone(), common.topic.clone());
+    let (raw_events, raw_s) =
+        tokio::task::spawn_blocking(move || raw_drain(&brokers, &topic)).await??;
+    let raw_rate = raw_events as f64 / raw_s;
+    let RunOutcome { report, .. } =
+        run_query(&run_args(a, &quiet, Duration::from_millis(1), None)).await?;
+    let check = check_report(&quiet).await?;
+    let skein_rate = report.events_per_s;
+    let line = json!({
+        "events": events,
+        "raw_drain_events_per_s": raw_rate.round(),
+        "skein_events_per_s": skein_rate.round(),
+        "ratio": (skein_rate / raw_rate * 1000.0).round() / 1000.0,
+        "correct": check.exact && report.events == events,
+        "skein_elapsed_s": report.elapsed_s,
+        "raw_elapsed_s": raw_s,
+        "latency_ms_p50": check.latency_ms_p50,
+        "latency_ms_p99": check.latency_ms_p99,
+        "topic": common.topic,
+    });
+    if common.json {
+        println!("{line}");
+    } else {
+        println!(
+            "{} events: raw rdkafka drain {:.0} events/s, Skein {:.0} events/s (ratio {:.3}); counts {}",
+            events,
+            raw_rate,
+            skein_rate,
+            skein_rate / raw_rate,
+            if check.exact { "exact" } else { "DIFFERENT" }
+        );
+    }
+    if !check.exact {
+        bail!("the Skein run's counts differ from the ground truth");
+    }
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! `skein ysb ...`: the Yahoo Streaming Benchmark, Kafka -> Skein -> Redis.
+//!
+//! * `setup` ([`setup`]): the campaigns and their ads into Redis as YSB's
+//!   setup writes them (`SET <ad> <campaign>`, `SADD campaigns <campaign>`),
+//!   old results of those campaigns and the topic's checkpoints removed;
+//! * `generate` ([`setup`]): events into the topic (4 partitions), the ground
+//!   truth into `<dir>/truth.csv`; `--malformed-percent` mixes in
+//!   undecodable records;
+//! * `run` ([`run`]): `queries/ysb.sql` through the engine's checkpointed
+//!   driver, resuming after the last committed epoch of its checkpoint
+//!   directory, until the committed offsets reach the end of the topic (or
+//!   for `--duration`, however many epochs come back empty);
+//! * `check` ([`check`], [`recount`]): Redis against the ground truth and
+//!   against counts recomputed from the topic itself, the dead-letter topic
+//!   against the topic's undecodable records, and the latency
+//!   `time_updated - window end` as YSB's `updated.txt` reports it;
+//! * `bench` ([`bench`]): the drain throughput and the window latency.
+
+mod bench;
+mod check;
+mod recount;
+mod run;
+mod setup;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use skein_generators::ysb::{ADS_PER_CAMPAIGN, DEFAULT_SEED, NUM_CAMPAIGNS, YsbCampaigns};
+
+use crate::run::parse_duration;
+
+/// The query, with `{{...}}` parts filled in by `ysb run`.
+pub const YSB_SQL: &str = include_str!("../../queries/ysb.sql");
+
+#[derive(Subcommand, Debug)]
+pub enum YsbCommand {
+    /// Campaigns and ads into Redis; clears earlier results of those campaigns.
+    Setup(YsbArgs),
+    /// Publish events to the topic and write the ground truth.
+    Generate(GenerateArgs),
+    /// Run queries/ysb.sql: Kafka -> Skein -> Redis.
+    Run(YsbRunArgs),
+    /// Compare Redis with the ground truth and with counts recomputed from the
+    /// topic; exits non-zero on any difference.
+    Check(CheckArgs),
+    /// With `--rate R --duration D`: publish at R events/s while the query
+    /// runs, and report the window latency (time_updated - window end).
+    /// Without: pre-load `--events N` into a fresh topic, then time a raw
+    /// rdkafka drain and Skein's drain.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub common: YsbArgs,
+    /// Drain bench: events to pre-load [default: 5000000].
+    #[arg(long, conflicts_with = "rate")]
+    pub events: Option<u64>,
+    /// Latency bench: events per second of wall-clock time, published while
+    /// the query runs (needs --duration).
+    #[arg(long, requires = "duration")]
+    pub rate: Option<u64>,
+    /// Latency bench: how long the load lasts.
+    #[arg(long, value_parser = parse_duration, requires = "rate")]
+    pub duration: Option<Duration>,
+    /// Latency bench: time between epochs of the query.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    pub interval: Duration,
+    /// Source instances of the Skein run.
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct YsbArgs {
+    #[arg(long, default_value = "127.0.0.1:9092", env = "SKEIN_KAFKA")]
+    pub brokers: String,
+    #[arg(long, default_value = "redis://127.0.0.1:6379", env = "SKEIN_REDIS")]
+    pub redis: String,
+    #[arg(long, default_value = "ad-events")]
+    pub topic: String,
+    /// Seed of the campaign and ad UUIDs and of the events.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    /// Where the ground truth and the campaign mapping are kept.
+    #[arg(long, default_value = ".skein/ysb")]
+    pub dir: PathBuf,
+    /// The query's durable state (offsets log, commits); a restarted run
+    /// resumes from it [default: .skein/checkpoints/ysb-<topic>].
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Print one JSON line.
+    #[arg(long)]
+    pub json: bool,
+    /// Print nothing (when `bench` runs the steps).
+    #[arg(skip)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub common: YsbArgs,
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: u64,
+    /// Events per second of event time.
+    #[arg(long, default_value_t = 100_000)]
+    pub rate: u64,
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// Percent of extra, undecodable records mixed into the topic.
+    #[arg(long, default_value_t = 0.0)]
+    pub malformed_percent: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct YsbRunArgs {
+    #[command(flatten)]
+    pub common: YsbArgs,
+    /// Stop once an epoch finds nothing new and the committed offsets have
+    /// reached the end of every partition (the default).
+    #[arg(long, conflicts_with = "duration")]
+    pub until_drained: bool,
+    /// Run this long, pulling whatever arrives meanwhile (an empty epoch does
+    /// not end the run).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Time between epochs.
+    #[arg(long, value_parser = parse_duration, default_value = "100ms")]
+    pub interval: Duration,
+    /// Source instances (partitions are spread over them).
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: usize,
+    /// Records one source instance reads per epoch at most.
+    #[arg(long, default_value_t = 250_000)]
+    pub max_records: usize,
+    /// Where undecodable records go (default: `<topic>-dead-letters`).
+    #[arg(long)]
+    pub dead_letter_topic: Option<String>,
+    /// Set once a producer in the same process (`bench --rate`) has
+    /// finished; until then the run does not stop for being drained.
+    #[arg(skip)]
+    pub load_done: Option<Arc<AtomicBool>>,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub common: YsbArgs,
+    /// The dead-letter topic to compare with the topic's undecodable records
+    /// (default: `<topic>-dead-letters`, as `ysb run` uses).
+    #[arg(long)]
+    pub dead_letter_topic: Option<String>,
+}
+
+pub async fn ysb(cmd: YsbCommand) -> Result<()> {
+    match cmd {
+        YsbCommand::Setup(a) => setup::setup(&a).await,
+        YsbCommand::Generate(a) => setup::generate(&a).await,
+        YsbCommand::Run(a) => run::run(&a).await,
+        YsbCommand::Check(a) => check::check(&a).await,
+        YsbCommand::Bench(a) => bench::bench(a).await,
+    }
+}
+
+/// The sink's `checkpoint` name: its epoch markers are
+/// `skein:epochs:ysb:<topic>`, the offsets its writes cover
+/// `skein:offsets:ysb:<topic>`.
+fn checkpoint(topic: &str) -> String {
+    format!("ysb:{topic}")
+}
+
+/// The hash where `ysb run` says which run lineage writes the topic's
+/// results and with how many sink members, for `ysb check`.
+fn run_key(topic: &str) -> String {
+    format!("skein:ysb-run:{topic}")
+}
+
+impl YsbArgs {
+    /// Where `ysb run` keeps the topic's checkpoints.
+    fn checkpoint_dir(&self) -> PathBuf {
+        self.checkpoint_dir.clone().unwrap_or_else(|| {
+            std::path::Path::new(crate::checkpoint_dir::DEFAULT_ROOT)
+                .join(format!("ysb-{}", self.topic))
+        })
+    }
+}
+
+/// Where `ysb run` sends undecodable records unless told otherwise.
+fn default_dead_letter_topic(topic: &str) -> String {
+    format!("{topic}-dead-letters")
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+async fn redis_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).with_context(|| format!("Redis URL {url}"))?;
+    // The client's default of 500 ms per reply is short on a loaded machine
+    // (a debug build reading a large hash, CI running tests side by side).
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(10)))
+        .set_response_timeout(Some(Duration::from_secs(30)));
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .with_context(|| format!("connecting to Redis at {url} (scripts/services.sh start redis)"))
+}
+
+fn campaigns(seed: u64) -> YsbCampaigns {
+    YsbCampaigns::generate(seed, NUM_CAMPAIGNS, ADS_PER_CAMPAIGN)
+}
