@@ -525,10 +525,31 @@ async fn a_constant_side_input_joins_the_stream() {
 /// Lambda recycles instances: a cold member takes its state from the
 /// checkpoint store. Dropping warm instances at random between epochs
 /// must not change a windowed join's or aggregate's rows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recycled_members_resume_from_the_checkpoint() {
+/// Checkpoint `plan` every epoch under `root` of `store`, and recycle
+/// each function instance with `probability` at every commit.
+async fn checkpoint_and_recycle(
+    h: &mut Harness,
+    store: Arc<dyn ObjectStore>,
+    root: &str,
+    plan: &QueryPlan,
+    probability: f64,
+) {
     use skein_engine::checkpoint::CheckpointStore;
     use skein_engine::context::CheckpointSpec;
+    let cs = CheckpointStore::open(store, root.into(), &plan.query_code)
+        .await
+        .unwrap();
+    h.options.run = cs.manifest().run.clone();
+    h.options.checkpoint = Some(CheckpointSpec { interval: 1 });
+    h.runtime.set_checkpoints(Some(Arc::new(cs)));
+    h.runtime.set_faults(Faults {
+        recycle_probability: probability,
+        ..Default::default()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recycled_members_resume_from_the_checkpoint() {
 
     let mut h = harness(4, 20_000);
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -542,17 +563,7 @@ async fn recycled_members_resume_from_the_checkpoint() {
     .enumerate()
     {
         let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
-        let root = object_store::path::Path::from(format!("q{i}"));
-        let cs = CheckpointStore::open(store.clone(), root, &plan.query_code)
-            .await
-            .unwrap();
-        h.options.run = cs.manifest().run.clone();
-        h.options.checkpoint = Some(CheckpointSpec { interval: 1 });
-        h.runtime.set_checkpoints(Some(Arc::new(cs)));
-        h.runtime.set_faults(Faults {
-            recycle_probability: 0.5,
-            ..Default::default()
-        });
+        checkpoint_and_recycle(&mut h, store.clone(), &format!("q{i}"), &plan, 0.5).await;
         let before = h.runtime.stats().cold_starts.load(Ordering::Relaxed);
         run_local(&plan, &h.runtime, &h.options, 12, |_, _| {})
             .await
@@ -573,9 +584,7 @@ async fn recycled_members_resume_from_the_checkpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partial_aggregates_held_for_open_windows_are_merged() {
-    use skein_engine::checkpoint::CheckpointStore;
     use skein_engine::compaction::Compactor;
-    use skein_engine::context::CheckpointSpec;
 
     // 200 s of event time in 80 epochs: a 60 s window spans 24 epochs, and
     // its members receive two batches of partial rows per epoch.
@@ -593,16 +602,7 @@ async fn partial_aggregates_held_for_open_windows_are_merged() {
     // The same with checkpoints and instances recycled: a merge rewrites
     // the held rows, so the checkpoint after it is whole.
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let cs = CheckpointStore::open(store, "merged".into(), &plan.query_code)
-        .await
-        .unwrap();
-    h.options.run = cs.manifest().run.clone();
-    h.options.checkpoint = Some(CheckpointSpec { interval: 1 });
-    h.runtime.set_checkpoints(Some(Arc::new(cs)));
-    h.runtime.set_faults(Faults {
-        recycle_probability: 0.2,
-        ..Default::default()
-    });
+    checkpoint_and_recycle(&mut h, store, "merged", &plan, 0.2).await;
     let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
     run_local(&plan, &h.runtime, &h.options, 80, |_, _| {})
         .await
