@@ -550,7 +550,6 @@ async fn checkpoint_and_recycle(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recycled_members_resume_from_the_checkpoint() {
-
     let mut h = harness(4, 20_000);
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     for (i, sql) in [
