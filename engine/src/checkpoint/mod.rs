@@ -281,21 +281,11 @@ impl CheckpointStore {
         member: u32,
         commit: Option<u64>,
     ) -> Result<u64> {
-        use futures::TryStreamExt;
-        let prefix = self.key(&["state", &Self::member_dir(stage, member)]);
-        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
         let mut dropped = 0;
-        for o in objects {
-            let Some(epoch) = o
-                .location
-                .filename()
-                .and_then(|f| f.split('.').next())
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
+        let dir = Self::member_dir(stage, member);
+        for (location, epoch) in self.list_epochs(&["state", &dir]).await? {
             if commit.is_none_or(|c| epoch > c) {
-                delete_if_there(&self.store, &o.location).await?;
+                delete_if_there(&self.store, &location).await?;
                 dropped += 1;
             }
         }
@@ -304,13 +294,26 @@ impl CheckpointStore {
 
     /// The highest epoch the driver has decided, if any (listed).
     pub async fn last_planned_epoch(&self) -> Result<Option<u64>> {
+        let listed = self.list_epochs(&["epochs"]).await?;
+        Ok(listed.into_iter().map(|(_, e)| e).max())
+    }
+
+    /// The objects under a directory whose names start with an epoch
+    /// (`<epoch>.json`, `<epoch>.bin`, ...), with that epoch.
+    async fn list_epochs(&self, parts: &[&str]) -> Result<Vec<(Path, u64)>> {
         use futures::TryStreamExt;
-        let prefix = self.key(&["epochs"]);
-        let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&self.key(parts)))
+            .try_collect()
+            .await?;
         Ok(objects
-            .iter()
-            .filter_map(|o| o.location.filename()?.split('.').next()?.parse().ok())
-            .max())
+            .into_iter()
+            .filter_map(|o| {
+                let epoch = o.location.filename()?.split('.').next()?.parse().ok()?;
+                Some((o.location, epoch))
+            })
+            .collect())
     }
 
     /// Delete what no restart can need once `commit` is committed: epoch
@@ -332,17 +335,15 @@ impl CheckpointStore {
 
     /// [`Self::forget_before`], now.
     pub async fn forget_now(&self, commit: u64) -> Result<u64> {
-        use futures::TryStreamExt;
         let mut deleted = 0;
         for dir in ["epochs", "offsets", "state"] {
-            let prefix = self.key(&[dir]);
-            let objects: Vec<_> = self.store.list(Some(&prefix)).try_collect().await?;
-            let parsed: Vec<(&Path, u64, bool)> = objects
-                .iter()
-                .filter_map(|o| {
-                    let name = o.location.filename()?;
-                    let epoch = name.split('.').next()?.parse::<u64>().ok()?;
-                    Some((&o.location, epoch, !name.ends_with(".changes.bin")))
+            let parsed: Vec<(Path, u64, bool)> = self
+                .list_epochs(&[dir])
+                .await?
+                .into_iter()
+                .map(|(location, epoch)| {
+                    let whole = !location.as_ref().ends_with(".changes.bin");
+                    (location, epoch, whole)
                 })
                 .collect();
             // Per member directory: where its chain for `commit` starts.
@@ -357,11 +358,11 @@ impl CheckpointStore {
             }
             for (location, epoch, _) in parsed {
                 let before = match dir {
-                    "state" => keep_from.get(&parent(location)).copied().unwrap_or(0),
+                    "state" => keep_from.get(&parent(&location)).copied().unwrap_or(0),
                     _ => commit,
                 };
                 if epoch < before {
-                    delete_if_there(&self.store, location).await?;
+                    delete_if_there(&self.store, &location).await?;
                     deleted += 1;
                 }
             }
