@@ -1,24 +1,12 @@
 //! `skein`: plan, explain, run and benchmark streaming SQL queries that run
-//! as a DAG of functions passing Arrow data in their payloads.
-
-mod bench;
-mod bench_state;
-mod checkpoint;
-mod checkpoint_dir;
-mod lambda_bench;
-mod lambda_cmd;
-mod lambda_run;
-mod publish;
-mod registry;
-mod run;
-mod standing;
-mod ysb;
+//! as a DAG of functions passing Arrow data in their payloads. The command
+//! line only: every command is a call into the `skein` library.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Args, Parser, Subcommand};
-use skein_engine::payload::Encoding;
+use clap::{Parser, Subcommand};
+use skein::{PlanArgs, bench, lambda_cmd, lambda_run, publish, run, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -70,43 +58,6 @@ enum Command {
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
     #[command(subcommand)]
     Ysb(ysb::YsbCommand),
-}
-
-/// How a query is planned.
-#[derive(Args, Clone, Debug)]
-pub struct PlanArgs {
-    /// Members of each function group (hash partitions of a shuffle).
-    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE, value_parser = positive)]
-    pub group_size: usize,
-    /// Compression of payload data: zstd, lz4 or none.
-    #[arg(long, default_value = "zstd")]
-    pub encoding: Encoding,
-    /// Invoke the next stage asynchronously (Event) instead of synchronously.
-    #[arg(long)]
-    pub invoke_async: bool,
-}
-
-impl PlanArgs {
-    /// The planner's options; the run's lineage and checkpointing are the
-    /// runner's to fill in.
-    pub fn options(&self) -> skein_engine::planner::PlanOptions {
-        skein_engine::planner::PlanOptions {
-            group_size: self.group_size,
-            encoding: self.encoding,
-            invoke_async: self.invoke_async,
-            ..Default::default()
-        }
-    }
-}
-
-/// A count that must be at least one (`--group-size`, `--repeat`, ...):
-/// zero would plan no members or take the median of nothing.
-pub fn positive(s: &str) -> std::result::Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 #[tokio::main]

@@ -11,8 +11,6 @@ use skein_engine::source::SourceRegistry;
 pub struct Registries {
     pub sources: SourceRegistry,
     pub sinks: SinkRegistry,
-    // skein-function includes this module too and never reads it.
-    #[allow(dead_code)]
     pub collect: CollectSinkFactory,
 }
 

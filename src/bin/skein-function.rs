@@ -35,9 +35,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-#[path = "../registry.rs"]
-mod registry;
-
 use std::time::Duration;
 
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
@@ -234,7 +231,7 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         .map_err(|e| EngineError::Context(e.to_string()))?
         .map(Arc::new);
     let sdk = skein_lambda::sdk_config().await;
-    let registry::Registries { sources, sinks, .. } = registry::registries();
+    let skein::registry::Registries { sources, sinks, .. } = skein::registry::registries();
     let env = FunctionEnv {
         sources,
         sinks,

@@ -1,0 +1,57 @@
+//! The `skein` library: what the `skein` CLI and the `skein-function`
+//! Lambda bootstrap share. The registry of source and sink kinds, the drivers
+//! that run a query locally, on Lambda and as YSB, and the reports they print.
+//! `src/main.rs` only parses the command line and calls in here.
+
+pub mod bench;
+pub mod bench_state;
+pub mod checkpoint;
+pub mod checkpoint_dir;
+pub mod lambda_bench;
+pub mod lambda_cmd;
+pub mod lambda_run;
+pub mod publish;
+pub mod registry;
+pub mod run;
+pub mod standing;
+pub mod ysb;
+
+use clap::Args;
+use skein_engine::payload::Encoding;
+
+/// How a query is planned.
+#[derive(Args, Clone, Debug)]
+pub struct PlanArgs {
+    /// Members of each function group (hash partitions of a shuffle).
+    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE, value_parser = positive)]
+    pub group_size: usize,
+    /// Compression of payload data: zstd, lz4 or none.
+    #[arg(long, default_value = "zstd")]
+    pub encoding: Encoding,
+    /// Invoke the next stage asynchronously (Event) instead of synchronously.
+    #[arg(long)]
+    pub invoke_async: bool,
+}
+
+impl PlanArgs {
+    /// The planner's options; the run's lineage and checkpointing are the
+    /// runner's to fill in.
+    pub fn options(&self) -> skein_engine::planner::PlanOptions {
+        skein_engine::planner::PlanOptions {
+            group_size: self.group_size,
+            encoding: self.encoding,
+            invoke_async: self.invoke_async,
+            ..Default::default()
+        }
+    }
+}
+
+/// A count that must be at least one (`--group-size`, `--repeat`, ...):
+/// zero would plan no members or take the median of nothing.
+pub fn positive(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
