@@ -41,18 +41,20 @@ pub async fn resume_from_sink(plan: &mut QueryPlan) -> Result<Vec<(String, Strin
                         .options
                         .get("offsets.topic")
                         .cloned()
-                        .unwrap_or_else(|| skein_sinks::kafka::DEFAULT_OFFSETS_TOPIC.into());
+                        .unwrap_or_else(|| skein_connectors::kafka::DEFAULT_OFFSETS_TOPIC.into());
                     let (c, t) = (checkpoint.clone(), topic.clone());
                     tokio::task::spawn_blocking(move || {
-                        skein_sinks::kafka::stored_offsets(&brokers, &offsets_topic, &c, &t)
+                        skein_connectors::kafka::stored_offsets(&brokers, &offsets_topic, &c, &t)
                     })
                     .await?
                     .map_err(anyhow::Error::msg)
                     .context("reading the Kafka sink's committed offsets")?
                 }
-                "REDIS" => skein_sinks::redis::stored_offsets(&sink.location, checkpoint, &topic)
-                    .await
-                    .context("reading the Redis sink's committed offsets")?,
+                "REDIS" => {
+                    skein_connectors::redis::stored_offsets(&sink.location, checkpoint, &topic)
+                        .await
+                        .context("reading the Redis sink's committed offsets")?
+                }
                 other => bail!(
                     "table {}: 'startup' 'checkpoint' needs a Kafka or Redis sink, not {other}",
                     leaf.table

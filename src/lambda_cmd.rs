@@ -18,6 +18,7 @@ use clap::{Args, ValueEnum};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
+use skein_connectors::results;
 use skein_engine::driver::destroy as destroy_functions;
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
@@ -26,7 +27,6 @@ use skein_lambda::deploy::{Deployed, deploy as deploy_functions};
 use skein_lambda::esm;
 use skein_lambda::package::{bootstrap_zip, code_sha256};
 use skein_lambda::{CodeSource, LambdaFunctionService, RUN_ENV, STORE_ENV, ServiceOptions};
-use skein_sinks::results;
 
 use crate::PlanArgs;
 use crate::registry::registries;

@@ -18,6 +18,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use object_store::ObjectStoreExt;
 use serde_json::json;
+use skein_connectors::results;
 use skein_engine::checkpoint::{CheckpointStore, fresh_run};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::epochs::{EpochLog, run_epochs};
@@ -27,7 +28,6 @@ use skein_lambda::checkpoints::{self, CHECKPOINTS_ENV};
 use skein_lambda::deploy::Deployed;
 use skein_lambda::epochs::{LambdaEpochs, Redeploy};
 use skein_lambda::{LambdaInvoker, ServiceOptions, dead_letter};
-use skein_sinks::results;
 
 use crate::checkpoint_dir::{self, Location};
 use crate::lambda_cmd::{

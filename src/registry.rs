@@ -21,15 +21,15 @@ pub fn registries() -> Registries {
     let collect = CollectSinkFactory::default();
     let mut sinks = SinkRegistry::default();
     sinks.register("COLLECT", Arc::new(collect.clone()));
-    skein_sinks::register(&mut sinks, &mut sources);
+    skein_connectors::register_sinks(&mut sinks, &mut sources);
     // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
     sources.allow_options(
         skein_connectors::kinesis::KIND,
         &[skein_lambda::esm::MODE_OPTION],
     );
     sinks.register(
-        skein_sinks::results::KIND,
-        Arc::new(skein_sinks::results::ResultsSinkFactory),
+        skein_connectors::results::KIND,
+        Arc::new(skein_connectors::results::ResultsSinkFactory),
     );
     Registries {
         sources,

@@ -258,17 +258,17 @@ pub async fn run_sql(
     let files_sink = plan
         .sink
         .kind
-        .eq_ignore_ascii_case(skein_sinks::files::KIND);
+        .eq_ignore_ascii_case(skein_connectors::files::KIND);
     let blackhole = plan
         .sink
         .kind
-        .eq_ignore_ascii_case(skein_sinks::blackhole::KIND);
+        .eq_ignore_ascii_case(skein_connectors::blackhole::KIND);
     if blackhole && args.verify {
         bail!("--verify compares result rows, and a BLACKHOLE sink keeps none");
     }
     if files_sink && args.verify {
         // Verification reads back what this query wrote: only this run's files.
-        skein_sinks::files::clear(&plan.sink.location, &plan.query_code)
+        skein_connectors::files::clear(&plan.sink.location, &plan.query_code)
             .await
             .context("clearing the files of an earlier run")?;
     }
@@ -318,10 +318,10 @@ pub async fn run_sql(
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.
     let results: Vec<RecordBatch> = if files_sink {
-        skein_sinks::files::read(
+        skein_connectors::files::read(
             &plan.sink.location,
             &plan.query_code,
-            skein_sinks::files::format_of(&plan.sink)?,
+            skein_connectors::files::format_of(&plan.sink)?,
             plan.output_schema.clone(),
         )
         .await
@@ -331,7 +331,7 @@ pub async fn run_sql(
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     // A blackhole keeps no rows, only their count.
-    let discarded = blackhole.then(|| skein_sinks::blackhole::take(&plan.query_code));
+    let discarded = blackhole.then(|| skein_connectors::blackhole::take(&plan.query_code));
     if let Some(d) = discarded {
         report.result_rows = d.rows as usize;
     }

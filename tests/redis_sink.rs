@@ -15,10 +15,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use futures::future::join_all;
 use redis::AsyncCommands;
+use skein_connectors::redis::stored_offsets;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkConfig, SinkRegistry, SinkWrite};
 use skein_engine::source::SourceRegistry;
-use skein_sinks::redis::stored_offsets;
 
 fn ysb_batch(campaign: &str, windows: &[i64], counts: &[i64]) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
@@ -51,7 +51,7 @@ fn offsets(topic: &str, at: i64) -> Vec<SourceOffset> {
 
 fn sink(url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
     let mut sinks = SinkRegistry::default();
-    skein_sinks::register(&mut sinks, &mut SourceRegistry::default());
+    skein_connectors::register_sinks(&mut sinks, &mut SourceRegistry::default());
     sinks
         .create(&SinkConfig {
             kind: "REDIS".into(),
@@ -264,7 +264,7 @@ async fn list_layout_appends_each_write_once_at_group_size_eight() {
     assert_eq!(got, want, "every write appended once");
     // The markers: member m of the first run committed epoch 6.
     let markers: HashMap<String, u64> = con
-        .hgetall(skein_sinks::redis::epochs_key(&checkpoint))
+        .hgetall(skein_connectors::redis::epochs_key(&checkpoint))
         .await
         .unwrap();
     assert_eq!(markers.len(), MEMBERS as usize + 1, "{markers:?}");
@@ -328,17 +328,18 @@ fn string_and_hash_layouts_refuse_emit_updates() {
             .collect(),
     };
     for layout in ["string", "hash"] {
-        let err = skein_sinks::redis::check_config(&config(layout, Some("updates")))
+        let err = skein_connectors::redis::check_config(&config(layout, Some("updates")))
             .unwrap_err()
             .to_string();
         assert!(
             err.contains(&format!("{layout:?}")) && err.contains("'list'") && !err.contains('\n'),
             "{err}"
         );
-        skein_sinks::redis::check_config(&config(layout, None)).expect("whole windows are fine");
+        skein_connectors::redis::check_config(&config(layout, None))
+            .expect("whole windows are fine");
     }
     for layout in ["list", "ysb"] {
-        skein_sinks::redis::check_config(&config(layout, Some("updates")))
+        skein_connectors::redis::check_config(&config(layout, Some("updates")))
             .expect("appends and increments merge deltas");
     }
 }

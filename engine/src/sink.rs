@@ -1,5 +1,5 @@
 //! The Sink trait: where the last stage writes its results. Sinks live in
-//! the sinks crate; the engine only knows the trait, an in-memory collector
+//! the connectors crate; the engine only knows the trait, an in-memory collector
 //! and the registry that maps a config's `kind` to a factory.
 
 use std::collections::{BTreeMap, HashMap};

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use serde::Serialize;
 use serde_json::json;
-use skein_sinks::kafka::ensure_topic;
+use skein_connectors::kafka::ensure_topic;
 
 use super::check::{check_report, check_windows, latencies};
 use super::run::{RunOutcome, run_query};

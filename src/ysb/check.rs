@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
+use skein_connectors::epochs::parse_marker_field;
+use skein_connectors::redis::{epochs_key, offsets_key};
 use skein_generators::ysb::WINDOW_MS;
-use skein_sinks::epochs::parse_marker_field;
-use skein_sinks::redis::{epochs_key, offsets_key};
 
 use super::recount::{Counts, read_dead_letters, recount_topic};
 use super::setup::Generated;

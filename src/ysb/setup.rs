@@ -10,9 +10,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use skein_connectors::kafka::ensure_topic;
+use skein_connectors::redis::{epochs_key, offsets_key};
 use skein_generators::ysb::{WINDOW_MS, YsbConfig, YsbGenerator, YsbGroundTruth, malformed_record};
-use skein_sinks::kafka::ensure_topic;
-use skein_sinks::redis::{epochs_key, offsets_key};
 
 use super::{GenerateArgs, YsbArgs, campaigns, checkpoint, now_ms, redis_connection, run_key};
 

@@ -20,7 +20,7 @@ use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::source::{Source, SourceConfig, SourceFactory, TableOptions};
 use skein_engine::{EngineError, Result};
 
-use crate::SinkTableFactory;
+use crate::sink_table::SinkTableFactory;
 
 /// The sink kind, as registered (and the table kind that declares one).
 pub const KIND: &str = "BLACKHOLE";

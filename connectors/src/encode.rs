@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::arrow::json::LineDelimitedWriter;
 use std::sync::Arc;
 
-use crate::error::{Result, SinkError};
+use crate::sink_error::{Result, SinkError};
 
 /// How a row's value is laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,9 +29,6 @@ use tokio::sync::OnceCell;
 
 use crate::encode::{EncodedRow, RowEncoder};
 
-/// The sink kind, as registered.
-pub const KIND: &str = "KINESIS";
-
 /// PutRecords takes at most this many records per call.
 pub const MAX_RECORDS_PER_CALL: usize = 500;
 /// ... and at most this many bytes (data and partition keys) per call.
@@ -81,7 +78,7 @@ impl KinesisRecord {
 }
 
 /// The Kinesis sink's own options, besides the encoder's.
-pub const OPTIONS: &[&str] = &["max.attempts"];
+pub const SINK_OPTIONS: &[&str] = &["max.attempts"];
 
 impl KinesisSink {
     pub fn new(stream: &str, options: &BTreeMap<String, String>) -> Result<Self> {

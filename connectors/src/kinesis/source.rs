@@ -46,9 +46,6 @@ use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecode
 use crate::error::{ConnectorError, Result};
 use crate::options;
 
-/// The table kind, as registered.
-pub const KIND: &str = "KINESIS";
-
 /// GetRecords returns at most this many records per call.
 const MAX_RECORDS_PER_GET: i32 = 10_000;
 
@@ -747,7 +744,7 @@ mod tests {
 
     fn config(options: &[(&str, &str)]) -> SourceConfig {
         SourceConfig {
-            kind: KIND.into(),
+            kind: super::super::KIND.into(),
             location: "s".into(),
             options: options
                 .iter()

@@ -52,13 +52,10 @@ use crate::encode::{ENCODER_OPTIONS, RowEncoder};
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
 
-/// The sink kind, as registered (the table kind of the Kafka source too).
-pub const KIND: &str = "KAFKA";
-
 /// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]);
 /// other options with a dot that are not the Kafka source's are producer
 /// properties.
-pub const OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
+pub const SINK_OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
 
 /// Where exactly-once writers keep their epoch markers (and source offsets)
 /// unless a table says.
@@ -94,8 +91,8 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
         let k_ = k.as_str();
         // A table may be read too: the source's options are not the producer's.
         let ours = ENCODER_OPTIONS.contains(&k_)
-            || OPTIONS.contains(&k_)
-            || skein_connectors::kafka::SOURCE_OPTIONS.contains(&k_)
+            || SINK_OPTIONS.contains(&k_)
+            || super::SOURCE_OPTIONS.contains(&k_)
             || EVENT_TIME_OPTIONS.contains(&k_)
             || k_ == EMIT_OPTION;
         if k.contains('.') && !ours {

@@ -54,7 +54,7 @@ use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use tracing::{debug, warn};
 
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
-use crate::error::{Result, SinkError};
+use crate::sink_error::{Result, SinkError};
 
 pub const KIND: &str = "REDIS";
 

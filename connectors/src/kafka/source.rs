@@ -61,9 +61,6 @@ use crate::decode::{Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
 
-/// The `STORED AS` name of this source.
-pub const KIND: &str = "KAFKA";
-
 /// Records sent to a dead-letter topic (or dropped for want of one) by every
 /// Kafka source of this process.
 pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,13 @@
+//! Kafka, both directions: the source reads partitions per epoch with
+//! offsets it logs (`source`), the sink writes a message per row, in a
+//! transaction per epoch when exactly once (`sink`). One `STORED AS KAFKA`
+//! table may be read and written, so it takes the options of both.
+
+mod sink;
+mod source;
+
+pub use sink::*;
+pub use source::*;
+
+/// The `STORED AS` name of a Kafka table.
+pub const KIND: &str = "KAFKA";
