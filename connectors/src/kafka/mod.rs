@@ -3,9 +3,11 @@
 //! transaction per epoch when exactly once (`sink`). One `STORED AS KAFKA`
 //! table may be read and written, so it takes the options of both.
 
+mod options;
 mod sink;
 mod source;
 
+pub use options::{SINK_OPTIONS, SOURCE_OPTIONS, client_properties, is_skein_option};
 pub use sink::*;
 pub use source::*;
 

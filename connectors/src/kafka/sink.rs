@@ -43,19 +43,13 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use skein_engine::planner::EMIT_OPTION;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
-use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use skein_engine::{EngineError, Result};
 
-use crate::encode::{ENCODER_OPTIONS, RowEncoder};
+use super::options::client_properties;
+use crate::encode::RowEncoder;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
-
-/// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]);
-/// other options with a dot that are not the Kafka source's are producer
-/// properties.
-pub const SINK_OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
 
 /// Where exactly-once writers keep their epoch markers (and source offsets)
 /// unless a table says.
@@ -87,17 +81,8 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
     for (k, v) in PRODUCER_DEFAULTS {
         config.set(*k, *v);
     }
-    for (k, v) in options {
-        let k_ = k.as_str();
-        // A table may be read too: the source's options are not the producer's.
-        let ours = ENCODER_OPTIONS.contains(&k_)
-            || SINK_OPTIONS.contains(&k_)
-            || super::SOURCE_OPTIONS.contains(&k_)
-            || EVENT_TIME_OPTIONS.contains(&k_)
-            || k_ == EMIT_OPTION;
-        if k.contains('.') && !ours {
-            config.set(k, v);
-        }
+    for (k, v) in client_properties(options) {
+        config.set(k, v);
     }
     config
 }

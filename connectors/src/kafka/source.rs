@@ -54,9 +54,9 @@ use skein_engine::source::{
     DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, ReplayMode,
     Source, SourceConfig, SourceFactory, TableOptions,
 };
-use skein_engine::watermark::EVENT_TIME_OPTIONS;
 use tracing::{debug, warn};
 
+use super::options::{SOURCE_OPTIONS, client_properties};
 use crate::decode::{Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
@@ -64,20 +64,6 @@ use crate::options;
 /// Records sent to a dead-letter topic (or dropped for want of one) by every
 /// Kafka source of this process.
 pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
-
-/// The Kafka source's own options; every other one with a dot is a
-/// librdkafka property. The Kafka sink adds its own to the same tables.
-pub const SOURCE_OPTIONS: &[&str] = &[
-    "format",
-    "parallelism",
-    "startup",
-    "offsets",
-    "max.records.per.pull",
-    "max.bytes.per.pull",
-    "max.record.bytes",
-    "pull.timeout.ms",
-    "dead.letter.topic",
-];
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// librdkafka fetch settings used unless the table's options set them.
@@ -269,16 +255,7 @@ impl KafkaSourceConfig {
     pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
         let number = |k: &str, default: usize| options::number(config, k, default);
         options::require_location(config, "topic")?;
-        let client: BTreeMap<String, String> = config
-            .options
-            .iter()
-            .filter(|(k, _)| {
-                k.contains('.')
-                    && !SOURCE_OPTIONS.contains(&k.as_str())
-                    && !EVENT_TIME_OPTIONS.contains(&k.as_str())
-            })
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let client = client_properties(&config.options);
         if !client.contains_key("bootstrap.servers") {
             return Err(ConnectorError::Config(
                 "option 'bootstrap.servers' is required".into(),
