@@ -207,6 +207,35 @@ impl LambdaFunctionService {
         }
     }
 
+    /// Set one variable of a deployed function's environment, keeping the
+    /// rest, and wait for the update: a changed environment replaces every
+    /// instance (what a standing driver does after a failed epoch, without
+    /// the code and options a full deployment needs).
+    pub async fn set_env_var(&self, name: &str, key: &str, value: &str) -> Result<()> {
+        self.wait_ready(name).await?;
+        let conf = self
+            .client
+            .get_function_configuration()
+            .function_name(name)
+            .send()
+            .await
+            .map_err(|e| failed(name, "GetFunctionConfiguration", &e))?;
+        let mut vars: HashMap<String, String> = conf
+            .environment()
+            .and_then(|e| e.variables())
+            .cloned()
+            .unwrap_or_default();
+        vars.insert(key.to_string(), value.to_string());
+        self.client
+            .update_function_configuration()
+            .function_name(name)
+            .environment(Environment::builder().set_variables(Some(vars)).build())
+            .send()
+            .await
+            .map_err(|e| failed(name, "UpdateFunctionConfiguration", &e))?;
+        self.wait_ready(name).await
+    }
+
     /// The ARN of a deployed function.
     pub async fn function_arn(&self, name: &str) -> Result<String> {
         let conf = self
