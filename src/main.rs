@@ -8,6 +8,7 @@ mod checkpoint_dir;
 mod lambda_bench;
 mod lambda_cmd;
 mod lambda_run;
+mod lambda_standing;
 mod publish;
 mod registry;
 mod run;
@@ -53,6 +54,10 @@ enum Command {
     Deploy(lambda_cmd::DeployArgs),
     /// Delete every Lambda function of a query (a SQL file or its query code).
     Destroy(lambda_cmd::DestroyArgs),
+    /// Pause a standing query on Lambda: its schedule is disabled, its state kept.
+    Stop(lambda_standing::QueryArgs),
+    /// Resume a stopped standing query on Lambda.
+    Start(lambda_standing::QueryArgs),
     /// List the queries deployed on Lambda and their functions.
     Status {
         #[arg(long)]
@@ -134,6 +139,8 @@ async fn cli() -> Result<()> {
         },
         Command::Deploy(args) => lambda_cmd::deploy(args).await,
         Command::Destroy(args) => lambda_cmd::destroy(args).await,
+        Command::Stop(args) => lambda_standing::set_running(args, false).await,
+        Command::Start(args) => lambda_standing::set_running(args, true).await,
         Command::Status { json } => lambda_cmd::status(json).await,
         Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
