@@ -148,7 +148,10 @@ pub async fn set_running(args: QueryArgs, enabled: bool) -> Result<()> {
     }
     let state = if enabled { "ENABLED" } else { "DISABLED" };
     if args.json {
-        println!("{}", json!({"query_code": code, "schedule": schedule, "state": state}));
+        println!(
+            "{}",
+            json!({"query_code": code, "schedule": schedule, "state": state})
+        );
     } else if enabled {
         println!("query {code}: started (schedule {schedule} enabled; the next tick resumes it)");
     } else {

@@ -13,6 +13,7 @@ mod publish;
 mod registry;
 mod run;
 mod standing;
+mod status_cmd;
 mod ysb;
 
 use std::path::PathBuf;
@@ -58,11 +59,9 @@ enum Command {
     Stop(lambda_standing::QueryArgs),
     /// Resume a stopped standing query on Lambda.
     Start(lambda_standing::QueryArgs),
-    /// List the queries deployed on Lambda and their functions.
-    Status {
-        #[arg(long)]
-        json: bool,
-    },
+    /// A query's progress (lag, watermark, epochs, state), locally or on
+    /// Lambda; without a query, the queries deployed on Lambda.
+    Status(status_cmd::StatusArgs),
     /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
     Package(lambda_cmd::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
@@ -141,7 +140,7 @@ async fn cli() -> Result<()> {
         Command::Destroy(args) => lambda_cmd::destroy(args).await,
         Command::Stop(args) => lambda_standing::set_running(args, false).await,
         Command::Start(args) => lambda_standing::set_running(args, true).await,
-        Command::Status { json } => lambda_cmd::status(json).await,
+        Command::Status(args) => status_cmd::status(args).await,
         Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,

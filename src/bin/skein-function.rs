@@ -50,9 +50,9 @@ use skein_connectors::kinesis::parse_kinesis_event;
 use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
+use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_engine::request::Request;
 use skein_lambda::bench_scope::{BenchScope, ScopeError};
-use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
 use skein_lambda::standing::{self, DRIVER_ENV, TickReport};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
@@ -185,8 +185,7 @@ async fn handle(
             let report = drive_tick(&drive.query, &context.request_id)
                 .await
                 .map_err(|e| internal(format!("{}: {e}", context.env_config.function_name)))?;
-            serde_json::to_value(&report)
-                .map_err(|e| internal(format!("encoding the report: {e}")))
+            serde_json::to_value(&report).map_err(|e| internal(format!("encoding the report: {e}")))
         }
         request @ (Request::Trigger(_) | Request::Data(_)) => {
             let function = &context.env_config.function_name;
