@@ -11,13 +11,12 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::rows::read_rows;
 use common::windowed::{self, Reference, assert_exact};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 const PARTITIONS: usize = 4;
 /// Event time the records span: the 10 s windows close 25 times.
