@@ -16,7 +16,6 @@ use std::process::{Command, Stdio};
 
 use common::rows::read_rows;
 use common::windowed::{self, Reference, assert_exact};
-use serde_json::Value;
 
 const PARTITIONS: usize = 4;
 /// Event time the records span: the 10 s windows close 25 times.
