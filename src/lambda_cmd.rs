@@ -18,7 +18,6 @@ use clap::{Args, ValueEnum};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
-use skein_connectors::results;
 use skein_engine::driver::destroy as destroy_functions;
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
@@ -116,6 +115,8 @@ pub struct DeployArgs {
     pub plan: PlanArgs,
     #[command(flatten)]
     pub lambda: LambdaArgs,
+    #[command(flatten)]
+    pub standing: crate::lambda_standing::StandingArgs,
     /// One JSON line instead of text.
     #[arg(long)]
     pub json: bool,
@@ -125,6 +126,22 @@ pub struct DeployArgs {
 pub struct DestroyArgs {
     /// A SQL file or a query code (as `skein status` lists them).
     pub query: String,
+    /// Also delete the query's checkpoint store (offsets, state, lease),
+    /// its standing spec and its dead letters.
+    #[arg(long)]
+    pub purge: bool,
+    /// The deployment's store (where the spec and default checkpoints are).
+    #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]
+    pub store: String,
+}
+
+/// The query code of a SQL file, or the argument itself.
+pub(crate) fn query_code_arg(query: &str) -> Result<String> {
+    if Path::new(query).is_file() {
+        let sql = read_sql(Path::new(query))?;
+        return Ok(skein_engine::planner::query_code(&sql));
+    }
+    Ok(query.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -210,7 +227,7 @@ pub fn package(args: PackageArgs) -> Result<()> {
 }
 
 /// Everything a Lambda command talks to.
-pub(crate) struct Connection {
+pub struct Connection {
     pub(crate) sdk: aws_config::SdkConfig,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) store_url: String,
@@ -279,9 +296,7 @@ pub(crate) async fn plan(
     let mut plan = plan_query(&ctx, sql, &p.options())
         .await
         .context("planning the query")?;
-    if plan.sink.kind.eq_ignore_ascii_case("COLLECT") {
-        plan.sink = results::config(&results_location(store_url));
-    }
+    skein_lambda::standing::route_collect(&mut plan, store_url);
     for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
         tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
     }
@@ -314,10 +329,6 @@ pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> 
         }
     }
     Ok(out)
-}
-
-fn results_location(store_url: &str) -> String {
-    format!("{}/skein/results", store_url.trim_end_matches('/'))
 }
 
 /// The options every function of the query is deployed with: its code
@@ -405,7 +416,37 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
     let (plan, _) = plan(&sql, &args.plan, &b.store_url).await?;
     let start = Instant::now();
     let pushed = pushed_sources(&plan)?;
-    let deployed = deploy_plan(&b, &args.lambda, &plan, &args.plan, None).await?;
+    let service = service_options(&b, &args.lambda, &plan).await?;
+    // A query that checkpoints (and is not pushed) runs on its own: a
+    // driver function on a schedule.
+    let standing = if pushed.is_empty() {
+        crate::lambda_standing::deploy(
+            &b,
+            &service,
+            &plan,
+            &args.plan.options(),
+            &sql,
+            &args.standing,
+        )
+        .await?
+    } else {
+        None
+    };
+    let (deployed, standing) = match standing {
+        Some(s) => (s.functions, Some(s.summary)),
+        None => (
+            deploy_stages(
+                &b,
+                &service,
+                &plan,
+                &args.plan.options(),
+                None,
+                &BTreeMap::new(),
+            )
+            .await?,
+            None,
+        ),
+    };
     let mut mappings = vec![];
     if !pushed.is_empty() {
         let lambda = aws_sdk_lambda::Client::new(&b.sdk);
@@ -425,7 +466,7 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
         println!(
             "{}",
             json!({"query_code": plan.query_code, "functions": functions,
-                   "event_source_mappings": mappings, "deploy_s": secs})
+                   "event_source_mappings": mappings, "standing": standing, "deploy_s": secs})
         );
     } else {
         for m in &mappings {
@@ -450,24 +491,34 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
                 }
             );
         }
+        if let Some(s) = &standing {
+            println!(
+                "{} invoked by schedule {} ({}), checkpoints in {}",
+                s["driver"].as_str().unwrap_or_default(),
+                s["schedule"].as_str().unwrap_or_default(),
+                s["rate"].as_str().unwrap_or_default(),
+                s["checkpoint_dir"].as_str().unwrap_or_default()
+            );
+        }
         println!(
-            "query {}: {} functions deployed in {secs:.2} s",
+            "query {}: {} functions deployed in {secs:.2} s{}",
             plan.query_code,
-            deployed.len()
+            deployed.len(),
+            if standing.is_some() {
+                "; it runs on its own (skein status, skein stop, skein destroy)"
+            } else {
+                ""
+            }
         );
     }
     Ok(())
 }
 
-/// `skein destroy FILE.sql|QUERY_CODE`.
+/// `skein destroy FILE.sql|QUERY_CODE [--purge]`.
 pub async fn destroy(args: DestroyArgs) -> Result<()> {
-    let code = if Path::new(&args.query).is_file() {
-        let sql = read_sql(Path::new(&args.query))?;
-        skein_engine::planner::query_code(&sql)
-    } else {
-        args.query.clone()
-    };
+    let code = query_code_arg(&args.query)?;
     let sdk = skein_lambda::sdk_config().await;
+    let removed = crate::lambda_standing::destroy(&sdk, &args.store, &code, args.purge).await?;
     let service = LambdaFunctionService::new(&sdk, None);
     // Event-source mappings first: they would keep invoking deleted functions.
     let lambda = aws_sdk_lambda::Client::new(&sdk);
@@ -476,7 +527,14 @@ pub async fn destroy(args: DestroyArgs) -> Result<()> {
         unmapped += esm::unmap_function(&lambda, &name).await?;
     }
     let n = destroy_functions(&code, &service).await?;
-    println!("query {code}: {n} functions and {unmapped} event-source mappings deleted");
+    println!(
+        "query {code}: {n} functions, {unmapped} event-source mappings and {} schedule deleted{}",
+        usize::from(removed.schedule),
+        removed
+            .purged_objects
+            .map(|n| format!("; checkpoint store purged ({n} objects)"))
+            .unwrap_or_default()
+    );
     Ok(())
 }
 
@@ -526,8 +584,10 @@ pub async fn status(as_json: bool) -> Result<()> {
 /// The query code of a function named `<query-code>-<stage:02>-<member:02>`
 /// (or `<query-code>-dlq`, its dead-letter function).
 fn query_code_of(name: &str) -> Option<&str> {
-    if let Some(code) = name.strip_suffix("-dlq").filter(|c| !c.is_empty()) {
-        return Some(code);
+    for suffix in ["-dlq", "-driver"] {
+        if let Some(code) = name.strip_suffix(suffix).filter(|c| !c.is_empty()) {
+            return Some(code);
+        }
     }
     let mut parts = name.rsplitn(3, '-');
     let member = parts.next()?;
@@ -559,5 +619,6 @@ mod tests {
         assert_eq!(query_code_of("skein-smoke-1-2"), None);
         assert_eq!(query_code_of("plain"), None);
         assert_eq!(query_code_of("q0123456789-dlq"), Some("q0123456789"));
+        assert_eq!(query_code_of("q0123456789-driver"), Some("q0123456789"));
     }
 }

@@ -37,19 +37,20 @@ use crate::lambda_cmd::{
 use crate::run::{CommonRunArgs, limit_rows, read_sql};
 
 /// A query's checkpoint location on Lambda and its store, opened.
-struct Checkpoints {
-    url: String,
-    store: Arc<CheckpointStore>,
+pub(crate) struct Checkpoints {
+    pub(crate) url: String,
+    pub(crate) store: Arc<CheckpointStore>,
 }
 
 /// Open the query's checkpoint location when it checkpoints: the same rule
 /// as a local run, with S3 for a directory.
-async fn open_checkpoints(
+pub(crate) async fn open_checkpoints(
     b: &Connection,
     plan: &QueryPlan,
-    common: &CommonRunArgs,
+    request: &checkpoint_dir::Request,
+    invoke_async: bool,
 ) -> Result<Option<Checkpoints>> {
-    let request = common.checkpoint_request();
+    let request = request.clone();
     let url = match checkpoint_dir::location(plan, &request)? {
         Some(Location::Given(dir)) => {
             let url = dir.to_string_lossy().to_string();
@@ -64,7 +65,7 @@ async fn open_checkpoints(
             return Ok(None);
         }
     };
-    if common.plan.invoke_async {
+    if invoke_async {
         bail!(
             "checkpoints on Lambda need synchronous hops (an epoch is complete when its \
              triggers return); drop --invoke-async, or run with --no-checkpoint"
@@ -138,7 +139,13 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
         );
     }
     let stop = common.stop();
-    let checkpoints = open_checkpoints(&b, &plan, common).await?;
+    let checkpoints = open_checkpoints(
+        &b,
+        &plan,
+        &common.checkpoint_request(),
+        common.plan.invoke_async,
+    )
+    .await?;
     let mut options = common.plan.options();
     let mut env = BTreeMap::new();
     match &checkpoints {

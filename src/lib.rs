@@ -10,10 +10,12 @@ pub mod checkpoint_dir;
 pub mod lambda_bench;
 pub mod lambda_cmd;
 pub mod lambda_run;
+pub mod lambda_standing;
 pub mod publish;
 pub mod registry;
 pub mod run;
 pub mod standing;
+pub mod status_cmd;
 pub mod ysb;
 
 use clap::Args;

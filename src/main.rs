@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{PlanArgs, bench, lambda_cmd, lambda_run, publish, run, ysb};
+use skein::{
+    PlanArgs, bench, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd, ysb,
+};
 
 #[derive(Parser)]
 #[command(
@@ -41,11 +43,13 @@ enum Command {
     Deploy(lambda_cmd::DeployArgs),
     /// Delete every Lambda function of a query (a SQL file or its query code).
     Destroy(lambda_cmd::DestroyArgs),
-    /// List the queries deployed on Lambda and their functions.
-    Status {
-        #[arg(long)]
-        json: bool,
-    },
+    /// Pause a standing query on Lambda: its schedule is disabled, its state kept.
+    Stop(lambda_standing::QueryArgs),
+    /// Resume a stopped standing query on Lambda.
+    Start(lambda_standing::QueryArgs),
+    /// A query's progress (lag, watermark, epochs, state), locally or on
+    /// Lambda; without a query, the queries deployed on Lambda.
+    Status(status_cmd::StatusArgs),
     /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
     Package(lambda_cmd::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
@@ -85,7 +89,9 @@ async fn cli() -> Result<()> {
         },
         Command::Deploy(args) => lambda_cmd::deploy(args).await,
         Command::Destroy(args) => lambda_cmd::destroy(args).await,
-        Command::Status { json } => lambda_cmd::status(json).await,
+        Command::Stop(args) => lambda_standing::set_running(args, false).await,
+        Command::Start(args) => lambda_standing::set_running(args, true).await,
+        Command::Status(args) => status_cmd::status(args).await,
         Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,

@@ -11,13 +11,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::rows::read_rows;
 use common::windowed::{self, Reference, assert_exact};
-use serde_json::{Map, Value};
 
 const PARTITIONS: usize = 4;
 /// Event time the records span: the 10 s windows close 25 times.
@@ -189,34 +187,8 @@ fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
     let setup = setup(2_000_000, 10, kafka_source);
     let url = common::require_redis();
     let prefix = common::unique_name("durable");
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS REDIS \
-           LOCATION '{url}' OPTIONS ('layout' 'hash', 'key' '{prefix}|{{w}}|{{k}}');"
-    );
-    let report = setup.run(&sink);
-    let mut con = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_connection()
-        .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}|*"))
-        .query(&mut con)
-        .unwrap();
-    let rows: Vec<Map<String, Value>> = keys
-        .iter()
-        .map(|key| {
-            let fields: BTreeMap<String, i64> =
-                redis::cmd("HGETALL").arg(key).query(&mut con).unwrap();
-            let mut parts = key.splitn(3, '|').skip(1);
-            let mut row = Map::new();
-            row.insert("w".into(), parts.next().unwrap_or_default().into());
-            row.insert("k".into(), parts.next().unwrap_or_default().into());
-            for (f, v) in fields {
-                row.insert(f, v.into());
-            }
-            row
-        })
-        .collect();
+    let report = setup.run(&windowed::redis_sink(&url, &prefix));
+    let rows = windowed::redis_rows(&url, &prefix);
     assert_exact(&rows, &setup.reference, &format!("redis {report}"));
 }
 

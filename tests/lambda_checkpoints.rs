@@ -209,34 +209,12 @@ fn skein(args: &[&str]) -> String {
     stdout
 }
 
-/// The `bootstrap` processes ministack runs for `function`: their command
-/// is the unpacked `bootstrap`, their environment names the function.
-fn bootstraps(function: &str) -> Vec<i32> {
-    let wanted = format!("AWS_LAMBDA_FUNCTION_NAME={function}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-            argv0.ends_with(b"/bootstrap")
-                && std::fs::read(format!("/proc/{pid}/environ"))
-                    .unwrap_or_default()
-                    .split(|b| *b == 0)
-                    .any(|var| var == wanted.as_bytes())
-        })
-        .collect()
-}
-
 /// SIGKILLs the bootstrap of `function` (waiting up to 30 s for one to
 /// exist: after a redeployment the next invocation starts it).
 fn kill_bootstrap(function: &str) -> i32 {
     let started = Instant::now();
     loop {
-        if let Some(pid) = bootstraps(function).first() {
+        if let Some(pid) = common::kills::bootstraps(|f| f == function).first() {
             let killed = Command::new("kill")
                 .args(["-9", &pid.to_string()])
                 .status()

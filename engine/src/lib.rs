@@ -33,6 +33,7 @@ pub mod request;
 pub mod ring;
 pub mod sink;
 pub mod source;
+pub mod status;
 pub mod verify;
 pub mod watermark;
 pub mod window;

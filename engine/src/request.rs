@@ -17,6 +17,8 @@ use crate::payload::Payload;
 pub const PROBE_KEY: &str = "probe";
 /// The top-level key of an exchange-benchmark step.
 pub const EXCHANGE_KEY: &str = "exchange";
+/// The top-level key of a standing query's driver tick.
+pub const DRIVE_KEY: &str = "drive";
 
 #[derive(Debug, Clone)]
 pub enum Request {
@@ -33,6 +35,16 @@ pub enum Request {
     DeadLetter(Map<String, Value>),
     /// A platform event with `Records` (a Kinesis event-source batch).
     Records(Value),
+    /// A tick of a standing query's driver, from its schedule:
+    /// `{"drive": {"query": "<query-code>"}}`.
+    Drive(Drive),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drive {
+    /// The query code of the standing query to drive.
+    pub query: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +92,11 @@ impl Request {
         if let Some(exchange) = fields.remove(EXCHANGE_KEY) {
             return Ok(Request::Exchange(exchange));
         }
+        if let Some(drive) = fields.remove(DRIVE_KEY) {
+            return serde_json::from_value(drive)
+                .map(Request::Drive)
+                .map_err(|e| bad(format!("drive: {e}")));
+        }
         if fields.contains_key("requestContext") && fields.contains_key("requestPayload") {
             return Ok(Request::DeadLetter(fields));
         }
@@ -109,6 +126,7 @@ impl Request {
             Request::Exchange(v) => serde_json::json!({ EXCHANGE_KEY: v }),
             Request::DeadLetter(m) => Value::Object(m.clone()),
             Request::Records(v) => v.clone(),
+            Request::Drive(d) => serde_json::json!({ DRIVE_KEY: d }),
         };
         serde_json::to_vec(&value).expect("json")
     }
@@ -122,6 +140,7 @@ impl Request {
             Request::Exchange(_) => "exchange request",
             Request::DeadLetter(_) => "dead letter",
             Request::Records(_) => "event batch",
+            Request::Drive(_) => "driver tick",
         }
     }
 }
@@ -193,6 +212,12 @@ mod tests {
             parse(json!({"Records": []})),
             Ok(Request::Records(_))
         ));
+        let drive = parse(json!({"drive": {"query": "q1"}})).unwrap();
+        assert!(matches!(&drive, Request::Drive(Drive { query }) if query == "q1"));
+        assert_eq!(
+            Request::from_json(&drive.to_json()).unwrap().kind(),
+            "driver tick"
+        );
     }
 
     #[test]
@@ -205,6 +230,7 @@ mod tests {
             (json!({"probe": {"record_too": "x"}}), "unknown field"),
             (json!({"trigger": {"qid": 1}}), "trigger"),
             (json!({"uuid": {}, "data": ""}), "payload"),
+            (json!({"drive": {"query": "q", "extra": 1}}), "drive"),
         ] {
             let err = parse(v).unwrap_err().to_string();
             assert!(err.contains(needle), "{err}");

@@ -150,6 +150,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         Ok(vec![])
     }
 
+    /// The end of every partition of the source now (the next offset a
+    /// write would get), for `skein status`'s lag; empty where unknown.
+    async fn latest(&self) -> Result<Vec<SourceOffset>> {
+        Ok(vec![])
+    }
+
     /// Stand at `at` (from the offsets log) before the next pull.
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> Result<()> {
         let _ = (spec, at);

@@ -51,7 +51,7 @@ pub fn default_url(store_url: &str, query_code: &str) -> String {
 }
 
 /// The store and the root inside it of a checkpoint location.
-fn locate(url: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path), CheckpointError> {
+pub fn locate(url: &str) -> Result<(Arc<dyn object_store::ObjectStore>, Path), CheckpointError> {
     let url = url.trim_end_matches('/');
     if let Some(bucket) = s3_bucket(url) {
         let prefix = url["s3://".len() + bucket.len()..].trim_start_matches('/');

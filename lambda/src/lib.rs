@@ -8,7 +8,9 @@
 //! * [`bench_scope`]: which bench and probe requests a function serves;
 //! * [`esm`]: Kinesis event-source mappings for pushed source stages;
 //! * [`checkpoints`]: a query's checkpoint store on S3;
-//! * [`epochs`]: Lambda under the engine's epoch loop (commits, recovery).
+//! * [`epochs`]: Lambda under the engine's epoch loop (commits, recovery);
+//! * [`standing`]: a standing query's driver ticks, under a [`lease`],
+//!   invoked by a [`schedule`].
 //!
 //! Every AWS call uses the standard credential chain and honours
 //! `AWS_ENDPOINT_URL`; nothing (bucket, role, region) is hard-coded.
@@ -21,8 +23,11 @@ pub mod epochs;
 pub mod esm;
 pub mod exchange;
 pub mod invoker;
+pub mod lease;
 pub mod package;
+pub mod schedule;
 pub mod service;
+pub mod standing;
 pub mod store;
 
 pub use invoker::LambdaInvoker;

@@ -169,17 +169,24 @@ impl LambdaFunctionService {
         Ok(())
     }
 
+    async fn configuration(
+        &self,
+        name: &str,
+    ) -> Result<aws_sdk_lambda::operation::get_function_configuration::GetFunctionConfigurationOutput>
+    {
+        self.client
+            .get_function_configuration()
+            .function_name(name)
+            .send()
+            .await
+            .map_err(|e| failed(name, "GetFunctionConfiguration", &e))
+    }
+
     /// Wait until the function is Active and no update is in progress.
     async fn wait_ready(&self, name: &str) -> Result<()> {
         let start = Instant::now();
         loop {
-            let conf = self
-                .client
-                .get_function_configuration()
-                .function_name(name)
-                .send()
-                .await
-                .map_err(|e| failed(name, "GetFunctionConfiguration", &e))?;
+            let conf = self.configuration(name).await?;
             let active = matches!(conf.state(), Some(State::Active) | None);
             let settled = !matches!(
                 conf.last_update_status(),
@@ -207,15 +214,32 @@ impl LambdaFunctionService {
         }
     }
 
-    /// The ARN of a deployed function.
-    pub async fn function_arn(&self, name: &str) -> Result<String> {
-        let conf = self
-            .client
-            .get_function_configuration()
+    /// Set one variable of a deployed function's environment, keeping the
+    /// rest, and wait for the update: a changed environment replaces every
+    /// instance (what a standing driver does after a failed epoch, without
+    /// the code and options a full deployment needs).
+    pub async fn set_env_var(&self, name: &str, key: &str, value: &str) -> Result<()> {
+        self.wait_ready(name).await?;
+        let conf = self.configuration(name).await?;
+        let mut vars: HashMap<String, String> = conf
+            .environment()
+            .and_then(|e| e.variables())
+            .cloned()
+            .unwrap_or_default();
+        vars.insert(key.to_string(), value.to_string());
+        self.client
+            .update_function_configuration()
             .function_name(name)
+            .environment(Environment::builder().set_variables(Some(vars)).build())
             .send()
             .await
-            .map_err(|e| failed(name, "GetFunctionConfiguration", &e))?;
+            .map_err(|e| failed(name, "UpdateFunctionConfiguration", &e))?;
+        self.wait_ready(name).await
+    }
+
+    /// The ARN of a deployed function.
+    pub async fn function_arn(&self, name: &str) -> Result<String> {
+        let conf = self.configuration(name).await?;
         conf.function_arn()
             .map(str::to_string)
             .ok_or_else(|| EngineError::Invocation {

@@ -48,9 +48,11 @@ use skein_connectors::store::s3_from_env;
 use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
+use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_engine::request::Request;
 use skein_lambda::bench_scope::{BenchScope, ScopeError};
 use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
+use skein_lambda::standing::{self, DRIVER_ENV, TickReport};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
 use tokio::sync::OnceCell;
 
@@ -165,6 +167,23 @@ async fn handle(
             serde_json::to_value(&response)
                 .map_err(|e| internal(format!("encoding the response: {e}")))
         }
+        Request::Drive(drive) => {
+            // Only the driver function of this very query runs its ticks.
+            let drives = std::env::var(DRIVER_ENV).unwrap_or_default();
+            if drives.is_empty() || drives != drive.query {
+                return Err(Diagnostic {
+                    error_type: "Skein.Refused".into(),
+                    error_message: format!(
+                        "{}: a driver tick for {} is not served here",
+                        context.env_config.function_name, drive.query
+                    ),
+                });
+            }
+            let report = drive_tick(&drive.query, &context.request_id)
+                .await
+                .map_err(|e| internal(format!("{}: {e}", context.env_config.function_name)))?;
+            serde_json::to_value(&report).map_err(|e| internal(format!("encoding the report: {e}")))
+        }
         request @ (Request::Trigger(_) | Request::Data(_)) => {
             let function = &context.env_config.function_name;
             let stage = stage
@@ -244,6 +263,33 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");
     Ok(stage)
+}
+
+/// One tick of a standing query: its spec from the store, the plan made
+/// again from the query text (the source kinds are known here), the rest
+/// in `skein_lambda::standing`.
+async fn drive_tick(query: &str, holder: &str) -> Result<TickReport, String> {
+    let url = std::env::var(STORE_ENV)
+        .map_err(|_| format!("a driver tick arrived but {STORE_ENV} is not set"))?;
+    let store = skein_lambda::store::open(&url).map_err(|e| e.to_string())?;
+    let spec = standing::get_spec(&store, query)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no standing spec of {query} in {url} (deploy it again)"))?;
+    let skein::registry::Registries { sources, .. } = skein::registry::registries();
+    let ctx = session(&sources, spec.group_size);
+    let options = PlanOptions {
+        group_size: spec.group_size,
+        encoding: spec.encoding,
+        ..Default::default()
+    };
+    let mut plan = plan_query(&ctx, &spec.sql, &options)
+        .await
+        .map_err(|e| format!("planning {query}: {e}"))?;
+    standing::route_collect(&mut plan, &spec.store);
+    standing::tick(&spec, &plan, holder)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The invoker and store of the exchange benchmark, once per instance.

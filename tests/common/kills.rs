@@ -73,3 +73,26 @@ pub fn run_through_kills(
     assert_eq!(killed, kills, "every planned kill happened");
     stdout
 }
+
+/// The `bootstrap` processes ministack runs for the functions `wanted`
+/// picks: their command is the unpacked `bootstrap`, their environment
+/// names the function (`AWS_LAMBDA_FUNCTION_NAME`).
+pub fn bootstraps(wanted: impl Fn(&str) -> bool) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            argv0.ends_with(b"/bootstrap")
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .filter_map(|var| var.strip_prefix(b"AWS_LAMBDA_FUNCTION_NAME="))
+                    .any(|name| std::str::from_utf8(name).is_ok_and(&wanted))
+        })
+        .collect()
+}

@@ -129,3 +129,37 @@ pub fn kafka_rows(topic: &str) -> Vec<Map<String, Value>> {
         .map(|(_, _, value)| serde_json::from_slice(&value).expect("a JSON row"))
         .collect()
 }
+
+/// The Redis table `out` writing a hash per window and key under `prefix`.
+pub fn redis_sink(url: &str, prefix: &str) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS REDIS \
+           LOCATION '{url}' OPTIONS ('layout' 'hash', 'key' '{prefix}|{{w}}|{{k}}');"
+    )
+}
+
+/// The rows [`redis_sink`] wrote under `prefix`.
+pub fn redis_rows(url: &str, prefix: &str) -> Vec<Map<String, Value>> {
+    let mut con = redis::Client::open(url)
+        .unwrap()
+        .get_connection()
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}|*"))
+        .query(&mut con)
+        .unwrap();
+    keys.iter()
+        .map(|key| {
+            let fields: BTreeMap<String, i64> =
+                redis::cmd("HGETALL").arg(key).query(&mut con).unwrap();
+            let mut parts = key.splitn(3, '|').skip(1);
+            let mut row = Map::new();
+            row.insert("w".into(), parts.next().unwrap_or_default().into());
+            row.insert("k".into(), parts.next().unwrap_or_default().into());
+            for (f, v) in fields {
+                row.insert(f, v.into());
+            }
+            row
+        })
+        .collect()
+}

@@ -435,6 +435,14 @@ impl Source for KafkaSource {
         Ok(reader.offsets(&self.config.topic))
     }
 
+    async fn latest(&self) -> EngineResult<Vec<SourceOffset>> {
+        let config = self.config.clone();
+        tokio::task::spawn_blocking(move || latest_offsets(&config))
+            .await
+            .map_err(|e| self.error(ConnectorError::Other(format!("latest offsets task: {e}"))))?
+            .map_err(|e| self.error(e))
+    }
+
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
         let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
         let at = self.owned_offsets(at);
@@ -511,6 +519,30 @@ struct Undecodable {
     offset: i64,
     reason: String,
     payload: Vec<u8>,
+}
+
+/// The high watermark of every partition of the topic.
+fn latest_offsets(config: &KafkaSourceConfig) -> Result<Vec<SourceOffset>> {
+    let consumer: BaseConsumer = config.client_config().create()?;
+    let metadata = consumer.fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)?;
+    let mut out = vec![];
+    for topic in metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == config.topic)
+    {
+        for p in topic.partitions() {
+            let (_, high) = consumer.fetch_watermarks(&config.topic, p.id(), METADATA_TIMEOUT)?;
+            out.push(SourceOffset {
+                source: config.topic.clone(),
+                partition: p.id(),
+                offset: high,
+                position: None,
+            });
+        }
+    }
+    out.sort_by_key(|o| o.partition);
+    Ok(out)
 }
 
 impl PartitionReader {

@@ -19,6 +19,7 @@
 //! skip what they already hold by (run, epoch, member).
 
 mod snapshot;
+mod summary;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ use crate::watermark::ClockState;
 pub use snapshot::{
     MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
 };
+pub use summary::StoreSummary;
 
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

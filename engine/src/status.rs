@@ -1,0 +1,110 @@
+//! A query's progress as `skein status QUERY` shows it, read from its
+//! checkpoint store and its sources: per source partition the committed
+//! offset, the latest and the lag; the watermark of the committed epoch and
+//! its delay behind the wall clock; the last epoch run and committed.
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::checkpoint::{CheckpointStore, StoreSummary};
+use crate::error::Result;
+use crate::planner::QueryPlan;
+use crate::source::SourceRegistry;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionStatus {
+    pub source: String,
+    pub partition: i32,
+    /// The next offset after the last committed epoch.
+    pub committed: Option<i64>,
+    /// The partition's end now; `None` where the source cannot tell.
+    pub latest: Option<i64>,
+    pub lag: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryStatus {
+    pub query_code: String,
+    pub partitions: Vec<PartitionStatus>,
+    /// The sum of the partitions' lags.
+    pub lag: i64,
+    /// The lowest watermark the source members sent in the committed
+    /// epoch, Unix ms.
+    pub watermark_ms: Option<i64>,
+    /// How far the watermark is behind the wall clock, ms.
+    pub watermark_delay_ms: Option<i64>,
+    #[serde(flatten)]
+    pub store: StoreSummary,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+/// The status of `plan`'s query from its checkpoint store; `sources` builds
+/// each source table to ask for its partitions' ends.
+pub async fn query_status(
+    plan: &QueryPlan,
+    store: &CheckpointStore,
+    sources: &SourceRegistry,
+) -> Result<QueryStatus> {
+    let summary = store.summary().await?;
+    let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut watermark: Option<i64> = None;
+    if let Some(commit) = summary.committed {
+        for stage in plan.source_stages() {
+            for member in 0..stage.members {
+                let Some(entry) = store.offsets(stage.id, member, commit.epoch).await? else {
+                    continue;
+                };
+                if let Some(w) = entry.watermark {
+                    watermark = Some(watermark.map_or(w, |m: i64| m.min(w)));
+                }
+                for o in entry.tables.into_iter().flat_map(|t| t.to) {
+                    committed.insert((o.source, o.partition), o.offset);
+                }
+            }
+        }
+    }
+    let mut latest: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for stage in plan.source_stages() {
+        for leaf in &stage.sources {
+            let source = sources.create(&leaf.config, leaf.schema.clone())?;
+            for o in source.latest().await? {
+                latest.insert((o.source, o.partition), o.offset);
+            }
+        }
+    }
+    let mut keys: Vec<_> = committed.keys().chain(latest.keys()).cloned().collect();
+    keys.sort();
+    keys.dedup();
+    let partitions: Vec<PartitionStatus> = keys
+        .into_iter()
+        .map(|key| {
+            let c = committed.get(&key).copied();
+            let l = latest.get(&key).copied();
+            PartitionStatus {
+                lag: l.map(|l| (l - c.unwrap_or(0)).max(0)),
+                source: key.0,
+                partition: key.1,
+                committed: c,
+                latest: l,
+            }
+        })
+        .collect();
+    // The watermark's lowest value (i64::MIN) means "nothing seen yet".
+    let watermark = watermark.filter(|w| *w > i64::MIN);
+    Ok(QueryStatus {
+        query_code: plan.query_code.clone(),
+        lag: partitions.iter().filter_map(|p| p.lag).sum(),
+        partitions,
+        watermark_ms: watermark,
+        watermark_delay_ms: watermark.map(|w| now_ms() - w),
+        store: summary,
+    })
+}

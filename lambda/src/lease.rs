@@ -1,0 +1,234 @@
+//! One standing driver at a time: a lease object in the query's checkpoint
+//! store, taken and renewed with conditional puts (create-if-absent, or
+//! replace-if-unchanged by its ETag). A driver that crashes stops renewing,
+//! and its lease expires after its time to live; the next tick takes it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+
+/// The lease's object under a query's checkpoint root.
+pub const LEASE_FILE: &str = "lease.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("lease {key}: {source}")]
+    Store {
+        key: String,
+        source: object_store::Error,
+    },
+    #[error("lease {key}: not a lease: {reason}")]
+    Corrupt { key: String, reason: String },
+}
+
+/// What the lease object holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    /// Who holds (or last held) it: a driver's invocation id.
+    pub holder: String,
+    /// Unix milliseconds after which it is free unless renewed.
+    pub expires_ms: u64,
+    /// Given back by its holder at the end of a tick, everything committed.
+    pub released: bool,
+}
+
+impl LeaseRecord {
+    pub fn free_at(&self, now_ms: u64) -> bool {
+        self.released || now_ms >= self.expires_ms
+    }
+}
+
+/// A lease this driver holds.
+#[derive(Debug)]
+pub struct Lease {
+    store: Arc<dyn ObjectStore>,
+    key: Path,
+    holder: String,
+    ttl: Duration,
+    version: UpdateVersion,
+    /// The previous holder did not release it (it crashed or overran):
+    /// the function instances may hold an epoch half run.
+    pub taken_over: bool,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+fn store_err(key: &Path) -> impl Fn(object_store::Error) -> LeaseError + '_ {
+    move |source| LeaseError::Store {
+        key: key.to_string(),
+        source,
+    }
+}
+
+/// The lease as it stands, with its version, if there is one.
+pub async fn read(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+) -> Result<Option<(LeaseRecord, UpdateVersion)>, LeaseError> {
+    let got = match store.get(key).await {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(store_err(key)(e)),
+    };
+    let version = UpdateVersion {
+        e_tag: got.meta.e_tag.clone(),
+        version: got.meta.version.clone(),
+    };
+    let bytes = got.bytes().await.map_err(store_err(key))?;
+    let record = serde_json::from_slice(&bytes).map_err(|e| LeaseError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })?;
+    Ok(Some((record, version)))
+}
+
+/// Writes `record` if the object is still at `version` (absent: `None`);
+/// the new version, or `None` when another writer got there first.
+async fn put_if(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+    record: &LeaseRecord,
+    version: Option<UpdateVersion>,
+) -> Result<Option<UpdateVersion>, LeaseError> {
+    let body = serde_json::to_vec(record).expect("a lease serializes");
+    let mode = match version {
+        Some(v) => PutMode::Update(v),
+        None => PutMode::Create,
+    };
+    let opts = PutOptions {
+        mode,
+        ..Default::default()
+    };
+    match store.put_opts(key, PutPayload::from(body), opts).await {
+        Ok(done) => Ok(Some(UpdateVersion {
+            e_tag: done.e_tag,
+            version: done.version,
+        })),
+        Err(object_store::Error::AlreadyExists { .. })
+        | Err(object_store::Error::Precondition { .. })
+        | Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(store_err(key)(e)),
+    }
+}
+
+impl Lease {
+    /// Take the lease at `key` for `ttl` unless someone else holds it; the
+    /// holder it found when it could not.
+    pub async fn acquire(
+        store: Arc<dyn ObjectStore>,
+        key: Path,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Result<Lease, LeaseRecord>, LeaseError> {
+        let current = read(&store, &key).await?;
+        let now = now_ms();
+        let (taken_over, previous) = match current {
+            None => (false, None),
+            Some((record, version)) => {
+                if !record.free_at(now) {
+                    return Ok(Err(record));
+                }
+                (!record.released, Some(version))
+            }
+        };
+        let record = LeaseRecord {
+            holder: holder.to_string(),
+            expires_ms: now + ttl.as_millis() as u64,
+            released: false,
+        };
+        match put_if(&store, &key, &record, previous).await? {
+            Some(version) => Ok(Ok(Lease {
+                store,
+                key,
+                holder: holder.to_string(),
+                ttl,
+                version,
+                taken_over,
+            })),
+            // Another driver took it between the read and the put.
+            None => Ok(Err(read(&store, &key)
+                .await?
+                .map(|(r, _)| r)
+                .unwrap_or(record))),
+        }
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Push the expiry one time to live ahead; `false` when the lease was
+    /// lost (it expired and another driver took it).
+    pub async fn renew(&mut self) -> Result<bool, LeaseError> {
+        self.write(false).await
+    }
+
+    /// Give the lease back: the next tick takes it without waiting.
+    pub async fn release(mut self) -> Result<bool, LeaseError> {
+        self.write(true).await
+    }
+
+    async fn write(&mut self, released: bool) -> Result<bool, LeaseError> {
+        let record = LeaseRecord {
+            holder: self.holder.clone(),
+            expires_ms: now_ms() + self.ttl.as_millis() as u64,
+            released,
+        };
+        match put_if(&self.store, &self.key, &record, Some(self.version.clone())).await? {
+            Some(version) => {
+                self.version = version;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_until_released_or_expired() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let key = Path::from("q/lease.json");
+        let ttl = Duration::from_millis(300);
+        let mut a = Lease::acquire(store.clone(), key.clone(), "a", ttl)
+            .await
+            .unwrap()
+            .expect("a free lease is taken");
+        assert!(!a.taken_over);
+        let held = Lease::acquire(store.clone(), key.clone(), "b", ttl)
+            .await
+            .unwrap()
+            .expect_err("a holds it");
+        assert_eq!(held.holder, "a");
+        assert!(a.renew().await.unwrap());
+        assert!(a.release().await.unwrap());
+        let b = Lease::acquire(store.clone(), key.clone(), "b", ttl)
+            .await
+            .unwrap()
+            .expect("a released it");
+        assert!(!b.taken_over, "a gave it back cleanly");
+        // b crashes: it never renews nor releases.
+        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
+        let mut c = Lease::acquire(store.clone(), key.clone(), "c", ttl)
+            .await
+            .unwrap()
+            .expect("b's lease expired");
+        assert!(c.taken_over);
+        // b's renewal after c took over fails: b must stop.
+        let mut b = b;
+        assert!(!b.renew().await.unwrap());
+        assert!(c.renew().await.unwrap());
+    }
+}

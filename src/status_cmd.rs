@@ -1,0 +1,172 @@
+//! `skein status [QUERY] [--json]`: without a query, the queries deployed
+//! on Lambda (`lambda_cmd::status`); with one, its progress from its
+//! checkpoint store and its sources (`skein_engine::status`), locally (a
+//! SQL file and its checkpoint directory) or on Lambda (a query code or
+//! file, its standing spec in the store, the schedule and the lease).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as StorePath;
+use serde_json::{Value, json};
+use skein_engine::checkpoint::CheckpointStore;
+use skein_engine::planner::{QueryPlan, plan_query, session};
+use skein_engine::status::{QueryStatus, query_status};
+use skein_lambda::schedule::{Schedules, schedule_name};
+use skein_lambda::standing;
+
+use crate::PlanArgs;
+use crate::lambda_cmd::{Backend, query_code_arg};
+use crate::registry::registries;
+use crate::run::read_sql;
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// A SQL file (local, or Lambda) or a query code (Lambda); without it,
+    /// the queries deployed on Lambda.
+    pub query: Option<String>,
+    #[arg(long, value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// The local checkpoint directory (default .skein/checkpoints/<query-code>).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// The deployment's store, where a Lambda query's spec is.
+    #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]
+    pub store: String,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn status(args: StatusArgs) -> Result<()> {
+    let Some(query) = &args.query else {
+        return crate::lambda_cmd::status(args.json).await;
+    };
+    let (status, platform) = match args.backend {
+        Backend::Local => (local(query, &args).await?, Value::Null),
+        Backend::Lambda => lambda(query, &args).await?,
+    };
+    if args.json {
+        let mut out = serde_json::to_value(&status)?;
+        if let (Value::Object(o), Value::Object(p)) = (&mut out, platform) {
+            o.extend(p);
+        }
+        println!("{out}");
+    } else {
+        render(&status, &platform);
+    }
+    Ok(())
+}
+
+async fn plan_sql(sql: &str, plan: &PlanArgs) -> Result<QueryPlan> {
+    let regs = registries();
+    let ctx = session(&regs.sources, plan.group_size);
+    plan_query(&ctx, sql, &plan.options())
+        .await
+        .context("planning the query")
+}
+
+async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
+    if !Path::new(query).is_file() {
+        bail!("{query}: no such SQL file (a query code needs --backend lambda)");
+    }
+    let plan = plan_sql(&read_sql(Path::new(query))?, &args.plan).await?;
+    let dir = args
+        .checkpoint_dir
+        .clone()
+        .unwrap_or_else(|| Path::new(crate::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
+    if !dir.join("manifest.json").is_file() {
+        bail!(
+            "{}: not a checkpoint directory of this query (run it first, or pass --checkpoint-dir)",
+            dir.display()
+        );
+    }
+    let fs = LocalFileSystem::new_with_prefix(&dir)
+        .with_context(|| format!("opening {}", dir.display()))?;
+    let store = CheckpointStore::attach(Arc::new(fs), StorePath::from(""), &plan.query_code, "");
+    Ok(query_status(&plan, &store, &registries().sources).await?)
+}
+
+async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
+    let code = query_code_arg(query)?;
+    let deployment = skein_lambda::store::open(&args.store)?;
+    let spec = standing::get_spec(&deployment, &code)
+        .await?
+        .with_context(|| {
+            format!(
+                "query {code} is not deployed as a standing query in {} (skein deploy FILE.sql \
+             --backend lambda)",
+                args.store
+            )
+        })?;
+    let plan_args = PlanArgs {
+        group_size: spec.group_size,
+        encoding: spec.encoding,
+        invoke_async: false,
+    };
+    let mut plan = plan_sql(&spec.sql, &plan_args).await?;
+    standing::route_collect(&mut plan, &spec.store);
+    let (cp_store, root) = skein_lambda::checkpoints::locate(&spec.checkpoints)?;
+    let store = CheckpointStore::attach(cp_store, root, &code, "");
+    let status = query_status(&plan, &store, &registries().sources).await?;
+    let sdk = skein_lambda::sdk_config().await;
+    let schedule = Schedules::new(&sdk).state(&schedule_name(&code)).await?;
+    let (lease_store, lease_key) = standing::lease_location(&spec.checkpoints)?;
+    let lease = skein_lambda::lease::read(&lease_store, &lease_key)
+        .await?
+        .map(|(record, _)| {
+            let now = skein_lambda::lease::now_ms();
+            json!({"holder": record.holder, "held": !record.free_at(now),
+                   "expires_ms": record.expires_ms})
+        });
+    Ok((status, json!({"schedule": schedule, "lease": lease})))
+}
+
+fn render(s: &QueryStatus, platform: &Value) {
+    println!("query {}", s.query_code);
+    for p in &s.partitions {
+        let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
+        println!(
+            "  {} [{}]  committed {}  latest {}  lag {}",
+            p.source,
+            p.partition,
+            show(p.committed),
+            show(p.latest),
+            show(p.lag)
+        );
+    }
+    println!("  lag {}", s.lag);
+    match (s.watermark_ms, s.watermark_delay_ms) {
+        (Some(w), Some(d)) => println!("  watermark {w} ms, {:.1} s behind now", d as f64 / 1e3),
+        _ => println!("  watermark: none yet"),
+    }
+    let at = |ms: Option<i64>| ms.map_or(String::new(), |ms| format!(" (at {ms} ms)"));
+    println!(
+        "  last epoch run {}{}; last committed {}{}",
+        s.store.last_epoch.map_or("-".into(), |e| e.to_string()),
+        at(s.store.last_epoch_ms),
+        s.store
+            .committed
+            .map_or("-".into(), |c| c.epoch.to_string()),
+        at(s.store.committed_ms)
+    );
+    println!("  state {} bytes", s.store.state_bytes);
+    if let Some(state) = platform.get("schedule").and_then(Value::as_str) {
+        println!("  schedule {state}");
+    }
+    if let Some(lease) = platform.get("lease").filter(|l| !l.is_null()) {
+        println!(
+            "  lease {} by {}",
+            if lease["held"] == true {
+                "held"
+            } else {
+                "free"
+            },
+            lease["holder"].as_str().unwrap_or_default()
+        );
+    }
+}
