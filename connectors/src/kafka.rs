@@ -841,6 +841,7 @@ impl PartitionReader {
             batches,
             offsets,
             partitions,
+            ..Default::default()
         })
     }
 
