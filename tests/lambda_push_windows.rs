@@ -15,21 +15,6 @@ use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use common::windowed::{self, BASE_MS, WINDOW_MS};
 use serde_json::{Map, Value};
 
-async fn object(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Vec<u8> {
-    s3.get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GetObject {key}: {}", common::error_chain(&e)))
-        .body
-        .collect()
-        .await
-        .unwrap()
-        .into_bytes()
-        .to_vec()
-}
-
 async fn keys(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> Vec<String> {
     let mut out = vec![];
     let mut token = None;
@@ -68,12 +53,12 @@ async fn committed_rows(
         .into_iter()
         .filter(|k| k.contains("/_skein_commits/"))
     {
-        let listed = String::from_utf8(object(s3, bucket, &marker).await).unwrap();
+        let listed = String::from_utf8(common::pushed::object(s3, bucket, &marker).await).unwrap();
         committed.extend(listed.lines().map(str::to_string));
     }
     let mut rows = vec![];
     for key in &committed {
-        let body = object(s3, bucket, key).await;
+        let body = common::pushed::object(s3, bucket, key).await;
         for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             rows.push(serde_json::from_slice(line).unwrap());
         }
@@ -115,26 +100,7 @@ async fn pushed_batches_feed_a_tumbling_aggregate_exactly_once_past_a_poison_rec
     std::fs::write(&sql, windowed::query(&source, &sink)).unwrap();
     let sql = sql.display().to_string();
 
-    let (ok, stdout, stderr) = tokio::task::spawn_blocking({
-        let (store, sql) = (store.clone(), sql.clone());
-        move || {
-            common::skein_on_aws(
-                Some(&store),
-                &["deploy", &sql, "--backend", "lambda", "--json"],
-            )
-        }
-    })
-    .await
-    .unwrap();
-    assert!(ok, "deploy failed:\n{stdout}\n{stderr}");
-    let deployed: Value = serde_json::from_str(
-        stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .expect("a JSON line"),
-    )
-    .unwrap();
+    let deployed = common::pushed::deploy(&store, &sql).await;
     let query = deployed["query_code"].as_str().unwrap().to_string();
 
     // 1,500 records over 60 s of event time, put in rounds so they arrive
@@ -179,7 +145,8 @@ async fn pushed_batches_feed_a_tumbling_aggregate_exactly_once_past_a_poison_rec
     .await;
     let poison: Vec<_> = letters.iter().filter(|k| k.contains("-poison-")).collect();
     assert_eq!(poison.len(), 1, "one poison letter: {letters:?}");
-    let letter: Value = serde_json::from_slice(&object(&s3, bucket, poison[0]).await).unwrap();
+    let letter: Value =
+        serde_json::from_slice(&common::pushed::object(&s3, bucket, poison[0]).await).unwrap();
     assert!(
         letter["reason"].as_str().is_some_and(|r| !r.is_empty()),
         "{letter}"

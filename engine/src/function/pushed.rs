@@ -95,21 +95,20 @@ impl StageFunction {
             [output] if matches!(output.next, NextHop::Sink(_)) => {}
             _ => return self.run_pushed_epoch(reader, records).await,
         }
-        let output = &self.outputs[0];
         let mb = self.decode_pushed(reader, records).await?;
         let poison = poison_of(records, &mb.rejected);
         let events = rows(&mb.batches);
-        let bound = [(reader.table.clone(), mb.batches)].into_iter().collect();
-        let plan = bind_sources(&output.plan, &bound)?;
-        let header = self.header(
-            output,
-            "pushed",
-            batch_id,
-            Watermark::default(),
-            false,
-            mb.offsets,
-        );
-        let rows_out = self.run_and_route(output, plan, header).await?;
+        let (qid, watermark) = ("pushed", Watermark::default());
+        let rows_out = self
+            .run_outputs(
+                qid,
+                batch_id,
+                watermark,
+                &reader.table,
+                mb.batches,
+                mb.offsets,
+            )
+            .await?;
         Ok(Response {
             status: "ran".into(),
             events,
@@ -266,22 +265,32 @@ impl StageFunction {
         batches: Vec<RecordBatch>,
         offsets: Vec<SourceOffset>,
     ) -> Result<u64> {
+        let qid = &self.ctx.query_code;
+        let rows_out = self
+            .run_outputs(qid, epoch, watermark, table, batches, offsets)
+            .await?;
+        cs.commit(Commit { epoch, last: false }).await?;
+        cs.forget_before(epoch).await?;
+        Ok(rows_out)
+    }
+
+    /// Run every output of the stage on `batches` of `table` and route it.
+    async fn run_outputs(
+        &self,
+        qid: &str,
+        epoch: u64,
+        watermark: Watermark,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        offsets: Vec<SourceOffset>,
+    ) -> Result<u64> {
         let bound = [(table.to_string(), batches)].into_iter().collect();
         let mut rows_out = 0;
         for output in &self.outputs {
             let plan = bind_sources(&output.plan, &bound)?;
-            let header = self.header(
-                output,
-                &self.ctx.query_code,
-                epoch,
-                watermark,
-                false,
-                offsets.clone(),
-            );
+            let header = self.header(output, qid, epoch, watermark, false, offsets.clone());
             rows_out += self.run_and_route(output, plan, header).await?;
         }
-        cs.commit(Commit { epoch, last: false }).await?;
-        cs.forget_before(epoch).await?;
         Ok(rows_out)
     }
 
