@@ -10,7 +10,6 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::{Response, StageFunction, StageState, Trigger, bind_leaves};
 use crate::checkpoint::{CheckpointStore, OffsetsEntry, TableRead};
-use crate::context::NextHop;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::source::{EpochSpec, ReplayMode};
@@ -161,6 +160,7 @@ impl StageFunction {
             rows_out,
             drained,
             finished,
+            ..Default::default()
         })
     }
 
