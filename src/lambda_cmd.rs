@@ -314,11 +314,21 @@ pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> 
             if !pushed {
                 continue;
             }
-            if stage.consumer.is_some() || stage.sources.len() != 1 {
+            if stage.sources.len() != 1 {
                 bail!(
-                    "table {} is pushed ('mode' 'push'), but its stage does not write the sink \
-                     alone: pushed batches have no epoch shared by every source instance, so only \
-                     filters and projections straight into the sink take them",
+                    "table {} is pushed ('mode' 'push'), but its stage reads {} tables: a pushed \
+                     batch feeds a stage that reads that table alone",
+                    leaf.table,
+                    stage.sources.len()
+                );
+            }
+            // Past the source stage, pushed batches are epochs of the
+            // offsets log, taken by one source member.
+            if stage.consumer.is_some() && stage.members != 1 {
+                bail!(
+                    "table {} is pushed ('mode' 'push') and feeds a shuffle, window or aggregate: \
+                     its batches become epochs taken by one source member; declare it with \
+                     'parallelism' '1' (Lambda still runs one invocation per shard)",
                     leaf.table
                 );
             }
@@ -329,6 +339,18 @@ pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> 
         }
     }
     Ok(out)
+}
+
+/// Whether a pushed table feeds later stages: its batches are then epochs
+/// of the offsets log, so the deployment checkpoints.
+fn pushes_into_stages(plan: &QueryPlan) -> bool {
+    plan.stages.iter().any(|stage| {
+        stage.consumer.is_some()
+            && stage.sources.iter().any(|leaf| {
+                leaf.config.kind.eq_ignore_ascii_case("KINESIS")
+                    && leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH)
+            })
+    })
 }
 
 /// The options every function of the query is deployed with: its code
@@ -434,6 +456,26 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
     };
     let (deployed, standing) = match standing {
         Some(s) => (s.functions, Some(s.summary)),
+        None if pushes_into_stages(&plan) => {
+            if args.plan.invoke_async {
+                bail!(
+                    "a pushed table that feeds windows or aggregates needs synchronous hops: drop --invoke-async"
+                );
+            }
+            // Every pushed batch is an epoch of the query's offsets log, and
+            // every member keeps its state at every epoch.
+            let url = skein_lambda::checkpoints::default_url(&b.store_url, &plan.query_code);
+            let store = skein_lambda::checkpoints::open(&url, &plan.query_code).await?;
+            let mut options = args.plan.options();
+            options.run = store.manifest().run.clone();
+            options.checkpoint = Some(skein_engine::context::CheckpointSpec { interval: 1 });
+            let env =
+                BTreeMap::from([(skein_lambda::checkpoints::CHECKPOINTS_ENV.to_string(), url)]);
+            (
+                deploy_stages(&b, &service, &plan, &options, None, &env).await?,
+                None,
+            )
+        }
         None => (
             deploy_stages(
                 &b,
@@ -451,9 +493,10 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
     if !pushed.is_empty() {
         let lambda = aws_sdk_lambda::Client::new(&b.sdk);
         let kinesis = aws_sdk_kinesis::Client::new(&b.sdk);
+        let settings = esm::MappingSettings::for_store(&b.store_url);
         for (stream, function) in pushed {
             let arn = esm::stream_arn(&kinesis, &stream).await?;
-            let uuid = esm::map_stream(&lambda, &arn, &function, 500).await?;
+            let uuid = esm::map_stream(&lambda, &arn, &function, &settings).await?;
             mappings.push(json!({"stream": stream, "function": function, "uuid": uuid}));
         }
     }

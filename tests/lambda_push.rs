@@ -10,21 +10,6 @@ use std::time::Duration;
 
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
 
-async fn object(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Vec<u8> {
-    s3.get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("GetObject {key}: {}", common::error_chain(&e)))
-        .body
-        .collect()
-        .await
-        .unwrap()
-        .into_bytes()
-        .to_vec()
-}
-
 /// Every JSON row of the committed writes under `prefix` of `bucket` (the
 /// objects the files sink's commit markers list): (ad_id, count of rows).
 async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMap<String, u64> {
@@ -42,12 +27,12 @@ async fn rows_in(s3: &aws_sdk_s3::Client, bucket: &str, prefix: &str) -> BTreeMa
         .filter_map(|o| o.key())
         .filter(|k| k.contains("/_skein_commits/"))
     {
-        let keys = String::from_utf8(object(s3, bucket, marker).await).unwrap();
+        let keys = String::from_utf8(common::pushed::object(s3, bucket, marker).await).unwrap();
         committed.extend(keys.lines().map(str::to_string));
     }
     let mut out = BTreeMap::new();
     for key in &committed {
-        let body = object(s3, bucket, key).await;
+        let body = common::pushed::object(s3, bucket, key).await;
         for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let v: serde_json::Value = serde_json::from_slice(line).unwrap();
             *out.entry(v["ad_id"].as_str().unwrap().to_string())
@@ -84,26 +69,7 @@ async fn an_event_source_mapping_pushes_kinesis_batches_through_the_function() {
     .unwrap();
     let sql = sql.display().to_string();
 
-    let (ok, stdout, stderr) = tokio::task::spawn_blocking({
-        let (store, sql) = (store.clone(), sql.clone());
-        move || {
-            common::skein_on_aws(
-                Some(&store),
-                &["deploy", &sql, "--backend", "lambda", "--json"],
-            )
-        }
-    })
-    .await
-    .unwrap();
-    assert!(ok, "deploy failed:\n{stdout}\n{stderr}");
-    let deployed: serde_json::Value = serde_json::from_str(
-        stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .expect("a JSON line"),
-    )
-    .unwrap();
+    let deployed = common::pushed::deploy(&store, &sql).await;
     let mappings = deployed["event_source_mappings"]
         .as_array()
         .expect("mappings listed");

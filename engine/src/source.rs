@@ -52,6 +52,9 @@ pub struct MicroBatch {
     /// tracked per partition from this. A source that leaves it empty is
     /// taken as one partition holding every batch (see [`MicroBatch::progress`]).
     pub partitions: Vec<PartitionProgress>,
+    /// Pushed records (by index into what `decode_pushed` was given) that
+    /// were not decoded and had no dead-letter destination to go to.
+    pub rejected: Vec<(usize, String)>,
 }
 
 /// How far one pull got in one partition.
@@ -112,6 +115,7 @@ impl MicroBatch {
             batches,
             offsets,
             partitions: vec![progress],
+            rejected: vec![],
         }
     }
 }
@@ -192,6 +196,22 @@ pub trait Source: Send + Sync + std::fmt::Debug {
             reason: "this source does not take pushed records".into(),
         })
     }
+}
+
+/// The number in a partition id such as a shard id
+/// (`shardId-000000000003` -> 3); -1 when there is none.
+pub fn partition_number(id: &str) -> i32 {
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Whether position `a` comes after `b` in a partition. Kinesis sequence
+/// numbers are decimal strings of up to 128 bits: compare by length, then
+/// text.
+pub fn position_after(a: &str, b: &str) -> bool {
+    (a.len(), a) > (b.len(), b)
 }
 
 /// One record pushed to a function, with where it came from.

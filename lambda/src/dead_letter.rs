@@ -12,6 +12,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::Value;
 use skein_engine::Result;
+use skein_engine::checkpoint::PoisonRecord;
 
 pub const PREFIX: &str = "skein/dead-letters";
 
@@ -45,6 +46,37 @@ pub async fn record(
     let body = serde_json::to_vec_pretty(payload).expect("JSON value serialises");
     store
         .put(&StorePath::from(key.as_str()), body.into())
+        .await?;
+    Ok(key)
+}
+
+/// Record a pushed record the function could not take (see
+/// docs/lambda.md, poison records); returns its key. The key names the
+/// shard and sequence number, so a redelivery overwrites the same letter.
+pub async fn record_poison(
+    store: &Arc<dyn ObjectStore>,
+    query_code: &str,
+    function: &str,
+    poison: &PoisonRecord,
+) -> Result<String> {
+    let key = format!(
+        "{PREFIX}/{query_code}/{function}-poison-{}-{}.json",
+        poison.partition, poison.position
+    );
+    let body = serde_json::json!({
+        "poison": true,
+        "function": function,
+        "shard": poison.partition,
+        "sequence_number": poison.position,
+        "reason": poison.reason,
+    });
+    store
+        .put(
+            &StorePath::from(key.as_str()),
+            serde_json::to_vec_pretty(&body)
+                .expect("JSON value serialises")
+                .into(),
+        )
         .await?;
     Ok(key)
 }

@@ -164,8 +164,7 @@ async fn handle(
                 .run_pushed(batch.batch_id, &batch.records)
                 .await
                 .map_err(|e| engine_error(function, &e))?;
-            serde_json::to_value(&response)
-                .map_err(|e| internal(format!("encoding the response: {e}")))
+            pushed_answer(stage.context(), function, &response).await
         }
         Request::Drive(drive) => {
             // Only the driver function of this very query runs its ticks.
@@ -212,6 +211,40 @@ async fn handle(
             serde_json::to_value(&report).map_err(|e| internal(format!("encoding report: {e}")))
         }
     }
+}
+
+/// The answer to a pushed batch: the function's response with
+/// `batchItemFailures` naming its first poison record, so the mapping
+/// retries from it (bisecting) and, after its retries, hands it to the
+/// on-failure destination. Each poison record is recorded with the query's
+/// dead letters first, whatever the platform does.
+async fn pushed_answer(
+    ctx: &CloudContext,
+    function: &str,
+    response: &skein_engine::function::Response,
+) -> Result<Value, Diagnostic> {
+    if !response.poison.is_empty() {
+        let url = std::env::var(STORE_ENV)
+            .map_err(|_| internal(format!("poison records but {STORE_ENV} is not set")))?;
+        let store = skein_lambda::store::open(&url).map_err(|e| internal(e.to_string()))?;
+        for p in &response.poison {
+            let key =
+                skein_lambda::dead_letter::record_poison(&store, &ctx.query_code, function, p)
+                    .await
+                    .map_err(|e| internal(format!("recording a poison record: {e}")))?;
+            tracing::warn!(%key, shard = %p.partition, sequence = %p.position, reason = %p.reason, "poison record");
+        }
+    }
+    let failures: Vec<Value> = response
+        .poison
+        .first()
+        .map(|p| serde_json::json!({ "itemIdentifier": p.position }))
+        .into_iter()
+        .collect();
+    let mut answer = serde_json::to_value(response)
+        .map_err(|e| internal(format!("encoding the response: {e}")))?;
+    answer["batchItemFailures"] = Value::Array(failures);
+    Ok(answer)
 }
 
 /// This function's bench scope; an error for a function that is not one.

@@ -23,6 +23,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod kafka;
 pub mod kills;
+pub mod pushed;
 pub mod rows;
 pub mod windowed;
 pub mod ysb;

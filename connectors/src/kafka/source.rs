@@ -847,6 +847,7 @@ impl PartitionReader {
             batches,
             offsets,
             partitions,
+            ..Default::default()
         })
     }
 

@@ -179,12 +179,22 @@ impl KinesisSource {
     }
 
     /// Decodes `records` (shard, sequence number, data) into a micro-batch;
-    /// the rejected ones are counted and dead-lettered.
-    async fn decode_records(&self, records: &[(&str, &str, &[u8])]) -> EngineResult<MicroBatch> {
-        let (batch, rejected) = self
+    /// the rejected ones are counted and dead-lettered, or, with `hold`
+    /// and no dead-letter stream, handed back in `rejected` (pushed
+    /// records: the function reports them to the platform).
+    async fn decode_records(
+        &self,
+        records: &[(&str, &str, &[u8])],
+        hold: bool,
+    ) -> EngineResult<MicroBatch> {
+        let (batch, mut rejected) = self
             .decoder
             .decode(records.iter().map(|(_, _, d)| *d))
             .map_err(|e| self.error(e))?;
+        let mut held = vec![];
+        if hold && self.config.dead_letter_stream.is_none() {
+            held = rejected.drain(..).map(|r| (r.index, r.reason)).collect();
+        }
         if !rejected.is_empty() {
             self.dead_letters
                 .fetch_add(rejected.len() as u64, Ordering::Relaxed);
@@ -215,6 +225,7 @@ impl KinesisSource {
         };
         Ok(MicroBatch {
             batches,
+            rejected: held,
             ..Default::default()
         })
     }
@@ -429,7 +440,7 @@ impl Source for KinesisSource {
             .iter()
             .map(|r| (r.partition.as_str(), r.position.as_str(), r.data.as_slice()))
             .collect();
-        self.decode_records(&records).await
+        self.decode_records(&records, true).await
     }
 
     async fn position(&self, spec: EpochSpec) -> EngineResult<Vec<SourceOffset>> {
@@ -486,19 +497,7 @@ impl Source for KinesisSource {
     }
 }
 
-/// The number in a shard id (`shardId-000000000003` -> 3).
-fn shard_number(id: &str) -> i32 {
-    id.rsplit('-')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Kinesis sequence numbers are decimal strings of up to 128 bits: compare
-/// by length, then text.
-fn sequence_after(a: &str, b: &str) -> bool {
-    (a.len(), a) > (b.len(), b)
-}
+use skein_engine::source::{partition_number as shard_number, position_after as sequence_after};
 
 impl KinesisSource {
     /// The logged sequence number of shard `id` among `at`.
@@ -631,7 +630,7 @@ impl KinesisSource {
                 ..Default::default()
             };
             if !records.is_empty() {
-                let mb = self.decode_records(&records).await?;
+                let mb = self.decode_records(&records, false).await?;
                 for b in mb.batches {
                     progress.batches.push(out.batches.len());
                     out.batches.push(b);

@@ -86,6 +86,20 @@ pub struct OffsetsEntry {
     /// their input by it, so a resume must keep it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epochs: Option<u64>,
+    /// A pushed epoch: the records in its range that could not be taken
+    /// (reported to the platform again if it redelivers them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poison: Vec<PoisonRecord>,
+}
+
+/// A pushed record that could not be taken: undecodable with no
+/// dead-letter destination to send it to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoisonRecord {
+    /// Shard (partition) and sequence number (position).
+    pub partition: String,
+    pub position: String,
+    pub reason: String,
 }
 
 /// A query's checkpoint store.
@@ -238,6 +252,32 @@ impl CheckpointStore {
         let dir = Self::member_dir(stage, member);
         self.put_json(&self.key(&["offsets", &dir, &name]), entry)
             .await
+    }
+
+    /// Like [`Self::put_offsets`], but only if no entry for the epoch
+    /// exists: `false` when one does (another writer took the epoch).
+    pub async fn put_offsets_new(
+        &self,
+        stage: u32,
+        member: u32,
+        epoch: u64,
+        entry: &OffsetsEntry,
+    ) -> Result<bool> {
+        let name = format!("{}.json", epoch_name(epoch));
+        let key = self.key(&["offsets", &Self::member_dir(stage, member), &name]);
+        let bytes = serde_json::to_vec(entry).map_err(|e| corrupt(&key, e))?;
+        self.written
+            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let opts = object_store::PutOptions::from(object_store::PutMode::Create);
+        match self
+            .store
+            .put_opts(&key, PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn state_key(&self, stage: u32, member: u32, epoch: u64, whole: bool) -> Path {
@@ -475,6 +515,7 @@ mod tests {
                 drained: false,
                 finished: false,
                 epochs: None,
+                poison: vec![],
             };
             cs.put_offsets(0, 1, e, &entry).await.unwrap();
             // Whole at 1, changes after it.

@@ -39,6 +39,7 @@ use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
 use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 
 mod member_state;
+mod pushed;
 mod routing;
 mod source_stage;
 
@@ -76,6 +77,10 @@ pub struct Response {
     /// bounded source).
     #[serde(default)]
     pub finished: bool,
+    /// A pushed batch: its records that could not be taken, in order; the
+    /// first is reported to the platform as the batch's first failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poison: Vec<crate::checkpoint::PoisonRecord>,
 }
 
 /// Late rows counted by the functions of one process, per table.
@@ -139,6 +144,9 @@ struct StageState {
     /// The states this member wrote (or restored), that the next
     /// checkpoint may build on.
     saved: member_state::SavedChain,
+    /// A pushed source: where each shard's taken records end, and the
+    /// next epoch a push takes.
+    pushed: pushed::PushedLog,
 }
 
 pub struct StageFunction {

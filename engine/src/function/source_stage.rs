@@ -10,10 +10,9 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::{Response, StageFunction, StageState, Trigger, bind_leaves};
 use crate::checkpoint::{CheckpointStore, OffsetsEntry, TableRead};
-use crate::context::NextHop;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
-use crate::source::{EpochSpec, PushedRecord, ReplayMode};
+use crate::source::{EpochSpec, ReplayMode};
 use crate::watermark::{Watermark, WatermarkMin};
 
 impl StageFunction {
@@ -141,6 +140,7 @@ impl StageFunction {
                     drained,
                     finished,
                     epochs: self.ctx.epochs,
+                    poison: vec![],
                 };
                 cs.put_offsets(self.ctx.stage, self.ctx.member, t.epoch, &entry)
                     .await?;
@@ -160,6 +160,7 @@ impl StageFunction {
             rows_out,
             drained,
             finished,
+            ..Default::default()
         })
     }
 
@@ -240,63 +241,6 @@ impl StageFunction {
         Ok(())
     }
 
-    /// Run this source stage on records a platform pushed to it (one batch
-    /// of a Lambda Kinesis event-source mapping) instead of pulling.
-    ///
-    /// Pushed batches arrive per shard, independently, with no epoch that
-    /// every source instance shares; later stages count epochs from all
-    /// instances, so only a stage that writes the sink itself (filters and
-    /// projections) takes pushes. `batch_id` names the batch (a retried
-    /// batch keeps it) and is the epoch of the sink write, so a sink that
-    /// names its writes by epoch (files) replaces a retried batch's output.
-    pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
-        let refuse = |reason: &str| EngineError::Invocation {
-            name: self.name.clone(),
-            reason: reason.to_string(),
-        };
-        let [output] = self.outputs.as_slice() else {
-            return Err(refuse("pushed records need a stage with one output"));
-        };
-        if !matches!(output.next, NextHop::Sink(_)) {
-            return Err(refuse(
-                "pushed records need a query whose source stage writes the sink \
-                 (no shuffle, window or aggregate after the source)",
-            ));
-        }
-        let [reader] = self.readers.as_slice() else {
-            return Err(refuse(
-                "pushed records need a stage that reads exactly one source table",
-            ));
-        };
-        let mb = reader
-            .source
-            .decode_pushed(records)
-            .await
-            .map_err(|e| EngineError::Source {
-                source_name: reader.table.clone(),
-                reason: format!("{}: {e}", self.name),
-            })?;
-        let events = mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
-        let bound: BTreeMap<String, Vec<RecordBatch>> =
-            [(reader.table.clone(), mb.batches)].into_iter().collect();
-        let plan = bind_sources(&output.plan, &bound)?;
-        let header = self.header(
-            output,
-            "pushed",
-            batch_id,
-            Watermark::default(),
-            false,
-            mb.offsets,
-        );
-        let rows_out = self.run_and_route(output, plan, header).await?;
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            ..Default::default()
-        })
-    }
-
     /// A stage with no input at all: its rows go out with the first epoch;
     /// later epochs send empty payloads so downstream counts complete.
     pub(super) async fn run_constant(&self, t: Trigger) -> Result<Response> {
@@ -332,7 +276,7 @@ impl StageFunction {
 }
 
 /// `plan` with its source leaves bound to `bound` (per table).
-fn bind_sources(
+pub(super) fn bind_sources(
     plan: &Arc<dyn ExecutionPlan>,
     bound: &BTreeMap<String, Vec<RecordBatch>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {

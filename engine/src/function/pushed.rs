@@ -1,0 +1,386 @@
+//! A source stage fed by a platform's pushes (batches of a Lambda Kinesis
+//! event-source mapping) instead of its own pulls.
+//!
+//! Where the source stage writes the sink itself, a batch is run and
+//! written on its own. Where windows or aggregates follow, every batch
+//! becomes an epoch of the offsets log: the entry (shard positions before
+//! and after, the event-time clock, the watermark) is created before
+//! anything leaves, the epoch is sent on as a pull's would be, and it is
+//! committed once the synchronous hops have answered. A batch the platform
+//! delivers again finds its records taken in the log and is not counted
+//! twice; an epoch logged but not sent (a failure, a recycled instance) is
+//! read again from the stream and sent before anything new is taken.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use datafusion::arrow::record_batch::RecordBatch;
+
+use super::source_stage::bind_sources;
+use super::{Response, SourceReader, StageFunction, StageState};
+use crate::checkpoint::{CheckpointStore, Commit, OffsetsEntry, PoisonRecord, TableRead};
+use crate::context::NextHop;
+use crate::error::{EngineError, Result};
+use crate::payload::SourceOffset;
+use crate::source::{EpochSpec, PartitionProgress, PushedRecord, partition_number, position_after};
+use crate::watermark::Watermark;
+
+/// What a pushed source member knows of its offsets log.
+#[derive(Debug, Default)]
+pub(super) struct PushedLog {
+    /// Read from the log (done by a cold instance, and again after a
+    /// failed send).
+    ready: bool,
+    next_epoch: u64,
+    /// Per shard, the last position taken.
+    taken: Vec<SourceOffset>,
+    /// Records of the logged epochs that could not be taken, by (shard,
+    /// position): a redelivery reports them again.
+    poison: BTreeMap<(String, String), PoisonRecord>,
+}
+
+impl PushedLog {
+    fn taken_in(&self, partition: &str) -> Option<&str> {
+        let n = partition_number(partition);
+        self.taken
+            .iter()
+            .find(|o| o.partition == n)
+            .and_then(|o| o.position.as_deref())
+    }
+
+    fn absorb(&mut self, table: &str, entry: &OffsetsEntry) {
+        if let Some(read) = entry.tables.iter().find(|r| r.table == table) {
+            self.taken = read.to.clone();
+        }
+        for p in &entry.poison {
+            self.poison
+                .insert((p.partition.clone(), p.position.clone()), p.clone());
+        }
+    }
+}
+
+/// `at` with `partition` standing at `position`.
+fn stand(at: &mut Vec<SourceOffset>, source: &str, partition: &str, position: &str) {
+    let n = partition_number(partition);
+    match at.iter_mut().find(|o| o.partition == n) {
+        Some(o) => o.position = Some(position.to_string()),
+        None => at.push(SourceOffset {
+            source: source.to_string(),
+            partition: n,
+            offset: 0,
+            position: Some(position.to_string()),
+        }),
+    }
+}
+
+impl StageFunction {
+    fn refuse(&self, reason: &str) -> EngineError {
+        EngineError::Invocation {
+            name: self.name.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Run this source stage on records a platform pushed to it, instead
+    /// of pulling. `batch_id` names the batch (a retried batch keeps it);
+    /// where the stage writes the sink it is the epoch of the write, so a
+    /// sink that names writes by epoch replaces a retried batch's output.
+    pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
+        let [reader] = self.readers.as_slice() else {
+            return Err(
+                self.refuse("pushed records need a stage that reads exactly one source table")
+            );
+        };
+        match self.outputs.as_slice() {
+            [output] if matches!(output.next, NextHop::Sink(_)) => {}
+            _ => return self.run_pushed_epoch(reader, records).await,
+        }
+        let mb = self.decode_pushed(reader, records).await?;
+        let poison = poison_of(records, &mb.rejected);
+        let events = rows(&mb.batches);
+        let (qid, watermark) = ("pushed", Watermark::default());
+        let rows_out = self
+            .run_outputs(
+                qid,
+                batch_id,
+                watermark,
+                &reader.table,
+                mb.batches,
+                mb.offsets,
+            )
+            .await?;
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+            poison,
+            ..Default::default()
+        })
+    }
+
+    async fn decode_pushed(
+        &self,
+        reader: &SourceReader,
+        records: &[PushedRecord],
+    ) -> Result<crate::source::MicroBatch> {
+        reader
+            .source
+            .decode_pushed(records)
+            .await
+            .map_err(|e| EngineError::Source {
+                source_name: reader.table.clone(),
+                reason: format!("{}: {e}", self.name),
+            })
+    }
+
+    /// A pushed batch as the next epoch of the offsets log.
+    async fn run_pushed_epoch(
+        &self,
+        reader: &SourceReader,
+        records: &[PushedRecord],
+    ) -> Result<Response> {
+        let cs = self.checkpoints().cloned().ok_or_else(|| {
+            self.refuse(
+                "pushed records that feed windows or aggregates need the query's checkpoint \
+                 store (skein deploy sets one)",
+            )
+        })?;
+        if self.ctx.members != 1 {
+            return Err(self.refuse(
+                "pushed records that feed windows or aggregates need one source member: \
+                 declare the table with 'parallelism' '1'",
+            ));
+        }
+        let stream = self.ctx.sources[0].config.location.clone();
+        let mut state = self.state.lock().await;
+        if !state.pushed.ready {
+            self.resend_logged(&cs, reader, &mut state).await?;
+        }
+        // Records at or before a shard's taken position are in the log
+        // already: a redelivery. Its poison records are reported again.
+        let mut again = vec![];
+        let fresh: Vec<PushedRecord> = records
+            .iter()
+            .filter(|r| match state.pushed.taken_in(&r.partition) {
+                Some(t) if !position_after(&r.position, t) => {
+                    let key = (r.partition.clone(), r.position.clone());
+                    if let Some(p) = state.pushed.poison.get(&key) {
+                        again.push(p.clone());
+                    }
+                    false
+                }
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            return Ok(Response {
+                status: "duplicate".into(),
+                poison: again,
+                ..Default::default()
+            });
+        }
+        let epoch = state.pushed.next_epoch;
+        let mb = self.decode_pushed(reader, &fresh).await?;
+        let poison = poison_of(&fresh, &mb.rejected);
+        let from = state.pushed.taken.clone();
+        let mut to = from.clone();
+        let mut progress: Vec<PartitionProgress> = vec![];
+        for r in &fresh {
+            stand(&mut to, &stream, &r.partition, &r.position);
+            if !progress.iter().any(|p| p.partition == r.partition) {
+                // A push hands over what the shard holds: caught up, so a
+                // shard that goes quiet turns idle after the timeout.
+                progress.push(PartitionProgress {
+                    partition: r.partition.clone(),
+                    batches: (0..mb.batches.len()).collect(),
+                    caught_up: true,
+                    ..Default::default()
+                });
+            }
+        }
+        let (watermark, clock) = match state.clocks.first_mut().and_then(Option::as_mut) {
+            Some(clock) => {
+                let now = Instant::now();
+                clock.observe(&mb.batches, &progress, now)?;
+                (clock.watermark(now), Some(clock.save()))
+            }
+            None => (Watermark::default(), None),
+        };
+        let entry = OffsetsEntry {
+            tables: vec![TableRead {
+                table: reader.table.clone(),
+                from,
+                to,
+                clock,
+            }],
+            watermark: watermark.value,
+            idle: watermark.idle,
+            drained: false,
+            finished: false,
+            epochs: None,
+            poison: poison.clone(),
+        };
+        if !cs
+            .put_offsets_new(self.ctx.stage, self.ctx.member, epoch, &entry)
+            .await?
+        {
+            state.pushed.ready = false;
+            return Err(self.refuse(&format!(
+                "epoch {epoch} of the offsets log was taken by another instance of this \
+                 function; the batch is retried"
+            )));
+        }
+        state.pushed.absorb(&reader.table, &entry);
+        state.pushed.next_epoch = epoch + 1;
+        let events = rows(&mb.batches);
+        let sent = self
+            .send_pushed(&cs, epoch, watermark, &reader.table, mb.batches, mb.offsets)
+            .await;
+        let rows_out = match sent {
+            Ok(n) => n,
+            Err(e) => {
+                // Logged but maybe not sent: the next batch sends it first.
+                state.pushed.ready = false;
+                return Err(e);
+            }
+        };
+        Ok(Response {
+            status: "ran".into(),
+            events,
+            rows_out,
+            poison,
+            ..Default::default()
+        })
+    }
+
+    /// Send one logged epoch on, then commit it: the hops are synchronous,
+    /// so every stage after this one has run it.
+    async fn send_pushed(
+        &self,
+        cs: &CheckpointStore,
+        epoch: u64,
+        watermark: Watermark,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        offsets: Vec<SourceOffset>,
+    ) -> Result<u64> {
+        let qid = &self.ctx.query_code;
+        let rows_out = self
+            .run_outputs(qid, epoch, watermark, table, batches, offsets)
+            .await?;
+        cs.commit(Commit { epoch, last: false }).await?;
+        cs.forget_before(epoch).await?;
+        Ok(rows_out)
+    }
+
+    /// Run every output of the stage on `batches` of `table` and route it.
+    async fn run_outputs(
+        &self,
+        qid: &str,
+        epoch: u64,
+        watermark: Watermark,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        offsets: Vec<SourceOffset>,
+    ) -> Result<u64> {
+        let bound = [(table.to_string(), batches)].into_iter().collect();
+        let mut rows_out = 0;
+        for output in &self.outputs {
+            let plan = bind_sources(&output.plan, &bound)?;
+            let header = self.header(output, qid, epoch, watermark, false, offsets.clone());
+            rows_out += self.run_and_route(output, plan, header).await?;
+        }
+        Ok(rows_out)
+    }
+
+    /// Stand where the offsets log ends: after the last commit's entry,
+    /// reading every epoch logged after it again from the stream and
+    /// sending it (a stage that ran it already drops the duplicate).
+    async fn resend_logged(
+        &self,
+        cs: &CheckpointStore,
+        reader: &SourceReader,
+        state: &mut StageState,
+    ) -> Result<()> {
+        let (stage, member) = (self.ctx.stage, self.ctx.member);
+        let mut log = PushedLog::default();
+        let commit = cs.committed().await?;
+        let mut epoch = commit.map_or(0, |c| c.epoch + 1);
+        let mut entries = vec![];
+        if let Some(c) = commit
+            && let Some(entry) = cs.offsets(stage, member, c.epoch).await?
+        {
+            entries.push((None, entry));
+        }
+        while let Some(entry) = cs.offsets(stage, member, epoch).await? {
+            entries.push((Some(epoch), entry));
+            epoch += 1;
+        }
+        for (resend, entry) in entries {
+            let read = entry.tables.iter().find(|r| r.table == reader.table);
+            if let (Some(clock), Some(saved)) = (
+                state.clocks.first_mut().and_then(Option::as_mut),
+                read.and_then(|r| r.clock.as_ref()),
+            ) {
+                clock.restore(saved, Instant::now());
+            }
+            if let (Some(e), Some(read)) = (resend, read) {
+                let spec = EpochSpec {
+                    instance: 0,
+                    instances: 1,
+                    epoch: e,
+                    epochs: None,
+                };
+                let mb = reader
+                    .source
+                    .replay(spec, &read.from, &read.to)
+                    .await
+                    .map_err(|err| EngineError::Source {
+                        source_name: reader.table.clone(),
+                        reason: format!("{}: reading pushed epoch {e} again: {err}", self.name),
+                    })?;
+                let watermark = Watermark {
+                    value: entry.watermark,
+                    idle: entry.idle,
+                };
+                self.send_pushed(cs, e, watermark, &reader.table, mb.batches, mb.offsets)
+                    .await?;
+                tracing::info!(stage = %self.name, epoch = e, "pushed epoch sent again from the offsets log");
+            }
+            log.absorb(&reader.table, &entry);
+        }
+        log.next_epoch = epoch;
+        log.ready = true;
+        state.pushed = log;
+        Ok(())
+    }
+}
+
+fn rows(batches: &[RecordBatch]) -> u64 {
+    batches.iter().map(|b| b.num_rows() as u64).sum()
+}
+
+/// The records a decode held back, in order.
+fn poison_of(records: &[PushedRecord], rejected: &[(usize, String)]) -> Vec<PoisonRecord> {
+    let mut out: Vec<PoisonRecord> = rejected
+        .iter()
+        .filter_map(|(i, reason)| {
+            records.get(*i).map(|r| PoisonRecord {
+                partition: r.partition.clone(),
+                position: r.position.clone(),
+                reason: reason.clone(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        if position_after(&a.position, &b.position) {
+            std::cmp::Ordering::Greater
+        } else if a.position == b.position {
+            std::cmp::Ordering::Equal
+        } else {
+            std::cmp::Ordering::Less
+        }
+    });
+    out
+}
