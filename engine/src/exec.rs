@@ -105,6 +105,17 @@ impl TableProviderFactory for SourceTableFactory {
             options,
         };
         let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
+        if crate::lookup::LookupOptions::declared(&config) {
+            // Opened here only to check it: the join opens its own.
+            self.registry
+                .create_lookup(&config, &schema)
+                .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
+            return Ok(Arc::new(crate::lookup::exec::LookupTable {
+                name: cmd.name.to_string(),
+                config,
+                schema,
+            }));
+        }
         let source = self
             .registry
             .create(&config, schema)

@@ -181,7 +181,8 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     });
     let mut builder = SessionStateBuilder::new()
         .with_config(config)
-        .with_default_features();
+        .with_default_features()
+        .with_physical_optimizer_rules(crate::lookup::plan::rules(registry));
     for kind in registry.kinds() {
         builder
             .table_factories()
@@ -867,6 +868,8 @@ pub fn is_stateful(plan: &Arc<dyn ExecutionPlan>) -> bool {
         "UnionExec",
         "EmptyExec",
         "PlaceholderRowExec",
+        // Fetches by key per batch; its cache is no state of the query.
+        "LookupJoinExec",
     ];
     let own = if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
         *agg.mode() != AggregateMode::Partial

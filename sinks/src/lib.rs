@@ -13,6 +13,10 @@ pub mod files;
 pub mod kafka;
 pub mod kinesis;
 pub mod redis;
+// One Redis connection that waits out outages, for the sink and lookups.
+pub mod redis_conn;
+// Redis as a lookup table joined with a stream.
+pub mod redis_lookup;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
 pub mod store;
@@ -38,6 +42,7 @@ pub fn register(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
         redis::KIND,
         Arc::new(SinkTableFactory::new(redis::OPTIONS, redis::check_config)),
     );
+    tables.register_lookup(redis::KIND, Arc::new(redis_lookup::RedisLookupFactory));
     sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
     tables.register(
         files::KIND,

@@ -20,9 +20,9 @@ use skein_engine::driver::{
     DrainCheck, EpochOutcome, RunReport, StopAfter, committed_offsets, run_local_drained_by,
 };
 use skein_engine::local::LocalRuntime;
+use skein_engine::lookup::LOOKUP_MISSES_SET_ASIDE as UNKNOWN_AD_VIEWS;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_sinks::kafka::ensure_topic;
-use skein_sinks::redis::UNKNOWN_AD_VIEWS;
 
 use super::{
     YSB_SQL, YsbRunArgs, checkpoint, default_dead_letter_topic, redis_connection, run_key,
