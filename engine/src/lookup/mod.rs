@@ -160,6 +160,11 @@ impl SourceRegistry {
         self.lookups.insert(kind.to_ascii_uppercase(), factory);
     }
 
+    /// The kinds whose tables may be lookup tables.
+    pub fn lookup_kinds(&self) -> Vec<String> {
+        self.lookups.keys().cloned().collect()
+    }
+
     /// The options and the lookup of a table declared as one; an unknown
     /// option, a bad value or a kind without lookups is an error.
     pub fn create_lookup(
