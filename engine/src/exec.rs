@@ -145,7 +145,7 @@ impl TableProviderFactory for SourceTableFactory {
     }
 }
 
-fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+pub(crate) fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
         EquivalenceProperties::new(schema),
         Partitioning::UnknownPartitioning(partitions.max(1)),

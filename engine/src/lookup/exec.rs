@@ -20,7 +20,7 @@ use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
 use crate::error::{EngineError, Result};
+use crate::exec::leaf_properties;
 use crate::payload::SourceOffset;
 use crate::source::{DeadLetter, DeadLetterSink, SourceConfig, SourceRegistry};
 use crate::window_state::rows_as_json;
@@ -67,12 +68,7 @@ impl TableProvider for LookupTable {
             table: self.name.clone(),
             config: self.config.clone(),
             table_schema: self.schema.clone(),
-            props: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(project_schema(&self.schema, Some(&projection))?),
-                datafusion::physical_expr::Partitioning::UnknownPartitioning(1),
-                EmissionType::Incremental,
-                Boundedness::Bounded,
-            )),
+            props: leaf_properties(project_schema(&self.schema, Some(&projection))?, 1),
             projection,
         }))
     }

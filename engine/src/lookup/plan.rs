@@ -64,15 +64,7 @@ impl PhysicalOptimizerRule for PlaceLookupJoins {
             .data;
         // A lookup table anywhere else (read on its own, in a join of
         // another kind) cannot run.
-        let mut left = None;
-        plan.apply(|n| {
-            if let Some(scan) = n.downcast_ref::<LookupScanExec>() {
-                left = Some(scan.table.clone());
-                return Ok(TreeNodeRecursion::Stop);
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
-        match left {
+        match first_lookup_table(&plan)? {
             Some(table) => Err(not_a_stream(&table)),
             None => Ok(plan),
         }
@@ -101,21 +93,26 @@ fn strip(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     }
 }
 
+/// The table of the first lookup scan in `plan`, if any.
+fn first_lookup_table(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<String>> {
+    let mut found = None;
+    plan.apply(|n| {
+        if let Some(scan) = n.downcast_ref::<LookupScanExec>() {
+            found = Some(scan.table.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(found)
+}
+
 /// The lookup scan under `side`, if that side is a lookup table.
 fn lookup_scan(side: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
     let p = strip(side);
     if p.downcast_ref::<LookupScanExec>().is_some() {
         return Ok(Some(p));
     }
-    let mut below = None;
-    p.apply(|n| {
-        if let Some(scan) = n.downcast_ref::<LookupScanExec>() {
-            below = Some(scan.table.clone());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    match below {
+    match first_lookup_table(&p)? {
         // A filter on the table's columns, say: the join would have to
         // see the whole table.
         Some(table) if p.children().len() == 1 => Err(DataFusionError::Plan(format!(
