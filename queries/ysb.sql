@@ -5,12 +5,14 @@
 -- resumes after the last committed epoch.
 --
 -- Only the fields the query needs are declared: the JSON decoder skips the
--- others without parsing them. Ads map to campaigns in the sink through the
+-- others without parsing them. `campaigns` is a lookup table over the
 -- `SET <ad_id> <campaign_id>` keys YSB's setup (and `skein ysb setup`) puts
--- in Redis (YSB's RedisAdCampaignCache); counts of an ad without a campaign
--- go to the dead-letter topic. 'emit' 'updates' writes each epoch's counts
--- as HINCRBY deltas, each sink member's in one MULTI/EXEC with its epoch
--- marker (named by 'checkpoint') and the offsets they cover.
+-- in Redis: the join fetches each batch's unknown ads with one MGET, in the
+-- stage that reads the topic, and caches them (YSB's RedisAdCampaignCache).
+-- A view of an ad without a campaign goes to the dead-letter topic with
+-- the reason ('lookup.missing' 'dead-letter'). 'emit' 'updates' writes each
+-- epoch's counts as HINCRBY deltas, each sink member's in one MULTI/EXEC
+-- with its epoch marker (named by 'checkpoint') and the offsets they cover.
 CREATE EXTERNAL TABLE ad_events (
   ad_id VARCHAR NOT NULL,
   event_type VARCHAR NOT NULL,
@@ -23,21 +25,29 @@ CREATE EXTERNAL TABLE ad_events (
   'dead.letter.topic' '{{dead_letter_topic}}'
 );
 
+CREATE EXTERNAL TABLE campaigns (
+  ad_id VARCHAR NOT NULL,
+  campaign_id VARCHAR NOT NULL
+) STORED AS REDIS LOCATION '{{redis}}' OPTIONS (
+  'lookup.key' 'ad_id',
+  'lookup.cache.size' '100000',
+  'lookup.cache.ttl.ms' '600000',
+  'lookup.missing' 'dead-letter'
+);
+
 CREATE EXTERNAL TABLE campaign_windows (
-  ad_id VARCHAR,
+  campaign_id VARCHAR,
   window_start TIMESTAMP,
   seen_count BIGINT
 ) STORED AS REDIS LOCATION '{{redis}}' OPTIONS (
   'layout' 'ysb',
-  'ad.column' 'ad_id',
   'emit' 'updates',
-  'checkpoint' '{{checkpoint}}',
-  'dead.letter.topic' '{{dead_letter_topic}}',
-  'dead.letter.bootstrap.servers' '{{brokers}}'
+  'checkpoint' '{{checkpoint}}'
 );
 
 INSERT INTO campaign_windows
-SELECT ad_id, tumble(event_time, INTERVAL '10' SECOND) AS window_start, COUNT(*) AS seen_count
-FROM ad_events
-WHERE event_type = 'view'
-GROUP BY ad_id, tumble(event_time, INTERVAL '10' SECOND);
+SELECT c.campaign_id, tumble(e.event_time, INTERVAL '10' SECOND) AS window_start,
+       COUNT(*) AS seen_count
+FROM ad_events e JOIN campaigns c ON e.ad_id = c.ad_id
+WHERE e.event_type = 'view'
+GROUP BY c.campaign_id, tumble(e.event_time, INTERVAL '10' SECOND);

@@ -180,24 +180,31 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
     );
     assert_eq!(check["topic_records"].as_u64(), Some(20_005), "{check}");
 
+    // One letter per view, from the lookup join with `campaigns`.
     let dlt = format!("{topic}-dead-letters");
     let unknown: Vec<Value> = letters(&dlt)
         .into_iter()
         .filter(|l| {
-            l["ad_id"]
+            l["row"]["ad_id"]
                 .as_str()
                 .is_some_and(|a| a.starts_with("no-such-ad"))
         })
         .collect();
-    let views: u64 = unknown
-        .iter()
-        .filter_map(|l| l["seen_count"].as_u64())
-        .sum();
-    assert_eq!(views, 5, "{unknown:?}");
+    assert_eq!(unknown.len(), 5, "{unknown:?}");
     for l in &unknown {
         let reason = l["reason"].as_str().unwrap_or_default();
-        assert!(reason.contains("has no campaign"), "{l}");
-        assert_eq!(l["topic"].as_str(), Some(topic.as_str()), "{l}");
+        assert!(
+            reason.contains("no row in lookup table campaigns for ad_id"),
+            "{l}"
+        );
+        assert_eq!(l["table"].as_str(), Some("ad_events"), "{l}");
+        // The row as the join sees it: the columns the query goes on to use.
+        assert!(l["row"]["event_time"].is_string(), "{l}");
+        let to = l["offsets_to"].as_object().expect("offsets_to");
+        assert!(
+            to.keys().all(|k| k.starts_with(&format!("{topic}:"))),
+            "{l}"
+        );
     }
 }
 

@@ -2,8 +2,9 @@
 //! directions it supports:
 //! * Kafka and Kinesis: sources (pull per epoch; Kinesis also takes pushed
 //!   batches) and sinks (a message per row);
-//! * Redis (generic layouts and YSB's), files on a local disk or S3, and a
-//!   blackhole that only counts: sinks;
+//! * Redis: a sink (generic layouts and YSB's) and lookup tables joined
+//!   with a stream;
+//! * files on a local disk or S3, and a blackhole that only counts: sinks;
 //! * record decoders (JSON, CSV, raw) straight into Arrow, and the row
 //!   encoders of the message sinks.
 //!
@@ -51,6 +52,7 @@ pub fn register_sinks(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
         redis::KIND,
         Arc::new(SinkTableFactory::new(redis::OPTIONS, redis::check_config)),
     );
+    tables.register_lookup(redis::KIND, Arc::new(redis::lookup::RedisLookupFactory));
     sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
     tables.register(
         files::KIND,

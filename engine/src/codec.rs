@@ -16,16 +16,36 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde::{Deserialize, Serialize};
 
 use crate::exec::{StageInput, StageInputExec};
+use crate::lookup::exec::{LookupHandle, LookupJoinExec, LookupSpec};
 use crate::payload::ipc_bytes;
+use crate::source::SourceRegistry;
 
-#[derive(Debug, Default)]
-pub struct SkeinCodec;
+/// Encodes our nodes; decoding a lookup join opens its lookup, so it needs
+/// the registry of table kinds.
+#[derive(Default)]
+pub struct SkeinCodec {
+    pub registry: Option<SourceRegistry>,
+}
+
+impl std::fmt::Debug for SkeinCodec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SkeinCodec")
+    }
+}
 
 #[derive(Serialize, Deserialize)]
-struct EncodedStageInput {
-    input: StageInput,
-    /// Arrow IPC stream with the schema only: keeps field metadata.
-    schema: Vec<u8>,
+#[serde(rename_all = "snake_case")]
+enum EncodedNode {
+    StageInput {
+        input: StageInput,
+        /// Arrow IPC stream with the schema only: keeps field metadata.
+        schema: Vec<u8>,
+    },
+    /// Its one input is the stream side.
+    LookupJoin {
+        spec: LookupSpec,
+        table_schema: Vec<u8>,
+    },
 }
 
 pub fn schema_to_bytes(schema: &SchemaRef) -> DfResult<Vec<u8>> {
@@ -41,14 +61,34 @@ impl PhysicalExtensionCodec for SkeinCodec {
     fn try_decode(
         &self,
         buf: &[u8],
-        _inputs: &[Arc<dyn ExecutionPlan>],
+        inputs: &[Arc<dyn ExecutionPlan>],
         _ctx: &TaskContext,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        let node: EncodedStageInput = serde_json::from_slice(buf)
-            .map_err(|e| DataFusionError::Internal(format!("stage input node: {e}")))?;
-        let schema = schema_from_bytes(&node.schema)?;
-        Ok(Arc::new(StageInputExec::new(node.input, schema)))
+        let node: EncodedNode = serde_json::from_slice(buf)
+            .map_err(|e| DataFusionError::Internal(format!("plan node of ours: {e}")))?;
+        match node {
+            EncodedNode::StageInput { input, schema } => Ok(Arc::new(StageInputExec::new(
+                input,
+                schema_from_bytes(&schema)?,
+            ))),
+            EncodedNode::LookupJoin { spec, table_schema } => {
+                let registry = self.registry.as_ref().ok_or_else(|| {
+                    DataFusionError::Internal("a lookup join decoded without table kinds".into())
+                })?;
+                let [input] = inputs else {
+                    return Err(DataFusionError::Internal(
+                        "a lookup join has one input".into(),
+                    ));
+                };
+                let handle = LookupHandle::open(registry, spec, schema_from_bytes(&table_schema)?)
+                    .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                Ok(Arc::new(LookupJoinExec::try_new(
+                    input.clone(),
+                    Arc::new(handle),
+                )?))
+            }
+        }
     }
 
     fn try_encode(
@@ -57,15 +97,21 @@ impl PhysicalExtensionCodec for SkeinCodec {
         buf: &mut Vec<u8>,
         _proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> DfResult<()> {
-        let Some(leaf) = node.downcast_ref::<StageInputExec>() else {
+        let encoded = if let Some(leaf) = node.downcast_ref::<StageInputExec>() {
+            EncodedNode::StageInput {
+                input: leaf.input.clone(),
+                schema: schema_to_bytes(&leaf.schema())?,
+            }
+        } else if let Some(join) = node.downcast_ref::<LookupJoinExec>() {
+            EncodedNode::LookupJoin {
+                spec: join.handle.spec.clone(),
+                table_schema: schema_to_bytes(&join.handle.table_schema)?,
+            }
+        } else {
             return Err(DataFusionError::NotImplemented(format!(
                 "{} cannot be sent to a function",
                 node.name()
             )));
-        };
-        let encoded = EncodedStageInput {
-            input: leaf.input.clone(),
-            schema: schema_to_bytes(&leaf.schema())?,
         };
         buf.extend(
             serde_json::to_vec(&encoded).map_err(|e| DataFusionError::Internal(e.to_string()))?,
@@ -75,9 +121,16 @@ impl PhysicalExtensionCodec for SkeinCodec {
 }
 
 pub fn plan_to_bytes(plan: Arc<dyn ExecutionPlan>) -> DfResult<Vec<u8>> {
-    Ok(physical_plan_to_bytes_with_extension_codec(plan, &SkeinCodec)?.to_vec())
+    Ok(physical_plan_to_bytes_with_extension_codec(plan, &SkeinCodec::default())?.to_vec())
 }
 
-pub fn plan_from_bytes(bytes: &[u8], ctx: &TaskContext) -> DfResult<Arc<dyn ExecutionPlan>> {
-    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &SkeinCodec)
+pub fn plan_from_bytes(
+    bytes: &[u8],
+    ctx: &TaskContext,
+    registry: &SourceRegistry,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let codec = SkeinCodec {
+        registry: Some(registry.clone()),
+    };
+    physical_plan_from_bytes_with_extension_codec(bytes, ctx, &codec)
 }

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
 use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{CreateExternalTable, Expr};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::memory::MemoryStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -23,6 +22,43 @@ use serde::{Deserialize, Serialize};
 use crate::source::{EpochSpec, Source, SourceConfig, SourceRegistry};
 
 pub use crate::watermark::{OPT_EVENT_TIME, OPT_LATENESS_MS};
+
+/// The `ExecutionPlan` methods of a node without expressions of its own.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! no_expressions_method {
+    () => {
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::common::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+}
+
+/// The `ExecutionPlan` methods of a leaf: no children, no expressions.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! leaf_node_methods {
+    () => {
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
+        }
+        $crate::no_expressions_method!();
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            _: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::common::Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>
+        {
+            Ok(self)
+        }
+    };
+}
 
 /// A streaming table: a declared schema and the source that fills it.
 #[derive(Debug)]
@@ -105,6 +141,17 @@ impl TableProviderFactory for SourceTableFactory {
             options,
         };
         let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
+        if crate::lookup::LookupOptions::declared(&config) {
+            // Opened here only to check it: the join opens its own.
+            self.registry
+                .create_lookup(&config, &schema)
+                .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
+            return Ok(Arc::new(crate::lookup::exec::LookupTable {
+                name: cmd.name.to_string(),
+                config,
+                schema,
+            }));
+        }
         let source = self
             .registry
             .create(&config, schema)
@@ -134,7 +181,7 @@ impl TableProviderFactory for SourceTableFactory {
     }
 }
 
-fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
+pub(crate) fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
         EquivalenceProperties::new(schema),
         Partitioning::UnknownPartitioning(partitions.max(1)),
@@ -195,21 +242,7 @@ impl ExecutionPlan for SourceScanExec {
     fn properties(&self) -> &Arc<PlanProperties> {
         &self.props
     }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn with_new_children(
-        self: Arc<Self>,
-        _: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
+    crate::leaf_node_methods!();
     fn execute(
         &self,
         partition: usize,
@@ -306,21 +339,7 @@ impl ExecutionPlan for StageInputExec {
     fn properties(&self) -> &Arc<PlanProperties> {
         &self.props
     }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
-    ) -> DfResult<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn with_new_children(
-        self: Arc<Self>,
-        _: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
+    crate::leaf_node_methods!();
     fn execute(
         &self,
         _partition: usize,

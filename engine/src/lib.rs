@@ -26,6 +26,7 @@ pub mod invoke;
 pub mod ipc_decode;
 pub mod ipc_schema;
 pub mod local;
+pub mod lookup;
 pub mod metrics;
 pub mod payload;
 pub mod planner;

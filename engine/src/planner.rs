@@ -181,8 +181,9 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     });
     let mut builder = SessionStateBuilder::new()
         .with_config(config)
-        .with_default_features();
-    for kind in registry.kinds() {
+        .with_default_features()
+        .with_physical_optimizer_rules(crate::lookup::plan::rules(registry));
+    for kind in registry.kinds().into_iter().chain(registry.lookup_kinds()) {
         builder
             .table_factories()
             .get_or_insert_default()
@@ -281,7 +282,15 @@ pub async fn plan_query(
     let ordered = is_ordered(&logical);
     let state = ctx.state();
     let optimized = state.optimize(&logical)?;
-    let physical = state.create_physical_plan(&optimized).await?;
+    // An optimizer rule's error (a lookup join that cannot be placed)
+    // comes wrapped in the rule's name: the cause alone reads better.
+    let physical = state
+        .create_physical_plan(&optimized)
+        .await
+        .map_err(|e| match e {
+            datafusion::error::DataFusionError::Context(_, cause) => *cause,
+            e => e,
+        })?;
     let output_schema = physical.schema();
     let mut cutter = Cutter::default();
     cutter.build_stage(physical, Exchange::Sink, false)?;
@@ -867,6 +876,8 @@ pub fn is_stateful(plan: &Arc<dyn ExecutionPlan>) -> bool {
         "UnionExec",
         "EmptyExec",
         "PlaceholderRowExec",
+        // Fetches by key per batch; its cache is no state of the query.
+        "LookupJoinExec",
     ];
     let own = if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
         *agg.mode() != AggregateMode::Partial

@@ -239,6 +239,11 @@ pub struct DeadLetter {
     /// Names the letter; a replay produces the same key, so a compacted
     /// destination keeps one copy.
     pub key: String,
+    /// Where the sending source member's partitions stood after the epoch
+    /// that set the row aside, if it knows (a reader can tell from them
+    /// whether that epoch is committed).
+    #[serde(default)]
+    pub offsets: Vec<SourceOffset>,
 }
 
 /// Where a source's dead letters go (a topic, a stream).
@@ -291,6 +296,8 @@ pub struct SourceRegistry {
     /// Options of a kind that another part reads (a sink writing the same
     /// table, the Lambda deployer): accepted, and kept from the factory.
     extra_options: HashMap<String, Vec<&'static str>>,
+    /// Kinds whose tables may be lookup tables (see [`crate::lookup`]).
+    pub(crate) lookups: HashMap<String, Arc<dyn crate::lookup::LookupFactory>>,
 }
 
 impl SourceRegistry {

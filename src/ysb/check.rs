@@ -67,7 +67,8 @@ pub struct CheckReport {
     pub dead_letters_missing: usize,
     pub dead_letters_extra: usize,
     pub dead_letters_without_reason: u64,
-    /// Views of ads without a campaign that the sink sent as dead letters;
+    /// Views of ads without a campaign that the lookup join sent as dead
+    /// letters (committed epochs only);
     /// `topic_exact` needs them to equal `topic_unknown_ad_views`.
     pub dead_letter_unknown_ad_views: u64,
     pub latency_ms_p50: i64,

@@ -139,7 +139,8 @@ pub struct YsbRunArgs {
     /// Records one source instance reads per epoch at most.
     #[arg(long, default_value_t = 250_000)]
     pub max_records: usize,
-    /// Where undecodable records go (default: `<topic>-dead-letters`).
+    /// Where undecodable records and views of ads without a campaign go
+    /// (default: `<topic>-dead-letters`).
     #[arg(long)]
     pub dead_letter_topic: Option<String>,
     /// Set once a producer in the same process (`bench --rate`) has

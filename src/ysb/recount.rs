@@ -214,18 +214,19 @@ pub(super) struct DeadLetterSummary {
     /// Distinct (partition, offset) they name.
     pub keys: BTreeSet<(i32, i64)>,
     pub without_reason: u64,
-    /// The sink's letters for views of ads without a campaign, the last one
-    /// per key (as compaction keeps): key -> (views, offsets after the write).
+    /// The letters for views of ads without a campaign (rows the lookup join
+    /// with `campaigns` set aside), the last one per key (as compaction
+    /// keeps): key -> (views, offsets after the epoch that sent it).
     pub unknown_ads: BTreeMap<String, (u64, BTreeMap<String, i64>)>,
 }
 
 /// One dead letter: an undecodable record as the Kafka source writes it
-/// (partition, offset), or the Redis sink's letter for the views of an ad
-/// without a campaign (key, seen_count, offsets_to).
+/// (topic, partition, offset), or a view whose ad has no campaign, as the
+/// lookup join sets it aside (key, the row, offsets_to naming the topic).
 #[derive(Deserialize)]
 struct Letter<'a> {
     #[serde(borrow)]
-    topic: std::borrow::Cow<'a, str>,
+    topic: Option<std::borrow::Cow<'a, str>>,
     partition: Option<i32>,
     offset: Option<i64>,
     #[serde(borrow, default)]
@@ -234,6 +235,20 @@ struct Letter<'a> {
     seen_count: Option<u64>,
     #[serde(default)]
     offsets_to: BTreeMap<String, i64>,
+}
+
+/// Whether a letter is about `topic`: it names the topic, or (a row set
+/// aside after decoding) only the topic's partitions in its offsets.
+fn letter_of(l: &Letter<'_>, topic: &str) -> bool {
+    match &l.topic {
+        Some(t) => t == topic,
+        None => {
+            !l.offsets_to.is_empty()
+                && l.offsets_to
+                    .keys()
+                    .all(|f| f.rsplit_once(':').is_some_and(|(t, _)| t == topic))
+        }
+    }
 }
 
 /// Reads the whole dead-letter topic (none there: no letters).
@@ -256,7 +271,7 @@ pub(super) fn read_dead_letters(
         dlt,
         &ranges,
         |_, _, payload| match serde_json::from_slice::<Letter<'_>>(payload) {
-            Ok(l) if l.topic == topic => {
+            Ok(l) if letter_of(&l, topic) => {
                 if l.reason.trim().is_empty() {
                     out.without_reason += 1;
                 }
@@ -265,8 +280,8 @@ pub(super) fn read_dead_letters(
                         out.records += 1;
                         out.keys.insert((p, o));
                     }
-                    (_, _, Some(key), Some(n)) => {
-                        out.unknown_ads.insert(key, (n, l.offsets_to));
+                    (None, None, Some(key), n) => {
+                        out.unknown_ads.insert(key, (n.unwrap_or(1), l.offsets_to));
                     }
                     _ => unreadable += 1,
                 }

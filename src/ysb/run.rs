@@ -16,12 +16,12 @@ use rdkafka::config::ClientConfig;
 use serde_json::json;
 use skein_connectors::kafka::DEAD_LETTERS;
 use skein_connectors::kafka::ensure_topic;
-use skein_connectors::redis::UNKNOWN_AD_VIEWS;
 use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::driver::{
     DrainCheck, EpochOutcome, RunReport, StopAfter, committed_offsets, run_local_drained_by,
 };
 use skein_engine::local::LocalRuntime;
+use skein_engine::lookup::LOOKUP_MISSES_SET_ASIDE as UNKNOWN_AD_VIEWS;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 
 use super::{

@@ -962,15 +962,25 @@ impl KafkaDeadLetters {
 
     fn send_blocking(&self, letters: &[LateLetter]) -> Result<()> {
         let letters = letters.iter().map(|l| {
-            let value = serde_json::json!({
+            let mut value = serde_json::json!({
                 "table": l.table,
                 "reason": l.reason,
+                "key": l.key,
                 "window_start_ms": l.window.map(|w| w.0),
                 "window_end_ms": l.window.map(|w| w.1),
                 "row": serde_json::from_str::<serde_json::Value>(&l.row)
                     .unwrap_or_else(|_| serde_json::Value::String(l.row.clone())),
-            })
-            .to_string();
+            });
+            if !l.offsets.is_empty() {
+                // As the Redis sink stores them: `<topic>:<partition>` -> next offset.
+                let to: serde_json::Map<String, serde_json::Value> = l
+                    .offsets
+                    .iter()
+                    .map(|o| (format!("{}:{}", o.source, o.partition), o.offset.into()))
+                    .collect();
+                value["offsets_to"] = to.into();
+            }
+            let value = value.to_string();
             (l.key.clone(), value.into_bytes())
         });
         publish_letters(self.producer()?, &self.topic, letters)

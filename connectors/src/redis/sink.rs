@@ -12,9 +12,7 @@
 //! replaced by the row's values; `value` names the value column of `string`
 //! and `list`; `ttl.seconds` sets an expiry on every key written.
 //! `retry.timeout.ms` (default 2 minutes) is how long a write waits out a
-//! Redis outage, retrying; `dead.letter.topic` with
-//! `dead.letter.bootstrap.servers` is where the YSB layout sends the counts of
-//! ads without a campaign.
+//! Redis outage, retrying (see [`super::conn`]).
 //!
 //! **Exactly once, at any group size.** Every write is one MULTI/EXEC holding
 //! its commands and the member's epoch marker, `HSET skein:epochs:<name>
@@ -34,10 +32,9 @@
 //! a query with `'startup' 'checkpoint'` resumes ([`stored_offsets`]). They
 //! decide no replay.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray};
@@ -51,35 +48,14 @@ use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::planner::{EMIT_OPTION, EMIT_UPDATES};
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
-use tracing::{debug, warn};
+use tracing::debug;
 
+pub use super::conn::REDIS_WAIT;
+use super::conn::{RETRY_OPTION, RedisConnection, connection_config, retry_timeout, url_of};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
 use crate::sink_error::{Result, SinkError};
 
 pub const KIND: &str = "REDIS";
-
-/// How long a write waits for Redis to answer again before it fails.
-pub const REDIS_WAIT: Duration = Duration::from_secs(120);
-
-/// Views of ads without a campaign, in every YSB sink of the process
-/// (committed writes only), whether they went to a dead-letter topic or not.
-pub static UNKNOWN_AD_VIEWS: AtomicU64 = AtomicU64::new(0);
-
-/// The dead-letter topic of a YSB sink's rows whose ad has no campaign.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownAdLetters {
-    pub topic: String,
-    pub brokers: String,
-}
-
-/// Replies can take longer than the client's default 500 ms on a loaded
-/// machine (a MULTI/EXEC of thousands of commands); a timeout there would
-/// fail a write that Redis is about to apply.
-fn connection_config() -> redis::AsyncConnectionConfig {
-    redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(std::time::Duration::from_secs(10)))
-        .set_response_timeout(Some(std::time::Duration::from_secs(30)))
-}
 
 /// The hash holding the epoch markers kept under `name`.
 pub fn epochs_key(name: &str) -> String {
@@ -132,15 +108,13 @@ pub enum Layout {
 /// both give the window's total; the epoch marker keeps a replayed epoch
 /// from adding its counts twice.
 ///
-/// Rows carry a campaign (or an ad, mapped to its campaign through the
-/// `SET <ad_id> <campaign_id>` keys of YSB's setup, each ad looked up once
-/// and cached as YSB's RedisAdCampaignCache does), a window start and a
-/// count. Counts of an ad without a key go to the dead-letter topic.
+/// Rows carry a campaign, a window start and a count: which campaign an ad
+/// belongs to is the query's business (a join with a lookup table, see
+/// queries/ysb.sql), not the sink's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct YsbLayout {
-    /// Column with the campaign id; or with the ad id if `ad_lookup`.
+    /// Column with the campaign id (option `campaign.column`).
     pub key_column: String,
-    pub ad_lookup: bool,
     pub window_column: String,
     pub count_column: String,
 }
@@ -152,14 +126,11 @@ pub const OPTIONS: &[&str] = &[
     "key",
     "value",
     "campaign.column",
-    "ad.column",
     "window.column",
     "count.column",
     "ttl.seconds",
     "checkpoint",
-    "retry.timeout.ms",
-    "dead.letter.topic",
-    "dead.letter.bootstrap.servers",
+    RETRY_OPTION,
 ];
 
 #[derive(Debug, Clone)]
@@ -171,10 +142,6 @@ pub struct RedisSinkConfig {
     pub ttl_seconds: Option<i64>,
     /// Names the epoch markers and the stored offsets (option `checkpoint`).
     pub checkpoint: Option<String>,
-    /// YSB with `ad.column`: where rows of ads without a campaign go
-    /// (options `dead.letter.topic`, `dead.letter.bootstrap.servers`);
-    /// without it they are counted and logged.
-    pub dead_letters: Option<UnknownAdLetters>,
     /// How long a write waits for Redis to come back (option
     /// `retry.timeout.ms`, default 2 minutes like the Kafka source's wait
     /// for its broker).
@@ -194,24 +161,11 @@ impl RedisSinkConfig {
             "list" => Layout::List {
                 value: need("value")?,
             },
-            "ysb" => {
-                let (key_column, ad_lookup) = match (opt("campaign.column"), opt("ad.column")) {
-                    (Some(c), None) => (c, false),
-                    (None, Some(a)) => (a, true),
-                    (None, None) => ("campaign_id".to_string(), false),
-                    (Some(_), Some(_)) => {
-                        return Err(SinkError::Config(
-                            "give campaign.column or ad.column, not both".into(),
-                        ));
-                    }
-                };
-                Layout::Ysb(YsbLayout {
-                    key_column,
-                    ad_lookup,
-                    window_column: opt("window.column").unwrap_or_else(|| "window_start".into()),
-                    count_column: opt("count.column").unwrap_or_else(|| "seen_count".into()),
-                })
-            }
+            "ysb" => Layout::Ysb(YsbLayout {
+                key_column: opt("campaign.column").unwrap_or_else(|| "campaign_id".into()),
+                window_column: opt("window.column").unwrap_or_else(|| "window_start".into()),
+                count_column: opt("count.column").unwrap_or_else(|| "seen_count".into()),
+            }),
             other => {
                 return Err(SinkError::Config(format!(
                     "layout {other:?}; known: string, hash, list, ysb"
@@ -245,36 +199,14 @@ impl RedisSinkConfig {
                     })
             })
             .transpose()?;
-        let url = if config.location.starts_with("redis://") {
-            config.location.clone()
-        } else {
-            format!("redis://{}", config.location)
-        };
+        let url = url_of(&config.location);
         Ok(RedisSinkConfig {
             url,
             layout,
             key_template,
             ttl_seconds,
             checkpoint: opt("checkpoint").filter(|c| !c.is_empty()),
-            dead_letters: match (
-                opt("dead.letter.topic"),
-                opt("dead.letter.bootstrap.servers"),
-            ) {
-                (Some(topic), Some(brokers)) => Some(UnknownAdLetters { topic, brokers }),
-                (None, None) => None,
-                _ => {
-                    return Err(SinkError::Config(
-                        "dead.letter.topic and dead.letter.bootstrap.servers go together".into(),
-                    ));
-                }
-            },
-            retry_timeout: match opt("retry.timeout.ms") {
-                Some(v) => Duration::from_millis(
-                    v.parse()
-                        .map_err(|_| SinkError::Config(format!("retry.timeout.ms = {v:?}")))?,
-                ),
-                None => REDIS_WAIT,
-            },
+            retry_timeout: retry_timeout(opt(RETRY_OPTION).as_deref())?,
         })
     }
 }
@@ -291,13 +223,7 @@ pub fn check_config(config: &SinkConfig) -> EngineResult<()> {
 
 pub struct RedisSink {
     config: RedisSinkConfig,
-    client: redis::Client,
-    connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
-    /// ad -> campaign, as found so far (YSB with `ad.column`); an ad that
-    /// had none is asked for again, since `ysb setup` may add it later.
-    campaigns: tokio::sync::Mutex<HashMap<String, String>>,
-    /// Opened at the first letter.
-    letter_producer: std::sync::OnceLock<rdkafka::producer::FutureProducer>,
+    redis: RedisConnection,
     runs: Runs,
     /// (run, member) -> the member's marker as last read or written; absent
     /// while unknown (before the first write, or after a write that failed
@@ -308,27 +234,11 @@ pub struct RedisSink {
 impl RedisSink {
     pub fn new(config: RedisSinkConfig) -> Result<Self> {
         Ok(RedisSink {
-            client: redis::Client::open(config.url.as_str())?,
+            redis: RedisConnection::open(&config.url, config.retry_timeout)?,
             config,
-            connection: tokio::sync::Mutex::new(None),
-            campaigns: tokio::sync::Mutex::new(HashMap::new()),
-            letter_producer: std::sync::OnceLock::new(),
             runs: Runs::new(),
             markers: tokio::sync::Mutex::new(HashMap::new()),
         })
-    }
-
-    async fn connection(&self) -> Result<MultiplexedConnection> {
-        let mut slot = self.connection.lock().await;
-        if let Some(c) = slot.as_ref() {
-            return Ok(c.clone());
-        }
-        let c = self
-            .client
-            .get_multiplexed_async_connection_with_config(&connection_config())
-            .await?;
-        *slot = Some(c.clone());
-        Ok(c)
     }
 
     /// One write, retried while Redis is away (up to `retry_timeout`). A
@@ -336,38 +246,16 @@ impl RedisSink {
     /// moved its member's epoch marker, which the retry reads again, so it
     /// is a replay and is skipped.
     async fn write_retrying(&self, write: &SinkWrite<'_>) -> Result<()> {
-        let mut since: Option<Instant> = None;
-        let mut attempt = 0u32;
-        loop {
-            match self.write_inner(write).await {
-                Ok(()) => {
-                    if since.is_some() {
-                        warn!(url = %self.config.url, attempt, "redis sink: Redis is back, write done");
-                    }
-                    return Ok(());
-                }
-                Err(SinkError::Redis(e)) if is_outage(&e) => {
-                    // The connection is unusable; the next attempt opens another.
-                    self.connection.lock().await.take();
-                    let first = *since.get_or_insert_with(Instant::now);
-                    if first.elapsed() >= self.config.retry_timeout {
-                        return Err(SinkError::Other(format!(
-                            "Redis at {} did not answer for {:?} ({attempt} retries); last error: {e}",
-                            self.config.url, self.config.retry_timeout
-                        )));
-                    }
-                    attempt += 1;
-                    let wait = retry_backoff(attempt);
-                    warn!(url = %self.config.url, attempt, "redis sink: {e}; retrying in {wait:?}");
-                    tokio::time::sleep(wait).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.redis
+            .retrying("redis sink", |con| self.write_inner(write, con))
+            .await
     }
 
-    async fn write_inner(&self, write: &SinkWrite<'_>) -> Result<()> {
-        let mut con = self.connection().await?;
+    async fn write_inner(
+        &self,
+        write: &SinkWrite<'_>,
+        mut con: MultiplexedConnection,
+    ) -> Result<()> {
         let ekey = epochs_key(marker_name(self.config.checkpoint.as_deref(), write));
         let run = self.runs.of(write);
         let field = marker_field(run, write.member);
@@ -401,13 +289,8 @@ impl RedisSink {
         }
         let mut pipe = redis::pipe();
         pipe.atomic();
-        let mut unknown_views = 0;
         match &self.config.layout {
-            Layout::Ysb(ysb) => {
-                unknown_views = self
-                    .ysb_commands(ysb, write, run, &offsets, &mut con, &mut pipe)
-                    .await?
-            }
+            Layout::Ysb(ysb) => self.ysb_commands(ysb, write, &mut pipe)?,
             layout => self.generic_commands(layout, write, &mut pipe)?,
         }
         // HSET only moves forward: a partition never goes back.
@@ -426,7 +309,6 @@ impl RedisSink {
         markers.remove(&slot);
         let _: () = pipe.query_async(&mut con).await?;
         markers.insert(slot, Some(write.epoch));
-        UNKNOWN_AD_VIEWS.fetch_add(unknown_views, Ordering::Relaxed);
         Ok(())
     }
 
@@ -478,27 +360,16 @@ impl RedisSink {
         Ok(())
     }
 
-    /// Adds the YSB commands of `write` to `pipe`; returns the views of
-    /// ads without a campaign, which went to the dead-letter topic (or, with
-    /// none configured, only to the log).
-    async fn ysb_commands(
+    /// Adds the YSB commands of `write` to `pipe`.
+    fn ysb_commands(
         &self,
         ysb: &YsbLayout,
         write: &SinkWrite<'_>,
-        run: &str,
-        to: &BTreeMap<String, i64>,
-        con: &mut MultiplexedConnection,
         pipe: &mut redis::Pipeline,
-    ) -> Result<u64> {
-        let (counts, unknown) = self.ysb_counts(ysb, write, con).await?;
-        let unknown_views = unknown.values().sum::<i64>().max(0) as u64;
-        if !unknown.is_empty() {
-            // Sent before the MULTI/EXEC that commits the offsets: no row of
-            // an unknown ad is lost; a retried write sends the same keys.
-            self.send_unknown_ads(write, run, &unknown, to).await?;
-        }
+    ) -> Result<()> {
+        let counts = ysb_counts(ysb, write)?;
         if counts.is_empty() {
-            return Ok(unknown_views);
+            return Ok(());
         }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -524,170 +395,55 @@ impl RedisSink {
                 .arg(*n);
         }
         script.ignore();
-        Ok(unknown_views)
-    }
-
-    /// (campaign, window start ms) -> count, summed over the write's rows,
-    /// and (ad, window start ms) -> count for ads without a campaign.
-    async fn ysb_counts(
-        &self,
-        ysb: &YsbLayout,
-        write: &SinkWrite<'_>,
-        con: &mut MultiplexedConnection,
-    ) -> Result<(WindowCounts, WindowCounts)> {
-        let column = |name: &str| {
-            write.schema.index_of(name).map_err(|_| {
-                SinkError::Config(format!(
-                    "the YSB layout needs a column {name:?}; the query gives {:?}",
-                    write
-                        .schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name())
-                        .collect::<Vec<_>>()
-                ))
-            })
-        };
-        let (k, w, c) = (
-            column(&ysb.key_column)?,
-            column(&ysb.window_column)?,
-            column(&ysb.count_column)?,
-        );
-        let mut counts = BTreeMap::new();
-        for batch in &write.batches {
-            let keys = cast(batch.column(k), &DataType::Utf8)?;
-            let keys = keys.as_string::<i32>();
-            let windows = cast(
-                batch.column(w),
-                &DataType::Timestamp(TimeUnit::Millisecond, None),
-            )?;
-            let windows = windows.as_primitive::<TimestampMillisecondType>();
-            let n = cast(batch.column(c), &DataType::Int64)?;
-            let n = n.as_primitive::<Int64Type>();
-            for row in 0..batch.num_rows() {
-                if keys.is_null(row) || windows.is_null(row) || n.is_null(row) {
-                    continue;
-                }
-                *counts
-                    .entry((keys.value(row).to_string(), windows.value(row)))
-                    .or_insert(0) += n.value(row);
-            }
-        }
-        if !ysb.ad_lookup {
-            return Ok((counts, BTreeMap::new()));
-        }
-        let mut cache = self.campaigns.lock().await;
-        let missing: BTreeSet<&str> = counts
-            .keys()
-            .map(|(ad, _)| ad.as_str())
-            .filter(|ad| !cache.contains_key(*ad))
-            .collect();
-        if !missing.is_empty() {
-            let missing: Vec<&str> = missing.into_iter().collect();
-            cache.extend(lookup_campaigns(con, &missing).await?);
-        }
-        let (mut by_campaign, mut unknown) = (BTreeMap::new(), BTreeMap::new());
-        for ((ad, window), n) in counts {
-            match cache.get(&ad) {
-                Some(campaign) => *by_campaign.entry((campaign.clone(), window)).or_insert(0) += n,
-                None => *unknown.entry((ad, window)).or_insert(0) += n,
-            }
-        }
-        Ok((by_campaign, unknown))
-    }
-
-    /// Letters for the rows of ads without a campaign, one per (ad, window),
-    /// keyed by the ad, the window and the write's (run, epoch, member), so
-    /// a replay of the same write replaces its letter when Kafka compacts.
-    async fn send_unknown_ads(
-        &self,
-        write: &SinkWrite<'_>,
-        run: &str,
-        unknown: &WindowCounts,
-        to: &BTreeMap<String, i64>,
-    ) -> Result<()> {
-        let views: i64 = unknown.values().sum();
-        let Some(target) = &self.config.dead_letters else {
-            warn!(
-                views,
-                ads = unknown.len(),
-                "redis sink: views of ads without a campaign dropped (no dead.letter.topic)"
-            );
-            return Ok(());
-        };
-        let producer = match self.letter_producer.get() {
-            Some(p) => p,
-            None => {
-                let p: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
-                    .set("bootstrap.servers", &target.brokers)
-                    .set("enable.idempotence", "true")
-                    .set("message.timeout.ms", "120000")
-                    .create()
-                    .map_err(|e| SinkError::Other(format!("dead-letter producer: {e}")))?;
-                self.letter_producer.get_or_init(|| p)
-            }
-        };
-        // The source topic: the offsets are `<topic>:<partition>`.
-        let topic = to
-            .keys()
-            .next()
-            .and_then(|f| f.rsplit_once(':'))
-            .map_or("", |(t, _)| t);
-        let (epoch, member) = (write.epoch, write.member);
-        let letters: Vec<(String, String)> = unknown
-            .iter()
-            .map(|((ad, window), n)| {
-                let key = format!("{topic}/unknown-ad/{ad}/{window}/{run}/{epoch}/{member}");
-                let letter = serde_json::json!({
-                    "topic": topic,
-                    "reason": format!("ad {ad:?} has no campaign in Redis"),
-                    "ad_id": ad,
-                    "window_start_ms": window,
-                    "seen_count": n,
-                    "query": write.query,
-                    "key": key,
-                    "run": run,
-                    "epoch": epoch,
-                    "member": member,
-                    "offsets_to": to,
-                })
-                .to_string();
-                (key, letter)
-            })
-            .collect();
-        let pending = letters.iter().map(|(key, letter)| {
-            let record = rdkafka::producer::FutureRecord::to(&target.topic)
-                .key(key)
-                .payload(letter);
-            producer.send(record, Duration::from_secs(120))
-        });
-        for delivery in futures::future::join_all(pending).await {
-            delivery.map_err(|(e, _)| {
-                SinkError::Other(format!("dead letter to {}: {e}", target.topic))
-            })?;
-        }
-        warn!(views, ads = unknown.len(), topic = %target.topic, "redis sink: views of ads without a campaign sent to the dead-letter topic");
         Ok(())
     }
 }
 
+/// (campaign, window start ms) -> count, summed over the write's rows.
+fn ysb_counts(ysb: &YsbLayout, write: &SinkWrite<'_>) -> Result<WindowCounts> {
+    let column = |name: &str| {
+        write.schema.index_of(name).map_err(|_| {
+            SinkError::Config(format!(
+                "the YSB layout needs a column {name:?}; the query gives {:?}",
+                write
+                    .schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
+            ))
+        })
+    };
+    let (k, w, c) = (
+        column(&ysb.key_column)?,
+        column(&ysb.window_column)?,
+        column(&ysb.count_column)?,
+    );
+    let mut counts = BTreeMap::new();
+    for batch in &write.batches {
+        let keys = cast(batch.column(k), &DataType::Utf8)?;
+        let keys = keys.as_string::<i32>();
+        let windows = cast(
+            batch.column(w),
+            &DataType::Timestamp(TimeUnit::Millisecond, None),
+        )?;
+        let windows = windows.as_primitive::<TimestampMillisecondType>();
+        let n = cast(batch.column(c), &DataType::Int64)?;
+        let n = n.as_primitive::<Int64Type>();
+        for row in 0..batch.num_rows() {
+            if keys.is_null(row) || windows.is_null(row) || n.is_null(row) {
+                continue;
+            }
+            *counts
+                .entry((keys.value(row).to_string(), windows.value(row)))
+                .or_insert(0) += n.value(row);
+        }
+    }
+    Ok(counts)
+}
+
 /// (key, window start ms) -> count.
 type WindowCounts = BTreeMap<(String, i64), i64>;
-
-/// Redis is away (or busy loading) rather than refusing the write.
-fn is_outage(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
-}
-
-/// Doubling from 100 ms up to 5 s, so a short outage costs little and a long
-/// one few attempts.
-fn retry_backoff(attempt: u32) -> Duration {
-    Duration::from_millis((100u64 << attempt.min(6).saturating_sub(1)).min(5_000))
-}
 
 /// Moves a hash field forward only: `HSET key field max(old, new)`.
 const MAX_FIELD_SCRIPT: &str = "local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) \
@@ -719,26 +475,6 @@ for i = 3, #ARGV, 5 do
 end
 return 0
 "#;
-
-/// Looks up the campaigns of `ads` as YSB's RedisAdCampaignCache does, from
-/// the `SET <ad_id> <campaign_id>` keys of YSB's setup (one MGET for all of
-/// them); ads without a key are left out.
-async fn lookup_campaigns(
-    con: &mut MultiplexedConnection,
-    ads: &[&str],
-) -> Result<HashMap<String, String>> {
-    let mut out = HashMap::new();
-    // A bounded argument list per round trip.
-    for chunk in ads.chunks(10_000) {
-        let found: Vec<Option<String>> = redis::cmd("MGET").arg(chunk).query_async(con).await?;
-        for (ad, campaign) in chunk.iter().zip(found) {
-            if let Some(c) = campaign {
-                out.insert(ad.to_string(), c);
-            }
-        }
-    }
-    Ok(out)
-}
 
 /// The latest offset per `<topic>:<partition>` field.
 fn latest_offsets(offsets: &[SourceOffset]) -> BTreeMap<String, i64> {
@@ -893,25 +629,9 @@ mod tests {
     }
 
     #[test]
-    fn retries_back_off_to_a_bounded_wait() {
-        let waits: Vec<u64> = (1..12)
-            .map(|a| retry_backoff(a).as_millis() as u64)
-            .collect();
-        assert_eq!(&waits[..6], &[100, 200, 400, 800, 1600, 3200]);
-        assert!(waits.iter().all(|w| *w <= 5_000));
-        assert!(waits.windows(2).all(|w| w[0] <= w[1]));
-        // A refused connection is an outage; a wrong type is not.
-        let refused =
-            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(is_outage(&refused));
-        let wrong = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "no"));
-        assert!(!is_outage(&wrong));
-    }
-
-    #[test]
-    fn dead_letter_and_retry_options() {
+    fn retry_option_and_no_ad_lookup() {
         let config = |opts: &[(&str, &str)]| {
-            let mut options: BTreeMap<String, String> = [("layout", "ysb"), ("ad.column", "ad_id")]
+            let mut options: BTreeMap<String, String> = [("layout", "ysb")]
                 .iter()
                 .chain(opts)
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -925,16 +645,15 @@ mod tests {
         };
         let c = config(&[]).unwrap();
         assert_eq!(c.retry_timeout, REDIS_WAIT);
-        assert!(c.dead_letters.is_none());
-        let c = config(&[
-            ("dead.letter.topic", "dl"),
-            ("dead.letter.bootstrap.servers", "b:1"),
-            ("retry.timeout.ms", "500"),
-        ])
-        .unwrap();
+        let Layout::Ysb(ysb) = &c.layout else {
+            panic!("ysb layout")
+        };
+        assert_eq!(ysb.key_column, "campaign_id");
+        let c = config(&[("retry.timeout.ms", "500")]).unwrap();
         assert_eq!(c.retry_timeout, Duration::from_millis(500));
-        assert_eq!(c.dead_letters.unwrap().topic, "dl");
-        assert!(config(&[("dead.letter.topic", "dl")]).is_err());
+        assert!(config(&[("retry.timeout.ms", "soon")]).is_err());
+        // Ads map to campaigns in the query (a lookup join), not here.
+        assert!(!OPTIONS.contains(&"ad.column"));
     }
 
     #[test]

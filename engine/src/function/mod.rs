@@ -179,7 +179,7 @@ impl StageFunction {
         let session: SessionContext = session(&env.sources, 1);
         let task_ctx = session.task_ctx();
         let decode = |bytes: &[u8]| {
-            plan_from_bytes(bytes, &task_ctx)
+            plan_from_bytes(bytes, &task_ctx, &env.sources)
                 .map_err(|e| EngineError::Context(format!("{name}: plan does not decode: {e}")))
         };
         let mut outputs = vec![StageOutput {
@@ -516,6 +516,7 @@ impl StageFunction {
                         "{}/late/{}/{epoch}/{}/{i}",
                         handling.table, self.name, l.edge
                     ),
+                    offsets: vec![],
                 })
                 .collect();
             dlq.send(&letters).await?;

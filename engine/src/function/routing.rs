@@ -34,6 +34,9 @@ impl StageFunction {
         }))
         .await?;
         let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
+        // Rows a lookup join set aside leave before the output does, so an
+        // epoch that commits has sent them.
+        crate::lookup::exec::send_misses(&plan, &self.name, header.epoch, &header.offsets).await?;
         self.route(output, header, Some((plan.schema(), outputs)))
             .await?;
         Ok(rows)

@@ -1,0 +1,488 @@
+//! The plan nodes of lookup tables: the table as DataFusion sees it, the
+//! scan it plans (which only a join with a stream may consume), and the
+//! join that runs in the stream's stage.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray, UInt32Array};
+use datafusion::arrow::compute::kernels::cast::{CastOptions, cast_with_options};
+use datafusion::arrow::compute::{cast, filter_record_batch, take};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
+use datafusion::datasource::TableType;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::cache::LookupCache;
+use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
+use crate::error::{EngineError, Result};
+use crate::exec::leaf_properties;
+use crate::payload::SourceOffset;
+use crate::source::{DeadLetter, DeadLetterSink, SourceConfig, SourceRegistry};
+use crate::window_state::rows_as_json;
+
+/// A table declared with `lookup.key`: it has a schema and a lookup, and
+/// cannot be read as a stream.
+#[derive(Debug)]
+pub struct LookupTable {
+    pub name: String,
+    pub config: SourceConfig,
+    pub schema: SchemaRef,
+}
+
+#[async_trait]
+impl TableProvider for LookupTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let projection = projection
+            .cloned()
+            .unwrap_or_else(|| (0..self.schema.fields().len()).collect());
+        Ok(Arc::new(LookupScanExec {
+            table: self.name.clone(),
+            config: self.config.clone(),
+            table_schema: self.schema.clone(),
+            props: leaf_properties(project_schema(&self.schema, Some(&projection))?, 1),
+            projection,
+        }))
+    }
+}
+
+/// What the planner finds where a lookup table is scanned. It is replaced by
+/// a [`LookupJoinExec`] when it is one side of an equi-join with a stream;
+/// anywhere else it fails, saying so.
+#[derive(Debug)]
+pub struct LookupScanExec {
+    pub table: String,
+    pub config: SourceConfig,
+    pub table_schema: SchemaRef,
+    /// Columns of the table the plan reads.
+    pub projection: Vec<usize>,
+    props: Arc<PlanProperties>,
+}
+
+impl DisplayAs for LookupScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "LookupScanExec: table={}", self.table)
+    }
+}
+
+impl ExecutionPlan for LookupScanExec {
+    fn name(&self) -> &str {
+        "LookupScanExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+    crate::leaf_node_methods!();
+    fn execute(&self, _: usize, _: Arc<TaskContext>) -> DfResult<SendableRecordBatchStream> {
+        Err(not_a_stream(&self.table))
+    }
+}
+
+pub(super) fn not_a_stream(table: &str) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "lookup table {table} can only be joined with a stream \
+         (JOIN {table} ON <stream column> = {table}.<its lookup.key>), not read"
+    ))
+}
+
+/// Which rows of the stream a lookup join keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LookupJoinType {
+    /// Rows with a match.
+    Inner,
+    /// Every row; the table's columns are NULL where there is no match.
+    Outer,
+}
+
+/// What a lookup join needs besides its input; travels in the plan codec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupSpec {
+    pub table: String,
+    pub config: SourceConfig,
+    pub options: LookupOptions,
+    /// The table's columns the join outputs, after the stream's.
+    pub projection: Vec<usize>,
+    /// The stream's key column (an index into the input's schema).
+    pub stream_key: usize,
+    pub join_type: LookupJoinType,
+    /// With `'lookup.missing' 'dead-letter'`: the stream table whose
+    /// dead-letter destination takes rows without a match.
+    pub letters_to: Option<(String, SourceConfig)>,
+}
+
+/// A lookup table opened for a join: the connector's lookup, the cache, and
+/// where rows without a match go. Shared by every copy of the join node in
+/// a function instance, so the cache outlives an epoch.
+pub struct LookupHandle {
+    pub spec: LookupSpec,
+    pub table_schema: SchemaRef,
+    lookup: Arc<dyn Lookup>,
+    cache: Mutex<LookupCache>,
+    dead_letters: Option<Arc<dyn DeadLetterSink>>,
+}
+
+impl fmt::Debug for LookupHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LookupHandle({})", self.spec.table)
+    }
+}
+
+impl LookupHandle {
+    pub fn open(
+        registry: &SourceRegistry,
+        spec: LookupSpec,
+        table_schema: SchemaRef,
+    ) -> Result<Self> {
+        let (_, lookup) = registry.create_lookup(&spec.config, &table_schema)?;
+        let dead_letters = match (&spec.options.missing, &spec.letters_to) {
+            (MissingPolicy::Join, _) => None,
+            (MissingPolicy::DeadLetter, Some((stream, config))) => {
+                Some(registry.dead_letters(config)?.ok_or_else(|| {
+                    EngineError::plan(format!(
+                        "lookup table {}: 'lookup.missing' 'dead-letter' sends rows without a match \
+                         to the dead-letter destination of {stream}, which declares none \
+                         (for Kafka, 'dead.letter.topic')",
+                        spec.table
+                    ))
+                })?)
+            }
+            (MissingPolicy::DeadLetter, None) => {
+                return Err(EngineError::plan(format!(
+                    "lookup table {}: 'lookup.missing' 'dead-letter' needs the join's stream \
+                     to come from one table",
+                    spec.table
+                )));
+            }
+        };
+        let cache = LookupCache::new(
+            spec.options.cache_size,
+            Duration::from_millis(spec.options.cache_ttl_ms),
+        );
+        Ok(LookupHandle {
+            spec,
+            table_schema,
+            lookup,
+            cache: Mutex::new(cache),
+            dead_letters,
+        })
+    }
+
+    /// The rows of `keys` (distinct), from the cache or one request.
+    async fn rows(&self, keys: Vec<&str>) -> Result<HashMap<String, Option<LookupRow>>> {
+        let now = Instant::now();
+        let mut known = HashMap::with_capacity(keys.len());
+        let mut ask = vec![];
+        {
+            let cache = self.cache.lock().expect("lookup cache");
+            for k in keys {
+                match cache.get(k, now) {
+                    Some(row) => {
+                        known.insert(k.to_string(), row.clone());
+                    }
+                    None => ask.push(k.to_string()),
+                }
+            }
+        }
+        if ask.is_empty() {
+            return Ok(known);
+        }
+        let found = self.lookup.get(&ask).await?;
+        if found.len() != ask.len() {
+            return Err(EngineError::Source {
+                source_name: self.spec.table.clone(),
+                reason: format!("asked for {} keys, got {} answers", ask.len(), found.len()),
+            });
+        }
+        let mut cache = self.cache.lock().expect("lookup cache");
+        for (k, row) in ask.into_iter().zip(found) {
+            cache.insert(k.clone(), row.clone(), now);
+            known.insert(k, row);
+        }
+        Ok(known)
+    }
+}
+
+/// Joins each batch of its input with a lookup table on one key column;
+/// outputs the input's columns, then the table's projected ones.
+#[derive(Debug)]
+pub struct LookupJoinExec {
+    pub input: Arc<dyn ExecutionPlan>,
+    pub handle: Arc<LookupHandle>,
+    /// Input rows without a match, set aside for dead letters (with
+    /// `'lookup.missing' 'dead-letter'`) until the function takes them.
+    misses: Arc<Mutex<Vec<RecordBatch>>>,
+    schema: SchemaRef,
+    props: Arc<PlanProperties>,
+}
+
+impl LookupJoinExec {
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, handle: Arc<LookupHandle>) -> DfResult<Self> {
+        let spec = &handle.spec;
+        let outer = spec.join_type == LookupJoinType::Outer;
+        let mut fields: Vec<Arc<Field>> = input.schema().fields().iter().cloned().collect();
+        for i in &spec.projection {
+            let f = handle.table_schema.field(*i);
+            fields.push(Arc::new(f.clone().with_nullable(f.is_nullable() || outer)));
+        }
+        let schema = Arc::new(Schema::new(fields));
+        let props = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            input.properties().output_partitioning().clone(),
+            EmissionType::Incremental,
+            input.properties().boundedness,
+        ));
+        Ok(LookupJoinExec {
+            input,
+            handle,
+            misses: Arc::default(),
+            schema,
+            props,
+        })
+    }
+
+    /// Takes the rows without a match that the runs of this node set aside.
+    pub fn take_misses(&self) -> Vec<RecordBatch> {
+        std::mem::take(&mut *self.misses.lock().expect("lookup misses"))
+    }
+}
+
+impl DisplayAs for LookupJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let s = &self.handle.spec;
+        write!(
+            f,
+            "LookupJoinExec: table={} kind={} {}={} join={:?} missing={:?}",
+            s.table,
+            s.config.kind,
+            self.input.schema().field(s.stream_key).name(),
+            s.options.key,
+            s.join_type,
+            s.options.missing
+        )
+    }
+}
+
+impl ExecutionPlan for LookupJoinExec {
+    fn name(&self) -> &str {
+        "LookupJoinExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.props
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+    crate::no_expressions_method!();
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let [input] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("a lookup join has one input".into()))?;
+        Ok(Arc::new(LookupJoinExec::try_new(
+            input,
+            self.handle.clone(),
+        )?))
+    }
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, ctx)?;
+        let handle = self.handle.clone();
+        let misses = self.misses.clone();
+        let schema = self.schema.clone();
+        let out = schema.clone();
+        let stream = input.then(move |batch| {
+            let (handle, misses, schema) = (handle.clone(), misses.clone(), out.clone());
+            async move { join_batch(&handle, &misses, &schema, batch?).await }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+async fn join_batch(
+    handle: &LookupHandle,
+    misses: &Mutex<Vec<RecordBatch>>,
+    schema: &SchemaRef,
+    batch: RecordBatch,
+) -> DfResult<RecordBatch> {
+    let spec = &handle.spec;
+    let keys = cast(batch.column(spec.stream_key), &DataType::Utf8)?;
+    let keys = keys.as_string::<i32>();
+    let mut distinct: Vec<&str> = keys.iter().flatten().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let rows = handle
+        .rows(distinct)
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))?;
+    let row_of = |i: usize| -> Option<&LookupRow> {
+        keys.is_valid(i)
+            .then(|| rows.get(keys.value(i)))
+            .flatten()
+            .and_then(Option::as_ref)
+    };
+    let matched: Vec<bool> = (0..batch.num_rows()).map(|i| row_of(i).is_some()).collect();
+    let keep_misses =
+        spec.join_type == LookupJoinType::Outer && spec.options.missing == MissingPolicy::Join;
+    if spec.options.missing == MissingPolicy::DeadLetter && matched.iter().any(|m| !m) {
+        let mask = matched.iter().map(|m| Some(!m)).collect();
+        let missed = filter_record_batch(&batch, &mask)?;
+        misses.lock().expect("lookup misses").push(missed);
+    }
+    let out_rows: Vec<u32> = (0..batch.num_rows())
+        .filter(|i| keep_misses || matched[*i])
+        .map(|i| i as u32)
+        .collect();
+    let mut columns: Vec<ArrayRef> = if out_rows.len() == batch.num_rows() {
+        batch.columns().to_vec()
+    } else {
+        let indices = UInt32Array::from(out_rows.clone());
+        batch
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), &indices, None))
+            .collect::<std::result::Result<_, _>>()?
+    };
+    for p in &spec.projection {
+        let field = handle.table_schema.field(*p);
+        let text: StringArray = if *field.name() == spec.options.key {
+            out_rows
+                .iter()
+                .map(|i| row_of(*i as usize).map(|_| keys.value(*i as usize)))
+                .collect()
+        } else {
+            let j = spec
+                .options
+                .values
+                .iter()
+                .position(|v| v == field.name())
+                .ok_or_else(|| {
+                    DataFusionError::Internal(format!("{} is no value column", field.name()))
+                })?;
+            out_rows
+                .iter()
+                .map(|i| row_of(*i as usize).and_then(|r| r.get(j)?.as_deref()))
+                .collect()
+        };
+        columns.push(typed(&spec.table, field, Arc::new(text))?);
+    }
+    Ok(RecordBatch::try_new(schema.clone(), columns)?)
+}
+
+/// The table's text values as the column's declared type; a value that is
+/// not one is an error naming it.
+fn typed(table: &str, field: &Field, text: ArrayRef) -> DfResult<ArrayRef> {
+    if field.data_type() == &DataType::Utf8 {
+        return Ok(text);
+    }
+    let strict = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    cast_with_options(&text, field.data_type(), &strict).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "lookup table {table}: column {} is {}, and a value in the table is not: {e}",
+            field.name(),
+            field.data_type()
+        ))
+    })
+}
+
+/// Sends the rows without a match that the lookup joins of `plan` (as just
+/// run for `epoch` by `function`) set aside to their stream table's
+/// dead-letter destination, before the epoch's output leaves. Each letter's
+/// key is the same when the epoch is run again.
+pub async fn send_misses(
+    plan: &Arc<dyn ExecutionPlan>,
+    function: &str,
+    epoch: u64,
+    offsets: &[SourceOffset],
+) -> Result<()> {
+    for child in plan.children() {
+        Box::pin(send_misses(child, function, epoch, offsets)).await?;
+    }
+    let Some(join) = plan.downcast_ref::<LookupJoinExec>() else {
+        return Ok(());
+    };
+    let missed = join.take_misses();
+    let (Some(dlq), Some((stream, _))) = (&join.handle.dead_letters, &join.handle.spec.letters_to)
+    else {
+        return Ok(());
+    };
+    let spec = &join.handle.spec;
+    let key_name = join.input.schema().field(spec.stream_key).name().clone();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut letters = vec![];
+    for batch in &missed {
+        let keys = cast(batch.column(spec.stream_key), &DataType::Utf8)?;
+        let keys = keys.as_string::<i32>();
+        for (i, row) in rows_as_json(batch)?.into_iter().enumerate() {
+            let reason = if keys.is_valid(i) {
+                format!(
+                    "no row in lookup table {} for {key_name} {:?}",
+                    spec.table,
+                    keys.value(i)
+                )
+            } else {
+                format!("{key_name} is NULL: no row in lookup table {}", spec.table)
+            };
+            // Equal rows of one epoch are told apart by their occurrence,
+            // so the keys do not depend on the order the rows came in.
+            let n = seen.entry(row.clone()).or_default();
+            *n += 1;
+            let digest = hex::encode(&Sha256::digest(row.as_bytes())[..8]);
+            letters.push(DeadLetter {
+                table: stream.clone(),
+                reason,
+                window: None,
+                key: format!(
+                    "{stream}/no-match/{}/{function}/{epoch}/{digest}-{n}",
+                    spec.table
+                ),
+                row,
+                offsets: offsets.to_vec(),
+            });
+        }
+    }
+    if letters.is_empty() {
+        return Ok(());
+    }
+    dlq.send(&letters).await?;
+    LOOKUP_MISSES_SET_ASIDE.fetch_add(letters.len() as u64, Ordering::Relaxed);
+    tracing::debug!(function, epoch, rows = letters.len(), table = %spec.table, "rows without a match sent to dead letters");
+    Ok(())
+}
