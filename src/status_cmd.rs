@@ -155,6 +155,10 @@ fn render(s: &QueryStatus, platform: &Value) {
         at(s.store.committed_ms)
     );
     println!("  state {} bytes", s.store.state_bytes);
+    println!(
+        "  since start: {} dead letters, {} late rows, {} sink errors",
+        s.since_start.dead_letters, s.since_start.late_rows, s.since_start.sink_errors
+    );
     if let Some(state) = platform.get("schedule").and_then(Value::as_str) {
         println!("  schedule {state}");
     }

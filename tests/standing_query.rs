@@ -21,6 +21,8 @@ const RECORDS: usize = 30_000;
 /// Event time the records span: the 10 s windows close 25 times.
 const SPAN_MS: i64 = 250_000;
 const INTERVAL: &str = "200ms";
+/// Undecodable records produced before the last run, one per partition.
+const BAD_RECORDS: usize = PARTITIONS;
 /// How long a stop may take: the epoch in flight, its commit and exit, on
 /// a loaded 2-core machine (the interval is 0.2 s).
 const STOP_WITHIN: Duration = Duration::from_secs(10);
@@ -164,9 +166,49 @@ impl Standing {
         self.run_then_stop(&records[third..2 * third], signals[1], written);
         assert_partial(&written(), &reference, "after the second stop");
         windowed::produce(&self.topic, &records[2 * third..]);
+        // Records that do not decode: dropped (no dead-letter topic) and
+        // counted for `skein status`.
+        let bad: Vec<(usize, String)> = (0..BAD_RECORDS).map(|i| (i, "{not json".into())).collect();
+        windowed::produce(&self.topic, &bad);
         let report = self.drain();
         assert!(report["resumed_after"].is_u64(), "{report}");
         assert_exact(&written(), &reference, &format!("standing runs {report}"));
+        self.assert_status_caught_up();
+    }
+
+    /// `skein status FILE --json` after the draining run: every partition
+    /// committed up to its end, the last epoch committed, and the
+    /// undecodable records counted once.
+    fn assert_status_caught_up(&self) {
+        let output = Command::new(env!("CARGO_BIN_EXE_skein"))
+            .args(["status", self.sql.to_str().expect("utf-8 path"), "--json"])
+            .arg("--checkpoint-dir")
+            .arg(self.checkpoints())
+            .output()
+            .expect("running skein status");
+        assert!(
+            output.status.success(),
+            "skein status failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let status: Value = serde_json::from_slice(&output.stdout).expect("status is JSON");
+        let partitions = status["partitions"].as_array().expect("partitions");
+        assert_eq!(partitions.len(), PARTITIONS, "{status}");
+        for p in partitions {
+            assert!(p["latest"].as_i64().is_some_and(|l| l > 0), "{status}");
+            assert_eq!(p["committed"], p["latest"], "{status}");
+            assert_eq!(p["lag"], 0, "{status}");
+        }
+        assert_eq!(status["lag"], 0, "{status}");
+        assert_eq!(
+            status["committed"]["epoch"], status["last_epoch"],
+            "{status}"
+        );
+        assert!(status["watermark_ms"].is_i64(), "{status}");
+        assert_eq!(
+            status["since_start"]["dead_letters"], BAD_RECORDS as u64,
+            "{status}"
+        );
     }
 }
 

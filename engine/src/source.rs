@@ -55,6 +55,8 @@ pub struct MicroBatch {
     /// Pushed records (by index into what `decode_pushed` was given) that
     /// were not decoded and had no dead-letter destination to go to.
     pub rejected: Vec<(usize, String)>,
+    /// Records this pull sent to the table's dead-letter destination.
+    pub dead_letters: u64,
 }
 
 /// How far one pull got in one partition.
@@ -115,7 +117,7 @@ impl MicroBatch {
             batches,
             offsets,
             partitions: vec![progress],
-            rejected: vec![],
+            ..Default::default()
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::checkpoint::{CheckpointStore, StoreSummary};
+use crate::checkpoint::{CheckpointStore, StoreSummary, Tally};
 use crate::error::Result;
 use crate::planner::QueryPlan;
 use crate::source::SourceRegistry;
@@ -37,6 +37,9 @@ pub struct QueryStatus {
     pub watermark_delay_ms: Option<i64>,
     #[serde(flatten)]
     pub store: StoreSummary,
+    /// Since the query started (every instance of every member): records
+    /// sent to dead letters, late rows set aside, failed sink writes.
+    pub since_start: Tally,
 }
 
 fn now_ms() -> i64 {
@@ -54,6 +57,7 @@ pub async fn query_status(
     sources: &SourceRegistry,
 ) -> Result<QueryStatus> {
     let summary = store.summary().await?;
+    let since_start = store.tally().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
     if let Some(commit) = summary.committed {
@@ -106,5 +110,6 @@ pub async fn query_status(
         watermark_ms: watermark,
         watermark_delay_ms: watermark.map(|w| now_ms() - w),
         store: summary,
+        since_start,
     })
 }

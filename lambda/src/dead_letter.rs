@@ -16,6 +16,10 @@ use skein_engine::checkpoint::PoisonRecord;
 
 pub const PREFIX: &str = "skein/dead-letters";
 
+/// Where dead letters go once the epochs they failed were run again from
+/// the last commit: kept for a reader, no longer holding up commits.
+pub const HANDLED_PREFIX: &str = "skein/dead-letters-handled";
+
 /// The dead-letter function of a query.
 pub fn function_name(query_code: &str) -> String {
     format!("{query_code}-dlq")
@@ -91,6 +95,19 @@ pub async fn list(store: &Arc<dyn ObjectStore>, query_code: &str) -> Result<Vec<
     Ok(out)
 }
 
+/// Move the query's dead letters aside (under [`HANDLED_PREFIX`]): every
+/// instance was replaced and the epochs after the last commit run again, so
+/// the failures they record are accounted for. Returns how many moved.
+pub async fn set_aside(store: &Arc<dyn ObjectStore>, query_code: &str) -> Result<usize> {
+    let keys = collect_keys(store, &format!("{PREFIX}/{query_code}")).await?;
+    for key in &keys {
+        let to = StorePath::from(key.as_ref().replacen(PREFIX, HANDLED_PREFIX, 1));
+        store.copy(key, &to).await?;
+        store.delete(key).await?;
+    }
+    Ok(keys.len())
+}
+
 /// Keys under a prefix, sorted.
 async fn collect_keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Result<Vec<StorePath>> {
     let mut keys: Vec<StorePath> = store
@@ -127,5 +144,15 @@ mod tests {
             .unwrap();
         assert_eq!(list(&store, "qabc").await.unwrap().len(), 1);
         assert_eq!(function_name("qabc"), "qabc-dlq");
+
+        // Set aside after a recovery: no longer listed, still kept, and
+        // another query's letters stay where they are.
+        assert_eq!(set_aside(&store, "qabc").await.unwrap(), 1);
+        assert!(list(&store, "qabc").await.unwrap().is_empty());
+        assert_eq!(list(&store, "qother").await.unwrap().len(), 1);
+        let kept = collect_keys(&store, &format!("{HANDLED_PREFIX}/qabc"))
+            .await
+            .unwrap();
+        assert_eq!(kept.len(), 1);
     }
 }

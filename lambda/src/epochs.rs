@@ -130,6 +130,12 @@ impl EpochRuntime for LambdaEpochs<'_> {
             return Ok(false);
         };
         r.redeploy().await?;
+        // The failures of the attempt that was given up are run again from
+        // the last commit; left in place they would hold up every commit.
+        let moved = dead_letter::set_aside(&self.store, &self.plan.query_code).await?;
+        if moved > 0 {
+            tracing::warn!(moved, "dead letters of the failed attempt set aside");
+        }
         Ok(true)
     }
 }

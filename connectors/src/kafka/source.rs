@@ -847,6 +847,7 @@ impl PartitionReader {
             batches,
             offsets,
             partitions,
+            dead_letters: undecodable.len() as u64,
             ..Default::default()
         })
     }

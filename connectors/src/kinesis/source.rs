@@ -195,6 +195,7 @@ impl KinesisSource {
         if hold && self.config.dead_letter_stream.is_none() {
             held = rejected.drain(..).map(|r| (r.index, r.reason)).collect();
         }
+        let dead_letters = rejected.len() as u64;
         if !rejected.is_empty() {
             self.dead_letters
                 .fetch_add(rejected.len() as u64, Ordering::Relaxed);
@@ -226,6 +227,7 @@ impl KinesisSource {
         Ok(MicroBatch {
             batches,
             rejected: held,
+            dead_letters,
             ..Default::default()
         })
     }

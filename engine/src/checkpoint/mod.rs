@@ -20,6 +20,7 @@
 
 mod snapshot;
 mod summary;
+mod tally;
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub use snapshot::{
     MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
 };
 pub use summary::StoreSummary;
+pub use tally::{MemberTally, Tally};
 
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

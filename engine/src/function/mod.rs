@@ -163,6 +163,8 @@ pub struct StageFunction {
     late: BTreeMap<u32, LateHandling>,
     env: FunctionEnv,
     state: Mutex<StageState>,
+    /// Dead letters, late rows and sink errors, for `skein status`.
+    tally: crate::checkpoint::MemberTally,
 }
 
 impl std::fmt::Debug for StageFunction {
@@ -286,6 +288,7 @@ impl StageFunction {
             late,
             env,
             state: Mutex::new(state),
+            tally: Default::default(),
         })
     }
 
@@ -305,13 +308,27 @@ impl StageFunction {
 
     /// Serve one parsed request: a trigger or a data payload.
     pub async fn serve(&self, request: Request) -> Result<Response> {
-        match request {
+        let response = match request {
             Request::Trigger(t) => self.run_source(t).await,
             Request::Data(p) => self.take_payload(*p).await,
             other => Err(EngineError::Invocation {
                 name: self.name.clone(),
                 reason: format!("a {} is not a stage request", other.kind()),
             }),
+        };
+        self.save_tally().await;
+        response
+    }
+
+    /// Write this member's counts for `skein status` if they changed. A
+    /// failure only costs the status a count, so it does not fail the
+    /// invocation.
+    pub(super) async fn save_tally(&self) {
+        let Some(cs) = &self.env.checkpoints else {
+            return;
+        };
+        if let Err(e) = self.tally.save(cs, self.ctx.stage, self.ctx.member).await {
+            tracing::warn!(stage = %self.name, error = %e, "writing the member's counts");
         }
     }
 
@@ -497,6 +514,7 @@ impl StageFunction {
             };
             let n = l.batch.num_rows();
             self.env.late.add(&handling.table, n as u64);
+            self.tally.count(|t| t.late_rows += n as u64);
             crate::metrics::late_rows(&handling.table, n as u64);
             tracing::debug!(stage = %self.name, table = %handling.table, rows = n, "late rows");
             let Some(dlq) = &handling.dead_letters else {

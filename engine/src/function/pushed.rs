@@ -86,6 +86,12 @@ impl StageFunction {
     /// where the stage writes the sink it is the epoch of the write, so a
     /// sink that names writes by epoch replaces a retried batch's output.
     pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
+        let response = self.run_pushed_batch(batch_id, records).await;
+        self.save_tally().await;
+        response
+    }
+
+    async fn run_pushed_batch(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
         let [reader] = self.readers.as_slice() else {
             return Err(
                 self.refuse("pushed records need a stage that reads exactly one source table")
@@ -123,14 +129,16 @@ impl StageFunction {
         reader: &SourceReader,
         records: &[PushedRecord],
     ) -> Result<crate::source::MicroBatch> {
-        reader
+        let mb = reader
             .source
             .decode_pushed(records)
             .await
             .map_err(|e| EngineError::Source {
                 source_name: reader.table.clone(),
                 reason: format!("{}: {e}", self.name),
-            })
+            })?;
+        self.tally.count(|t| t.dead_letters += mb.dead_letters);
+        Ok(mb)
     }
 
     /// A pushed batch as the next epoch of the offsets log.

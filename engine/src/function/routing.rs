@@ -72,6 +72,9 @@ impl StageFunction {
                     })
                     .await;
                 crate::metrics::sink_write(&config.kind, rows, written.is_ok());
+                if written.is_err() {
+                    self.tally.count(|t| t.sink_errors += 1);
+                }
                 written
             }
             NextHop::Single { stage } => {

@@ -82,6 +82,7 @@ impl StageFunction {
             }
             .map_err(|e| source_err(&r.table, e))?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+            self.tally.count(|t| t.dead_letters += mb.dead_letters);
             let progress = mb.progress();
             crate::metrics::source_pull(&r.table, &progress, |p| {
                 p.batches
