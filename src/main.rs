@@ -5,6 +5,7 @@ mod bench;
 mod bench_state;
 mod checkpoint;
 mod checkpoint_dir;
+mod cost;
 mod lambda_bench;
 mod lambda_cmd;
 mod lambda_run;
@@ -65,6 +66,8 @@ enum Command {
     /// Benchmarks that print figures (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
+    Cost(cost::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
     Gen(publish::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
@@ -139,6 +142,7 @@ async fn cli() -> Result<()> {
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
+        Command::Cost(args) => cost::cost(args).await,
         Command::Gen(args) => publish::gen_command(args).await,
     }
 }
