@@ -76,7 +76,7 @@ impl GaugeFn for Handle {
         });
     }
     fn decrement(&self, value: f64) {
-        self.increment(-value);
+        GaugeFn::increment(self, -value);
     }
     fn set(&self, value: f64) {
         self.update(|r| *r = Reading::Gauge(value, true));
