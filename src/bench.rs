@@ -242,7 +242,11 @@ async fn runtime_rate(epochs: u64) -> Result<f64> {
 const FLINK_PER_CORE: [(u32, f64); 4] = [(0, 380e3), (5, 75e3), (7, 23e3), (12, 195e3)];
 
 /// Wall time of one bounded NEXMark run on a fresh in-process runtime.
-async fn nexmark_run_seconds(query: u32, args: &NexmarkBenchArgs) -> Result<(f64, usize)> {
+/// One run of a query: seconds, result rows, and what the cost model takes.
+async fn nexmark_run_seconds(
+    query: u32,
+    args: &NexmarkBenchArgs,
+) -> Result<(f64, usize, skein_cost::Measured)> {
     let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
     let regs = registries();
     let ctx = session(&regs.sources, args.group_size);
@@ -254,9 +258,15 @@ async fn nexmark_run_seconds(query: u32, args: &NexmarkBenchArgs) -> Result<(f64
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let cpu_before = crate::cost::process_cpu_s();
     let report = run_local(&plan, &runtime, &options, args.epochs, |_, _| {})
         .await
         .with_context(|| format!("running NEXMark q{query}"))?;
+    // Per event of the whole stream, as the throughput is.
+    let measured = skein_cost::Measured {
+        events: args.events,
+        ..crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before)
+    };
     let rows = regs
         .collect
         .sink(&plan.query_code)
@@ -264,7 +274,7 @@ async fn nexmark_run_seconds(query: u32, args: &NexmarkBenchArgs) -> Result<(f64
         .iter()
         .map(|b| b.num_rows())
         .sum();
-    Ok((report.elapsed_s, rows))
+    Ok((report.elapsed_s, rows, measured))
 }
 
 async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
@@ -274,11 +284,13 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
         let mut seconds = vec![];
         let mut result_rows = 0;
         let mut failure = None;
+        let mut measured = None;
         for _ in 0..args.repeat.max(1) {
             match nexmark_run_seconds(query, &args).await {
-                Ok((s, rows)) => {
+                Ok((s, rows, m)) => {
                     seconds.push(s);
                     result_rows = rows;
+                    measured = Some(m);
                 }
                 Err(e) => {
                     // One query that cannot run must not hide the others' figures.
@@ -307,6 +319,11 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
             "result_rows": result_rows,
             "flink_per_core": flink,
             "ratio_to_flink": flink.map(|f| (per_core / f * 100.0).round() / 100.0),
+            // The last run priced per million events (docs/cost.md).
+            "cost": match &measured {
+                Some(m) => crate::cost::to_json(&crate::cost::section(m, None, &Default::default())?),
+                None => serde_json::Value::Null,
+            },
         }));
     }
     if args.json {

@@ -7,12 +7,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use object_store::ObjectStore;
-use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use serde_json::json;
 use skein_engine::checkpoint::CheckpointStore;
-use skein_engine::context::CheckpointSpec;
 use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
@@ -42,6 +39,10 @@ pub struct StateBenchArgs {
     repeat: usize,
     #[arg(long)]
     json: bool,
+    /// Draw throughput and checkpoint bytes per epoch of one checkpointed
+    /// run of each query to this SVG (FILE-q5.svg, ... with several queries).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 /// A query planned onto a fresh in-process runtime; with `dir`, it
@@ -67,17 +68,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir)?);
-            let cs =
-                CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
-                    .await
-                    .map_err(anyhow::Error::msg)?;
-            options.run = cs.manifest().run.clone();
-            options.checkpoint = Some(CheckpointSpec { interval: 1 });
-            let cs = Arc::new(cs);
-            runtime.set_checkpoints(Some(cs.clone()));
-            Some(cs)
+            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options).await?)
         }
         None => None,
     };
@@ -98,18 +89,74 @@ fn scratch_dir(query: u32, what: &str) -> PathBuf {
     dir
 }
 
-/// One run: seconds, and bytes written to the checkpoint store.
-async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<(f64, u64)> {
+/// Per epoch: seconds since the start, events so far, checkpoint bytes so far.
+type EpochSeries = Vec<(f64, u64, u64)>;
+
+/// One run: seconds, bytes written to the checkpoint store, and the series.
+async fn run_once(
+    query: u32,
+    args: &StateBenchArgs,
+    checkpoint: bool,
+) -> Result<(f64, u64, EpochSeries)> {
     let dir = checkpoint.then(|| scratch_dir(query, "run"));
     let s = setup(query, args, dir.as_deref()).await?;
-    let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, _| {})
-        .await
-        .with_context(|| format!("running NEXMark q{query}"))?;
+    let started = std::time::Instant::now();
+    let mut series = vec![];
+    let store = s.store.clone();
+    let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, events| {
+        let bytes = store.as_ref().map_or(0, |s| s.bytes_written());
+        series.push((started.elapsed().as_secs_f64(), events, bytes));
+    })
+    .await
+    .with_context(|| format!("running NEXMark q{query}"))?;
     let written = s.store.as_ref().map_or(0, |s| s.bytes_written());
     if let Some(dir) = dir {
         let _ = std::fs::remove_dir_all(dir);
     }
-    Ok((report.elapsed_s, written))
+    Ok((report.elapsed_s, written, series))
+}
+
+/// Throughput and checkpoint bytes of each epoch of one run, drawn.
+fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) -> Result<()> {
+    let mut throughput = vec![];
+    let mut bytes = vec![];
+    let mut last = (0.0, 0, 0);
+    for &(t, events, written) in series {
+        let dt = t - last.0;
+        if dt > 0.0 {
+            throughput.push((t, events.saturating_sub(last.1) as f64 / dt));
+        }
+        bytes.push((t, written.saturating_sub(last.2) as f64));
+        last = (t, events, written);
+    }
+    let title = format!(
+        "NEXMark q{query}, {} events at {}/s of event time, checkpoint every epoch",
+        args.events, args.rate
+    );
+    skein_plot::write_svg(
+        file,
+        &title,
+        &[
+            skein_plot::Series {
+                name: "events/s, per epoch".into(),
+                points: throughput,
+            },
+            skein_plot::Series {
+                name: "checkpoint bytes written, per epoch".into(),
+                points: bytes,
+            },
+        ],
+    )?;
+    Ok(())
+}
+
+/// `FILE.svg` for one query, `FILE-qN.svg` for each of several.
+fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
+    if queries == 1 {
+        return file.to_path_buf();
+    }
+    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
+    file.with_file_name(format!("{stem}-q{query}.svg"))
 }
 
 /// Recovery time: a run is killed midway (its own tokio runtime is shut
@@ -173,11 +220,19 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
     for &query in &args.queries {
         let (mut off, mut on, mut bytes, mut recovery) = (vec![], vec![], 0, vec![]);
         // Alternate the settings so drift on a noisy machine hits both.
-        for _ in 0..args.repeat {
+        for i in 0..args.repeat {
             off.push(run_once(query, &args, false).await?.0);
-            let (s, b) = run_once(query, &args, true).await?;
+            let (s, b, series) = run_once(query, &args, true).await?;
             on.push(s);
             bytes = b;
+            if let (Some(file), 0) = (&args.plot, i) {
+                plot(
+                    &plot_file(file, query, args.queries.len()),
+                    query,
+                    &args,
+                    &series,
+                )?;
+            }
             recovery.push(recovery_once(query, &args).await?);
         }
         let (off, on, recovery) = (median(off), median(on), median(recovery));

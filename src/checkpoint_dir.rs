@@ -177,6 +177,27 @@ pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
     }))
 }
 
+/// A throw-away checkpoint store in `dir` (benchmarks and `skein cost`):
+/// `runtime` checkpoints there every epoch, in the store's lineage.
+pub async fn scratch(
+    dir: &Path,
+    plan: &QueryPlan,
+    runtime: &LocalRuntime,
+    options: &mut PlanOptions,
+) -> Result<Arc<CheckpointStore>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
+    let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir)?);
+    let cs = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    options.run = cs.manifest().run.clone();
+    options.checkpoint = Some(CheckpointSpec { interval: 1 });
+    let cs = Arc::new(cs);
+    runtime.set_checkpoints(Some(cs.clone()));
+    Ok(cs)
+}
+
 /// Remove a checkpoint directory (a query starting afresh); refused while
 /// a live process holds it. Returns whether there was one.
 pub fn remove(dir: &Path) -> Result<bool> {

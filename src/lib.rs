@@ -7,6 +7,7 @@ pub mod bench;
 pub mod bench_state;
 pub mod checkpoint;
 pub mod checkpoint_dir;
+pub mod cost;
 pub mod lambda_bench;
 pub mod lambda_cmd;
 pub mod lambda_run;

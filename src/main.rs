@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use skein::{
-    PlanArgs, bench, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd, ysb,
+    PlanArgs, bench, cost, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd, ysb,
 };
 
 #[derive(Parser)]
@@ -57,6 +57,8 @@ enum Command {
     /// Benchmarks that print figures (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
+    Cost(cost::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
     Gen(publish::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
@@ -96,6 +98,7 @@ async fn cli() -> Result<()> {
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
+        Command::Cost(args) => cost::cost(args).await,
         Command::Gen(args) => publish::gen_command(args).await,
     }
 }

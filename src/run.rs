@@ -307,6 +307,7 @@ pub async fn run_sql(
     };
     bar.set_style(ProgressStyle::with_template(template).expect("progress template"));
     bar.enable_steady_tick(Duration::from_millis(200));
+    let cpu_before = crate::cost::process_cpu_s();
     let mut report: RunReport = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
         bar.set_message(format!("{events} events"));
@@ -314,6 +315,8 @@ pub async fn run_sql(
     .await
     .context("running the query")?;
     bar.finish_and_clear();
+    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
+    let cost = crate::cost::section(&measured, None, &Default::default())?;
     let signalled = signal.is_some_and(|s| s.is_raised());
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.
@@ -366,6 +369,7 @@ pub async fn run_sql(
             "checkpoint_dir": held.as_ref().map(|h| h.dir.display().to_string()),
             "resumed_after": report.resumed_after,
             "stopped": if signalled { "signal" } else { "bound" },
+            "cost": crate::cost::to_json(&cost),
         });
         if let Some(q) = nexmark_query {
             v["query"] = json!(q);
@@ -408,6 +412,8 @@ pub async fn run_sql(
                 None => "",
             }
         ));
+        out.push('\n');
+        out.push_str(&crate::cost::one_line(&cost));
         if signalled {
             out.push_str(match held {
                 Some(_) => "\nstopped by a signal: open windows wait in the checkpoint for the next run",
@@ -433,7 +439,8 @@ pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<()> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .set_buckets_for_metric(
-            Matcher::Full("skein_epoch_duration_seconds".into()),
+            // Every histogram: epochs, checkpoint writes, commits.
+            Matcher::Suffix("_seconds".into()),
             &[
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             ],

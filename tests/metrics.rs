@@ -3,25 +3,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The body of GET /metrics, once the server answers.
-fn scrape(addr: &str) -> Option<String> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-}
 
 /// The value of the first sample of `name` whose labels contain `label`.
 fn sample(body: &str, name: &str, label: &str) -> Option<f64> {
@@ -63,7 +46,7 @@ fn a_running_query_serves_its_metrics() {
     // Scrape until the windowed stage has reported its state and watermark.
     while started.elapsed() < Duration::from_secs(18) {
         std::thread::sleep(Duration::from_millis(500));
-        if let Some(b) = scrape(&addr)
+        if let Some(b) = common::scrape(&addr)
             && b.contains("skein_watermark_delay_seconds")
             && b.contains("skein_sink_rows_total")
         {

@@ -8,7 +8,8 @@
 //!   moments tied to its commits, and restarted from its checkpoint
 //!   directory: the counts are still exact and every bad record has a dead
 //!   letter (a replayed epoch may send one again, under the same key);
-//! * `--duration` keeps pulling after an empty epoch while a producer writes.
+//! * `--duration` keeps pulling after an empty epoch while a producer
+//!   writes, and `--metrics` serves what it reads and checkpoints meanwhile.
 //!
 //! `ysb check` compares Redis with the ground truth file and with counts it
 //! recomputes from the topic, and the dead-letter topic with the topic's
@@ -256,8 +257,9 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     // The topic exists and is empty when the run starts.
     let empty = prepare(&topic, &dir, seed, 0, &[]);
     assert_eq!(empty["events"].as_u64(), Some(0), "{empty}");
+    let metrics = format!("127.0.0.1:{}", common::free_port());
     let child = ysb_command("run", &topic, &dir, seed)
-        .args(["--duration", "25s"])
+        .args(["--duration", "25s", "--metrics", &metrics])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -289,6 +291,29 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
         assert!(Instant::now() < deadline, "no epoch committed after 120 s");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // Scraped while it runs: what it read, and its checkpoint writes (the
+    // commit follows the sink's write by a moment).
+    let names = [
+        "skein_source_records_total",
+        "skein_checkpoint_write_seconds_bucket",
+        "skein_commit_duration_seconds_bucket",
+        "skein_checkpoint_written_bytes_total",
+    ];
+    let scraped = Instant::now();
+    let mut body = String::new();
+    while scraped.elapsed() < Duration::from_secs(5) {
+        body = common::scrape(&metrics).unwrap_or_default();
+        if names.iter().all(|n| body.contains(n)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for name in names {
+        assert!(
+            body.contains(name),
+            "{name} missing from {metrics}:\n{body}"
+        );
+    }
     // Now a producer writes, while the run goes on.
     let generated = prepare_events(&topic, &dir, seed, 50_000);
     let out = child.wait_with_output().expect("waiting for ysb run");
@@ -301,6 +326,11 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
     assert_eq!(run["events"].as_u64(), Some(50_000), "{run}");
+    let lambda = &run["cost"]["lambda"][0];
+    assert!(
+        lambda["usd_per_million_events"].as_f64() > Some(0.0),
+        "{run}"
+    );
     assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
 }
 

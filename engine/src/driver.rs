@@ -133,6 +133,10 @@ pub struct RunReport {
     pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
     /// The committed epoch a checkpointed run resumed after, if any.
     pub resumed_after: Option<u64>,
+    /// Invocation time as Lambda bills it (each rounded up to 1 ms), summed.
+    pub billed_ms: u64,
+    /// Objects the run wrote to the checkpoint store (S3 PUT requests).
+    pub checkpoint_puts: u64,
 }
 
 /// Deploy to an in-process runtime and run until `stop`; the last epoch
@@ -178,6 +182,9 @@ pub async fn run_local_drained_by<'a>(
     let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
+    let before_billed = runtime.stats().billed_ms.load(Ordering::Relaxed);
+    let checkpoint_puts = || runtime.checkpoints().map_or(0, |c| c.puts());
+    let before_puts = checkpoint_puts();
     let before_late = runtime.late_rows();
     let start = Instant::now();
     let log = EpochLog::new(
@@ -233,6 +240,8 @@ pub async fn run_local_drained_by<'a>(
         late_rows: late_by_table.values().sum(),
         late_rows_by_table: late_by_table,
         resumed_after: run.resumed.map(|c| c.epoch),
+        billed_ms: runtime.stats().billed_ms.load(Ordering::Relaxed) - before_billed,
+        checkpoint_puts: checkpoint_puts() - before_puts,
     })
 }
 

@@ -231,9 +231,11 @@ impl EpochLog {
         // An epoch that lost an invocation or left a member waiting is not
         // complete: it is run again after the last commit. Checked only
         // here: a member left waiting earlier is still waiting now.
+        let started = std::time::Instant::now();
         runtime.check_complete(epoch).await?;
         cs.commit(Commit { epoch, last }).await?;
         cs.forget_before(epoch).await?;
+        crate::metrics::commit(started.elapsed());
         runtime.committed(epoch).await;
         Ok(())
     }

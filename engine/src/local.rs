@@ -27,6 +27,9 @@ pub struct RuntimeStats {
     pub payload_bytes: AtomicU64,
     pub cold_starts: AtomicU64,
     pub failed_async: AtomicU64,
+    /// Each invocation's handler time rounded up to the millisecond, summed:
+    /// what Lambda would bill as duration (waits on synchronous callees included).
+    pub billed_ms: AtomicU64,
 }
 
 struct LocalFunction {
@@ -232,9 +235,13 @@ impl LocalRuntime {
                 })?
         };
         let instance = self.instance(f).await?;
+        let started = std::time::Instant::now();
         // Parsed once, as the Lambda bootstrap does.
-        let response = instance.serve(Request::from_json(payload)?).await?;
-        Ok(serde_json::to_vec(&response).expect("response serialises"))
+        let request = Request::from_json(payload)?;
+        let response = instance.serve(request).await;
+        let billed = started.elapsed().as_micros().div_ceil(1000) as u64;
+        self.stats.billed_ms.fetch_add(billed, Ordering::Relaxed);
+        Ok(serde_json::to_vec(&response?).expect("response serialises"))
     }
 
     fn record_failure(&self, function: &str, e: EngineError) {

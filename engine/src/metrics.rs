@@ -57,6 +57,20 @@ pub fn checkpoint_bytes(function: &str, bytes: usize) {
     gauge!("skein_checkpoint_bytes", "function" => function.to_string()).set(bytes as f64);
 }
 
+/// One object written to the checkpoint store (member state, offsets log
+/// entry, epoch plan or commit): how long the write took and its bytes.
+pub fn checkpoint_write(bytes: usize, took: Duration) {
+    histogram!("skein_checkpoint_write_seconds").record(took.as_secs_f64());
+    counter!("skein_checkpoint_writes_total").increment(1);
+    counter!("skein_checkpoint_written_bytes_total").increment(bytes as u64);
+}
+
+/// One epoch's commit: from the completeness check to the commit marker
+/// and the clean-up after it.
+pub fn commit(took: Duration) {
+    histogram!("skein_commit_duration_seconds").record(took.as_secs_f64());
+}
+
 /// Rows set aside as late, per table.
 pub fn late_rows(table: &str, rows: u64) {
     counter!("skein_late_rows_total", "table" => table.to_string()).increment(rows);

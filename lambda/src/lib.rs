@@ -19,6 +19,7 @@ pub mod bench_scope;
 pub mod checkpoints;
 pub mod dead_letter;
 pub mod deploy;
+pub mod emf;
 pub mod epochs;
 pub mod esm;
 pub mod exchange;

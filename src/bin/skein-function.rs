@@ -86,8 +86,19 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     // (a cold start), then kept with its arena while the instance is warm.
     let stage: Arc<OnceCell<StageFunction>> = Arc::new(OnceCell::new());
     let exchange_env: Arc<OnceCell<ExchangeEnv>> = Arc::new(OnceCell::new());
-    lambda_runtime::run(service_fn(move |event| {
-        handle(event, stage.clone(), exchange_env.clone())
+    // What the engine measures, written after each invocation as
+    // CloudWatch embedded-metric-format lines (docs/metrics.md).
+    let emf = skein_lambda::emf::EmfRecorder::install();
+    lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| {
+        let (stage, exchange_env, emf) = (stage.clone(), exchange_env.clone(), emf.clone());
+        async move {
+            let function = event.context.env_config.function_name.clone();
+            let result = handle(event, stage, exchange_env).await;
+            if let Some(emf) = &emf {
+                emf.print(&function);
+            }
+            result
+        }
     }))
     .await
 }

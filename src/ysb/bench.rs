@@ -102,6 +102,9 @@ pub struct LatencyBench {
     pub epochs: u64,
     pub load_avg_1m: Option<f64>,
     pub topic: String,
+    /// The query at the target rate for a month (its CPU figure includes
+    /// the publisher, which runs in the same process).
+    pub cost: skein_cost::CostReport,
 }
 
 /// The 1-minute load average, for the record of how busy the machine was.
@@ -148,6 +151,7 @@ fn run_args(
         parallelism: a.parallelism,
         max_records: 250_000,
         dead_letter_topic: None,
+        metrics: a.metrics,
         load_done,
     }
 }
@@ -187,7 +191,9 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         // Let the load end with the run rather than after it.
         load.abort();
     }
-    let RunOutcome { report, .. } = run?;
+    let RunOutcome {
+        report, measured, ..
+    } = run?;
     let finished = Instant::now();
     let (published, stopped_ms, stopped) = load.await.context("the load task")??;
     let (check, found) = check_windows(&quiet, &default_dead_letter_topic(&common.topic)).await?;
@@ -209,7 +215,11 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         epochs: report.epochs,
         load_avg_1m: load_avg(),
         topic: common.topic.clone(),
+        cost: crate::cost::section(&measured, Some(rate as f64), &Default::default())?,
     };
+    if let Some(file) = &a.plot {
+        super::plot::latency_plot(file, &found, &report, stopped_ms, rate)?;
+    }
     if common.json {
         println!("{}", serde_json::to_string(&line)?);
     } else {
@@ -226,6 +236,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
             line.latency_ms_max,
             if line.exact { "exact" } else { "DIFFERENT" }
         );
+        println!("{}", crate::cost::one_line(&line.cost));
     }
     if !line.exact {
         bail!("the Skein run's counts differ from the topic recounted");

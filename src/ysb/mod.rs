@@ -18,6 +18,7 @@
 
 mod bench;
 mod check;
+mod plot;
 mod recount;
 mod run;
 mod setup;
@@ -74,6 +75,12 @@ pub struct BenchArgs {
     /// Source instances of the Skein run.
     #[arg(long, default_value_t = 2)]
     pub parallelism: usize,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the query runs.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Latency bench: draw throughput and window latency over time to this SVG.
+    #[arg(long, value_name = "FILE.svg", requires = "rate")]
+    pub plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -143,6 +150,10 @@ pub struct YsbRunArgs {
     /// (default: `<topic>-dead-letters`).
     #[arg(long)]
     pub dead_letter_topic: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the query runs
+    /// (docs/metrics.md).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Set once a producer in the same process (`bench --rate`) has
     /// finished; until then the run does not stop for being drained.
     #[arg(skip)]

@@ -52,7 +52,9 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
         dead_letters: dead,
         unknown_ad_views,
         resumed,
+        measured,
     } = run_query(a).await?;
+    let cost = crate::cost::section(&measured, None, &Default::default())?;
     if a.common.json {
         println!(
             "{}",
@@ -68,6 +70,7 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
                 "resumed_from": resumed,
                 "resumed_after": report.resumed_after,
                 "functions": report.functions,
+                "cost": crate::cost::to_json(&cost),
             })
         );
     } else {
@@ -80,6 +83,7 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
             report.elapsed_s,
             report.events_per_s
         );
+        println!("{}", crate::cost::one_line(&cost));
     }
     Ok(())
 }
@@ -93,12 +97,18 @@ pub(super) struct RunOutcome {
     pub unknown_ad_views: u64,
     /// Records already committed when the run started.
     pub resumed: i64,
+    /// What the cost model takes from the run (CPU time includes a load
+    /// published from the same process).
+    pub measured: skein_cost::Measured,
 }
 
 /// Run the query until drained (or `--duration`), from the topic's
 /// checkpoint directory.
 pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let c = &a.common;
+    if let Some(addr) = a.metrics {
+        crate::run::serve_metrics(addr)?;
+    }
     let dlt = a
         .dead_letter_topic
         .clone()
@@ -137,6 +147,7 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let dead_before = DEAD_LETTERS.load(Ordering::Relaxed);
     let unknown_before = UNKNOWN_AD_VIEWS.load(Ordering::Relaxed);
     let mut drained = DrainedTest::new(a, &plan, held.store.clone());
+    let cpu_before = crate::cost::process_cpu_s();
     let report = run_local_drained_by(
         &plan,
         &runtime,
@@ -147,7 +158,9 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     )
     .await
     .context("running queries/ysb.sql")?;
+    let cpu_s = crate::cost::process_cpu_s() - cpu_before;
     Ok(RunOutcome {
+        measured: crate::cost::measured(&report, cpu_s),
         report,
         dead_letters: DEAD_LETTERS.load(Ordering::Relaxed) - dead_before,
         unknown_ad_views: UNKNOWN_AD_VIEWS.load(Ordering::Relaxed) - unknown_before,

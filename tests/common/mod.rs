@@ -171,6 +171,22 @@ pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T
 /// An error and all its sources on one line (the deployer's own helper).
 pub use skein_lambda::error_chain;
 
+/// The body of GET http://ADDR/metrics, once the server answers.
+pub fn scrape(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+}
+
 /// Run the `skein` binary built for these tests: (success, stdout, stderr).
 pub fn skein(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))

@@ -112,6 +112,8 @@ pub struct CheckpointStore {
     manifest: Manifest,
     /// Bytes this handle has written (what a checkpoint costs).
     written: Arc<std::sync::atomic::AtomicU64>,
+    /// Objects this handle has written (S3 PUT requests, what they cost).
+    puts: Arc<std::sync::atomic::AtomicU64>,
     /// The commit this handle last cleaned up after (listing costs).
     forgot_at: Arc<std::sync::Mutex<Option<u64>>>,
 }
@@ -158,6 +160,7 @@ impl CheckpointStore {
             root,
             manifest,
             written: Default::default(),
+            puts: Default::default(),
             forgot_at: Default::default(),
         })
     }
@@ -173,6 +176,7 @@ impl CheckpointStore {
                 run: run.to_string(),
             },
             written: Default::default(),
+            puts: Default::default(),
             forgot_at: Default::default(),
         }
     }
@@ -190,10 +194,19 @@ impl CheckpointStore {
         self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Objects written through this handle so far.
+    pub fn puts(&self) -> u64 {
+        self.puts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     async fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
-        self.written
-            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let len = bytes.len();
+        let started = std::time::Instant::now();
         self.store.put(key, PutPayload::from(bytes)).await?;
+        crate::metrics::checkpoint_write(len, started.elapsed());
+        self.written
+            .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
