@@ -509,6 +509,7 @@ impl Source for KinesisSource {
         to: &[SourceOffset],
     ) -> EngineResult<MicroBatch> {
         self.seek(spec, from).await?;
+        self.replayable(spec, from, to).await?;
         let targets = to
             .iter()
             .filter(|o| o.source == self.config.stream)
@@ -708,6 +709,35 @@ impl KinesisSource {
             out.partitions.push(progress);
         }
         Ok(out)
+    }
+
+    /// A shard the logged pull read from must still be there to read again.
+    async fn replayable(
+        &self,
+        spec: EpochSpec,
+        from: &[SourceOffset],
+        to: &[SourceOffset],
+    ) -> EngineResult<()> {
+        let mut slot = self.reader.lock().await;
+        let reader = self.reader(&mut slot, &spec).await?;
+        for o in to.iter().filter(|o| o.source == self.config.stream) {
+            let known = reader
+                .shards
+                .iter()
+                .any(|s| shard_number(&s.id) == o.partition);
+            let before = from
+                .iter()
+                .find(|f| f.source == o.source && f.partition == o.partition)
+                .and_then(|f| f.position.as_ref());
+            if !known && o.position.as_ref() != before {
+                return Err(self.error(format!(
+                    "replaying an epoch from the checkpoint: shard {} it read is gone from \
+                     the stream (expired?)",
+                    o.partition
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A replay must end exactly where the logged pull ended.
