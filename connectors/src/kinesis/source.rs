@@ -1,9 +1,9 @@
 //! The Kinesis source: `CREATE EXTERNAL TABLE t (...) STORED AS KINESIS
 //! LOCATION '<stream>' OPTIONS ('format' 'json', ...)`.
 //!
-//! Source instance `i` of `N` reads the stream's open shards `i, i + N, ...`
-//! (in shard-id order) with GetShardIterator / GetRecords, keeping its shard
-//! iterators between pulls. A pull reads each owned shard until it is caught
+//! Source instance `i` of `N` reads the shards whose number is `i` modulo
+//! `N` with GetShardIterator / GetRecords, keeping its shard iterators
+//! between pulls. A pull reads each owned shard until it is caught
 //! up (`MillisBehindLatest` = 0 or an empty read), the record budget is
 //! spent, or the pull's time is up; records are decoded straight into Arrow
 //! by the same decoders as Kafka's.
