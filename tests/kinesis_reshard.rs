@@ -44,14 +44,7 @@ async fn put(
                     .expect("a record")
             })
             .collect();
-        let out = kinesis
-            .put_records()
-            .stream_name(stream)
-            .set_records(Some(entries))
-            .send()
-            .await
-            .expect("PutRecords (is ministack up? scripts/services.sh start ministack)");
-        assert_eq!(out.failed_record_count(), Some(0), "every record put");
+        let out = common::put_records(kinesis, stream, entries).await;
         for r in out.records() {
             let shard = skein_shard(r.shard_id().expect("a shard id"));
             last.insert(shard, r.sequence_number().expect("a sequence").to_string());
