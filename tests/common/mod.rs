@@ -276,12 +276,12 @@ pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String
 }
 
 /// Puts `entries` on `stream` (at most 500, one PutRecords call); fails the
-/// test unless every record was taken.
+/// test unless every record was taken. Returns where each record went.
 pub async fn put_records(
     kinesis: &aws_sdk_kinesis::Client,
     stream: &str,
     entries: Vec<aws_sdk_kinesis::types::PutRecordsRequestEntry>,
-) {
+) -> aws_sdk_kinesis::operation::put_records::PutRecordsOutput {
     let put = kinesis
         .put_records()
         .stream_name(stream)
@@ -294,6 +294,7 @@ pub async fn put_records(
         Some(0),
         "{stream}: some records were not put"
     );
+    put
 }
 
 /// Creates a Kinesis stream of `shards` shards and waits until it is ACTIVE.

@@ -2,6 +2,7 @@
 //! the batches a Lambda event-source mapping pushes), the sink puts a record
 //! per row. One `STORED AS KINESIS` table may be read and written.
 
+mod shards;
 mod sink;
 mod source;
 

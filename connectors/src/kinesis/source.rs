@@ -1,9 +1,9 @@
 //! The Kinesis source: `CREATE EXTERNAL TABLE t (...) STORED AS KINESIS
 //! LOCATION '<stream>' OPTIONS ('format' 'json', ...)`.
 //!
-//! Source instance `i` of `N` reads the stream's open shards `i, i + N, ...`
-//! (in shard-id order) with GetShardIterator / GetRecords, keeping its shard
-//! iterators between pulls. A pull reads each owned shard until it is caught
+//! Source instance `i` of `N` reads the shards whose number is `i` modulo
+//! `N` with GetShardIterator / GetRecords, keeping its shard iterators
+//! between pulls. A pull reads each owned shard until it is caught
 //! up (`MillisBehindLatest` = 0 or an empty read), the record budget is
 //! spent, or the pull's time is up; records are decoded straight into Arrow
 //! by the same decoders as Kafka's.
@@ -18,11 +18,12 @@
 //!   `{"stream", "shard", "sequence_number", "reason", "record"}`, and are
 //!   counted; without it they are only counted and logged.
 //!
-//! Delivery is at least once across restarts: Kinesis sequence numbers do
-//! not fit the engine's integer offsets, so a restarted query starts again
-//! from `startup`. Shards opened by a reshard after the reader started are
-//! not followed.
+//! Reshards are followed (see `shards.rs`): the shards are listed again
+//! each pull and whenever a shard ends, a shard is read to its end before
+//! its children start, and the offsets log marks a finished shard with
+//! [`SHARD_END`] so a replay or a resume does not read it again.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -42,6 +43,7 @@ use skein_engine::source::{
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
 
+use super::shards::{ListedShard, SHARD_END, list_shards, owner, ready};
 use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
@@ -139,14 +141,35 @@ impl std::fmt::Debug for KinesisSource {
 /// One owned shard and where its reader stands.
 struct Shard {
     id: String,
-    /// `None` once the shard is closed and read to its end.
+    parents: Vec<String>,
+    /// Where a shard with nothing read yet starts: the configured startup
+    /// for shards of the first listing, the trim horizon for children
+    /// that appeared later (all their records come after their parents').
+    from_startup: bool,
+    /// `None` until needed (or after a seek): fetched before the next read.
     iterator: Option<String>,
-    /// The last sequence number read, to renew an expired iterator.
+    /// The last sequence number read, where a renewed iterator starts.
     last_sequence: Option<String>,
+    /// Read to its end (or gone from the stream): never read again.
+    finished: bool,
 }
 
+#[derive(Default)]
 struct ShardReader {
+    /// The owned shards in shard-id order; append-only, so indexes hold.
     shards: Vec<Shard>,
+    /// The stream's shards as last listed.
+    listed: BTreeMap<String, ListedShard>,
+    listed_once: bool,
+}
+
+impl ShardReader {
+    fn is_ready(&self, shard: &Shard) -> bool {
+        !shard.finished
+            && ready(&shard.parents, &self.listed, |p| {
+                self.shards.iter().find(|s| s.id == p).map(|s| s.finished)
+            })
+    }
 }
 
 /// A record that failed to decode, kept until it is dead-lettered.
@@ -244,99 +267,101 @@ impl KinesisSource {
         }
     }
 
-    async fn open(&self, spec: &EpochSpec) -> EngineResult<ShardReader> {
+    /// Lists the stream's shards and takes the owned ones not yet known.
+    /// A known shard gone from the listing (expired, or deleted by an
+    /// emulator that drops closed parents) is finished: nothing of it can
+    /// be read any more.
+    async fn refresh(&self, reader: &mut ShardReader, spec: &EpochSpec) -> EngineResult<()> {
         let client = self.client().await;
-        let mut ids = vec![];
-        let mut next: Option<String> = None;
-        loop {
-            let mut req = client.list_shards();
-            req = match &next {
-                Some(token) => req.next_token(token),
-                None => req.stream_name(&self.config.stream),
-            };
-            let page = req.send().await.map_err(|e| {
-                self.error(format!(
-                    "ListShards: {}",
-                    aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                ))
-            })?;
-            for s in page.shards() {
-                // Closed parents of a reshard have an ending sequence number;
-                // their children carry the data from then on.
-                let open = s
-                    .sequence_number_range()
-                    .is_some_and(|r| r.ending_sequence_number().is_none());
-                if open {
-                    ids.push(s.shard_id().to_string());
-                }
-            }
-            next = page.next_token().map(str::to_string);
-            if next.is_none() {
-                break;
-            }
-        }
-        ids.sort();
-        let instances = spec.instances.max(1);
-        let mut shards = vec![];
-        for (i, id) in ids.into_iter().enumerate() {
-            if i % instances != spec.instance {
+        let listed = list_shards(client, &self.config.stream)
+            .await
+            .map_err(|e| self.error(e))?;
+        let first = !reader.listed_once;
+        for l in &listed {
+            if owner(&l.id, spec.instances) != spec.instance
+                || reader.shards.iter().any(|s| s.id == l.id)
+            {
                 continue;
             }
-            let mut req = client
-                .get_shard_iterator()
-                .stream_name(&self.config.stream)
-                .shard_id(&id);
-            req = match &self.config.startup {
-                KinesisStartup::TrimHorizon => {
-                    req.shard_iterator_type(ShardIteratorType::TrimHorizon)
-                }
-                KinesisStartup::Latest => req.shard_iterator_type(ShardIteratorType::Latest),
-                KinesisStartup::AtTimestamp { ms } => req
-                    .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                    .timestamp(DateTime::from_millis(*ms)),
-            };
-            let iterator = req
-                .send()
-                .await
-                .map_err(|e| {
-                    self.error(format!(
-                        "GetShardIterator {id}: {}",
-                        aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                    ))
-                })?
-                .shard_iterator;
-            shards.push(Shard {
-                id,
-                iterator,
+            // Starting at `latest`, a shard already closed has nothing new.
+            let skipped = first && l.closed && self.config.startup == KinesisStartup::Latest;
+            reader.shards.push(Shard {
+                id: l.id.clone(),
+                parents: l.parents.clone(),
+                from_startup: first,
+                iterator: None,
                 last_sequence: None,
+                finished: skipped,
             });
         }
-        Ok(ShardReader { shards })
+        reader.listed = listed.into_iter().map(|l| (l.id.clone(), l)).collect();
+        reader.listed_once = true;
+        for shard in reader.shards.iter_mut() {
+            if !shard.finished && !reader.listed.contains_key(&shard.id) {
+                self.gone(shard);
+            }
+        }
+        Ok(())
     }
 
-    /// A fresh iterator just after the last record read of `shard`.
+    fn gone(&self, shard: &mut Shard) {
+        warn!(stream = %self.config.stream, shard = %shard.id, last = ?shard.last_sequence,
+            "shard is gone from the stream; reading it ends here");
+        shard.finished = true;
+        shard.iterator = None;
+    }
+
+    /// The reader, opened (listed) on first use: planning must not need AWS.
+    async fn reader<'a>(
+        &self,
+        slot: &'a mut Option<ShardReader>,
+        spec: &EpochSpec,
+    ) -> EngineResult<&'a mut ShardReader> {
+        if slot.is_none() {
+            let mut reader = ShardReader::default();
+            self.refresh(&mut reader, spec).await?;
+            *slot = Some(reader);
+        }
+        Ok(slot.as_mut().expect("opened above"))
+    }
+
+    /// An iterator just after the last record read of `shard`, or where
+    /// it starts if nothing was read; `None` if the shard is gone.
     async fn renew(&self, client: &Client, shard: &Shard) -> EngineResult<Option<String>> {
         let mut req = client
             .get_shard_iterator()
             .stream_name(&self.config.stream)
             .shard_id(&shard.id);
-        req = match &shard.last_sequence {
-            Some(seq) => req
+        req = match (
+            &shard.last_sequence,
+            shard.from_startup,
+            &self.config.startup,
+        ) {
+            (Some(seq), _, _) => req
                 .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
                 .starting_sequence_number(seq),
-            None => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            (None, true, KinesisStartup::Latest) => {
+                req.shard_iterator_type(ShardIteratorType::Latest)
+            }
+            (None, true, KinesisStartup::AtTimestamp { ms }) => req
+                .shard_iterator_type(ShardIteratorType::AtTimestamp)
+                .timestamp(DateTime::from_millis(*ms)),
+            _ => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
         };
-        Ok(req
-            .send()
-            .await
-            .map_err(|e| {
-                self.error(format!(
-                    "GetShardIterator {}: {}",
-                    shard.id,
-                    aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                ))
-            })?
-            .shard_iterator)
+        match req.send().await {
+            Ok(out) => Ok(out.shard_iterator),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(self.error(format!(
+                "GetShardIterator {}: {}",
+                shard.id,
+                aws_sdk_kinesis::error::DisplayErrorContext(&e)
+            ))),
+        }
     }
 
     async fn send_dead_letters(&self, bad: Vec<Undecodable>) -> EngineResult<()> {
@@ -447,17 +472,14 @@ impl Source for KinesisSource {
 
     async fn position(&self, spec: EpochSpec) -> EngineResult<Vec<SourceOffset>> {
         let mut slot = self.reader.lock().await;
-        if slot.is_none() {
-            *slot = Some(self.open(&spec).await?);
-        }
-        let reader = slot.as_ref().expect("opened above");
+        let reader = self.reader(&mut slot, &spec).await?;
         Ok(reader
             .shards
             .iter()
             .map(|s| SourceOffset {
                 source: self.config.stream.clone(),
                 partition: shard_number(&s.id),
-                offset: 0,
+                offset: if s.finished { SHARD_END } else { 0 },
                 position: s.last_sequence.clone(),
             })
             .collect())
@@ -465,20 +487,19 @@ impl Source for KinesisSource {
 
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
         let mut slot = self.reader.lock().await;
-        if slot.is_none() {
-            *slot = Some(self.open(&spec).await?);
-        }
-        let reader = slot.as_mut().expect("opened above");
-        let client = self.client().await;
+        let reader = self.reader(&mut slot, &spec).await?;
         for shard in reader.shards.iter_mut() {
-            let Some(seq) = self.logged(at, &shard.id) else {
+            let Some(o) = self.logged(at, &shard.id) else {
                 continue;
             };
-            if shard.last_sequence.as_deref() == Some(seq.as_str()) {
+            let finished = o.offset == SHARD_END;
+            if shard.last_sequence == o.position && shard.finished == finished {
                 continue;
             }
-            shard.last_sequence = Some(seq);
-            shard.iterator = self.renew(client, shard).await?;
+            shard.last_sequence = o.position.clone();
+            shard.finished = finished;
+            // Fetched from `last_sequence` before the next read.
+            shard.iterator = None;
         }
         Ok(())
     }
@@ -490,37 +511,50 @@ impl Source for KinesisSource {
         to: &[SourceOffset],
     ) -> EngineResult<MicroBatch> {
         self.seek(spec, from).await?;
+        self.replayable(spec, from, to).await?;
         let targets = to
             .iter()
             .filter(|o| o.source == self.config.stream)
-            .filter_map(|o| Some((o.partition, o.position.clone()?)))
+            .map(|o| {
+                let target = Target {
+                    last: o.position.clone(),
+                    end: o.offset == SHARD_END,
+                };
+                (o.partition, target)
+            })
             .collect();
         self.pull_to(spec, Some(targets)).await
     }
 }
 
+/// Where a replay stops in a shard: the last sequence number the logged
+/// pull read, and whether it read the shard to its end.
+#[derive(Debug, Clone)]
+struct Target {
+    last: Option<String>,
+    end: bool,
+}
+
 use skein_engine::source::{partition_number as shard_number, position_after as sequence_after};
 
 impl KinesisSource {
-    /// The logged sequence number of shard `id` among `at`.
-    fn logged(&self, at: &[SourceOffset], id: &str) -> Option<String> {
+    /// The logged offset of shard `id` among `at`.
+    fn logged<'a>(&self, at: &'a [SourceOffset], id: &str) -> Option<&'a SourceOffset> {
         at.iter()
             .find(|o| o.source == self.config.stream && o.partition == shard_number(id))
-            .and_then(|o| o.position.clone())
     }
 
-    /// A pull, or with `targets` (shard number -> last sequence number the
-    /// logged pull read) a replay that reads exactly up to them.
+    /// A pull, or with `targets` (shard number -> where the logged pull
+    /// stopped) a replay that reads exactly up to them. A pull lists the
+    /// shards first and again after a shard ends, so children of a shard
+    /// finished in this pull are read in it too.
     async fn pull_to(
         &self,
         spec: EpochSpec,
-        targets: Option<std::collections::BTreeMap<i32, String>>,
+        targets: Option<BTreeMap<i32, Target>>,
     ) -> EngineResult<MicroBatch> {
         let mut slot = self.reader.lock().await;
-        if slot.is_none() {
-            *slot = Some(self.open(&spec).await?);
-        }
-        let reader = slot.as_mut().expect("opened above");
+        let reader = self.reader(&mut slot, &spec).await?;
         let client = self.client().await;
         let started = Instant::now();
         let (budget, time) = match &targets {
@@ -529,89 +563,124 @@ impl KinesisSource {
         };
         let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
         let mut backoff = Backoff::new(Duration::from_secs(1));
-        let mut caught_up = vec![false; reader.shards.len()];
-        for (index, shard) in reader.shards.iter_mut().enumerate() {
-            let target = targets
-                .as_ref()
-                .map(|t| t.get(&shard_number(&shard.id)).cloned());
-            loop {
-                if data.len() >= budget || started.elapsed() >= time {
-                    break;
-                }
-                // A replay stops where the logged pull stopped.
-                match &target {
-                    Some(None) => break,
-                    Some(Some(t)) if shard.last_sequence.as_ref() == Some(t) => break,
-                    _ => {}
-                }
-                let Some(iterator) = shard.iterator.clone() else {
-                    break;
+        let mut caught_up = vec![];
+        let mut list = true;
+        while list {
+            list = false;
+            self.refresh(reader, &spec).await?;
+            caught_up.resize(reader.shards.len(), false);
+            for index in 0..reader.shards.len() {
+                let target = targets
+                    .as_ref()
+                    .map(|t| t.get(&shard_number(&reader.shards[index].id)).cloned());
+                // A replay reads what the log says; a pull what is ready.
+                let readable = match &target {
+                    Some(None) => false,
+                    Some(Some(t)) => t.end || t.last.is_some(),
+                    None => reader.is_ready(&reader.shards[index]),
                 };
-                let limit = ((budget - data.len()) as i32).clamp(1, MAX_RECORDS_PER_GET);
-                let resp = client
-                    .get_records()
-                    .shard_iterator(iterator)
-                    .limit(limit)
-                    .send()
-                    .await;
-                let page = match resp {
-                    Ok(page) => page,
-                    Err(e) => {
-                        let service = e.as_service_error();
-                        if service.is_some_and(|s| s.is_expired_iterator_exception()) {
-                            shard.iterator = self.renew(client, shard).await?;
-                            continue;
-                        }
-                        if service.is_some_and(|s| {
-                            s.is_provisioned_throughput_exceeded_exception()
-                                || s.is_kms_throttling_exception()
-                        }) {
-                            tokio::time::sleep(backoff.next_delay()).await;
-                            continue;
-                        }
-                        return Err(self.error(format!(
-                            "GetRecords {}: {}",
-                            shard.id,
-                            aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                        )));
-                    }
-                };
-                backoff.reset();
-                shard.iterator = page.next_shard_iterator().map(str::to_string);
-                let n = page.records().len();
-                let mut past_target = false;
-                for r in page.records() {
-                    if let Some(Some(t)) = &target
-                        && sequence_after(r.sequence_number(), t)
-                    {
-                        past_target = true;
+                if !readable {
+                    continue;
+                }
+                let shard = &mut reader.shards[index];
+                let target = target.flatten();
+                let was_finished = shard.finished;
+                let stop_at = target
+                    .as_ref()
+                    .filter(|t| !t.end)
+                    .and_then(|t| t.last.clone());
+                loop {
+                    if data.len() >= budget || started.elapsed() >= time || shard.finished {
                         break;
                     }
-                    shard.last_sequence = Some(r.sequence_number().to_string());
-                    data.push((
-                        index,
-                        r.sequence_number().to_string(),
-                        r.data().as_ref().to_vec(),
-                    ));
+                    // A replay stops where the logged pull stopped.
+                    if stop_at.is_some() && shard.last_sequence == stop_at {
+                        break;
+                    }
+                    let iterator = match shard.iterator.clone() {
+                        Some(i) => i,
+                        None => match self.renew(client, shard).await? {
+                            Some(i) => i,
+                            None => {
+                                self.gone(shard);
+                                break;
+                            }
+                        },
+                    };
+                    let limit = ((budget - data.len()) as i32).clamp(1, MAX_RECORDS_PER_GET);
+                    let resp = client
+                        .get_records()
+                        .shard_iterator(iterator)
+                        .limit(limit)
+                        .send()
+                        .await;
+                    let page = match resp {
+                        Ok(page) => page,
+                        Err(e) => {
+                            let service = e.as_service_error();
+                            if service.is_some_and(|s| s.is_expired_iterator_exception()) {
+                                shard.iterator = None;
+                                continue;
+                            }
+                            if service.is_some_and(|s| s.is_resource_not_found_exception()) {
+                                self.gone(shard);
+                                break;
+                            }
+                            if service.is_some_and(|s| {
+                                s.is_provisioned_throughput_exceeded_exception()
+                                    || s.is_kms_throttling_exception()
+                            }) {
+                                tokio::time::sleep(backoff.next_delay()).await;
+                                continue;
+                            }
+                            return Err(self.error(format!(
+                                "GetRecords {}: {}",
+                                shard.id,
+                                aws_sdk_kinesis::error::DisplayErrorContext(&e)
+                            )));
+                        }
+                    };
+                    backoff.reset();
+                    shard.iterator = page.next_shard_iterator().map(str::to_string);
+                    let n = page.records().len();
+                    let mut past_target = false;
+                    for r in page.records() {
+                        if let Some(t) = &stop_at
+                            && sequence_after(r.sequence_number(), t)
+                        {
+                            past_target = true;
+                            break;
+                        }
+                        shard.last_sequence = Some(r.sequence_number().to_string());
+                        data.push((
+                            index,
+                            r.sequence_number().to_string(),
+                            r.data().as_ref().to_vec(),
+                        ));
+                    }
+                    if past_target {
+                        // Records after the target come again in the next pull.
+                        shard.iterator = None;
+                        break;
+                    }
+                    // No next iterator: the shard is closed and read to its
+                    // end (its children are in the answer's ChildShards).
+                    if shard.iterator.is_none() {
+                        shard.finished = true;
+                        break;
+                    }
+                    if target.is_none() && (n == 0 || page.millis_behind_latest() == Some(0)) {
+                        caught_up[index] = true;
+                        break;
+                    }
                 }
-                if past_target {
-                    // Records after the target come again in the next pull.
-                    shard.iterator = self.renew(client, shard).await?;
-                    break;
+                if let Some(t) = &target {
+                    self.check_replayed(shard, t)?;
                 }
-                if target.is_none() && (n == 0 || page.millis_behind_latest() == Some(0)) {
-                    caught_up[index] = true;
-                    break;
-                }
+                list |= targets.is_none() && shard.finished && !was_finished;
             }
-            if let Some(Some(t)) = &target
-                && shard.last_sequence.as_ref() != Some(t)
-            {
-                return Err(self.error(format!(
-                    "replaying an epoch from the checkpoint: shard {} gave records up to {:?} \
-                     only, not {t} (trimmed by retention?)",
-                    shard.id, shard.last_sequence
-                )));
+            if data.len() >= budget || started.elapsed() >= time {
+                break;
             }
         }
         // Decoded per shard, so event time is tracked per shard.
@@ -622,13 +691,14 @@ impl KinesisSource {
                 .filter(|(i, _, _)| *i == index)
                 .map(|(_, seq, d)| (shard.id.as_str(), seq.as_str(), d.as_slice()))
                 .collect();
-            let closed = shard.iterator.is_none();
+            // A finished shard no longer holds the watermark back.
+            let done = caught_up[index] || shard.finished;
             let mut progress = PartitionProgress {
                 partition: shard.id.clone(),
-                caught_up: caught_up[index] || closed,
+                caught_up: done,
                 // No end offset is known at open; caught up stands for it.
-                drained: caught_up[index] || closed,
-                finished: closed,
+                drained: done,
+                finished: shard.finished,
                 ..Default::default()
             };
             if !records.is_empty() {
@@ -641,6 +711,50 @@ impl KinesisSource {
             out.partitions.push(progress);
         }
         Ok(out)
+    }
+
+    /// A shard the logged pull read from must still be there to read again.
+    async fn replayable(
+        &self,
+        spec: EpochSpec,
+        from: &[SourceOffset],
+        to: &[SourceOffset],
+    ) -> EngineResult<()> {
+        let mut slot = self.reader.lock().await;
+        let reader = self.reader(&mut slot, &spec).await?;
+        for o in to.iter().filter(|o| o.source == self.config.stream) {
+            let known = reader
+                .shards
+                .iter()
+                .any(|s| shard_number(&s.id) == o.partition);
+            let before = from
+                .iter()
+                .find(|f| f.source == o.source && f.partition == o.partition)
+                .and_then(|f| f.position.as_ref());
+            if !known && o.position.as_ref() != before {
+                return Err(self.error(format!(
+                    "replaying an epoch from the checkpoint: shard {} it read is gone from \
+                     the stream (expired?)",
+                    o.partition
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A replay must end exactly where the logged pull ended.
+    fn check_replayed(&self, shard: &Shard, t: &Target) -> EngineResult<()> {
+        if shard.last_sequence != t.last && t.last.is_some() || (t.end && !shard.finished) {
+            return Err(self.error(format!(
+                "replaying an epoch from the checkpoint: shard {} gave records up to {:?} \
+                 only, not {:?}{} (trimmed by retention?)",
+                shard.id,
+                shard.last_sequence,
+                t.last,
+                if t.end { " and its end" } else { "" }
+            )));
+        }
+        Ok(())
     }
 }
 

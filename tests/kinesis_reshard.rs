@@ -1,0 +1,230 @@
+//! A Kinesis stream resharded while a windowed count runs over it (ministack):
+//! records put before a split, between the split and a merge, and after the
+//! merge are each counted once, through a SIGKILL and a resume across the
+//! split.
+//!
+//! ministack drops a split or merged parent at once (real Kinesis keeps it
+//! readable until its retention ends), so the test reshards only once the
+//! run has committed every record put so far: what is checked is that the
+//! reader picks up the children, that resumes start them right, and that
+//! no record is lost or counted twice.
+//!
+//! Needs ministack on `AWS_ENDPOINT_URL` (default http://127.0.0.1:4566):
+//! `scripts/services.sh start ministack`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_sdk_kinesis::primitives::Blob;
+use aws_sdk_kinesis::types::PutRecordsRequestEntry;
+use common::rows::read_rows;
+use common::windowed;
+
+/// Puts `records` (JSON) with spread partition keys; returns the last
+/// sequence number put per shard number.
+async fn put(
+    kinesis: &aws_sdk_kinesis::Client,
+    stream: &str,
+    records: &[(usize, String)],
+) -> BTreeMap<i64, String> {
+    let mut last = BTreeMap::new();
+    for (c, chunk) in records.chunks(500).enumerate() {
+        let entries = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, (_, json))| {
+                PutRecordsRequestEntry::builder()
+                    .partition_key(format!("p{}-{i}", c))
+                    .data(Blob::new(json.clone()))
+                    .build()
+                    .expect("a record")
+            })
+            .collect();
+        let out = common::put_records(kinesis, stream, entries).await;
+        for r in out.records() {
+            let shard = skein_shard(r.shard_id().expect("a shard id"));
+            last.insert(shard, r.sequence_number().expect("a sequence").to_string());
+        }
+    }
+    last
+}
+
+fn skein_shard(id: &str) -> i64 {
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a shard number")
+}
+
+fn after_or_at(a: &str, b: &str) -> bool {
+    (a.len(), a) >= (b.len(), b)
+}
+
+/// Waits until the committed epoch's offsets read every shard up to `last`.
+fn wait_committed(checkpoints: &Path, last: &BTreeMap<i64, String>, run: &mut Child) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = run.try_wait().expect("waiting for skein") {
+            panic!("skein exited early with {status}");
+        }
+        if let Some(e) = common::kills::committed_epoch(checkpoints) {
+            let mut read: BTreeMap<i64, String> = BTreeMap::new();
+            let dirs = std::fs::read_dir(checkpoints.join("offsets"))
+                .into_iter()
+                .flatten();
+            for dir in dirs.flatten() {
+                let file = dir.path().join(format!("{e:020}.json"));
+                let Ok(text) = std::fs::read_to_string(file) else {
+                    continue;
+                };
+                let entry: serde_json::Value = serde_json::from_str(&text).expect("an entry");
+                for table in entry["tables"].as_array().into_iter().flatten() {
+                    for o in table["to"].as_array().into_iter().flatten() {
+                        if let Some(p) = o["position"].as_str() {
+                            read.insert(o["partition"].as_i64().unwrap(), p.to_string());
+                        }
+                    }
+                }
+            }
+            if last
+                .iter()
+                .all(|(s, seq)| read.get(s).is_some_and(|r| after_or_at(r, seq)))
+            {
+                return;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run did not commit {last:?} in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn run_command(sql: &Path, checkpoints: &Path, drained: bool) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+    let (id, secret) = common::aws_credentials();
+    c.env("AWS_ENDPOINT_URL", common::aws_endpoint())
+        .env("AWS_REGION", common::aws_region())
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret)
+        .args(["run", sql.to_str().expect("utf-8 path")])
+        .args(["--interval", "50ms", "--json", "--checkpoint-dir"])
+        .arg(checkpoints)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if drained {
+        c.arg("--until-drained");
+    }
+    c
+}
+
+fn kill(mut run: Child) {
+    run.kill().expect("SIGKILL");
+    run.wait().expect("reaping skein");
+}
+
+async fn wait_active(kinesis: &aws_sdk_kinesis::Client, stream: &str) {
+    use aws_sdk_kinesis::types::StreamStatus;
+    common::within(30, "waiting for the reshard to finish", async {
+        loop {
+            let s = kinesis
+                .describe_stream_summary()
+                .stream_name(stream)
+                .send()
+                .await
+                .expect("DescribeStreamSummary");
+            if s.stream_description_summary().map(|d| d.stream_status())
+                == Some(&StreamStatus::Active)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_and_a_merge_mid_run_count_every_record_once() {
+    common::require_aws();
+    let stream = common::unique_name("reshard");
+    common::create_stream(&stream, 1).await;
+    let kinesis = aws_sdk_kinesis::Client::new(&common::aws_sdk_config().await);
+    let (records, reference) = windowed::records(6000, 1, 120_000);
+    let (before, rest) = records.split_at(2000);
+    let (during, after) = rest.split_at(2000);
+
+    let dir = std::env::temp_dir().join(common::unique_name("skein-reshard"));
+    let (out, checkpoints) = (dir.join("out"), dir.join("checkpoints"));
+    std::fs::create_dir_all(&out).unwrap();
+    let source = format!(
+        "CREATE EXTERNAL TABLE ev (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KINESIS \
+           LOCATION '{stream}' OPTIONS ('format' 'json', 'event_time' 'ts', \
+           'max.records.per.pull' '300');"
+    );
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
+           FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
+        out.display()
+    );
+    let sql = dir.join("q.sql");
+    std::fs::write(&sql, windowed::query(&source, &sink)).unwrap();
+
+    // Before: one shard, read and committed.
+    let last = put(&kinesis, &stream, before).await;
+    let mut run = run_command(&sql, &checkpoints, false).spawn().unwrap();
+    wait_committed(&checkpoints, &last, &mut run);
+
+    // Split: the children take the records put during; the run is killed
+    // straight after, and the next one resumes across the split.
+    kinesis
+        .split_shard()
+        .stream_name(&stream)
+        .shard_to_split("shardId-000000000000")
+        .new_starting_hash_key((u128::MAX / 2 + 1).to_string())
+        .send()
+        .await
+        .expect("SplitShard");
+    wait_active(&kinesis, &stream).await;
+    let last = put(&kinesis, &stream, during).await;
+    assert_eq!(last.len(), 2, "the records went to both children: {last:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    kill(run);
+    let mut run = run_command(&sql, &checkpoints, false).spawn().unwrap();
+    wait_committed(&checkpoints, &last, &mut run);
+
+    // Merge the children back: the records put after go to the new shard.
+    kinesis
+        .merge_shards()
+        .stream_name(&stream)
+        .shard_to_merge("shardId-000000000001")
+        .adjacent_shard_to_merge("shardId-000000000002")
+        .send()
+        .await
+        .expect("MergeShards");
+    wait_active(&kinesis, &stream).await;
+    let last = put(&kinesis, &stream, after).await;
+    assert_eq!(last.keys().collect::<Vec<_>>(), [&3], "one merged shard");
+    wait_committed(&checkpoints, &last, &mut run);
+    kill(run);
+
+    // A last run to the end emits the windows still open.
+    let done = run_command(&sql, &checkpoints, true).output().unwrap();
+    assert!(
+        done.status.success(),
+        "the last run failed: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let report = String::from_utf8_lossy(&done.stdout).to_string();
+    windowed::assert_exact(
+        &read_rows(&out, true),
+        &reference,
+        &format!("reshard {report}"),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
