@@ -138,7 +138,7 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
              async hop has finished when the last stage's results of the last epoch are in the store"
         );
     }
-    let stop = common.stop();
+    let stop = common.stop(&plan)?;
     let checkpoints = open_checkpoints(
         &b,
         &plan,

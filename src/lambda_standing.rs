@@ -29,9 +29,10 @@ use crate::run::parse_duration;
 /// How a deployed query runs on its own.
 #[derive(Args, Clone, Debug)]
 pub struct StandingArgs {
-    /// Time between epochs of the standing query.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    pub interval: Duration,
+    /// Time between epochs of the standing query [default: the shortest
+    /// 'epoch.interval' option of its source tables, else 1s].
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
     /// Epochs between commits.
     #[arg(long, default_value_t = 1, value_parser = crate::positive)]
     pub checkpoint_interval: usize,
@@ -85,7 +86,8 @@ pub async fn deploy(
         sql: sql.to_string(),
         group_size: options.group_size,
         encoding: options.encoding,
-        interval_ms: args.interval.as_millis() as u64,
+        interval_ms: skein_engine::interval::effective_interval(args.interval, plan)?.as_millis()
+            as u64,
         checkpoint_interval: args.checkpoint_interval as u64,
         checkpoints: cp.url.clone(),
         store: b.store_url.clone(),

@@ -44,9 +44,11 @@ pub struct CommonRunArgs {
     /// reached the end it had when the run started, one epoch per --interval.
     #[arg(long)]
     pub until_drained: bool,
-    /// Time between epochs of a --duration, --until-drained or standing run.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
-    pub interval: Duration,
+    /// Time between epochs of a --duration, --until-drained or standing run
+    /// [default: the shortest 'epoch.interval' option of the query's source
+    /// tables, else 1s].
+    #[arg(long, value_parser = parse_duration)]
+    pub interval: Option<Duration>,
     #[command(flatten)]
     pub plan: PlanArgs,
     /// Also run the query in one process with plain DataFusion and compare.
@@ -85,18 +87,22 @@ impl CommonRunArgs {
         self.epochs.is_none() && self.duration.is_none() && !self.until_drained
     }
 
+    /// Time between epochs: --interval, the tables' 'epoch.interval' or 1 s.
+    pub fn interval(&self, plan: &QueryPlan) -> Result<Duration> {
+        Ok(skein_engine::interval::effective_interval(
+            self.interval,
+            plan,
+        )?)
+    }
+
     /// When a bounded run stops.
-    pub fn stop(&self) -> StopAfter {
-        match (self.duration, self.until_drained) {
-            (_, true) => StopAfter::Drained {
-                interval: self.interval,
-            },
-            (Some(duration), false) => StopAfter::Duration {
-                duration,
-                interval: self.interval,
-            },
+    pub fn stop(&self, plan: &QueryPlan) -> Result<StopAfter> {
+        let interval = self.interval(plan)?;
+        Ok(match (self.duration, self.until_drained) {
+            (_, true) => StopAfter::Drained { interval },
+            (Some(duration), false) => StopAfter::Duration { duration, interval },
             (None, false) => StopAfter::Epochs(self.epochs.unwrap_or(DEFAULT_EPOCHS)),
-        }
+        })
     }
 
     /// What the user asked of checkpoints.
@@ -281,10 +287,10 @@ pub async fn run_sql(
                  bound (--epochs, --duration or --until-drained)"
             );
         }
-        let (stop, signal) = crate::standing::until_signalled(args.interval)?;
+        let (stop, signal) = crate::standing::until_signalled(args.interval(&plan)?)?;
         (stop, Some(signal))
     } else {
-        (args.stop(), None)
+        (args.stop(&plan)?, None)
     };
     let expected_epochs = match &stop {
         StopAfter::Epochs(n) => Some(*n),
@@ -464,56 +470,4 @@ pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
     out
 }
 
-/// `500ms`, `30s`, `2m`, `1h`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s or 2m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => return Err(format!("unknown duration unit {other:?} (ms, s, m, h)")),
-    };
-    // Duration::from_secs_f64 panics past u64::MAX seconds; a flag must not.
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| format!("{text:?} is out of range for a duration"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration(" 30 "), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-    }
-
-    #[test]
-    fn out_of_range_and_malformed_durations_are_errors_not_panics() {
-        for bad in [
-            "99999999999999999999",
-            "99999999999999999999h",
-            &"9".repeat(400),
-            "-5s",
-            "inf",
-            "NaN",
-            "1e3s",
-            "",
-            "5d",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
-        }
-    }
-}
+pub use skein_engine::interval::parse_duration;

@@ -265,6 +265,16 @@ fn bad_input_is_refused_with_a_one_line_reason() {
          GROUP BY window_start;\n",
     );
     refused(&["explain", &hop], "at most 1000 are allowed");
+    let interval = write(
+        "interval.sql",
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+           OPTIONS ('events' '1000', 'epoch.interval' 'soon');\n\
+         SELECT count(*) FROM bid;\n",
+    );
+    refused(
+        &["explain", &interval],
+        "option 'epoch.interval' = \"soon\"",
+    );
     refused(
         &["run", &hop, "--group-size", "0"],
         "'--group-size <GROUP_SIZE>': must be at least 1",

@@ -22,6 +22,7 @@ pub mod epochs;
 pub mod error;
 pub mod exec;
 pub mod function;
+pub mod interval;
 pub mod invoke;
 pub mod ipc_decode;
 pub mod ipc_schema;

@@ -12,6 +12,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
+use crate::interval::{EPOCH_INTERVAL_OPTION, table_interval};
 use crate::payload::SourceOffset;
 use crate::watermark::EVENT_TIME_OPTIONS;
 
@@ -331,15 +332,17 @@ impl SourceRegistry {
             own.names.contains(&k)
                 || extra.contains(&k)
                 || EVENT_TIME_OPTIONS.contains(&k)
+                || k == EPOCH_INTERVAL_OPTION
                 || (own.dotted_passthrough.is_some() && k.contains('.'))
         };
         let Some(unknown) = config.options.keys().find(|k| !known(k)) else {
-            return Ok(());
+            return table_interval(config).map(drop);
         };
         let mut allowed: Vec<&str> = own.names.iter().chain(extra).copied().collect();
         allowed.sort_unstable();
         allowed.dedup();
         allowed.extend(EVENT_TIME_OPTIONS);
+        allowed.push(EPOCH_INTERVAL_OPTION);
         let mut list = allowed.join(", ");
         if let Some(what) = own.dotted_passthrough {
             list.push_str(&format!(", and any {what} (a name with a dot)"));
@@ -366,7 +369,10 @@ impl SourceRegistry {
             .get(&config.kind.to_ascii_uppercase())
             .map(|f| f.options().names)
             .unwrap_or_default();
-        let foreign = |k: &str| self.extras(config).contains(&k) && !own.contains(&k);
+        // The epoch interval is the driver's, never the source's.
+        let foreign = |k: &str| {
+            k == EPOCH_INTERVAL_OPTION || (self.extras(config).contains(&k) && !own.contains(&k))
+        };
         if !config.options.keys().any(|k| foreign(k)) {
             return Cow::Borrowed(config);
         }
@@ -587,5 +593,30 @@ mod tests {
         let seen = seen.unwrap_err().to_string();
         assert!(seen.contains("format") && seen.contains("x.y"), "{seen}");
         assert!(!seen.contains("offsets.topic"), "{seen}");
+    }
+
+    #[test]
+    fn every_kind_takes_an_epoch_interval_and_its_source_never_sees_it() {
+        let r = registry();
+        for kind in ["PLAIN", "DOTTED"] {
+            let c = config(kind, &[("epoch.interval", "250ms")]);
+            assert!(r.check_options(&c).is_ok(), "{kind}");
+            let seen = r
+                .create(&c, Arc::new(datafusion::arrow::datatypes::Schema::empty()))
+                .unwrap_err()
+                .to_string();
+            assert!(!seen.contains("epoch.interval"), "{kind}: {seen}");
+            assert_eq!(
+                crate::interval::table_interval(&c).unwrap(),
+                Some(std::time::Duration::from_millis(250))
+            );
+        }
+        for bad in ["soon", "0s", "-1s"] {
+            let err = r
+                .check_options(&config("PLAIN", &[("epoch.interval", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("'epoch.interval'"), "{bad}: {err}");
+        }
     }
 }

@@ -34,6 +34,7 @@ pub fn is_skein_option(key: &str) -> bool {
         || ENCODER_OPTIONS.contains(&key)
         || EVENT_TIME_OPTIONS.contains(&key)
         || key == EMIT_OPTION
+        || key == skein_engine::interval::EPOCH_INTERVAL_OPTION
 }
 
 /// The librdkafka properties among a table's options: the dotted ones that
