@@ -130,8 +130,11 @@ fn render(s: &QueryStatus, platform: &Value) {
     println!("query {}", s.query_code);
     for p in &s.partitions {
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
+        let behind = p
+            .behind_ms
+            .map_or(String::new(), |ms| format!("  behind {ms} ms"));
         println!(
-            "  {} [{}]  committed {}  latest {}  lag {}",
+            "  {} [{}]  committed {}  latest {}  lag {}{behind}",
             p.source,
             p.partition,
             show(p.committed),

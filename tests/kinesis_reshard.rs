@@ -105,14 +105,20 @@ fn wait_committed(checkpoints: &Path, last: &BTreeMap<i64, String>, run: &mut Ch
     }
 }
 
-fn run_command(sql: &Path, checkpoints: &Path, drained: bool) -> Command {
+/// `skein` pointed at ministack.
+fn skein_on_ministack() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
     let (id, secret) = common::aws_credentials();
     c.env("AWS_ENDPOINT_URL", common::aws_endpoint())
         .env("AWS_REGION", common::aws_region())
         .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret)
-        .args(["run", sql.to_str().expect("utf-8 path")])
+        .env("AWS_SECRET_ACCESS_KEY", secret);
+    c
+}
+
+fn run_command(sql: &Path, checkpoints: &Path, drained: bool) -> Command {
+    let mut c = skein_on_ministack();
+    c.args(["run", sql.to_str().expect("utf-8 path")])
         .args(["--interval", "50ms", "--json", "--checkpoint-dir"])
         .arg(checkpoints)
         .stdout(Stdio::piped())
@@ -226,5 +232,32 @@ async fn a_split_and_a_merge_mid_run_count_every_record_once() {
         &reference,
         &format!("reshard {report}"),
     );
+
+    // `skein status`: every open shard read up to its newest record.
+    let status = skein_on_ministack()
+        .args([
+            "status",
+            sql.to_str().unwrap(),
+            "--json",
+            "--checkpoint-dir",
+        ])
+        .arg(&checkpoints)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "skein status failed: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let behind: Vec<i64> = status["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["behind_ms"].as_i64())
+        .collect();
+    assert!(!behind.is_empty(), "no shard's delay measured: {status}");
+    assert!(behind.iter().all(|ms| *ms == 0), "{status}");
+    assert_eq!(status["behind_ms"], 0, "{status}");
     let _ = std::fs::remove_dir_all(&dir);
 }

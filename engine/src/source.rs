@@ -163,6 +163,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         Ok(vec![])
     }
 
+    /// How far behind the newest record each partition is when read from
+    /// `committed`, in ms, for a source whose offsets are no record counts
+    /// (Kinesis sequence numbers); empty where unknown.
+    async fn behind_ms(&self, committed: &[SourceOffset]) -> Result<Vec<(i32, i64)>> {
+        let _ = committed;
+        Ok(vec![])
+    }
+
     /// Stand at `at` (from the offsets log) before the next pull.
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> Result<()> {
         let _ = (spec, at);

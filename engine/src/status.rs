@@ -22,6 +22,10 @@ pub struct PartitionStatus {
     /// The partition's end now; `None` where the source cannot tell.
     pub latest: Option<i64>,
     pub lag: Option<i64>,
+    /// How far the newest record is ahead of the committed position, in ms
+    /// of arrival time, where offsets are no record counts (Kinesis:
+    /// `MillisBehindLatest`).
+    pub behind_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -30,6 +34,8 @@ pub struct QueryStatus {
     pub partitions: Vec<PartitionStatus>,
     /// The sum of the partitions' lags.
     pub lag: i64,
+    /// The most any partition is behind, in ms (Kinesis).
+    pub behind_ms: Option<i64>,
     /// The lowest watermark the source members sent in the committed
     /// epoch, Unix ms.
     pub watermark_ms: Option<i64>,
@@ -60,6 +66,7 @@ pub async fn query_status(
     let since_start = store.tally().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
+    let mut committed_at: Vec<crate::payload::SourceOffset> = vec![];
     if let Some(commit) = summary.committed {
         for stage in plan.source_stages() {
             for member in 0..stage.members {
@@ -70,17 +77,22 @@ pub async fn query_status(
                     watermark = Some(watermark.map_or(w, |m: i64| m.min(w)));
                 }
                 for o in entry.tables.into_iter().flat_map(|t| t.to) {
-                    committed.insert((o.source, o.partition), o.offset);
+                    committed.insert((o.source.clone(), o.partition), o.offset);
+                    committed_at.push(o);
                 }
             }
         }
     }
     let mut latest: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut behind: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for stage in plan.source_stages() {
         for leaf in &stage.sources {
             let source = sources.create(&leaf.config, leaf.schema.clone())?;
             for o in source.latest().await? {
                 latest.insert((o.source, o.partition), o.offset);
+            }
+            for (partition, ms) in source.behind_ms(&committed_at).await? {
+                behind.insert((leaf.config.location.clone(), partition), ms);
             }
         }
     }
@@ -94,6 +106,7 @@ pub async fn query_status(
             let l = latest.get(&key).copied();
             PartitionStatus {
                 lag: l.map(|l| (l - c.unwrap_or(0)).max(0)),
+                behind_ms: behind.get(&key).copied(),
                 source: key.0,
                 partition: key.1,
                 committed: c,
@@ -106,6 +119,7 @@ pub async fn query_status(
     Ok(QueryStatus {
         query_code: plan.query_code.clone(),
         lag: partitions.iter().filter_map(|p| p.lag).sum(),
+        behind_ms: partitions.iter().filter_map(|p| p.behind_ms).max(),
         partitions,
         watermark_ms: watermark,
         watermark_delay_ms: watermark.map(|w| now_ms() - w),

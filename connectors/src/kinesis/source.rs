@@ -485,6 +485,51 @@ impl Source for KinesisSource {
             .collect())
     }
 
+    /// `MillisBehindLatest` of a one-record read just after each committed
+    /// sequence number (finished shards are not behind).
+    async fn behind_ms(&self, committed: &[SourceOffset]) -> EngineResult<Vec<(i32, i64)>> {
+        let client = self.client().await;
+        let mut out = vec![];
+        for o in committed {
+            if o.offset == SHARD_END || o.source != self.config.stream {
+                continue;
+            }
+            let shard = format!("shardId-{:012}", o.partition);
+            let mut req = client
+                .get_shard_iterator()
+                .stream_name(&self.config.stream)
+                .shard_id(&shard);
+            req = match &o.position {
+                Some(seq) => req
+                    .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
+                    .starting_sequence_number(seq),
+                None => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
+            };
+            // A shard gone since the commit (a reshard) is not behind.
+            let it = match req.send().await {
+                Ok(it) => it,
+                Err(e) => {
+                    tracing::debug!(stream = %self.config.stream, %shard, error = %e, "no iterator for the delay");
+                    continue;
+                }
+            };
+            let Some(iterator) = it.shard_iterator() else {
+                continue;
+            };
+            let page = client
+                .get_records()
+                .shard_iterator(iterator)
+                .limit(1)
+                .send()
+                .await
+                .map_err(|e| self.error(e))?;
+            if let Some(ms) = page.millis_behind_latest() {
+                out.push((o.partition, ms));
+            }
+        }
+        Ok(out)
+    }
+
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
         let mut slot = self.reader.lock().await;
         let reader = self.reader(&mut slot, &spec).await?;
