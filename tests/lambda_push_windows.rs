@@ -145,6 +145,37 @@ async fn pushed_batches_feed_a_tumbling_aggregate_exactly_once_past_a_poison_rec
         "{letter}"
     );
 
+    // The function's own answer to the mapping names the poison record in
+    // `batchItemFailures`: a batch of one poison record, after every real
+    // one, sent as the mapping sends it.
+    let function = deployed["event_source_mappings"][0]["function"]
+        .as_str()
+        .expect("the mapping's function")
+        .to_string();
+    let seq = "59999999999999999999999999999999999999999999999999999999";
+    let event = serde_json::json!({"Records": [{
+        "eventSource": "aws:kinesis",
+        "eventID": format!("shardId-000000000000:{seq}"),
+        "kinesis": {"sequenceNumber": seq, "partitionKey": "k",
+                    // base64 of `{not json`
+                    "data": "e25vdCBqc29u"}
+    }]});
+    let lambda = aws_sdk_lambda::Client::new(&config);
+    let answer = lambda
+        .invoke()
+        .function_name(&function)
+        .payload(aws_sdk_lambda::primitives::Blob::new(event.to_string()))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("Invoke: {}", common::error_chain(&e)));
+    let answer: Value =
+        serde_json::from_slice(answer.payload().expect("an answer").as_ref()).unwrap();
+    assert_eq!(
+        answer["batchItemFailures"],
+        serde_json::json!([{ "itemIdentifier": seq }]),
+        "{answer}"
+    );
+
     let (ok, _, stderr) = tokio::task::spawn_blocking({
         let (store, sql) = (store.clone(), sql.clone());
         move || common::skein_on_aws(Some(&store), &["destroy", &sql])
