@@ -60,7 +60,7 @@ impl Compactor {
         let plan = self
             .plan
             .clone()
-            .replace_children(vec![bound], crate::planner::recompute())?;
+            .replace_children(vec![bound], crate::exec::recompute())?;
         let stream = plan.execute(0, ctx)?;
         Ok(datafusion::physical_plan::common::collect(stream).await?)
     }

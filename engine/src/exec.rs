@@ -391,7 +391,29 @@ pub fn rewrite_leaves<E: From<DataFusionError>>(
         .into_iter()
         .map(|c| rewrite_leaves(c, f))
         .collect::<Result<Vec<_>, E>>()?;
-    Ok(plan
-        .clone()
-        .replace_children(children, crate::planner::recompute())?)
+    Ok(plan.clone().replace_children(children, recompute())?)
+}
+
+/// Rebuild a node over new children, recomputing its properties (the
+/// children's partitioning changes when a plan is cut).
+pub fn recompute() -> datafusion::physical_plan::execution_plan::ReplaceChildrenOptions {
+    use datafusion::physical_plan::execution_plan::{
+        ChildrenPropertiesMode, ReplaceChildrenOptions,
+    };
+    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
+}
+
+/// Batch coalescing and cooperative yielding: rows pass through unchanged,
+/// schema and all.
+pub fn passes_batches_through(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    // DataFusion no longer plans CoalesceBatchesExec, but a plan built by an
+    // older planner may still hold one.
+    #[allow(deprecated)]
+    let coalesces = plan
+        .downcast_ref::<datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec>()
+        .is_some();
+    coalesces
+        || plan
+            .downcast_ref::<datafusion::physical_plan::coop::CooperativeExec>()
+            .is_some()
 }

@@ -33,6 +33,7 @@ pub mod payload;
 pub mod planner;
 pub mod request;
 pub mod ring;
+pub mod session;
 pub mod sink;
 pub mod source;
 pub mod status;

@@ -17,18 +17,16 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::SessionContext;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -38,16 +36,16 @@ use crate::context::{
     StageMode, function_name,
 };
 use crate::error::{EngineError, Result};
-use crate::exec::{
-    SourceScanExec, SourceTable, SourceTableFactory, StageInput, StageInputExec, rewrite_leaves,
-};
+use crate::exec::{SourceScanExec, SourceTable, StageInput, StageInputExec, rewrite_leaves};
+use crate::exec::{passes_batches_through, recompute};
 use crate::payload::Encoding;
+pub use crate::session::session;
 use crate::sink::SinkConfig;
-use crate::source::{SourceConfig, SourceRegistry};
+use crate::source::SourceConfig;
 use crate::watermark::OPT_LATE;
 use crate::window::{
-    SessionSpec, WINDOW_START, WindowColumn, find_window_column, has_session_column, hop_udf,
-    literal_interval_ms, session_gap_ms, session_udwf, tumble_udf,
+    SessionSpec, WINDOW_START, WindowColumn, find_window_column, has_session_column,
+    literal_interval_ms, session_gap_ms,
 };
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -161,39 +159,6 @@ impl Default for PlanOptions {
             checkpoint: None,
         }
     }
-}
-
-/// A session with our functions and a table factory for every source kind.
-pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
-    let mut config = SessionConfig::new()
-        .with_target_partitions(group_size.max(1))
-        .with_information_schema(false);
-    let opts = config.options_mut();
-    // Joins must shuffle both sides: a broadcast build side has no place to live.
-    opts.optimizer.hash_join_single_partition_threshold = 0;
-    opts.optimizer.hash_join_single_partition_threshold_rows = 0;
-    // Functions run one partition each; spreading rows over threads is moot.
-    opts.optimizer.enable_round_robin_repartition = false;
-    // Dynamic filters link operators at run time, which a cut plan cannot do.
-    opts.optimizer.enable_dynamic_filter_pushdown = false;
-    let factory = Arc::new(SourceTableFactory {
-        registry: registry.clone(),
-    });
-    let mut builder = SessionStateBuilder::new()
-        .with_config(config)
-        .with_default_features()
-        .with_physical_optimizer_rules(crate::lookup::plan::rules(registry));
-    for kind in registry.kinds().into_iter().chain(registry.lookup_kinds()) {
-        builder
-            .table_factories()
-            .get_or_insert_default()
-            .insert(kind, factory.clone());
-    }
-    let ctx = SessionContext::new_with_state(builder.build());
-    ctx.register_udf(tumble_udf());
-    ctx.register_udf(hop_udf());
-    ctx.register_udwf(session_udwf());
-    ctx
 }
 
 /// The query code: a digest of the query text, used in function names.
@@ -808,10 +773,8 @@ fn reaches_leaf_unchanged(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> bool {
                 shuffle_id: shuffle,
             };
     }
-    matches!(
-        plan.name(),
-        "SortExec" | "CoalesceBatchesExec" | "CooperativeExec"
-    ) && plan.children().len() == 1
+    (plan.downcast_ref::<SortExec>().is_some() || passes_batches_through(plan))
+        && plan.children().len() == 1
         && plan.children()[0].schema() == plan.schema()
         && reaches_leaf_unchanged(plan.children()[0], shuffle)
 }
@@ -857,32 +820,29 @@ fn leaf_schema(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> Option<SchemaRef>
         .find_map(|c| leaf_schema(c, shuffle))
 }
 
-/// Rebuild a node over new children, recomputing its properties (the
-/// children's partitioning changes when a plan is cut).
-pub fn recompute() -> ReplaceChildrenOptions {
-    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
-}
-
 /// Whether a sub-plan holds state beyond one batch (and so beyond one epoch).
 pub fn is_stateful(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    const STATELESS: &[&str] = &[
-        "ProjectionExec",
-        "FilterExec",
-        "CoalesceBatchesExec",
-        "StageInputExec",
-        "RepartitionExec",
-        "UnnestExec",
-        "CooperativeExec",
-        "UnionExec",
-        "EmptyExec",
-        "PlaceholderRowExec",
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    use datafusion::physical_plan::union::UnionExec;
+    use datafusion::physical_plan::unnest::UnnestExec;
+    let stateless = plan.downcast_ref::<ProjectionExec>().is_some()
+        || plan.downcast_ref::<FilterExec>().is_some()
+        || plan.downcast_ref::<StageInputExec>().is_some()
+        || plan.downcast_ref::<RepartitionExec>().is_some()
+        || plan.downcast_ref::<UnnestExec>().is_some()
+        || plan.downcast_ref::<UnionExec>().is_some()
+        || plan.downcast_ref::<EmptyExec>().is_some()
+        || plan.downcast_ref::<PlaceholderRowExec>().is_some()
         // Fetches by key per batch; its cache is no state of the query.
-        "LookupJoinExec",
-    ];
+        || plan.downcast_ref::<crate::lookup::exec::LookupJoinExec>().is_some()
+        || passes_batches_through(plan);
     let own = if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
         *agg.mode() != AggregateMode::Partial
     } else {
-        !STATELESS.contains(&plan.name())
+        !stateless
     };
     own || plan.children().into_iter().any(is_stateful)
 }

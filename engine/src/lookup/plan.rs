@@ -85,7 +85,7 @@ fn strip(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     loop {
         let moves_rows = p.downcast_ref::<RepartitionExec>().is_some()
             || p.downcast_ref::<CoalescePartitionsExec>().is_some()
-            || matches!(p.name(), "CoalesceBatchesExec" | "CooperativeExec");
+            || crate::exec::passes_batches_through(&p);
         if !moves_rows {
             return p;
         }
