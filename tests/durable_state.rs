@@ -77,12 +77,7 @@ fn query(dir: &Path, source: &str, sink: &str) -> std::path::PathBuf {
 }
 
 fn run_command(sql: &Path, checkpoints: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
-    let (id, secret) = common::aws_credentials();
-    c.env("AWS_ENDPOINT_URL", common::aws_endpoint())
-        .env("AWS_REGION", common::aws_region())
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret);
+    let mut c = common::skein_command_on_aws();
     c.args(["run", sql.to_str().expect("utf-8 path")])
         .args(["--until-drained", "--interval", "10ms", "--json"])
         .args([

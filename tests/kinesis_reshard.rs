@@ -105,19 +105,8 @@ fn wait_committed(checkpoints: &Path, last: &BTreeMap<i64, String>, run: &mut Ch
     }
 }
 
-/// `skein` pointed at ministack.
-fn skein_on_ministack() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
-    let (id, secret) = common::aws_credentials();
-    c.env("AWS_ENDPOINT_URL", common::aws_endpoint())
-        .env("AWS_REGION", common::aws_region())
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret);
-    c
-}
-
 fn run_command(sql: &Path, checkpoints: &Path, drained: bool) -> Command {
-    let mut c = skein_on_ministack();
+    let mut c = common::skein_command_on_aws();
     c.args(["run", sql.to_str().expect("utf-8 path")])
         .args(["--interval", "50ms", "--json", "--checkpoint-dir"])
         .arg(checkpoints)
@@ -234,7 +223,7 @@ async fn a_split_and_a_merge_mid_run_count_every_record_once() {
     );
 
     // `skein status`: every open shard read up to its newest record.
-    let status = skein_on_ministack()
+    let status = common::skein_command_on_aws()
         .args([
             "status",
             sql.to_str().unwrap(),

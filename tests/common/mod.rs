@@ -248,19 +248,27 @@ pub fn wait_with_timeout(
     }
 }
 
+/// A `skein` command with the AWS stand-in's endpoint, region and
+/// credentials in its environment (a query that reads Kafka only does not
+/// need the stand-in to be up).
+pub fn skein_command_on_aws() -> std::process::Command {
+    let (id, secret) = aws_credentials();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
+    command
+        .env("AWS_ENDPOINT_URL", aws_endpoint())
+        .env("AWS_REGION", aws_region())
+        .env("AWS_ACCESS_KEY_ID", id)
+        .env("AWS_SECRET_ACCESS_KEY", secret);
+    command
+}
+
 /// Run `skein` with the AWS stand-in's settings in its environment, and,
 /// given a store, the object store and function binary the Lambda backend
 /// deploys with: (success, stdout, stderr).
 pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String) {
-    let endpoint = require_aws();
-    let (id, secret) = aws_credentials();
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_skein"));
-    command
-        .args(args)
-        .env("AWS_ENDPOINT_URL", endpoint)
-        .env("AWS_REGION", aws_region())
-        .env("AWS_ACCESS_KEY_ID", id)
-        .env("AWS_SECRET_ACCESS_KEY", secret);
+    require_aws();
+    let mut command = skein_command_on_aws();
+    command.args(args);
     if let Some(store) = store {
         command.env("SKEIN_STORE", store).env(
             "SKEIN_FUNCTION_BINARY",
