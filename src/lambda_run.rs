@@ -158,6 +158,12 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
         }
         None => options.run = fresh_run(&plan.query_code),
     }
+    // One driver at a time on a checkpoint location: this run or a
+    // deployed standing query's driver.
+    let lease = match &checkpoints {
+        Some(c) => Some(take_lease(&c.url, &plan.query_code).await?),
+        None => None,
+    };
     let log = EpochLog::new(
         checkpoints.as_ref().map(|c| c.store.clone()),
         common.checkpoint_interval as u64,
@@ -194,9 +200,19 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
         .then_some(&deployment as &dyn Redeploy);
     let lambda = LambdaEpochs::new(&plan, &invoker, b.store.clone(), redeploy);
     let start = Instant::now();
-    let epochs_run = run_epochs(&lambda, &log, stop, |_, _| {})
-        .await
-        .context("running the query on Lambda")?;
+    let epochs_run = run_epochs(&lambda, &log, stop, |_, _| {}).await;
+    // Given back only after a clean run: after a failure it expires, and
+    // whoever takes it next replaces every instance first.
+    if let Some(kept) = lease {
+        match (kept.finish().await, &epochs_run) {
+            (Some(lease), Ok(_)) => {
+                lease.release().await?;
+            }
+            (None, _) => tracing::error!("this run lost its lease to another driver"),
+            (Some(_), Err(_)) => {}
+        }
+    }
+    let epochs_run = epochs_run.context("running the query on Lambda")?;
     if common.plan.invoke_async {
         // The triggers returned once the sources had handed their payloads
         // to Lambda; the rest of the DAG runs on its own.
@@ -356,5 +372,39 @@ async fn wait_for_last_epoch(
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Take the query's lease on its checkpoint location and keep it renewed.
+/// A lease left by a killed run expires within its time to live, so that
+/// long is waited; one its holder keeps renewing is a one-line refusal.
+async fn take_lease(url: &str, query_code: &str) -> Result<skein_lambda::lease::KeptLease> {
+    use skein_lambda::lease::{Lease, now_ms};
+    let (store, key) = skein_lambda::standing::lease_location(url)?;
+    let holder = format!("skein run (pid {})", std::process::id());
+    let mut first_expiry = None;
+    loop {
+        let current = match Lease::acquire(
+            store.clone(),
+            key.clone(),
+            &holder,
+            skein_lambda::standing::LEASE_TTL,
+        )
+        .await?
+        {
+            Ok(lease) => return Ok(lease.keep(|| {})),
+            Err(current) => current,
+        };
+        let first = *first_expiry.get_or_insert(current.expires_ms);
+        if current.expires_ms > first {
+            bail!(
+                "query {query_code} is being driven by {} (it keeps its lease in {url}): stop \
+                 it first (`skein stop {query_code}` for a deployed standing query)",
+                current.holder
+            );
+        }
+        let wait = current.expires_ms.saturating_sub(now_ms()) + 200;
+        tracing::warn!(holder = %current.holder, wait_ms = wait, "waiting for the lease to expire");
+        tokio::time::sleep(Duration::from_millis(wait)).await;
     }
 }

@@ -115,16 +115,6 @@ impl LocalRuntime {
         })
     }
 
-    /// A runtime that answers a busy function with a throttle error, as
-    /// Lambda does at its reserved concurrency.
-    pub fn new_throttling(
-        sources: SourceRegistry,
-        sinks: SinkRegistry,
-        store: Arc<dyn object_store::ObjectStore>,
-    ) -> Arc<Self> {
-        Self::build(sources, sinks, store, false)
-    }
-
     /// Functions started from now on keep their state in `store`.
     pub fn set_checkpoints(&self, store: Option<Arc<CheckpointStore>>) {
         *self.checkpoints.lock().expect("checkpoints") = store;

@@ -192,6 +192,42 @@ impl Lease {
     }
 }
 
+/// A lease renewed in the background every third of its time to live.
+pub struct KeptLease {
+    done: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Option<Lease>>,
+}
+
+impl Lease {
+    /// Keep renewing the lease until [`KeptLease::finish`]; `on_lost` runs
+    /// once if a renewal fails (it expired and someone else took it).
+    pub fn keep(mut self, on_lost: impl FnOnce() + Send + 'static) -> KeptLease {
+        let (done, mut done_rx) = tokio::sync::watch::channel(false);
+        let every = self.ttl / 3;
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    _ = done_rx.changed() => return Some(self),
+                }
+                if !matches!(self.renew().await, Ok(true)) {
+                    on_lost();
+                    return None;
+                }
+            }
+        });
+        KeptLease { done, task }
+    }
+}
+
+impl KeptLease {
+    /// Stop renewing: the lease, unless it was lost.
+    pub async fn finish(self) -> Option<Lease> {
+        let _ = self.done.send(true);
+        self.task.await.ok().flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -230,7 +230,7 @@ pub async fn tick(
         ..Default::default()
     };
     let (lease_store, lease_key) = lease_location(&spec.checkpoints)?;
-    let mut lease = match Lease::acquire(lease_store, lease_key, holder, LEASE_TTL).await? {
+    let lease = match Lease::acquire(lease_store, lease_key, holder, LEASE_TTL).await? {
         Ok(lease) => lease,
         Err(current) => {
             tracing::info!(holder = %current.holder, "another driver holds the lease");
@@ -268,21 +268,11 @@ pub async fn tick(
             stop.stop();
         })
     };
-    let (done, mut done_rx) = tokio::sync::watch::channel(false);
-    let renewer = {
+    let kept = {
         let stop = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(LEASE_TTL / 3) => {}
-                    _ = done_rx.changed() => return Some(lease),
-                }
-                if !matches!(lease.renew().await, Ok(true)) {
-                    tracing::error!("lost the lease; stopping after the epoch in flight");
-                    stop.stop();
-                    return None;
-                }
-            }
+        lease.keep(move || {
+            tracing::error!("lost the lease; stopping after the epoch in flight");
+            stop.stop();
         })
     };
     let runtime = LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh));
@@ -293,8 +283,7 @@ pub async fn tick(
     };
     let run = run_epochs(&runtime, &log, stop_after, |_, _| {}).await;
     deadline.abort();
-    let _ = done.send(true);
-    let lease = renewer.await.ok().flatten();
+    let lease = kept.finish().await;
     // Released only after a clean run: a failed tick leaves it to expire,
     // so the next driver replaces every instance first.
     match (&run, lease) {
