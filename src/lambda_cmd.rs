@@ -173,10 +173,10 @@ fn function_binary(given: &Option<PathBuf>) -> Result<PathBuf> {
     Ok(sibling)
 }
 
-/// The binary stripped of symbols and debug info (a debug build shrinks
-/// from ~250 MB, Lambda's unzipped limit, to ~160 MB); as is when `strip`
-/// is missing.
-fn stripped(binary: &Path) -> Result<Vec<u8>> {
+/// The binary stripped of symbols and debug info (a debug build is past
+/// Lambda's 250 MB unzipped limit, stripped well under it); as is when
+/// `strip` is missing.
+pub fn stripped(binary: &Path) -> Result<Vec<u8>> {
     let out = std::env::temp_dir().join(format!("skein-bootstrap-{}", std::process::id()));
     let ok = std::process::Command::new("strip")
         .arg("--strip-all")

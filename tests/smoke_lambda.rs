@@ -34,22 +34,6 @@ fn package(binary: &[u8]) -> Vec<u8> {
     zip.finish().expect("zip finish").into_inner()
 }
 
-/// The binary without symbols or debug info, as `skein deploy` packages
-/// it: a debug build is past Lambda's 250 MB unzipped limit.
-fn stripped(binary: &str) -> Vec<u8> {
-    let out = std::env::temp_dir().join(common::unique_name("bootstrap"));
-    let status = std::process::Command::new("strip")
-        .args(["--strip-all", "-o"])
-        .arg(&out)
-        .arg(binary)
-        .status()
-        .unwrap_or_else(|e| panic!("running strip (binutils, installed by scripts/setup.sh): {e}"));
-    assert!(status.success(), "strip --strip-all {binary} failed");
-    let bytes = std::fs::read(&out).unwrap_or_else(|e| panic!("reading {}: {e}", out.display()));
-    let _ = std::fs::remove_file(&out);
-    bytes
-}
-
 #[tokio::test]
 async fn skein_function_on_ministack_lambda() {
     let config = common::aws_sdk_config().await;
@@ -61,7 +45,10 @@ async fn skein_function_on_ministack_lambda() {
     let bucket = "skein-smoke-probes";
     common::ensure_bucket(&s3, bucket).await;
 
-    let binary = stripped(FUNCTION_BINARY);
+    // Packaged as `skein deploy` does: a debug build is past Lambda's
+    // unzipped limit until stripped.
+    let binary = skein::lambda_cmd::stripped(std::path::Path::new(FUNCTION_BINARY))
+        .unwrap_or_else(|e| panic!("reading {FUNCTION_BINARY}: {e:#}"));
     let zip = package(&binary);
 
     lambda

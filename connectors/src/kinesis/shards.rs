@@ -18,6 +18,12 @@ use skein_engine::source::partition_number as shard_number;
 /// `SourceOffset.position`; `offset` is otherwise 0.)
 pub const SHARD_END: i64 = -1;
 
+/// The shard id of a shard number (`3` -> `shardId-000000000003`), the
+/// inverse of `skein_engine::source::shard_number`.
+pub fn shard_id(n: i32) -> String {
+    format!("shardId-{n:012}")
+}
+
 /// A shard as ListShards describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedShard {
@@ -98,8 +104,8 @@ mod tests {
     use super::*;
 
     fn shard(n: u32, parents: &[u32], closed: bool) -> (String, ListedShard) {
-        let id = format!("shardId-{n:012}");
-        let parents = parents.iter().map(|p| format!("shardId-{p:012}")).collect();
+        let id = shard_id(n as i32);
+        let parents = parents.iter().map(|p| shard_id(*p as i32)).collect();
         (
             id.clone(),
             ListedShard {
@@ -120,9 +126,7 @@ mod tests {
             0,
             "an id without a number still has one owner"
         );
-        let owners: Vec<usize> = (0..6)
-            .map(|n| owner(&format!("shardId-{n:012}"), 3))
-            .collect();
+        let owners: Vec<usize> = (0..6).map(|n| owner(&shard_id(n as i32), 3)).collect();
         assert_eq!(owners, [0, 1, 2, 0, 1, 2]);
     }
 
@@ -138,10 +142,10 @@ mod tests {
         .into_iter()
         .collect();
         let parents_of = |n: &str| listed[n].parents.clone();
-        let id = |n: u32| format!("shardId-{n:012}");
+        let id = |n: u32| shard_id(n as i32);
         // One instance owns all: a child waits until its parents are read.
         let mine = |done: &'static [u32]| {
-            move |p: &str| Some(done.iter().any(|d| format!("shardId-{d:012}") == p))
+            move |p: &str| Some(done.iter().any(|d| shard_id(*d as i32) == p))
         };
         assert!(ready(&parents_of(&id(0)), &listed, mine(&[])));
         assert!(!ready(&parents_of(&id(1)), &listed, mine(&[])));

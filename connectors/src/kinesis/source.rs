@@ -43,7 +43,7 @@ use skein_engine::source::{
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
 
-use super::shards::{ListedShard, SHARD_END, list_shards, owner, ready};
+use super::shards::{ListedShard, SHARD_END, list_shards, owner, ready, shard_id};
 use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
@@ -494,7 +494,7 @@ impl Source for KinesisSource {
             if o.offset == SHARD_END || o.source != self.config.stream {
                 continue;
             }
-            let shard = format!("shardId-{:012}", o.partition);
+            let shard = shard_id(o.partition);
             let mut req = client
                 .get_shard_iterator()
                 .stream_name(&self.config.stream)
