@@ -10,7 +10,8 @@
 -- in Redis: the join fetches each batch's unknown ads with one MGET, in the
 -- stage that reads the topic, and caches them (YSB's RedisAdCampaignCache).
 -- A view of an ad without a campaign goes to the dead-letter topic with
--- the reason ('lookup.missing' 'dead-letter'). 'emit' 'updates' writes each
+-- the reason ('lookup.missing' 'dead-letter'). `campaign_windows` is YSB's
+-- result layout (STORED AS YSB_REDIS, docs/ysb.md); 'emit' 'updates' writes each
 -- epoch's counts as HINCRBY deltas, each sink member's in one MULTI/EXEC
 -- with its epoch marker (named by 'checkpoint') and the offsets they cover.
 CREATE EXTERNAL TABLE ad_events (
@@ -39,8 +40,7 @@ CREATE EXTERNAL TABLE campaign_windows (
   campaign_id VARCHAR,
   window_start TIMESTAMP,
   seen_count BIGINT
-) STORED AS REDIS LOCATION '{{redis}}' OPTIONS (
-  'layout' 'ysb',
+) STORED AS YSB_REDIS LOCATION '{{redis}}' OPTIONS (
   'emit' 'updates',
   'checkpoint' '{{checkpoint}}'
 );

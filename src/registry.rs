@@ -22,6 +22,7 @@ pub fn registries() -> Registries {
     let mut sinks = SinkRegistry::default();
     sinks.register("COLLECT", Arc::new(collect.clone()));
     skein_connectors::register_sinks(&mut sinks, &mut sources);
+    skein_ysb::register_sinks(&mut sinks, &mut sources);
     // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
     sources.allow_options(
         skein_connectors::kinesis::KIND,

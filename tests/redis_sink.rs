@@ -1,4 +1,5 @@
-//! The Redis sink on the real server: the YSB layout with its offsets in the
+//! The Redis sink on the real server: YSB's layout (`STORED AS YSB_REDIS`,
+//! through the Redis sink's extension point) with its offsets in the
 //! same MULTI/EXEC, a replayed write that changes nothing, the generic hash
 //! layout with a key template and a TTL; eight members whose epochs a
 //! "restarted process" replays, each write counted once in the hash, list
@@ -49,12 +50,23 @@ fn offsets(topic: &str, at: i64) -> Vec<SourceOffset> {
         .collect()
 }
 
+/// A `STORED AS REDIS` sink.
 fn sink(url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
+    sink_of("REDIS", url, options)
+}
+
+/// A `STORED AS YSB_REDIS` sink.
+fn ysb_sink(url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
+    sink_of(skein_ysb::KIND, url, options)
+}
+
+fn sink_of(kind: &str, url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
     let mut sinks = SinkRegistry::default();
     skein_connectors::register_sinks(&mut sinks, &mut SourceRegistry::default());
+    skein_ysb::register_sinks(&mut sinks, &mut SourceRegistry::default());
     sinks
         .create(&SinkConfig {
-            kind: "REDIS".into(),
+            kind: kind.into(),
             location: url.into(),
             options: options
                 .iter()
@@ -70,7 +82,7 @@ async fn ysb_layout_is_exactly_once() {
     let checkpoint = common::unique_name("sink-test");
     let campaign = common::unique_name("campaign");
     let topic = "events";
-    let sink = sink(&url, &[("layout", "ysb"), ("checkpoint", &checkpoint)]);
+    let sink = ysb_sink(&url, &[("checkpoint", &checkpoint)]);
     let batch = ysb_batch(&campaign, &[10_000, 20_000], &[3, 4]);
     let write = |epoch, batch: RecordBatch, at| SinkWrite {
         query: "q",
@@ -179,6 +191,7 @@ fn generic_batch(run: i64, epoch: u64, member: u32) -> RecordBatch {
 /// writes its epoch 0 from member 0. `batch` gives each write's rows.
 async fn crash_and_replay(
     url: &str,
+    sink: fn(&str, &[(&str, &str)]) -> Arc<dyn Sink>,
     options: &[(&str, &str)],
     batch: impl Fn(i64, u64, u32) -> RecordBatch + Sync,
 ) {
@@ -251,7 +264,7 @@ async fn list_layout_appends_each_write_once_at_group_size_eight() {
         ("emit", "updates"),
         ("checkpoint", checkpoint.as_str()),
     ];
-    crash_and_replay(&url, &options, generic_batch).await;
+    crash_and_replay(&url, sink, &options, generic_batch).await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let mut got: Vec<String> = con.lrange(&key, 0, -1).await.unwrap();
@@ -279,7 +292,13 @@ async fn hash_layout_holds_every_write_at_group_size_eight() {
     let url = common::require_redis();
     let prefix = common::unique_name("h");
     let key = format!("{prefix}:{{id}}");
-    crash_and_replay(&url, &[("layout", "hash"), ("key", &key)], generic_batch).await;
+    crash_and_replay(
+        &url,
+        sink,
+        &[("layout", "hash"), ("key", &key)],
+        generic_batch,
+    )
+    .await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     for (r, e, m) in expected_writes() {
@@ -302,7 +321,7 @@ async fn ysb_layout_adds_each_delta_once_at_group_size_eight() {
         let n = i64::from(member) + 1 + if run == 2 { 1000 } else { 0 };
         ysb_batch(&c, &[10_000, 20_000], &[n, n])
     };
-    crash_and_replay(&url, &[("layout", "ysb"), ("emit", "updates")], batch).await;
+    crash_and_replay(&url, ysb_sink, &[("emit", "updates")], batch).await;
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let hash: HashMap<String, String> = con.hgetall(&campaign).await.unwrap();
@@ -338,8 +357,11 @@ fn string_and_hash_layouts_refuse_emit_updates() {
         skein_connectors::redis::check_config(&config(layout, None))
             .expect("whole windows are fine");
     }
-    for layout in ["list", "ysb"] {
-        skein_connectors::redis::check_config(&config(layout, Some("updates")))
-            .expect("appends and increments merge deltas");
-    }
+    skein_connectors::redis::check_config(&config("list", Some("updates")))
+        .expect("appends merge deltas");
+    // YSB's layout is a sink kind of its own now.
+    let err = skein_connectors::redis::check_config(&config("ysb", None))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("YSB_REDIS") && !err.contains('\n'), "{err}");
 }

@@ -2,7 +2,8 @@
 //! directions it supports:
 //! * Kafka and Kinesis: sources (pull per epoch; Kinesis also takes pushed
 //!   batches) and sinks (a message per row);
-//! * Redis: a sink (generic layouts and YSB's) and lookup tables joined
+//! * Redis: a sink (string, hash and list layouts, and an extension point
+//!   for others, [`redis::RedisLayout`]) and lookup tables joined
 //!   with a stream;
 //! * files on a local disk or S3, and a blackhole that only counts: sinks;
 //! * record decoders (JSON, CSV, raw) straight into Arrow, and the row

@@ -1,74 +1,23 @@
 //! `ysb bench`: the drain throughput against a raw rdkafka drain
 //! (`--events`), or YSB's window latency under a steady load (`--rate`).
+//! The steps run here, in one process (the publisher is `skein gen`'s, the
+//! query `ysb run`'s); what is measured and how is `skein_ysb`'s.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use rdkafka::config::ClientConfig;
-use serde::Serialize;
 use serde_json::json;
 use skein_connectors::kafka::ensure_topic;
+use skein_ysb::bench::{LatencyBench, fresh_topic, load_avg, raw_drain};
+use skein_ysb::check::{check_report, check_windows};
+use skein_ysb::latency::latencies;
+use skein_ysb::{default_dead_letter_topic, now_ms};
 
-use super::check::{check_report, check_windows, latencies};
 use super::run::{RunOutcome, run_query};
 use super::setup::{generate, setup};
-use super::{BenchArgs, GenerateArgs, YsbArgs, YsbRunArgs, default_dead_letter_topic, now_ms};
-
-/// Read every record of `topic` with a plain rdkafka consumer, no parsing:
-/// the ceiling a Kafka reader on this machine can reach. Returns (records, s).
-fn raw_drain(brokers: &str, topic: &str) -> Result<(u64, f64)> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::{Offset, TopicPartitionList};
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("skein-raw-drain-{}", now_ms()))
-        .set("enable.auto.commit", "false");
-    // The same fetch settings as the Kafka source, for a fair comparison.
-    for (key, value) in skein_connectors::kafka::FETCH_DEFAULTS {
-        config.set(*key, *value);
-    }
-    let consumer: BaseConsumer = config.create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let mut tpl = TopicPartitionList::new();
-    let mut total = 0i64;
-    for p in metadata.topics()[0].partitions() {
-        let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
-        total += high - low;
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    // librdkafka's batch API, as the Kafka source reads: a `poll` per record
-    // caps one thread near 0.55 M records/s here (docs/benchmarks.md).
-    let consumer = skein_connectors::kafka::BatchConsumer::new(consumer);
-    let started = Instant::now();
-    let mut n = 0i64;
-    let mut bytes = 0usize;
-    let mut error = None;
-    while n < total {
-        if started.elapsed() > Duration::from_secs(600) {
-            bail!("raw drain: {n} of {total} records after 10 minutes");
-        }
-        consumer.read(
-            Duration::from_millis(100),
-            usize::MAX,
-            |fetched| match fetched {
-                skein_connectors::kafka::Fetched::Record { payload, .. } => {
-                    bytes += payload.len();
-                    n += 1;
-                }
-                skein_connectors::kafka::Fetched::Error(e) => error = Some(e),
-            },
-        );
-        if let Some(e) = error.take() {
-            bail!("raw drain: {e}");
-        }
-    }
-    tracing::debug!(bytes, "raw drain done");
-    Ok((n as u64, started.elapsed().as_secs_f64()))
-}
+use super::{BenchArgs, GenerateArgs, YsbArgs, YsbRunArgs};
 
 pub(super) async fn bench(a: BenchArgs) -> Result<()> {
     match (a.rate, a.duration) {
@@ -77,52 +26,12 @@ pub(super) async fn bench(a: BenchArgs) -> Result<()> {
     }
 }
 
-/// What `ysb bench --rate R --duration D` reports.
-#[derive(Debug, Serialize)]
-pub struct LatencyBench {
-    pub target_rate: u64,
-    pub duration_s: f64,
-    /// Published and acknowledged, and the rate that makes.
-    pub events: u64,
-    pub achieved_events_per_s: f64,
-    /// Events behind the target when the load stopped.
-    pub lag_events: u64,
-    /// Records the query read.
-    pub events_read: u64,
-    /// Windows that ended before the load stopped: the ones measured.
-    pub windows: usize,
-    pub latency_ms_p50: i64,
-    pub latency_ms_p90: i64,
-    pub latency_ms_p99: i64,
-    pub latency_ms_max: i64,
-    /// Redis matches the topic recounted, and the query read every record.
-    pub exact: bool,
-    /// How long the query took to finish once the load stopped.
-    pub drain_after_load_s: f64,
-    pub epochs: u64,
-    pub load_avg_1m: Option<f64>,
-    pub topic: String,
-    /// The query at the target rate for a month (its CPU figure includes
-    /// the publisher, which runs in the same process).
-    pub cost: skein_cost::CostReport,
-}
-
-/// The 1-minute load average, for the record of how busy the machine was.
-fn load_avg() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
 /// A bench's arguments on a fresh topic unless one is named (so it reads
 /// exactly the events of this run), and the same, quiet, for the steps.
 fn bench_topic(a: &BenchArgs) -> (YsbArgs, YsbArgs) {
     let mut common = a.common.clone();
     if common.topic == "ad-events" {
-        common.topic = format!("ad-events-bench-{}", now_ms());
+        common.topic = fresh_topic();
         // A fresh topic's checkpoints are of no use after the bench.
         common.checkpoint_dir.get_or_insert_with(|| {
             std::env::temp_dir().join(format!("skein-{}-checkpoints", common.topic))
@@ -196,7 +105,8 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
     } = run?;
     let finished = Instant::now();
     let (published, stopped_ms, stopped) = load.await.context("the load task")??;
-    let (check, found) = check_windows(&quiet, &default_dead_letter_topic(&common.topic)).await?;
+    let (check, found) =
+        check_windows(&quiet.workload(), &default_dead_letter_topic(&common.topic)).await?;
     let latency = latencies(&found, Some(stopped_ms));
     let line = LatencyBench {
         target_rate: rate,
@@ -218,7 +128,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         cost: crate::cost::section(&measured, Some(rate as f64), &Default::default())?,
     };
     if let Some(file) = &a.plot {
-        super::plot::latency_plot(file, &found, &report, stopped_ms, rate)?;
+        skein_ysb::plot::latency_plot(file, &found, &report, stopped_ms, rate)?;
     }
     if common.json {
         println!("{}", serde_json::to_string(&line)?);
@@ -266,7 +176,7 @@ async fn drain_bench(a: &BenchArgs, events: u64) -> Result<()> {
     let raw_rate = raw_events as f64 / raw_s;
     let RunOutcome { report, .. } =
         run_query(&run_args(a, &quiet, Duration::from_millis(1), None)).await?;
-    let check = check_report(&quiet).await?;
+    let check = check_report(&quiet.workload()).await?;
     let skein_rate = report.events_per_s;
     let line = json!({
         "events": events,

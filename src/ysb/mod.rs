@@ -10,32 +10,32 @@
 //!   driver, resuming after the last committed epoch of its checkpoint
 //!   directory, until the committed offsets reach the end of the topic (or
 //!   for `--duration`, however many epochs come back empty);
-//! * `check` ([`check`], [`recount`]): Redis against the ground truth and
+//! * `check` ([`check`]): Redis against the ground truth and
 //!   against counts recomputed from the topic itself, the dead-letter topic
 //!   against the topic's undecodable records, and the latency
 //!   `time_updated - window end` as YSB's `updated.txt` reports it;
 //! * `bench` ([`bench`]): the drain throughput and the window latency.
+//!
+//! What YSB is lives in the `skein-ysb` crate; this module parses the
+//! arguments, runs the query through the `skein` library's checkpointed
+//! local run, calls `skein-ysb` and prints.
 
 mod bench;
 mod check;
-mod plot;
-mod recount;
 mod run;
 mod setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
-use skein_generators::ysb::{ADS_PER_CAMPAIGN, DEFAULT_SEED, NUM_CAMPAIGNS, YsbCampaigns};
+use skein_generators::ysb::DEFAULT_SEED;
+use skein_ysb::Workload;
 
 use crate::run::parse_duration;
-
-/// The query, with `{{...}}` parts filled in by `ysb run`.
-pub const YSB_SQL: &str = include_str!("../../queries/ysb.sql");
 
 #[derive(Subcommand, Debug)]
 pub enum YsbCommand {
@@ -180,19 +180,6 @@ pub async fn ysb(cmd: YsbCommand) -> Result<()> {
     }
 }
 
-/// The sink's `checkpoint` name: its epoch markers are
-/// `skein:epochs:ysb:<topic>`, the offsets its writes cover
-/// `skein:offsets:ysb:<topic>`.
-fn checkpoint(topic: &str) -> String {
-    format!("ysb:{topic}")
-}
-
-/// The hash where `ysb run` says which run lineage writes the topic's
-/// results and with how many sink members, for `ysb check`.
-fn run_key(topic: &str) -> String {
-    format!("skein:ysb-run:{topic}")
-}
-
 impl YsbArgs {
     /// Where `ysb run` keeps the topic's checkpoints.
     fn checkpoint_dir(&self) -> PathBuf {
@@ -201,33 +188,15 @@ impl YsbArgs {
                 .join(format!("ysb-{}", self.topic))
         })
     }
-}
 
-/// Where `ysb run` sends undecodable records unless told otherwise.
-fn default_dead_letter_topic(topic: &str) -> String {
-    format!("{topic}-dead-letters")
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or_default()
-}
-
-async fn redis_connection(url: &str) -> Result<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(url).with_context(|| format!("Redis URL {url}"))?;
-    // The client's default of 500 ms per reply is short on a loaded machine
-    // (a debug build reading a large hash, CI running tests side by side).
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(10)))
-        .set_response_timeout(Some(Duration::from_secs(30)));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .with_context(|| format!("connecting to Redis at {url} (scripts/services.sh start redis)"))
-}
-
-fn campaigns(seed: u64) -> YsbCampaigns {
-    YsbCampaigns::generate(seed, NUM_CAMPAIGNS, ADS_PER_CAMPAIGN)
+    /// The workload these arguments name.
+    fn workload(&self) -> Workload {
+        Workload {
+            brokers: self.brokers.clone(),
+            redis: self.redis.clone(),
+            topic: self.topic.clone(),
+            seed: self.seed,
+            dir: self.dir.clone(),
+        }
+    }
 }

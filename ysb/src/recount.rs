@@ -5,20 +5,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
 use rdkafka::config::ClientConfig;
 use serde::Deserialize;
 use skein_generators::ysb::YsbRecount;
 
-use super::{campaigns, now_ms};
+use crate::error::{Context, Result, YsbError, fail};
+use crate::{campaigns, now_ms};
 
 /// (campaign, window start ms) -> views.
-pub(super) type Counts = BTreeMap<(String, i64), u64>;
+pub type Counts = BTreeMap<(String, i64), u64>;
 
 /// The topic read back and counted again, with a decoder of its own (serde,
 /// only the three fields the query uses), so that a fault of the engine's
 /// decoder shows up as a difference rather than being repeated.
-pub(super) struct TopicCount {
+pub struct TopicCount {
     pub records: u64,
     /// (campaign, window start) -> views.
     pub counts: Counts,
@@ -29,10 +29,7 @@ pub(super) struct TopicCount {
 }
 
 /// Consumer settings of the read-back: no group offsets, large fetches.
-pub(super) fn read_back_consumer(
-    brokers: &str,
-    purpose: &str,
-) -> Result<rdkafka::consumer::BaseConsumer> {
+pub fn read_back_consumer(brokers: &str, purpose: &str) -> Result<rdkafka::consumer::BaseConsumer> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
@@ -117,7 +114,7 @@ fn read_ranges(
             }
         }
         if last_progress.elapsed() > Duration::from_secs(60) {
-            bail!("reading {topic} back: no record for 60 s, still to read {next:?}");
+            fail!("reading {topic} back: no record for 60 s, still to read {next:?}");
         }
     }
     Ok(())
@@ -126,7 +123,7 @@ fn read_ranges(
 /// Recount the views per (campaign, window) from the topic, each partition
 /// up to the offset committed to Redis with the counts (`until`; a live
 /// topic goes on beyond it), one thread per group of partitions.
-pub(super) fn recount_topic(
+pub fn recount_topic(
     brokers: &str,
     topic: &str,
     seed: u64,
@@ -136,7 +133,7 @@ pub(super) fn recount_topic(
     let campaigns = campaigns(seed);
     let ranges = partition_ranges(&read_back_consumer(brokers, "recount")?, topic)?;
     if ranges.is_empty() {
-        bail!("topic {topic} not found at {brokers} (run `skein ysb generate` first)");
+        fail!("topic {topic} not found at {brokers} (run `skein ysb generate` first)");
     }
     let ranges: Vec<(i32, i64, i64)> = ranges
         .into_iter()
@@ -181,7 +178,7 @@ pub(super) fn recount_topic(
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("recount thread panicked")))
+                    .unwrap_or_else(|_| Err(YsbError::Failed("recount thread panicked".into())))
             })
             .collect()
     });
@@ -208,7 +205,7 @@ pub(super) fn recount_topic(
 }
 
 /// The letters of one source topic found in a dead-letter topic.
-pub(super) struct DeadLetterSummary {
+pub struct DeadLetterSummary {
     /// Letters of undecodable records, duplicates included.
     pub records: u64,
     /// Distinct (partition, offset) they name.
@@ -252,11 +249,7 @@ fn letter_of(l: &Letter<'_>, topic: &str) -> bool {
 }
 
 /// Reads the whole dead-letter topic (none there: no letters).
-pub(super) fn read_dead_letters(
-    brokers: &str,
-    dlt: &str,
-    topic: &str,
-) -> Result<DeadLetterSummary> {
+pub fn read_dead_letters(brokers: &str, dlt: &str, topic: &str) -> Result<DeadLetterSummary> {
     let consumer = read_back_consumer(brokers, "dead-letters")?;
     let ranges = partition_ranges(&consumer, dlt)?;
     let mut out = DeadLetterSummary {

@@ -4,17 +4,18 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Result;
 use skein_engine::driver::RunReport;
+use skein_generators::ysb::WINDOW_MS;
 use skein_plot::{Series, write_svg};
 
-use skein_generators::ysb::WINDOW_MS;
+use crate::Windows;
+use crate::error::Result;
 
 /// Per window (ended before the load stopped): the latest update's latency
 /// over its campaigns, and the views counted per second of it.
-pub(super) fn latency_plot(
+pub fn latency_plot(
     file: &Path,
-    found: &BTreeMap<(String, i64), (u64, i64)>,
+    found: &Windows,
     report: &RunReport,
     stopped_ms: i64,
     rate: u64,
