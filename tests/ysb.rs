@@ -11,7 +11,8 @@
 //! * `--duration` keeps pulling after an empty epoch while a producer
 //!   writes, and `--metrics` serves what it reads and checkpoints meanwhile.
 //!
-//! `ysb check` compares Redis with the ground truth file and with counts it
+//! The check (`skein_ysb::check`, called directly; `ysb check` once, as a
+//! command) compares Redis with the ground truth file and with counts it
 //! recomputes from the topic, and the dead-letter topic with the topic's
 //! undecodable records. The broker outage test is tests/ysb_outage.rs.
 
@@ -26,6 +27,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
+use skein_ysb::Workload;
+use skein_ysb::check::{CheckReport, check_report};
 
 /// `skein ysb <cmd> --json` on the shared services.
 fn ysb_command(cmd: &str, topic: &str, dir: &Path, seed: u64) -> Command {
@@ -53,10 +56,38 @@ fn prepare(topic: &str, dir: &Path, seed: u64, events: u64, extra: &[&str]) -> V
     generated
 }
 
-/// `ysb check` passes: Redis matches the ground truth and the counts
-/// recomputed from the topic, and the dead letters match the topic's bad
-/// records. Returns the check's JSON line.
-fn assert_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) -> Value {
+/// The check `ysb check` makes, called in the library: Redis matches the
+/// ground truth and the counts recomputed from the topic, and the dead
+/// letters match the topic's bad records.
+fn assert_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) -> CheckReport {
+    let workload = Workload {
+        brokers: common::kafka_brokers(),
+        redis: common::redis_url(),
+        topic: topic.to_string(),
+        seed,
+        dir: dir.to_path_buf(),
+    };
+    let check = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(check_report(&workload))
+        .unwrap_or_else(|e| panic!("checking {topic}: {e}"));
+    assert!(check.exact, "{check:?}");
+    assert_eq!(check.truth_exact, Some(true), "{check:?}");
+    assert!(check.topic_exact, "{check:?}");
+    assert!(check.dead_letters_exact, "{check:?}");
+    assert_eq!(check.views, expected_views, "{check:?}");
+    assert_eq!(check.topic_views, expected_views, "{check:?}");
+    assert_eq!((check.missing, check.extra), (0, 0), "{check:?}");
+    assert_eq!(
+        (check.topic_missing, check.topic_extra),
+        (0, 0),
+        "{check:?}"
+    );
+    check
+}
+
+/// `skein ysb check` itself: exits zero and says `exact` in its JSON line.
+fn assert_cli_check_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) {
     let (ok, check, log) = ysb("check", topic, dir, seed, &[]);
     assert_eq!(
         check["exact"],
@@ -64,20 +95,7 @@ fn assert_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) -> Valu
         "ysb check: {check} {log}"
     );
     assert!(ok, "ysb check exited non-zero: {log}");
-    assert_eq!(check["truth_exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["topic_exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["dead_letters_exact"], Value::Bool(true), "{check}");
     assert_eq!(check["views"].as_u64(), Some(expected_views), "{check}");
-    assert_eq!(
-        check["topic_views"].as_u64(),
-        Some(expected_views),
-        "{check}"
-    );
-    assert_eq!(check["missing"].as_u64(), Some(0));
-    assert_eq!(check["extra"].as_u64(), Some(0));
-    assert_eq!(check["topic_missing"].as_u64(), Some(0));
-    assert_eq!(check["topic_extra"].as_u64(), Some(0));
-    check
 }
 
 /// Every record of `topic` from the beginning up to the high watermarks
@@ -141,7 +159,7 @@ fn ysb_counts_are_exact() {
     let (ok, run, log) = ysb("run", &topic, &dir, seed, &["--until-drained"]);
     assert!(ok, "ysb run failed: {log}");
     assert_eq!(run["events"].as_u64(), Some(1_000_000), "{run}");
-    assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
+    assert_cli_check_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
     // A second run finds nothing new and changes nothing.
     let (ok, again, log) = ysb("run", &topic, &dir, seed, &["--until-drained"]);
     assert!(ok, "second ysb run failed: {log}");
@@ -172,13 +190,9 @@ fn malformed_events_go_to_the_dead_letter_topic() {
     // Every bad record is in the dead-letter topic, once, with its reason:
     // `ysb check` matches the letters with the records it cannot decode...
     let check = assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
-    assert_eq!(
-        check["topic_malformed"].as_u64(),
-        Some(malformed),
-        "{check}"
-    );
-    assert_eq!(check["dead_letters"].as_u64(), Some(malformed), "{check}");
-    assert_eq!(check["dead_letter_duplicates"].as_u64(), Some(0), "{check}");
+    assert_eq!(check.topic_malformed, malformed, "{check:?}");
+    assert_eq!(check.dead_letters, malformed, "{check:?}");
+    assert_eq!(check.dead_letter_duplicates, 0, "{check:?}");
     // ... and read here, every letter names a distinct record of the topic.
     let letters = read_whole_topic(&dead);
     let mut seen = BTreeSet::new();
@@ -241,10 +255,10 @@ fn killed_at_commits_and_restarted_still_exact() {
     let check = assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
     // Each bad record has its letter; an epoch replayed after a kill may
     // have sent some again, with the same key.
-    assert_eq!(check["dead_letters"].as_u64(), Some(malformed), "{check}");
+    assert_eq!(check.dead_letters, malformed, "{check:?}");
     eprintln!(
         "dead letters sent again by replayed epochs: {}",
-        check["dead_letter_duplicates"]
+        check.dead_letter_duplicates
     );
 }
 
