@@ -246,6 +246,29 @@ fn bad_input_is_refused_with_a_one_line_reason() {
          INSERT INTO out SELECT auction, count(*) AS n FROM bid GROUP BY auction;\n",
     );
     refused(&["explain", &redis], "ttl.seconds");
+    // YSB's layout is a sink kind of its own, whose options are checked too.
+    let windows = |kind: &str, options: &str| {
+        format!(
+            "CREATE EXTERNAL TABLE ad_events STORED AS YSB LOCATION 'ad_events' OPTIONS ('events' '10');\n\
+             CREATE EXTERNAL TABLE out (campaign_id VARCHAR, window_start TIMESTAMP, seen_count BIGINT) \
+               STORED AS {kind} LOCATION '127.0.0.1:9' OPTIONS ({options});\n\
+             INSERT INTO out SELECT ad_id AS campaign_id, tumble(event_time, INTERVAL '10' SECOND) AS window_start, \
+               count(*) AS seen_count FROM ad_events GROUP BY ad_id, tumble(event_time, INTERVAL '10' SECOND);\n"
+        )
+    };
+    let old_layout = write("old-layout.sql", &windows("REDIS", "'layout' 'ysb'"));
+    refused(&["explain", &old_layout], "STORED AS YSB_REDIS");
+    let ysb_redis = write("ysb-redis.sql", &windows("YSB_REDIS", "'layout' 'ysb'"));
+    refused(
+        &["explain", &ysb_redis],
+        "unknown option 'layout' for a YSB_REDIS table",
+    );
+    let ysb_redis = write(
+        "ysb-redis-ok.sql",
+        &windows("YSB_REDIS", "'emit' 'updates'"),
+    );
+    let (ok, _, stderr) = skein(&["explain", &ysb_redis]);
+    assert!(ok, "a YSB_REDIS table plans: {stderr}");
     let huge = write(
         "huge.sql",
         "CREATE EXTERNAL TABLE ad_events STORED AS YSB LOCATION 'ad_events' \
