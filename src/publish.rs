@@ -323,6 +323,58 @@ pub async fn gen_command(a: GenArgs) -> Result<()> {
     Ok(())
 }
 
+/// The topics or streams `a` publishes to: one, or NEXMark's three.
+fn destination_names(a: &GenArgs, destination: &Destination) -> Vec<String> {
+    let base = destination.name();
+    match (a.benchmark, a.table) {
+        (Benchmark::Nexmark, NexmarkTable::All) => vec![
+            format!("{base}-person"),
+            format!("{base}-auction"),
+            format!("{base}-bid"),
+        ],
+        _ => vec![base.to_string()],
+    }
+}
+
+/// The generator of `a`'s benchmark, its event time starting at
+/// `base_time_ms`.
+fn event_source(
+    a: &GenArgs,
+    event_rate: u64,
+    base_time_ms: i64,
+) -> Result<Box<dyn EventSource + Send>> {
+    Ok(match a.benchmark {
+        Benchmark::Ysb => {
+            let mut config = YsbConfig {
+                seed: a.seed,
+                base_time_ms,
+                ..YsbConfig::default()
+            };
+            config.events_per_second = event_rate;
+            Box::new(Ysb(YsbGenerator::new(config)?))
+        }
+        Benchmark::Nexmark => {
+            let mut config = NexmarkConfig {
+                seed: a.seed,
+                base_time_ms,
+                ..NexmarkConfig::default()
+            };
+            config.first_event_rate = event_rate;
+            // Which of the destinations each of person, auction, bid goes to.
+            let route = match a.table {
+                NexmarkTable::All => [Some(0), Some(1), Some(2)],
+                NexmarkTable::Person => [Some(0), None, None],
+                NexmarkTable::Auction => [None, Some(0), None],
+                NexmarkTable::Bid => [None, None, Some(0)],
+            };
+            Box::new(Nexmark {
+                generator: NexmarkGenerator::new(config)?,
+                route,
+            })
+        }
+    })
+}
+
 pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     if a.events.is_none() && a.duration.is_none() {
         bail!("say how much to publish: --events N and/or --duration D");
@@ -332,50 +384,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     }
     let event_rate = event_rate(a)?;
     let destination = Destination::parse(&a.to)?;
-    let base_time_ms = now_ms();
-    let (mut source, names): (Box<dyn EventSource + Send>, Vec<String>) = match a.benchmark {
-        Benchmark::Ysb => {
-            let mut config = YsbConfig {
-                seed: a.seed,
-                base_time_ms,
-                ..YsbConfig::default()
-            };
-            config.events_per_second = event_rate;
-            (
-                Box::new(Ysb(YsbGenerator::new(config)?)),
-                vec![destination.name().to_string()],
-            )
-        }
-        Benchmark::Nexmark => {
-            let mut config = NexmarkConfig {
-                seed: a.seed,
-                base_time_ms,
-                ..NexmarkConfig::default()
-            };
-            config.first_event_rate = event_rate;
-            let base = destination.name();
-            let (route, names) = match a.table {
-                NexmarkTable::All => (
-                    [Some(0), Some(1), Some(2)],
-                    vec![
-                        format!("{base}-person"),
-                        format!("{base}-auction"),
-                        format!("{base}-bid"),
-                    ],
-                ),
-                NexmarkTable::Person => ([Some(0), None, None], vec![base.to_string()]),
-                NexmarkTable::Auction => ([None, Some(0), None], vec![base.to_string()]),
-                NexmarkTable::Bid => ([None, None, Some(0)], vec![base.to_string()]),
-            };
-            (
-                Box::new(Nexmark {
-                    generator: NexmarkGenerator::new(config)?,
-                    route,
-                }),
-                names,
-            )
-        }
-    };
+    let names = destination_names(a, &destination);
     let mut sinks = Vec::with_capacity(names.len());
     for n in &names {
         let d = destination.with_name(n.clone());
@@ -411,7 +420,12 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
 
     // Chunks small enough to pace a rate smoothly (about 20 per second).
     let chunk = a.rate.map_or(20_000, |r| (r / 20).clamp(1, 20_000));
+    // Event time starts when sending does, not before the destinations
+    // were opened: otherwise every event would be sent that much after its
+    // own time, and a latency measured from event time would include it.
+    let base_time_ms = now_ms();
     let started = Instant::now();
+    let mut source = event_source(a, event_rate, base_time_ms)?;
     let mut sent = 0u64;
     let mut acks: JoinSet<skein_engine::Result<()>> = JoinSet::new();
     let mut buf = Vec::with_capacity(1024);
@@ -425,8 +439,9 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
             break;
         }
         if let Some(rate) = a.rate {
-            // Wait until the target has caught up with what was sent.
-            let due = Duration::from_secs_f64(sent as f64 / rate as f64);
+            // Wait until the chunk's last event is due, so that no event is
+            // sent before its own event time (a real producer cannot).
+            let due = Duration::from_secs_f64((sent + want) as f64 / rate as f64);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 tokio::time::sleep(wait).await;
             }
