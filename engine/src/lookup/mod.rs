@@ -77,12 +77,10 @@ impl LookupOptions {
                 column_list(schema)
             ))
         })?;
-        if !matches!(
-            field.data_type(),
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-        ) {
+        if !can_be_key(field.data_type()) {
             return Err(EngineError::plan(format!(
-                "{OPT_KEY} = {key:?}: the key column must be VARCHAR, not {}",
+                "{OPT_KEY} = {key:?}: the key column is {}, which cannot be a lookup key \
+                 (declare it VARCHAR or an integer type)",
                 field.data_type()
             )));
         }
@@ -121,6 +119,18 @@ impl LookupOptions {
             cache_ttl_ms: number(OPT_CACHE_TTL_MS, DEFAULT_CACHE_TTL_MS)?,
             missing,
         })
+    }
+}
+
+/// Whether values of `t` can be keys: text as it is, integers as their
+/// decimal text. Floats (`0.1` has no one text), binary and nested values
+/// cannot.
+pub fn can_be_key(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(_, value) => can_be_key(value),
+        t => {
+            t.is_integer() || matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+        }
     }
 }
 
@@ -231,6 +241,7 @@ mod tests {
             Field::new("ad_id", DataType::Utf8, false),
             Field::new("campaign_id", DataType::Utf8, true),
             Field::new("n", DataType::Int64, true),
+            Field::new("f", DataType::Float64, true),
         ]));
         let config = SourceConfig {
             kind: kind.into(),
@@ -246,7 +257,7 @@ mod tests {
     #[test]
     fn options_are_checked_when_the_table_is_declared() {
         let o = check("kv", &[(OPT_KEY, "ad_id")]).unwrap();
-        assert_eq!(o.values, ["campaign_id", "n"]);
+        assert_eq!(o.values, ["campaign_id", "n", "f"]);
         assert_eq!(o.cache_size, DEFAULT_CACHE_SIZE);
         assert_eq!(o.missing, MissingPolicy::Join);
         let o = check(
@@ -268,8 +279,15 @@ mod tests {
             e.contains("no such column") && e.contains("ad_id, campaign_id"),
             "{e}"
         );
-        let e = err(&[(OPT_KEY, "n")]);
-        assert!(e.contains("must be VARCHAR"), "{e}");
+        let o = check("KV", &[(OPT_KEY, "n")]).unwrap();
+        assert_eq!(o.values, ["ad_id", "campaign_id", "f"], "an integer key");
+        let e = err(&[(OPT_KEY, "f")]);
+        assert!(
+            e.contains(
+                "lookup.key = \"f\": the key column is Float64, which cannot be a lookup key"
+            ),
+            "{e}"
+        );
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_SIZE, "many")]);
         assert!(e.contains("lookup.cache.size = \"many\""), "{e}");
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_TTL_MS, "-1")]);
