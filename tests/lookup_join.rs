@@ -307,6 +307,12 @@ async fn keys_of_the_wrong_type_and_bad_values_are_clear_errors() {
             ", 'layout' 'ysb'",
             "unknown option 'layout' for a REDIS lookup table",
         ),
+        (
+            ", 'lookup.prefix' 'c:'",
+            "unknown option 'lookup.prefix' for a REDIS lookup table; it takes \
+             lookup.cache.size, lookup.cache.ttl.ms, lookup.key, lookup.key.prefix, \
+             lookup.missing, retry.timeout.ms",
+        ),
     ] {
         let err = run(&r, one, options, query, 1, |_, _| {})
             .await
@@ -394,4 +400,37 @@ async fn keys_that_cannot_be_redis_keys_are_planning_errors() {
     .unwrap_err();
     assert!(err.contains("ad_id") && err.contains("Float64"), "{err}");
     assert!(!err.contains('\n'), "one line: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_prefix_goes_before_every_key_asked_for() {
+    let mut con = redis();
+    let p = common::unique_name("lookup-prefix");
+    let ids = unique_ints(2);
+    let _: () = redis::pipe()
+        .set(format!("{p}:user:{}", ids[0]), "ann")
+        // Without the prefix: not what the table asks for.
+        .set(ids[1].to_string(), "bob")
+        .query(&mut con)
+        .unwrap();
+    let r = with_keys(Arc::new(Int64Array::from(vec![ids[0], ids[1]])));
+    let rows = run(
+        &r,
+        "ad_id BIGINT NOT NULL, name VARCHAR",
+        &format!(", 'lookup.key.prefix' '{p}:user:'"),
+        "SELECT e.n, c.ad_id, c.name FROM events e JOIN t c ON e.ad_id = c.ad_id",
+        1,
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    // The table's key column is the stream's key, without the prefix.
+    assert_eq!(
+        rows,
+        vec![vec![
+            Some("0".into()),
+            Some(ids[0].to_string()),
+            Some("ann".into())
+        ]]
+    );
 }

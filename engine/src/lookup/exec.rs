@@ -214,7 +214,13 @@ impl LookupHandle {
         if ask.is_empty() {
             return Ok(known);
         }
-        let found = self.lookup.get(&ask).await?;
+        let prefix = &self.spec.options.key_prefix;
+        let found = if prefix.is_empty() {
+            self.lookup.get(&ask).await?
+        } else {
+            let asked: Vec<String> = ask.iter().map(|k| format!("{prefix}{k}")).collect();
+            self.lookup.get(&asked).await?
+        };
         if found.len() != ask.len() {
             return Err(EngineError::Source {
                 source_name: self.spec.table.clone(),

@@ -25,6 +25,8 @@ use crate::source::{SourceConfig, SourceRegistry};
 
 /// Names the key column and makes the table a lookup table.
 pub const OPT_KEY: &str = "lookup.key";
+/// Put before every key asked for (`campaign:` asks `campaign:<key>`).
+pub const OPT_KEY_PREFIX: &str = "lookup.key.prefix";
 /// Most keys held in the cache (0: no cache).
 pub const OPT_CACHE_SIZE: &str = "lookup.cache.size";
 /// How long a cached answer (found or not) is used, in ms.
@@ -32,7 +34,13 @@ pub const OPT_CACHE_TTL_MS: &str = "lookup.cache.ttl.ms";
 /// What a stream row without a match does: `join` or `dead-letter`.
 pub const OPT_MISSING: &str = "lookup.missing";
 /// The options every lookup table takes, whatever its kind.
-pub const LOOKUP_OPTIONS: &[&str] = &[OPT_KEY, OPT_CACHE_SIZE, OPT_CACHE_TTL_MS, OPT_MISSING];
+pub const LOOKUP_OPTIONS: &[&str] = &[
+    OPT_KEY,
+    OPT_KEY_PREFIX,
+    OPT_CACHE_SIZE,
+    OPT_CACHE_TTL_MS,
+    OPT_MISSING,
+];
 
 pub const DEFAULT_CACHE_SIZE: usize = 100_000;
 pub const DEFAULT_CACHE_TTL_MS: u64 = 60_000;
@@ -56,6 +64,9 @@ pub enum MissingPolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LookupOptions {
     pub key: String,
+    /// Put before each key's text when it is asked for.
+    #[serde(default)]
+    pub key_prefix: String,
     /// The other columns, in declared order: what the connector fetches.
     pub values: Vec<String>,
     pub cache_size: usize,
@@ -114,6 +125,10 @@ impl LookupOptions {
         };
         Ok(LookupOptions {
             key,
+            key_prefix: config
+                .option(OPT_KEY_PREFIX)
+                .unwrap_or_default()
+                .to_string(),
             values,
             cache_size: number(OPT_CACHE_SIZE, DEFAULT_CACHE_SIZE as u64)? as usize,
             cache_ttl_ms: number(OPT_CACHE_TTL_MS, DEFAULT_CACHE_TTL_MS)?,
@@ -259,6 +274,7 @@ mod tests {
         let o = check("kv", &[(OPT_KEY, "ad_id")]).unwrap();
         assert_eq!(o.values, ["campaign_id", "n", "f"]);
         assert_eq!(o.cache_size, DEFAULT_CACHE_SIZE);
+        assert_eq!(o.key_prefix, "");
         assert_eq!(o.missing, MissingPolicy::Join);
         let o = check(
             "KV",
@@ -267,10 +283,12 @@ mod tests {
                 (OPT_CACHE_SIZE, "10"),
                 (OPT_CACHE_TTL_MS, "0"),
                 (OPT_MISSING, "dead-letter"),
+                (OPT_KEY_PREFIX, "campaign:"),
                 ("retry.timeout.ms", "5"),
             ],
         )
         .unwrap();
+        assert_eq!(o.key_prefix, "campaign:");
         assert_eq!((o.cache_size, o.cache_ttl_ms), (10, 0));
         assert_eq!(o.missing, MissingPolicy::DeadLetter);
         let err = |opts: &[(&str, &str)]| check("KV", opts).unwrap_err().to_string();
@@ -294,9 +312,13 @@ mod tests {
         assert!(e.contains("lookup.cache.ttl.ms"), "{e}");
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_MISSING, "drop")]);
         assert!(e.contains("'join' or 'dead-letter'"), "{e}");
-        let e = err(&[(OPT_KEY, "ad_id"), ("lookup.cache", "1")]);
+        let e = err(&[(OPT_KEY, "ad_id"), ("lookup.prefix", "1")]);
         assert!(
-            e.contains("unknown option 'lookup.cache' for a KV lookup table"),
+            e.contains(
+                "unknown option 'lookup.prefix' for a KV lookup table; it takes \
+                 lookup.cache.size, lookup.cache.ttl.ms, lookup.key, lookup.key.prefix, \
+                 lookup.missing, retry.timeout.ms"
+            ),
             "{e}"
         );
         let e = check("KAFKA", &[(OPT_KEY, "ad_id")])
