@@ -95,28 +95,17 @@ fn total(docs: &[Value], name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn functions_write_emf_lines_to_their_logs() {
-    let url = common::require_redis();
     let store = format!("s3://{}", common::unique_name("skein-lambda-emf"));
-    let p = common::unique_name("emf-lookup");
-    let mut con = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("Redis");
-    let mut pipe = redis::pipe();
-    for id in (1000..1100).step_by(2) {
-        pipe.set(format!("{p}:auction:{id}"), format!("seller-{id}"));
-    }
-    let _: () = pipe.query(&mut con).unwrap();
-    // The prefix makes the query text, so its code and functions, new.
+    // The sellers' prefix makes the query text, so its code and functions, new.
+    let sellers = common::sellers::declare("emf-lookup", 1100);
     let sql = format!(
         "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid'
            OPTIONS ('events' '3000', 'rate' '1000', 'partitions' '2', 'event_time' 'date_time');
-         CREATE EXTERNAL TABLE sellers (id BIGINT NOT NULL, seller VARCHAR)
-           STORED AS REDIS LOCATION '{url}'
-           OPTIONS ('lookup.key' 'id', 'lookup.key.prefix' '{p}:auction:');
+         {sellers}
          SELECT s.seller, count(*) AS bids FROM bid b LEFT JOIN sellers s ON b.auction = s.id
          GROUP BY s.seller"
     );
-    let file = std::env::temp_dir().join(format!("{p}.sql"));
+    let file = std::env::temp_dir().join(format!("{}.sql", common::unique_name("emf")));
     std::fs::write(&file, sql).unwrap();
     let file = file.display().to_string();
     let args = [

@@ -370,36 +370,23 @@ async fn integer_keys_are_looked_up_as_their_decimal_text() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_that_cannot_be_redis_keys_are_planning_errors() {
     let query = "SELECT e.n, c.campaign_id FROM events e JOIN t c ON e.ad_id = c.ad_id";
-    // A floating-point stream column.
-    let r = with_keys(Arc::new(datafusion::arrow::array::Float64Array::from(
-        vec![1.5],
-    )));
-    let err = run(
-        &r,
-        "ad_id VARCHAR NOT NULL, campaign_id VARCHAR",
-        "",
-        query,
-        1,
-        |_, _| {},
-    )
-    .await
-    .unwrap_err();
-    assert!(err.contains("ad_id") && err.contains("Float64"), "{err}");
-    assert!(!err.contains('\n'), "one line: {err}");
-    // A floating-point key column in the table.
-    let r = with_events(&[]);
-    let err = run(
-        &r,
-        "ad_id DOUBLE NOT NULL, campaign_id VARCHAR",
-        "",
-        query,
-        1,
-        |_, _| {},
-    )
-    .await
-    .unwrap_err();
-    assert!(err.contains("ad_id") && err.contains("Float64"), "{err}");
-    assert!(!err.contains('\n'), "one line: {err}");
+    let float: ArrayRef = Arc::new(datafusion::arrow::array::Float64Array::from(vec![1.5]));
+    // A floating-point stream column, or key column in the table.
+    for (keys, columns) in [
+        (float, "ad_id VARCHAR NOT NULL, campaign_id VARCHAR"),
+        (
+            Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+            "ad_id DOUBLE NOT NULL, campaign_id VARCHAR",
+        ),
+    ] {
+        let r = with_keys(keys);
+        let err = run(&r, columns, "", query, 1, |_, _| {}).await.unwrap_err();
+        assert!(
+            err.contains("ad_id") && err.contains("Float64"),
+            "{columns}: {err}"
+        );
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,22 +89,11 @@ fn a_running_query_serves_its_metrics() {
 /// rest are fetched, and the auctions without a key are not found.
 #[test]
 fn a_lookup_join_counts_its_cache_and_requests() {
-    let url = common::require_redis();
-    let p = common::unique_name("metrics-lookup");
-    let mut con = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .expect("Redis");
-    let mut pipe = redis::pipe();
-    for id in (1000..1200).step_by(2) {
-        pipe.set(format!("{p}:auction:{id}"), format!("seller-{id}"));
-    }
-    let _: () = pipe.query(&mut con).unwrap();
+    let sellers = common::sellers::declare("metrics-lookup", 1200);
     let sql = format!(
         "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid'
            OPTIONS ('rate' '2000', 'partitions' '2', 'events_per_epoch' '400', 'event_time' 'date_time');
-         CREATE EXTERNAL TABLE sellers (id BIGINT NOT NULL, seller VARCHAR)
-           STORED AS REDIS LOCATION '{url}'
-           OPTIONS ('lookup.key' 'id', 'lookup.key.prefix' '{p}:auction:');
+         {sellers}
          SELECT b.auction, s.seller FROM bid b LEFT JOIN sellers s ON b.auction = s.id"
     );
     let table = "table=\"sellers\"";
