@@ -19,9 +19,9 @@ use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
 use skein_engine::source::{MemorySource, MemorySourceFactory, SourceRegistry};
 
-fn events_schema() -> SchemaRef {
+fn events_schema(key: &DataType) -> SchemaRef {
     Arc::new(Schema::new(vec![
-        Field::new("ad_id", DataType::Utf8, true),
+        Field::new("ad_id", key.clone(), true),
         Field::new("n", DataType::Int64, false),
     ]))
 }
@@ -32,22 +32,32 @@ struct Run {
     sources: SourceRegistry,
     runtime: Arc<LocalRuntime>,
     results: CollectSinkFactory,
+    /// The SQL type of the stream's `ad_id`.
+    key_type: &'static str,
 }
 
 fn with_events(ads: &[Option<&str>]) -> Run {
+    with_keys(Arc::new(StringArray::from(ads.to_vec())))
+}
+
+/// Events whose `ad_id` column is `keys` (of any type).
+fn with_keys(keys: ArrayRef) -> Run {
+    let key_type = match keys.data_type() {
+        DataType::Utf8 => "VARCHAR",
+        DataType::Int64 => "BIGINT",
+        DataType::Int32 => "INT",
+        DataType::Float64 => "DOUBLE",
+        other => panic!("no SQL type for {other} here"),
+    };
+    let schema = events_schema(keys.data_type());
+    let n = keys.len() as i64;
     let batch = RecordBatch::try_new(
-        events_schema(),
-        vec![
-            Arc::new(StringArray::from(ads.to_vec())),
-            Arc::new(Int64Array::from((0..ads.len() as i64).collect::<Vec<_>>())),
-        ],
+        schema.clone(),
+        vec![keys, Arc::new(Int64Array::from((0..n).collect::<Vec<_>>()))],
     )
     .unwrap();
     let memory = Arc::new(MemorySourceFactory::default());
-    memory.insert(
-        "events",
-        MemorySource::new(events_schema(), vec![vec![batch]]),
-    );
+    memory.insert("events", MemorySource::new(schema, vec![vec![batch]]));
     let mut sources = SourceRegistry::default();
     sources.register("MEMORY", memory);
     let results = CollectSinkFactory::default();
@@ -59,6 +69,7 @@ fn with_events(ads: &[Option<&str>]) -> Run {
         sources,
         runtime,
         results,
+        key_type,
     }
 }
 
@@ -74,11 +85,12 @@ async fn run(
 ) -> Result<Vec<Vec<Option<String>>>, String> {
     let url = common::redis_url();
     let sql = format!(
-        "CREATE EXTERNAL TABLE events (ad_id VARCHAR, n BIGINT NOT NULL) \
+        "CREATE EXTERNAL TABLE events (ad_id {}, n BIGINT NOT NULL) \
          STORED AS MEMORY LOCATION 'events';
          CREATE EXTERNAL TABLE t ({columns}) STORED AS REDIS LOCATION '{url}' \
          OPTIONS ('lookup.key' 'ad_id'{options});
-         {query}"
+         {query}",
+        r.key_type
     );
     let options = PlanOptions {
         group_size: 2,
@@ -295,6 +307,12 @@ async fn keys_of_the_wrong_type_and_bad_values_are_clear_errors() {
             ", 'layout' 'ysb'",
             "unknown option 'layout' for a REDIS lookup table",
         ),
+        (
+            ", 'lookup.prefix' 'c:'",
+            "unknown option 'lookup.prefix' for a REDIS lookup table; it takes \
+             lookup.cache.size, lookup.cache.ttl.ms, lookup.key, lookup.key.prefix, \
+             lookup.missing, retry.timeout.ms",
+        ),
     ] {
         let err = run(&r, one, options, query, 1, |_, _| {})
             .await
@@ -302,4 +320,104 @@ async fn keys_of_the_wrong_type_and_bad_values_are_clear_errors() {
         assert!(err.contains(says), "{options}: {err}");
         assert!(!err.contains('\n'), "one line: {err}");
     }
+}
+
+/// Integers far from other tests' keys; Redis keys are their decimal text.
+fn unique_ints(n: usize) -> Vec<i64> {
+    let base = 9_000_000_000_000 + (rand::random::<u32>() as i64) * 1000;
+    (0..n as i64).map(|i| base + i).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integer_keys_are_looked_up_as_their_decimal_text() {
+    let mut con = redis();
+    let ids = unique_ints(3);
+    let _: () = redis::pipe()
+        .set(ids[0].to_string(), "c0")
+        .set(ids[1].to_string(), "c1")
+        .query(&mut con)
+        .unwrap();
+    let keys: ArrayRef = Arc::new(Int64Array::from(vec![
+        Some(ids[0]),
+        Some(ids[1]),
+        Some(ids[2]),
+        None,
+    ]));
+    let query = "SELECT e.n, e.ad_id, c.ad_id, c.campaign_id FROM events e \
+                 LEFT JOIN t c ON e.ad_id = c.ad_id";
+    // The table's key declared as an integer, or as text the stream's
+    // integers are compared with.
+    for columns in [
+        "ad_id BIGINT NOT NULL, campaign_id VARCHAR",
+        "ad_id VARCHAR NOT NULL, campaign_id VARCHAR",
+    ] {
+        let r = with_keys(keys.clone());
+        let rows = run(&r, columns, "", query, 1, |_, _| {}).await.unwrap();
+        let id = |i: usize| Some(ids[i].to_string());
+        assert_eq!(
+            rows,
+            vec![
+                vec![Some("0".into()), id(0), id(0), Some("c0".into())],
+                vec![Some("1".into()), id(1), id(1), Some("c1".into())],
+                vec![Some("2".into()), id(2), None, None],
+                vec![Some("3".into()), None, None, None],
+            ],
+            "{columns}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_cannot_be_redis_keys_are_planning_errors() {
+    let query = "SELECT e.n, c.campaign_id FROM events e JOIN t c ON e.ad_id = c.ad_id";
+    let float: ArrayRef = Arc::new(datafusion::arrow::array::Float64Array::from(vec![1.5]));
+    // A floating-point stream column, or key column in the table.
+    for (keys, columns) in [
+        (float, "ad_id VARCHAR NOT NULL, campaign_id VARCHAR"),
+        (
+            Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+            "ad_id DOUBLE NOT NULL, campaign_id VARCHAR",
+        ),
+    ] {
+        let r = with_keys(keys);
+        let err = run(&r, columns, "", query, 1, |_, _| {}).await.unwrap_err();
+        assert!(
+            err.contains("ad_id") && err.contains("Float64"),
+            "{columns}: {err}"
+        );
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_prefix_goes_before_every_key_asked_for() {
+    let mut con = redis();
+    let p = common::unique_name("lookup-prefix");
+    let ids = unique_ints(2);
+    let _: () = redis::pipe()
+        .set(format!("{p}:user:{}", ids[0]), "ann")
+        // Without the prefix: not what the table asks for.
+        .set(ids[1].to_string(), "bob")
+        .query(&mut con)
+        .unwrap();
+    let r = with_keys(Arc::new(Int64Array::from(vec![ids[0], ids[1]])));
+    let rows = run(
+        &r,
+        "ad_id BIGINT NOT NULL, name VARCHAR",
+        &format!(", 'lookup.key.prefix' '{p}:user:'"),
+        "SELECT e.n, c.ad_id, c.name FROM events e JOIN t c ON e.ad_id = c.ad_id",
+        1,
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    // The table's key column is the stream's key, without the prefix.
+    assert_eq!(
+        rows,
+        vec![vec![
+            Some("0".into()),
+            Some(ids[0].to_string()),
+            Some("ann".into())
+        ]]
+    );
 }

@@ -1,5 +1,6 @@
 //! `skein run --metrics ADDR` serves Prometheus text while the query runs.
-//! Uses the built-in NEXMark generator: no external service.
+//! Uses the built-in NEXMark generator; the lookup join's test also the
+//! real Redis.
 
 mod common;
 
@@ -13,23 +14,18 @@ fn sample(body: &str, name: &str, label: &str) -> Option<f64> {
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-#[test]
-fn a_running_query_serves_its_metrics() {
+/// Runs `sql` with `skein run --metrics` for up to 20 s and scrapes until
+/// `complete` holds for the body (the child is killed then); fails with
+/// skein's stderr if it never does.
+fn scrape_while_running(name: &str, sql: &str, complete: impl Fn(&str) -> bool) -> String {
     let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let sql = std::env::temp_dir().join(format!("{}.sql", common::unique_name("metrics")));
-    // 2 s of event time per second of wall time: windows close while it runs.
-    std::fs::write(
-        &sql,
-        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid'
-           OPTIONS ('rate' '2000', 'partitions' '2', 'events_per_epoch' '400', 'event_time' 'date_time');
-         SELECT tumble(date_time, INTERVAL '1' SECOND) AS w, count(*) AS n FROM bid GROUP BY 1",
-    )
-    .unwrap();
+    let file = std::env::temp_dir().join(format!("{}.sql", common::unique_name(name)));
+    std::fs::write(&file, sql).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_skein"))
         .args([
             "run",
-            sql.to_str().unwrap(),
+            file.to_str().unwrap(),
             "--duration",
             "20s",
             "--interval",
@@ -43,12 +39,10 @@ fn a_running_query_serves_its_metrics() {
         .expect("start skein");
     let started = Instant::now();
     let mut body = None;
-    // Scrape until the windowed stage has reported its state and watermark.
     while started.elapsed() < Duration::from_secs(18) {
         std::thread::sleep(Duration::from_millis(500));
         if let Some(b) = common::scrape(&addr)
-            && b.contains("skein_watermark_delay_seconds")
-            && b.contains("skein_sink_rows_total")
+            && complete(&b)
         {
             body = Some(b);
             break;
@@ -56,11 +50,23 @@ fn a_running_query_serves_its_metrics() {
     }
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
-    let body = body.unwrap_or_else(|| {
+    body.unwrap_or_else(|| {
         panic!(
             "no complete metrics from {addr}; stderr:\n{}",
             String::from_utf8_lossy(&out.stderr)
         )
+    })
+}
+
+#[test]
+fn a_running_query_serves_its_metrics() {
+    // 2 s of event time per second of wall time: windows close while it runs.
+    let sql = "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid'
+           OPTIONS ('rate' '2000', 'partitions' '2', 'events_per_epoch' '400', 'event_time' 'date_time');
+         SELECT tumble(date_time, INTERVAL '1' SECOND) AS w, count(*) AS n FROM bid GROUP BY 1";
+    // Scrape until the windowed stage has reported its state and watermark.
+    let body = scrape_while_running("metrics", sql, |b| {
+        b.contains("skein_watermark_delay_seconds") && b.contains("skein_sink_rows_total")
     });
     for name in [
         "skein_source_records_total",
@@ -76,4 +82,31 @@ fn a_running_query_serves_its_metrics() {
     assert!(records > 0.0, "partition 0 records: {records}\n{body}");
     let epochs = sample(&body, "skein_epochs_total", "").unwrap();
     assert!(epochs >= 1.0, "{body}");
+}
+
+/// Bids joined with their auction's seller in Redis (`SET <p>:auction:<id>`
+/// for some of the auctions): the cache answers repeated auctions, the
+/// rest are fetched, and the auctions without a key are not found.
+#[test]
+fn a_lookup_join_counts_its_cache_and_requests() {
+    let sellers = common::sellers::declare("metrics-lookup", 1200);
+    let sql = format!(
+        "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid'
+           OPTIONS ('rate' '2000', 'partitions' '2', 'events_per_epoch' '400', 'event_time' 'date_time');
+         {sellers}
+         SELECT b.auction, s.seller FROM bid b LEFT JOIN sellers s ON b.auction = s.id"
+    );
+    let table = "table=\"sellers\"";
+    let body = scrape_while_running("metrics-lookup", &sql, |b| {
+        sample(b, "skein_lookup_cache_hits_total", table).is_some_and(|n| n > 0.0)
+            && sample(b, "skein_lookup_not_found_total", table).is_some_and(|n| n > 0.0)
+    });
+    let requests = sample(&body, "skein_lookup_requests_total", table).unwrap();
+    let misses = sample(&body, "skein_lookup_cache_misses_total", table).unwrap();
+    let not_found = sample(&body, "skein_lookup_not_found_total", table).unwrap();
+    assert!(requests >= 1.0, "{body}");
+    // Each request asks for at least one key; some of them have no key.
+    assert!(misses >= requests && not_found < misses, "{body}");
+    let timed = sample(&body, "skein_lookup_request_seconds_count", table).unwrap();
+    assert_eq!(timed, requests, "one duration per request:\n{body}");
 }

@@ -86,6 +86,22 @@ pub fn sink_write(sink: &str, rows: usize, ok: bool) {
     }
 }
 
+/// Keys of a lookup table answered from its cache.
+pub fn lookup_cache_hits(table: &str, keys: usize) {
+    counter!("skein_lookup_cache_hits_total", "table" => table.to_string()).increment(keys as u64);
+}
+
+/// One batched request to a lookup table (for Redis an `MGET`, or a
+/// pipeline of `HMGET`s): the keys it asked for (the cache's misses), those
+/// the table had no row for, and how long it took.
+pub fn lookup_request(table: &str, keys: usize, not_found: usize, took: Duration) {
+    let table = table.to_string();
+    counter!("skein_lookup_requests_total", "table" => table.clone()).increment(1);
+    histogram!("skein_lookup_request_seconds", "table" => table.clone()).record(took.as_secs_f64());
+    counter!("skein_lookup_cache_misses_total", "table" => table.clone()).increment(keys as u64);
+    counter!("skein_lookup_not_found_total", "table" => table).increment(not_found as u64);
+}
+
 /// Records a source could not decode, per table.
 pub fn dead_letters(table: &str, records: u64) {
     counter!("skein_dead_letters_total", "table" => table.to_string()).increment(records);

@@ -25,6 +25,7 @@ pub mod kafka;
 pub mod kills;
 pub mod pushed;
 pub mod rows;
+pub mod sellers;
 pub mod windowed;
 pub mod ysb;
 use aws_sdk_lambda::config::Credentials;

@@ -30,6 +30,7 @@ use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
+use crate::metrics;
 use crate::payload::SourceOffset;
 use crate::source::{DeadLetter, DeadLetterSink, SourceConfig, SourceRegistry};
 use crate::window_state::rows_as_json;
@@ -211,16 +212,26 @@ impl LookupHandle {
                 }
             }
         }
+        metrics::lookup_cache_hits(&self.spec.table, known.len());
         if ask.is_empty() {
             return Ok(known);
         }
-        let found = self.lookup.get(&ask).await?;
+        let started = Instant::now();
+        let prefix = &self.spec.options.key_prefix;
+        let found = if prefix.is_empty() {
+            self.lookup.get(&ask).await?
+        } else {
+            let asked: Vec<String> = ask.iter().map(|k| format!("{prefix}{k}")).collect();
+            self.lookup.get(&asked).await?
+        };
         if found.len() != ask.len() {
             return Err(EngineError::Source {
                 source_name: self.spec.table.clone(),
                 reason: format!("asked for {} keys, got {} answers", ask.len(), found.len()),
             });
         }
+        let not_found = found.iter().filter(|r| r.is_none()).count();
+        metrics::lookup_request(&self.spec.table, ask.len(), not_found, started.elapsed());
         let mut cache = self.cache.lock().expect("lookup cache");
         for (k, row) in ask.into_iter().zip(found) {
             cache.insert(k.clone(), row.clone(), now);

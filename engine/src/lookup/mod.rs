@@ -25,6 +25,8 @@ use crate::source::{SourceConfig, SourceRegistry};
 
 /// Names the key column and makes the table a lookup table.
 pub const OPT_KEY: &str = "lookup.key";
+/// Put before every key asked for (`campaign:` asks `campaign:<key>`).
+pub const OPT_KEY_PREFIX: &str = "lookup.key.prefix";
 /// Most keys held in the cache (0: no cache).
 pub const OPT_CACHE_SIZE: &str = "lookup.cache.size";
 /// How long a cached answer (found or not) is used, in ms.
@@ -32,7 +34,13 @@ pub const OPT_CACHE_TTL_MS: &str = "lookup.cache.ttl.ms";
 /// What a stream row without a match does: `join` or `dead-letter`.
 pub const OPT_MISSING: &str = "lookup.missing";
 /// The options every lookup table takes, whatever its kind.
-pub const LOOKUP_OPTIONS: &[&str] = &[OPT_KEY, OPT_CACHE_SIZE, OPT_CACHE_TTL_MS, OPT_MISSING];
+pub const LOOKUP_OPTIONS: &[&str] = &[
+    OPT_KEY,
+    OPT_KEY_PREFIX,
+    OPT_CACHE_SIZE,
+    OPT_CACHE_TTL_MS,
+    OPT_MISSING,
+];
 
 pub const DEFAULT_CACHE_SIZE: usize = 100_000;
 pub const DEFAULT_CACHE_TTL_MS: u64 = 60_000;
@@ -56,6 +64,9 @@ pub enum MissingPolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LookupOptions {
     pub key: String,
+    /// Put before each key's text when it is asked for.
+    #[serde(default)]
+    pub key_prefix: String,
     /// The other columns, in declared order: what the connector fetches.
     pub values: Vec<String>,
     pub cache_size: usize,
@@ -77,12 +88,10 @@ impl LookupOptions {
                 column_list(schema)
             ))
         })?;
-        if !matches!(
-            field.data_type(),
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-        ) {
+        if !can_be_key(field.data_type()) {
             return Err(EngineError::plan(format!(
-                "{OPT_KEY} = {key:?}: the key column must be VARCHAR, not {}",
+                "{OPT_KEY} = {key:?}: the key column is {}, which cannot be a lookup key \
+                 (declare it VARCHAR or an integer type)",
                 field.data_type()
             )));
         }
@@ -116,11 +125,27 @@ impl LookupOptions {
         };
         Ok(LookupOptions {
             key,
+            key_prefix: config
+                .option(OPT_KEY_PREFIX)
+                .unwrap_or_default()
+                .to_string(),
             values,
             cache_size: number(OPT_CACHE_SIZE, DEFAULT_CACHE_SIZE as u64)? as usize,
             cache_ttl_ms: number(OPT_CACHE_TTL_MS, DEFAULT_CACHE_TTL_MS)?,
             missing,
         })
+    }
+}
+
+/// Whether values of `t` can be keys: text as it is, integers as their
+/// decimal text. Floats (`0.1` has no one text), binary and nested values
+/// cannot.
+pub fn can_be_key(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(_, value) => can_be_key(value),
+        t => {
+            t.is_integer() || matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+        }
     }
 }
 
@@ -231,6 +256,7 @@ mod tests {
             Field::new("ad_id", DataType::Utf8, false),
             Field::new("campaign_id", DataType::Utf8, true),
             Field::new("n", DataType::Int64, true),
+            Field::new("f", DataType::Float64, true),
         ]));
         let config = SourceConfig {
             kind: kind.into(),
@@ -246,8 +272,9 @@ mod tests {
     #[test]
     fn options_are_checked_when_the_table_is_declared() {
         let o = check("kv", &[(OPT_KEY, "ad_id")]).unwrap();
-        assert_eq!(o.values, ["campaign_id", "n"]);
+        assert_eq!(o.values, ["campaign_id", "n", "f"]);
         assert_eq!(o.cache_size, DEFAULT_CACHE_SIZE);
+        assert_eq!(o.key_prefix, "");
         assert_eq!(o.missing, MissingPolicy::Join);
         let o = check(
             "KV",
@@ -256,10 +283,12 @@ mod tests {
                 (OPT_CACHE_SIZE, "10"),
                 (OPT_CACHE_TTL_MS, "0"),
                 (OPT_MISSING, "dead-letter"),
+                (OPT_KEY_PREFIX, "campaign:"),
                 ("retry.timeout.ms", "5"),
             ],
         )
         .unwrap();
+        assert_eq!(o.key_prefix, "campaign:");
         assert_eq!((o.cache_size, o.cache_ttl_ms), (10, 0));
         assert_eq!(o.missing, MissingPolicy::DeadLetter);
         let err = |opts: &[(&str, &str)]| check("KV", opts).unwrap_err().to_string();
@@ -268,17 +297,28 @@ mod tests {
             e.contains("no such column") && e.contains("ad_id, campaign_id"),
             "{e}"
         );
-        let e = err(&[(OPT_KEY, "n")]);
-        assert!(e.contains("must be VARCHAR"), "{e}");
+        let o = check("KV", &[(OPT_KEY, "n")]).unwrap();
+        assert_eq!(o.values, ["ad_id", "campaign_id", "f"], "an integer key");
+        let e = err(&[(OPT_KEY, "f")]);
+        assert!(
+            e.contains(
+                "lookup.key = \"f\": the key column is Float64, which cannot be a lookup key"
+            ),
+            "{e}"
+        );
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_SIZE, "many")]);
         assert!(e.contains("lookup.cache.size = \"many\""), "{e}");
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_TTL_MS, "-1")]);
         assert!(e.contains("lookup.cache.ttl.ms"), "{e}");
         let e = err(&[(OPT_KEY, "ad_id"), (OPT_MISSING, "drop")]);
         assert!(e.contains("'join' or 'dead-letter'"), "{e}");
-        let e = err(&[(OPT_KEY, "ad_id"), ("lookup.cache", "1")]);
+        let e = err(&[(OPT_KEY, "ad_id"), ("lookup.prefix", "1")]);
         assert!(
-            e.contains("unknown option 'lookup.cache' for a KV lookup table"),
+            e.contains(
+                "unknown option 'lookup.prefix' for a KV lookup table; it takes \
+                 lookup.cache.size, lookup.cache.ttl.ms, lookup.key, lookup.key.prefix, \
+                 lookup.missing, retry.timeout.ms"
+            ),
             "{e}"
         );
         let e = check("KAFKA", &[(OPT_KEY, "ad_id")])

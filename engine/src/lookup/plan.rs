@@ -10,7 +10,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DataFusionError, JoinType, Result as DfResult};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{CastExpr, Column, TryCastExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -18,10 +18,10 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 
-use super::LookupOptions;
 use super::exec::{
     LookupHandle, LookupJoinExec, LookupJoinType, LookupScanExec, LookupSpec, not_a_stream,
 };
+use super::{LookupOptions, can_be_key};
 use crate::exec::SourceScanExec;
 use crate::source::{SourceConfig, SourceRegistry};
 
@@ -106,11 +106,36 @@ fn first_lookup_table(plan: &Arc<dyn ExecutionPlan>) -> DfResult<Option<String>>
     Ok(found)
 }
 
-/// The lookup scan under `side`, if that side is a lookup table.
-fn lookup_scan(side: &Arc<dyn ExecutionPlan>) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
+/// A lookup table as one side of a join: its scan, and the projection of
+/// casts that type coercion put over it (joining a VARCHAR key with an
+/// integer column casts the key), if any.
+struct TableSide {
+    scan: Arc<dyn ExecutionPlan>,
+    casts: Option<Arc<dyn ExecutionPlan>>,
+}
+
+/// The lookup table on `side`, if that side is one.
+fn lookup_scan(side: &Arc<dyn ExecutionPlan>) -> DfResult<Option<TableSide>> {
     let p = strip(side);
     if p.downcast_ref::<LookupScanExec>().is_some() {
-        return Ok(Some(p));
+        return Ok(Some(TableSide {
+            scan: p,
+            casts: None,
+        }));
+    }
+    if let Some(projection) = p.downcast_ref::<ProjectionExec>() {
+        let below = strip(projection.input());
+        if below.downcast_ref::<LookupScanExec>().is_some()
+            && projection
+                .expr()
+                .iter()
+                .all(|e| column_under_casts(&e.expr).is_some())
+        {
+            return Ok(Some(TableSide {
+                scan: below,
+                casts: Some(p),
+            }));
+        }
     }
     match first_lookup_table(&p)? {
         // A filter on the table's columns, say: the join would have to
@@ -142,14 +167,26 @@ fn column_name(e: &Arc<dyn PhysicalExpr>) -> Option<(&str, usize)> {
     e.downcast_ref::<Column>().map(|c| (c.name(), c.index()))
 }
 
+/// The column `e` is, under any casts.
+fn column_under_casts(e: &Arc<dyn PhysicalExpr>) -> Option<usize> {
+    if let Some(c) = e.downcast_ref::<CastExpr>() {
+        return column_under_casts(c.expr());
+    }
+    if let Some(c) = e.downcast_ref::<TryCastExpr>() {
+        return column_under_casts(c.expr());
+    }
+    column_name(e).map(|(_, i)| i)
+}
+
 impl PlaceLookupJoins {
     fn replace(&self, join: &HashJoinExec) -> DfResult<Option<Arc<dyn ExecutionPlan>>> {
-        let (scan, lookup_left) = match (lookup_scan(join.left())?, lookup_scan(join.right())?) {
+        let (side, lookup_left) = match (lookup_scan(join.left())?, lookup_scan(join.right())?) {
             (None, None) => return Ok(None),
             (Some(s), None) => (s, true),
             (None, Some(s)) => (s, false),
             (Some(s), Some(_)) => {
                 let table = &s
+                    .scan
                     .downcast_ref::<LookupScanExec>()
                     .expect("a lookup scan")
                     .table;
@@ -158,7 +195,8 @@ impl PlaceLookupJoins {
                 )));
             }
         };
-        let scan = scan
+        let scan = side
+            .scan
             .downcast_ref::<LookupScanExec>()
             .expect("a lookup scan");
         let table = &scan.table;
@@ -188,8 +226,19 @@ impl PlaceLookupJoins {
             )));
         };
         let (stream_expr, table_expr) = if lookup_left { (r, l) } else { (l, r) };
-        match column_name(table_expr) {
-            Some((name, _)) if name == options.key => {}
+        // The table's column joined on, through the casts over the scan.
+        let table_column = column_under_casts(table_expr).and_then(|i| match &side.casts {
+            Some(casts) => {
+                let casts = casts.downcast_ref::<ProjectionExec>()?;
+                column_under_casts(&casts.expr().get(i)?.expr)
+            }
+            None => Some(i),
+        });
+        let table_column = table_column
+            .and_then(|i| scan.projection.get(i))
+            .map(|i| scan.table_schema.field(*i).name());
+        match table_column {
+            Some(name) if *name == options.key => {}
             _ => {
                 return Err(plan_err(format!(
                     "join on its key column {} (its lookup.key), not on {table_expr}",
@@ -207,6 +256,15 @@ impl PlaceLookupJoins {
         } else {
             join.left()
         });
+        let key_field = stream.schema().field(stream_key).clone();
+        if !can_be_key(key_field.data_type()) {
+            return Err(plan_err(format!(
+                "the stream's column {} is {}, which cannot be a lookup key \
+                 (join on a VARCHAR or integer column)",
+                key_field.name(),
+                key_field.data_type()
+            )));
+        }
         let spec = LookupSpec {
             table: table.clone(),
             config: scan.config.clone(),
@@ -221,6 +279,9 @@ impl PlaceLookupJoins {
         let stream_width = stream.schema().fields().len();
         let mut out: Arc<dyn ExecutionPlan> =
             Arc::new(LookupJoinExec::try_new(stream, Arc::new(handle))?);
+        if let Some(casts) = &side.casts {
+            out = cast_table_columns(out, stream_width, casts)?;
+        }
         let joined = join.join_schema().clone();
         if lookup_left {
             // The join's order: the table's columns first.
@@ -240,8 +301,17 @@ fn select(
     input: Arc<dyn ExecutionPlan>,
     indices: impl Iterator<Item = usize>,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let exprs = columns(&input, indices);
+    Ok(Arc::new(ProjectionExec::try_new(exprs, input)?))
+}
+
+/// `input`'s columns at `indices` as projection expressions, names kept.
+fn columns(
+    input: &Arc<dyn ExecutionPlan>,
+    indices: impl Iterator<Item = usize>,
+) -> Vec<(Arc<dyn PhysicalExpr>, String)> {
     let schema = input.schema();
-    let exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = indices
+    indices
         .map(|i| {
             let name = schema.field(i).name().clone();
             (
@@ -249,8 +319,35 @@ fn select(
                 name,
             )
         })
-        .collect();
-    Ok(Arc::new(ProjectionExec::try_new(exprs, input)?))
+        .collect()
+}
+
+/// Over a lookup join's output: the stream's columns as they are, then the
+/// table's through the casts that were over its scan.
+fn cast_table_columns(
+    join: Arc<dyn ExecutionPlan>,
+    stream_width: usize,
+    casts: &Arc<dyn ExecutionPlan>,
+) -> DfResult<Arc<dyn ExecutionPlan>> {
+    let casts = casts
+        .downcast_ref::<ProjectionExec>()
+        .ok_or_else(|| DataFusionError::Internal("casts are a projection".into()))?;
+    let mut exprs = columns(&join, 0..stream_width);
+    for e in casts.expr() {
+        let moved = e
+            .expr
+            .clone()
+            .transform(|x| match x.downcast_ref::<Column>() {
+                Some(c) => Ok(Transformed::yes(Arc::new(Column::new(
+                    c.name(),
+                    c.index() + stream_width,
+                )) as _)),
+                None => Ok(Transformed::no(x)),
+            })?
+            .data;
+        exprs.push((moved, e.alias.clone()));
+    }
+    Ok(Arc::new(ProjectionExec::try_new(exprs, join)?))
 }
 
 /// DataFusion's physical optimizer rules with [`PlaceLookupJoins`] after
