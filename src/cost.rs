@@ -14,6 +14,7 @@ use skein_cost::{CostReport, Measured, ModelOptions, Prices, estimate};
 use skein_engine::driver::{RunReport, run_local};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{plan_query, session};
+use skein_engine::usage::Usage;
 
 use crate::PlanArgs;
 use crate::registry::registries;
@@ -145,10 +146,38 @@ pub fn to_json(c: &CostReport) -> Value {
     serde_json::to_value(c).unwrap_or(Value::Null)
 }
 
+/// What a run on Lambda measured: the usage its functions reported in
+/// their answers (skein_engine::usage), and the driver's own checkpoint
+/// writes (epoch plans, commits).
+pub fn measured_on_lambda(events: u64, usage: &Usage, driver_puts: u64) -> Measured {
+    Measured {
+        events,
+        invocations: usage.invocations,
+        billed_ms: usage.billed_ms,
+        checkpoint_puts: usage.checkpoint_puts + driver_puts,
+        checkpoint_gets: 0,
+        cpu_s: usage.cpu_ms as f64 / 1000.0,
+    }
+}
+
+/// How a Lambda run's cost section was measured.
+pub fn lambda_note(invoke_async: bool) -> String {
+    let mut note = "Lambda: each function's handler time (rounded up to 1 ms) and CPU, as \
+                    it reports them in its answer"
+        .to_string();
+    if invoke_async {
+        note.push_str(
+            "; async hops answer nobody, so they count as requests of unknown duration \
+             and what they invoke is missing",
+        );
+    }
+    note
+}
+
 /// One line for a text report.
 pub fn one_line(c: &CostReport) -> String {
     let money = |x: f64| format!("${}", dollars(x));
-    format!(
+    let mut line = format!(
         "cost per million events: Lambda {} (x86_64) / {} (arm64) at {} MB; {} {}; Managed Flink {} (prices of {})",
         money(c.lambda[0].usd_per_million_events),
         money(c.lambda[1].usd_per_million_events),
@@ -157,7 +186,11 @@ pub fn one_line(c: &CostReport) -> String {
         money(c.vm.usd_per_million_events),
         money(c.flink.usd_per_million_events),
         c.prices
-    )
+    );
+    if let Some(on) = &c.measured_on {
+        line.push_str(&format!("; measured on {on}"));
+    }
+    line
 }
 
 /// Dollars with the digits that matter: cents above $10, four significant

@@ -14,6 +14,7 @@ pub mod lambda_run;
 pub mod lambda_standing;
 pub mod publish;
 pub mod registry;
+pub mod report;
 pub mod run;
 pub mod standing;
 pub mod status_cmd;
