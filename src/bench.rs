@@ -178,13 +178,16 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "bytes_per_bid": (wire as f64 / rows as f64 * 100.0).round() / 100.0,
         }));
     }
-    let invocations_per_s = runtime_rate(args.epochs).await?;
+    let (invocations_per_s, measured) = runtime_rate(args.epochs).await?;
+    let cost = crate::cost::section(&measured, None, &Default::default())?;
     let report = json!({
         "bids": rows,
         "json_bytes_per_bid": (json_bytes as f64 / rows as f64 * 100.0).round() / 100.0,
         "arrow_ipc_bytes_per_bid": (raw_ipc as f64 / rows as f64 * 100.0).round() / 100.0,
         "encodings": encodings,
         "runtime_invocations_per_s": invocations_per_s.round(),
+        // The runtime benchmark's query priced per million events.
+        "cost": crate::cost::to_json(&cost),
     });
     if args.json {
         println!("{report}");
@@ -215,13 +218,15 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "in-process runtime: {} invocations/s",
             report["runtime_invocations_per_s"]
         );
+        println!("its query's {}", crate::cost::one_line(&cost));
     }
     Ok(())
 }
 
 /// Invocations per second of the in-process runtime on a two-stage query
-/// with tiny epochs, so per-invocation cost dominates.
-async fn runtime_rate(epochs: u64) -> Result<f64> {
+/// with tiny epochs, so per-invocation cost dominates; and what the run
+/// measured, for its cost.
+async fn runtime_rate(epochs: u64) -> Result<(f64, skein_cost::Measured)> {
     let regs = registries();
     let ctx = session(&regs.sources, 4);
     let sql = format!(
@@ -234,8 +239,10 @@ async fn runtime_rate(epochs: u64) -> Result<f64> {
     };
     let plan = plan_query(&ctx, &sql, &options).await?;
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let cpu_before = crate::cost::process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
-    Ok(report.invocations as f64 / report.elapsed_s)
+    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
+    Ok((report.invocations as f64 / report.elapsed_s, measured))
 }
 
 /// Flink 2.x nexmark V2 throughput per core, the figures we compare with.

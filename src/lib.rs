@@ -10,6 +10,7 @@ pub mod checkpoint_dir;
 pub mod cost;
 pub mod lambda_bench;
 pub mod lambda_cmd;
+mod lambda_cost;
 pub mod lambda_run;
 pub mod lambda_standing;
 pub mod publish;
