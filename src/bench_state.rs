@@ -89,8 +89,9 @@ fn scratch_dir(query: u32, what: &str) -> PathBuf {
     dir
 }
 
-/// Per epoch: seconds since the start, events so far, checkpoint bytes so far.
-type EpochSeries = Vec<(f64, u64, u64)>;
+/// Per epoch: seconds since the start, events so far, and bytes (here:
+/// checkpoint bytes so far).
+pub(crate) type EpochSeries = Vec<(f64, u64, u64)>;
 
 /// One run: seconds, bytes written to the checkpoint store, the series,
 /// and what the cost model takes.
@@ -131,18 +132,28 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     })
 }
 
-/// Throughput and checkpoint bytes of each epoch of one run, drawn.
-fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) -> Result<()> {
-    let mut throughput = vec![];
-    let mut bytes = vec![];
-    let mut last = (0.0, 0, 0);
-    for &(t, events, written) in series {
+/// Events per second of each epoch of a series.
+pub(crate) fn throughput(series: &EpochSeries) -> Vec<(f64, f64)> {
+    let mut out = vec![];
+    let mut last = (0.0, 0);
+    for &(t, events, _) in series {
         let dt = t - last.0;
         if dt > 0.0 {
-            throughput.push((t, events.saturating_sub(last.1) as f64 / dt));
+            out.push((t, events.saturating_sub(last.1) as f64 / dt));
         }
-        bytes.push((t, written.saturating_sub(last.2) as f64));
-        last = (t, events, written);
+        last = (t, events);
+    }
+    out
+}
+
+/// Throughput and checkpoint bytes of each epoch of one run, drawn.
+fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) -> Result<()> {
+    let throughput = throughput(series);
+    let mut bytes = vec![];
+    let mut last = 0;
+    for &(t, _, written) in series {
+        bytes.push((t, written.saturating_sub(last) as f64));
+        last = written;
     }
     let title = format!(
         "NEXMark q{query}, {} events at {}/s of event time, checkpoint every epoch",
@@ -166,7 +177,7 @@ fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) ->
 }
 
 /// `FILE.svg` for one query, `FILE-qN.svg` for each of several.
-fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
+pub(crate) fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
     if queries == 1 {
         return file.to_path_buf();
     }

@@ -343,6 +343,12 @@ impl StageFunction {
         }
     }
 
+    /// Bytes of the rows this instance holds across epochs (its windows);
+    /// none while an invocation holds them.
+    pub fn state_bytes(&self) -> Option<usize> {
+        Some(self.state.try_lock().ok()?.windows.bytes())
+    }
+
     /// What this instance still waits for (empty when nothing is pending).
     pub async fn pending(&self) -> Vec<String> {
         let state = self.state.lock().await;
