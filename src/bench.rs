@@ -1,6 +1,7 @@
 //! `skein bench ...`: benchmarks as commands that print figures. Each run
 //! measures its own baseline; times are medians of repeated runs.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,6 +18,7 @@ use skein_engine::payload::{
 use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_generators::nexmark::{EventRef, JsonLayout, NexmarkConfig, NexmarkGenerator};
 
+use crate::bench_state::{EpochSeries, plot_file, throughput};
 use crate::registry::registries;
 
 #[derive(Subcommand, Debug)]
@@ -63,6 +65,10 @@ pub struct NexmarkBenchArgs {
     repeat: usize,
     #[arg(long)]
     json: bool,
+    /// Draw throughput and state bytes per epoch of the first run of each
+    /// query to this SVG (FILE-q5.svg, ... with several queries).
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -178,13 +184,16 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "bytes_per_bid": (wire as f64 / rows as f64 * 100.0).round() / 100.0,
         }));
     }
-    let invocations_per_s = runtime_rate(args.epochs).await?;
+    let (invocations_per_s, measured) = runtime_rate(args.epochs).await?;
+    let cost = crate::cost::section(&measured, None, &Default::default())?;
     let report = json!({
         "bids": rows,
         "json_bytes_per_bid": (json_bytes as f64 / rows as f64 * 100.0).round() / 100.0,
         "arrow_ipc_bytes_per_bid": (raw_ipc as f64 / rows as f64 * 100.0).round() / 100.0,
         "encodings": encodings,
         "runtime_invocations_per_s": invocations_per_s.round(),
+        // The runtime benchmark's query priced per million events.
+        "cost": crate::cost::to_json(&cost),
     });
     if args.json {
         println!("{report}");
@@ -215,13 +224,15 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "in-process runtime: {} invocations/s",
             report["runtime_invocations_per_s"]
         );
+        println!("its query's {}", crate::cost::one_line(&cost));
     }
     Ok(())
 }
 
 /// Invocations per second of the in-process runtime on a two-stage query
-/// with tiny epochs, so per-invocation cost dominates.
-async fn runtime_rate(epochs: u64) -> Result<f64> {
+/// with tiny epochs, so per-invocation cost dominates; and what the run
+/// measured, for its cost.
+async fn runtime_rate(epochs: u64) -> Result<(f64, skein_cost::Measured)> {
     let regs = registries();
     let ctx = session(&regs.sources, 4);
     let sql = format!(
@@ -234,18 +245,22 @@ async fn runtime_rate(epochs: u64) -> Result<f64> {
     };
     let plan = plan_query(&ctx, &sql, &options).await?;
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let cpu_before = crate::cost::process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
-    Ok(report.invocations as f64 / report.elapsed_s)
+    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
+    Ok((report.invocations as f64 / report.elapsed_s, measured))
 }
 
 /// Flink 2.x nexmark V2 throughput per core, the figures we compare with.
 const FLINK_PER_CORE: [(u32, f64); 4] = [(0, 380e3), (5, 75e3), (7, 23e3), (12, 195e3)];
 
-/// Wall time of one bounded NEXMark run on a fresh in-process runtime.
-/// One run of a query: seconds, result rows, and what the cost model takes.
+/// One bounded NEXMark run on a fresh in-process runtime: wall time,
+/// result rows, and what the cost model takes; with `series`, the run's
+/// events and state bytes after each epoch.
 async fn nexmark_run_seconds(
     query: u32,
     args: &NexmarkBenchArgs,
+    series: Option<&mut EpochSeries>,
 ) -> Result<(f64, usize, skein_cost::Measured)> {
     let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
     let regs = registries();
@@ -259,9 +274,17 @@ async fn nexmark_run_seconds(
         .with_context(|| format!("planning NEXMark q{query}"))?;
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
     let cpu_before = crate::cost::process_cpu_s();
-    let report = run_local(&plan, &runtime, &options, args.epochs, |_, _| {})
-        .await
-        .with_context(|| format!("running NEXMark q{query}"))?;
+    let started = Instant::now();
+    let mut series = series;
+    let report = run_local(&plan, &runtime, &options, args.epochs, |_, events| {
+        if let Some(series) = series.as_deref_mut() {
+            // Between epochs the runtime is idle: no instance is busy.
+            let bytes = runtime.state_bytes();
+            series.push((started.elapsed().as_secs_f64(), events, bytes));
+        }
+    })
+    .await
+    .with_context(|| format!("running NEXMark q{query}"))?;
     // Per event of the whole stream, as the throughput is.
     let measured = skein_cost::Measured {
         events: args.events,
@@ -277,6 +300,28 @@ async fn nexmark_run_seconds(
     Ok((report.elapsed_s, rows, measured))
 }
 
+/// Throughput and state bytes after each epoch of one run, drawn; state
+/// only for a query that holds some.
+fn plot(file: &Path, query: u32, args: &NexmarkBenchArgs, series: &EpochSeries) -> Result<()> {
+    let state: Vec<(f64, f64)> = series.iter().map(|&(t, _, b)| (t, b as f64)).collect();
+    let mut drawn = vec![skein_plot::Series {
+        name: "events/s, per epoch".into(),
+        points: throughput(series),
+    }];
+    if state.iter().any(|&(_, b)| b > 0.0) {
+        drawn.push(skein_plot::Series {
+            name: "state bytes held after the epoch".into(),
+            points: state,
+        });
+    }
+    let title = format!(
+        "NEXMark q{query}, {} events at {}/s of event time, {} epochs, group size {}",
+        args.events, args.rate, args.epochs, args.group_size
+    );
+    skein_plot::write_svg(file, &title, &drawn)?;
+    Ok(())
+}
+
 async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rows_out = vec![];
@@ -285,8 +330,10 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
         let mut result_rows = 0;
         let mut failure = None;
         let mut measured = None;
-        for _ in 0..args.repeat.max(1) {
-            match nexmark_run_seconds(query, &args).await {
+        let mut series = EpochSeries::new();
+        for i in 0..args.repeat.max(1) {
+            let drawn = (i == 0 && args.plot.is_some()).then_some(&mut series);
+            match nexmark_run_seconds(query, &args, drawn).await {
                 Ok((s, rows, m)) => {
                     seconds.push(s);
                     result_rows = rows;
@@ -302,6 +349,10 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
         if let Some(error) = failure {
             rows_out.push(json!({ "query": query, "error": error }));
             continue;
+        }
+        if let Some(file) = &args.plot {
+            let file = plot_file(file, query, args.queries.len());
+            plot(&file, query, &args, &series)?;
         }
         let median_s = median(seconds);
         // Like Flink's nexmark: all events of the stream over the time (and
@@ -369,4 +420,41 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nexmark_plot_draws_throughput_and_state() {
+        let file =
+            std::env::temp_dir().join(format!("skein-bench-plot-{}.svg", std::process::id()));
+        let args = NexmarkBenchArgs {
+            queries: vec![5],
+            events: 3_000,
+            rate: 100,
+            epochs: 6,
+            sources: 1,
+            group_size: 2,
+            repeat: 1,
+            json: true,
+            plot: Some(file.clone()),
+        };
+        nexmark(args).await.unwrap();
+        let svg = std::fs::read_to_string(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("NEXMark q5"), "{svg}");
+        assert!(svg.contains("events/s, per epoch"), "{svg}");
+        assert!(svg.contains("state bytes held after the epoch"), "{svg}");
+        // One line per panel, in the plot's first two colours.
+        for colour in ["#1F77B4", "#D62728"] {
+            let lines = svg
+                .lines()
+                .filter(|l| l.starts_with("<polyline") && l.contains(colour))
+                .count();
+            assert_eq!(lines, 1, "{colour}: {svg}");
+        }
+    }
 }

@@ -89,18 +89,24 @@ fn scratch_dir(query: u32, what: &str) -> PathBuf {
     dir
 }
 
-/// Per epoch: seconds since the start, events so far, checkpoint bytes so far.
-type EpochSeries = Vec<(f64, u64, u64)>;
+/// Per epoch: seconds since the start, events so far, and bytes (here:
+/// checkpoint bytes so far).
+pub(crate) type EpochSeries = Vec<(f64, u64, u64)>;
 
-/// One run: seconds, bytes written to the checkpoint store, and the series.
-async fn run_once(
-    query: u32,
-    args: &StateBenchArgs,
-    checkpoint: bool,
-) -> Result<(f64, u64, EpochSeries)> {
+/// One run: seconds, bytes written to the checkpoint store, the series,
+/// and what the cost model takes.
+struct Run {
+    seconds: f64,
+    written: u64,
+    series: EpochSeries,
+    measured: skein_cost::Measured,
+}
+
+async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<Run> {
     let dir = checkpoint.then(|| scratch_dir(query, "run"));
     let s = setup(query, args, dir.as_deref()).await?;
     let started = std::time::Instant::now();
+    let cpu_before = crate::cost::process_cpu_s();
     let mut series = vec![];
     let store = s.store.clone();
     let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, events| {
@@ -113,21 +119,41 @@ async fn run_once(
     if let Some(dir) = dir {
         let _ = std::fs::remove_dir_all(dir);
     }
-    Ok((report.elapsed_s, written, series))
+    // Per event of the whole stream, as the throughput is.
+    let measured = skein_cost::Measured {
+        events: args.events,
+        ..crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before)
+    };
+    Ok(Run {
+        seconds: report.elapsed_s,
+        written,
+        series,
+        measured,
+    })
+}
+
+/// Events per second of each epoch of a series.
+pub(crate) fn throughput(series: &EpochSeries) -> Vec<(f64, f64)> {
+    let mut out = vec![];
+    let mut last = (0.0, 0);
+    for &(t, events, _) in series {
+        let dt = t - last.0;
+        if dt > 0.0 {
+            out.push((t, events.saturating_sub(last.1) as f64 / dt));
+        }
+        last = (t, events);
+    }
+    out
 }
 
 /// Throughput and checkpoint bytes of each epoch of one run, drawn.
 fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) -> Result<()> {
-    let mut throughput = vec![];
+    let throughput = throughput(series);
     let mut bytes = vec![];
-    let mut last = (0.0, 0, 0);
-    for &(t, events, written) in series {
-        let dt = t - last.0;
-        if dt > 0.0 {
-            throughput.push((t, events.saturating_sub(last.1) as f64 / dt));
-        }
-        bytes.push((t, written.saturating_sub(last.2) as f64));
-        last = (t, events, written);
+    let mut last = 0;
+    for &(t, _, written) in series {
+        bytes.push((t, written.saturating_sub(last) as f64));
+        last = written;
     }
     let title = format!(
         "NEXMark q{query}, {} events at {}/s of event time, checkpoint every epoch",
@@ -151,7 +177,7 @@ fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) ->
 }
 
 /// `FILE.svg` for one query, `FILE-qN.svg` for each of several.
-fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
+pub(crate) fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
     if queries == 1 {
         return file.to_path_buf();
     }
@@ -217,25 +243,31 @@ fn peak_rss_mb() -> Option<f64> {
 
 pub async fn state(args: StateBenchArgs) -> Result<()> {
     let mut rows = vec![];
+    let mut costs = vec![];
     for &query in &args.queries {
         let (mut off, mut on, mut bytes, mut recovery) = (vec![], vec![], 0, vec![]);
+        let mut measured = None;
         // Alternate the settings so drift on a noisy machine hits both.
         for i in 0..args.repeat {
-            off.push(run_once(query, &args, false).await?.0);
-            let (s, b, series) = run_once(query, &args, true).await?;
-            on.push(s);
-            bytes = b;
+            off.push(run_once(query, &args, false).await?.seconds);
+            let run = run_once(query, &args, true).await?;
+            on.push(run.seconds);
+            bytes = run.written;
             if let (Some(file), 0) = (&args.plot, i) {
                 plot(
                     &plot_file(file, query, args.queries.len()),
                     query,
                     &args,
-                    &series,
+                    &run.series,
                 )?;
             }
+            measured = Some(run.measured);
             recovery.push(recovery_once(query, &args).await?);
         }
         let (off, on, recovery) = (median(off), median(on), median(recovery));
+        let cost = measured
+            .map(|m| crate::cost::section(&m, None, &Default::default()))
+            .transpose()?;
         let events = args.events as f64;
         rows.push(json!({
             "query": query,
@@ -244,7 +276,10 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
             "cost_ratio": on / off,
             "checkpoint_bytes_per_epoch": bytes / args.epochs,
             "recovery_s": recovery,
+            // The last checkpointed run priced per million events (docs/cost.md).
+            "cost": cost.as_ref().map(crate::cost::to_json),
         }));
+        costs.extend(cost.map(|c| (query, c)));
     }
     let report = json!({
         "events": args.events, "rate": args.rate, "epochs": args.epochs,
@@ -270,6 +305,9 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
             r["checkpoint_bytes_per_epoch"],
             r["recovery_s"].as_f64().unwrap_or_default()
         );
+    }
+    for (query, c) in &costs {
+        println!("q{query} checkpointed, {}", crate::cost::one_line(c));
     }
     if let Some(mb) = report["peak_rss_mb"].as_f64() {
         println!("peak RSS of the whole process: {mb:.0} MB");

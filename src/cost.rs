@@ -14,8 +14,10 @@ use skein_cost::{CostReport, Measured, ModelOptions, Prices, estimate};
 use skein_engine::driver::{RunReport, run_local};
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{plan_query, session};
+use skein_engine::usage::Usage;
 
 use crate::PlanArgs;
+use crate::lambda_cmd::{Backend, LambdaArgs};
 use crate::registry::registries;
 
 #[derive(Args, Debug)]
@@ -41,6 +43,11 @@ pub struct CostArgs {
     pub plan: PlanArgs,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// --backend lambda measures on Lambda (the endpoint from the
+    /// environment, as `skein run --backend lambda`); --memory is then the
+    /// functions' memory as well as the priced one.
+    #[command(flatten)]
+    pub lambda: LambdaArgs,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -52,8 +59,9 @@ pub struct ModelArgs {
     /// A JSON file overriding any of the prices (docs/cost.md lists them).
     #[arg(long, value_name = "FILE")]
     pub prices: Option<PathBuf>,
-    /// Memory of each Lambda function, MB (1,769 MB is one vCPU).
-    #[arg(long, default_value_t = 1769, value_parser = clap::value_parser!(u32).range(128..=10240))]
+    /// Memory of each Lambda function, MB (1,769 MB is one vCPU); `skein
+    /// cost` takes it from --memory.
+    #[arg(skip = ONE_VCPU_MB)]
     pub memory: u32,
     /// The events arrive through Kinesis, records of this many bytes.
     #[arg(long, value_name = "BYTES")]
@@ -64,11 +72,14 @@ pub struct ModelArgs {
     pub flink_events_per_kpu: Option<f64>,
 }
 
+/// A Lambda function's memory with one full vCPU.
+const ONE_VCPU_MB: u32 = 1769;
+
 impl Default for ModelArgs {
     fn default() -> Self {
         ModelArgs {
             prices: None,
-            memory: 1769,
+            memory: ONE_VCPU_MB,
             kinesis_record_bytes: None,
             flink_events_per_kpu: None,
         }
@@ -145,10 +156,38 @@ pub fn to_json(c: &CostReport) -> Value {
     serde_json::to_value(c).unwrap_or(Value::Null)
 }
 
+/// What a run on Lambda measured: the usage its functions reported in
+/// their answers (skein_engine::usage), and the driver's own checkpoint
+/// writes (epoch plans, commits).
+pub fn measured_on_lambda(events: u64, usage: &Usage, driver_puts: u64) -> Measured {
+    Measured {
+        events,
+        invocations: usage.invocations,
+        billed_ms: usage.billed_ms,
+        checkpoint_puts: usage.checkpoint_puts + driver_puts,
+        checkpoint_gets: 0,
+        cpu_s: usage.cpu_ms as f64 / 1000.0,
+    }
+}
+
+/// How a Lambda run's cost section was measured.
+pub fn lambda_note(invoke_async: bool) -> String {
+    let mut note = "Lambda: each function's handler time (rounded up to 1 ms) and CPU, as \
+                    it reports them in its answer"
+        .to_string();
+    if invoke_async {
+        note.push_str(
+            "; async hops answer nobody, so they count as requests of unknown duration \
+             and what they invoke is missing",
+        );
+    }
+    note
+}
+
 /// One line for a text report.
 pub fn one_line(c: &CostReport) -> String {
     let money = |x: f64| format!("${}", dollars(x));
-    format!(
+    let mut line = format!(
         "cost per million events: Lambda {} (x86_64) / {} (arm64) at {} MB; {} {}; Managed Flink {} (prices of {})",
         money(c.lambda[0].usd_per_million_events),
         money(c.lambda[1].usd_per_million_events),
@@ -157,7 +196,11 @@ pub fn one_line(c: &CostReport) -> String {
         money(c.vm.usd_per_million_events),
         money(c.flink.usd_per_million_events),
         c.prices
-    )
+    );
+    if let Some(on) = &c.measured_on {
+        line.push_str(&format!("; measured on {on}"));
+    }
+    line
 }
 
 /// Dollars with the digits that matter: cents above $10, four significant
@@ -221,7 +264,7 @@ fn set_option(sql: &str, key: &str, value: &str) -> String {
     out
 }
 
-pub async fn cost(args: CostArgs) -> Result<()> {
+pub async fn cost(mut args: CostArgs) -> Result<()> {
     let (sql, name) = match (&args.file, args.nexmark) {
         (Some(file), _) => (crate::run::read_sql(file)?, file.display().to_string()),
         (None, Some(q)) => (
@@ -230,6 +273,9 @@ pub async fn cost(args: CostArgs) -> Result<()> {
         ),
         (None, None) => bail!("give a SQL file or --nexmark N"),
     };
+    let memory = args.lambda.memory.unwrap_or(ONE_VCPU_MB as i32);
+    args.lambda.memory = Some(memory);
+    args.model.memory = memory as u32;
     let prices = args.model.prices()?;
     let interval_s = args.interval.as_secs_f64();
     if interval_s <= 0.0 {
@@ -246,34 +292,46 @@ pub async fn cost(args: CostArgs) -> Result<()> {
         .await
         .with_context(|| format!("planning {name}"))?;
     check_generated(&plan, &events.to_string())?;
-    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
-    // Checkpointed every epoch, as a standing query is by default.
-    let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
-    crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options).await?;
-    let cpu_before = process_cpu_s();
-    let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
-    let cpu_s = process_cpu_s() - cpu_before;
-    let _ = std::fs::remove_dir_all(&scratch);
-    let report = report.context("running the query")?;
-    let _ = skein_connectors::blackhole::take(&plan.query_code);
+    let (measured, functions, measured_on) = match args.lambda.backend {
+        Backend::Local => {
+            let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+            // Checkpointed every epoch, as a standing query is by default.
+            let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&scratch);
+            crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options).await?;
+            let cpu_before = process_cpu_s();
+            let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
+            let cpu_s = process_cpu_s() - cpu_before;
+            let _ = std::fs::remove_dir_all(&scratch);
+            let report = report.context("running the query")?;
+            let _ = skein_connectors::blackhole::take(&plan.query_code);
+            (measured(&report, cpu_s), report.functions, None)
+        }
+        Backend::Lambda => {
+            let (m, functions) = crate::lambda_cost::measure(&sql, &args, epochs).await?;
+            (m, functions, Some(lambda_note(args.plan.invoke_async)))
+        }
+    };
 
     // Per event of the whole stream the rate is of, also where the query
     // reads only part of it (NEXMark q5 reads the bids).
-    let m = Measured {
-        events,
-        ..measured(&report, cpu_s)
-    };
-    let c = estimate(&m, &prices, &args.model.options(Some(args.rate)));
+    let m = Measured { events, ..measured };
+    let mut c = estimate(&m, &prices, &args.model.options(Some(args.rate)));
+    c.measured_on = measured_on;
     if args.json {
         let mut v = to_json(&c);
         v["query"] = json!(name);
-        v["epochs"] = json!(report.epochs);
+        v["epochs"] = json!(epochs);
         v["interval_s"] = json!(interval_s);
-        v["functions"] = json!(report.functions);
+        v["functions"] = json!(functions);
+        v["query_code"] = json!(plan.query_code);
+        v["backend"] = json!(match args.lambda.backend {
+            Backend::Local => "local",
+            Backend::Lambda => "lambda",
+        });
         println!("{v}");
     } else {
-        print!("{}", table(&name, &c, report.epochs, report.functions));
+        print!("{}", table(&name, &c, epochs, functions));
     }
     Ok(())
 }
@@ -306,15 +364,22 @@ fn table(name: &str, c: &CostReport, epochs: u64, functions: usize) -> String {
     let rate = c.rate.unwrap_or(0.0);
     let mut out = format!(
         "{name} at {} events/s (us-east-1 prices of {})\n\
-         measured in-process: {} events in {epochs} epochs, {functions} functions, \
-         {} invocations, {} billed ms, {} checkpoint PUTs, {:.2} s CPU\n\n",
+         measured {}: {} events in {epochs} epochs, {functions} functions, \
+         {} invocations, {} billed ms, {} checkpoint PUTs, {:.2} s CPU\n{}\n",
         thousands(&format!("{}", rate.round() as u64)),
         c.prices,
+        match &c.measured_on {
+            Some(_) => "on Lambda",
+            None => "in-process",
+        },
         m.events,
         m.invocations,
         m.billed_ms,
         m.checkpoint_puts,
         m.cpu_s,
+        c.measured_on
+            .as_ref()
+            .map_or(String::new(), |on| format!("({on})\n")),
     );
     out.push_str(&format!(
         "{:<34} {:>14} {:>14}\n",

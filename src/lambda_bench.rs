@@ -7,9 +7,12 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use skein_engine::driver::destroy as destroy_functions;
+use skein_engine::driver::{StopAfter, destroy as destroy_functions};
+use skein_engine::epochs::{EpochLog, run_epochs};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
+use skein_engine::usage::MeteredInvoker;
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
+use skein_lambda::epochs::LambdaEpochs;
 use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
 
 use crate::PlanArgs;
@@ -26,6 +29,10 @@ pub struct BenchLambdaArgs {
     /// Warm invocations to time.
     #[arg(long, default_value_t = 30)]
     pub warm: usize,
+    /// Epochs of the query run on the deployed functions (10,000 events),
+    /// whose invocations are priced in the report's cost section.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub epochs: u64,
     /// Instead of the launch and hop figures: the exchange comparison of the
     /// Flock paper's Table 2, payloads (sync and async) vs S3 between two functions.
     #[arg(long)]
@@ -69,7 +76,8 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
     let deployed = deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
     let deploy_cold_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    // Sources cut their input into the epochs of the run below.
+    deploy_plan(&b, &args.lambda, &plan, &p, Some(args.epochs)).await?;
     let deploy_warm_s = t.elapsed().as_secs_f64();
 
     let invoker = LambdaInvoker::new(&b.sdk);
@@ -93,7 +101,9 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         warm.push(probe().await?);
     }
     warm.sort_by(|a, b| a.total_cmp(b));
+    let run = priced_run(&plan, &invoker, &b, args.epochs).await;
     destroy_functions(&plan.query_code, &lister).await?;
+    let (events, cost) = run?;
     println!(
         "{}",
         json!({
@@ -104,9 +114,36 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
             "hop_cold_ms": cold_ms,
             "hop_warm_ms_median": warm[warm.len() / 2],
             "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
+            "epochs": args.epochs,
+            "events": events,
+            "cost": crate::cost::to_json(&cost),
         })
     );
     Ok(())
+}
+
+/// The query's epochs on its deployed functions, priced from the usage
+/// they report: (events, cost section).
+async fn priced_run(
+    plan: &skein_engine::planner::QueryPlan,
+    invoker: &LambdaInvoker,
+    b: &crate::lambda_cmd::Connection,
+    epochs: u64,
+) -> Result<(u64, skein_cost::CostReport)> {
+    let metered = MeteredInvoker::new(invoker);
+    let runtime = LambdaEpochs::new(plan, &metered, b.store.clone(), None);
+    let run = run_epochs(
+        &runtime,
+        &EpochLog::new(None, 1),
+        StopAfter::Epochs(epochs),
+        |_, _| {},
+    )
+    .await
+    .context("running the query on Lambda")?;
+    let measured = crate::cost::measured_on_lambda(run.events, &metered.total(), 0);
+    let mut cost = crate::cost::section(&measured, None, &Default::default())?;
+    cost.measured_on = Some(crate::cost::lambda_note(false));
+    Ok((run.events, cost))
 }
 
 /// Names of the two functions of `skein bench lambda --exchange`.
@@ -128,7 +165,7 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
         code,
         code_sha256,
         role: args.lambda.role.clone(),
-        memory_mb: args.lambda.memory.max(1024),
+        memory_mb: args.lambda.memory_mb().max(1024),
         timeout_s: args.lambda.timeout,
         arch: args.lambda.arch.lambda(),
         extra_env: BTreeMap::from([

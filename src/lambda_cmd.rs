@@ -90,9 +90,10 @@ pub struct LambdaArgs {
         default_value = "arn:aws:iam::000000000000:role/skein"
     )]
     pub role: String,
-    /// Memory of each function, MB.
-    #[arg(long, default_value_t = 512)]
-    pub memory: i32,
+    /// Memory of each function, MB [default: 512; `skein cost`: 1769,
+    /// one vCPU, which it also prices].
+    #[arg(long, value_parser = clap::value_parser!(i32).range(128..=10240))]
+    pub memory: Option<i32>,
     /// Timeout of each function, seconds (a synchronous hop waits for the rest of the DAG).
     #[arg(long, default_value_t = 300)]
     pub timeout: i32,
@@ -106,6 +107,15 @@ pub struct LambdaArgs {
     /// records them in the store).
     #[arg(long)]
     pub on_failure: Option<String>,
+}
+
+/// Memory of a function deployed without --memory.
+const DEFAULT_MEMORY_MB: i32 = 512;
+
+impl LambdaArgs {
+    pub fn memory_mb(&self) -> i32 {
+        self.memory.unwrap_or(DEFAULT_MEMORY_MB)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -367,7 +377,7 @@ pub(crate) async fn service_options(
         code,
         code_sha256,
         role: args.role.clone(),
-        memory_mb: args.memory,
+        memory_mb: args.memory_mb(),
         timeout_s: args.timeout,
         arch: args.arch.lambda(),
         extra_env: BTreeMap::from([

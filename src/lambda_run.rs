@@ -15,15 +15,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::pretty::pretty_format_batches;
 use object_store::ObjectStoreExt;
-use serde_json::json;
 use skein_connectors::results;
 use skein_engine::checkpoint::{CheckpointStore, fresh_run};
 use skein_engine::context::CheckpointSpec;
+use skein_engine::epochs::Stopped;
 use skein_engine::epochs::{EpochLog, run_epochs};
 use skein_engine::planner::{PlanOptions, QueryPlan};
-use skein_engine::verify::{compare, single_process};
+use skein_engine::usage::MeteredInvoker;
+use skein_engine::verify::{Comparison, compare, single_process};
 use skein_lambda::checkpoints::{self, CHECKPOINTS_ENV};
 use skein_lambda::deploy::Deployed;
 use skein_lambda::epochs::{LambdaEpochs, Redeploy};
@@ -34,7 +34,8 @@ use crate::lambda_cmd::{
     Connection, LambdaArgs, connect, deploy_stages, object_keys, plan, pushed_sources,
     service_options,
 };
-use crate::run::{CommonRunArgs, limit_rows, read_sql};
+use crate::report::{OnLambda, Report};
+use crate::run::{CommonRunArgs, read_sql};
 
 /// A query's checkpoint location on Lambda and its store, opened.
 pub(crate) struct Checkpoints {
@@ -118,13 +119,55 @@ impl Redeploy for Deployment<'_> {
     }
 }
 
-/// `skein run FILE.sql --backend lambda`. Invocations between functions
-/// happen in other processes, so the JSON line reports `invocations` and
-/// `payload_bytes` as null.
+/// `skein run FILE.sql --backend lambda`: the report (crate::report) of
+/// [`run_sql`], then a failure if any invocation was dead-lettered or the
+/// rows were not verified.
 pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Result<()> {
     let sql = read_sql(file)?;
+    let run = run_sql(&sql, common, args).await?;
+    println!("{}", run.report.render(common.json, common.show)?);
+    run.failures()
+}
+
+/// A query's run on Lambda: its report, and what makes it a failure.
+pub(crate) struct LambdaRun {
+    pub(crate) report: Report,
+    dead_letters: Vec<serde_json::Value>,
+    diff: Option<Comparison>,
+}
+
+impl LambdaRun {
+    /// An error if an invocation was dead-lettered or verification failed.
+    pub(crate) fn failures(&self) -> Result<()> {
+        if let Some(first) = self.dead_letters.first() {
+            bail!(
+                "{} async invocations failed every retry and were dead-lettered; first: {}",
+                self.dead_letters.len(),
+                first["responsePayload"]
+            );
+        }
+        if let Some(cmp) = &self.diff {
+            bail!(
+                "verification failed: {} rows expected, {} produced; first differences:\n{}",
+                cmp.expected_rows,
+                cmp.got_rows,
+                cmp.differences.join("\n")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Deploy `sql`'s functions for this run, drive its epochs on Lambda, read
+/// the results back and verify them if asked. The cost section prices what
+/// the functions report of every invocation (skein_engine::usage).
+pub(crate) async fn run_sql(
+    sql: &str,
+    common: &CommonRunArgs,
+    args: &LambdaArgs,
+) -> Result<LambdaRun> {
     let b = connect(&args.store).await?;
-    let (plan, ctx) = plan(&sql, &common.plan, &b.store_url).await?;
+    let (plan, ctx) = plan(sql, &common.plan, &b.store_url).await?;
     if !pushed_sources(&plan)?.is_empty() {
         bail!(
             "this query reads a pushed Kinesis table ('mode' 'push'): its event-source mapping \
@@ -194,7 +237,8 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
         b.store.delete(&stale).await?;
     }
 
-    let invoker = LambdaInvoker::new(&b.sdk);
+    let lambda_invoker = LambdaInvoker::new(&b.sdk);
+    let invoker = MeteredInvoker::new(&lambda_invoker);
     let redeploy = checkpoints
         .is_some()
         .then_some(&deployment as &dyn Redeploy);
@@ -260,67 +304,48 @@ pub async fn run(file: &Path, common: &CommonRunArgs, args: &LambdaArgs) -> Resu
             diff = Some(cmp);
         }
     }
-    let events_per_s = if elapsed > 0.0 {
-        events as f64 / elapsed
-    } else {
-        0.0
+    let usage = invoker.total();
+    let driver_puts = checkpoints.as_ref().map_or(0, |c| c.store.puts());
+    let mut cost = crate::cost::section(
+        &crate::cost::measured_on_lambda(events, &usage, driver_puts),
+        None,
+        &Default::default(),
+    )?;
+    cost.measured_on = Some(crate::cost::lambda_note(common.plan.invoke_async));
+    let report = Report {
+        query: None,
+        query_code: plan.query_code.clone(),
+        stages: plan.stages.len(),
+        functions: deployed.len(),
+        invocations: usage.invocations,
+        payload_bytes: usage.payload_bytes,
+        events,
+        events_per_s: Report::rate(events, elapsed).round(),
+        result_rows,
+        verified,
+        epochs: epochs_run.epochs,
+        elapsed_s: elapsed,
+        late_rows: None,
+        late_rows_by_table: None,
+        checkpoint_dir: checkpoints.as_ref().map(|c| c.url.clone()),
+        resumed_after: epochs_run.resumed.map(|c| c.epoch),
+        stopped: Stopped::Bound,
+        blackhole: None,
+        lambda: Some(OnLambda {
+            backend: "lambda",
+            deploy_s,
+            spilled_contexts: deployed.iter().filter(|d| d.spilled).count(),
+            dead_letters: dead_letters.len(),
+            recoveries: epochs_run.recoveries,
+        }),
+        cost,
+        rows,
     };
-    let epochs = epochs_run.epochs;
-    if common.json {
-        println!(
-            "{}",
-            json!({
-                "stages": plan.stages.len(),
-                "functions": deployed.len(),
-                "invocations": null,
-                "payload_bytes": null,
-                "events": events,
-                "events_per_s": events_per_s.round(),
-                "result_rows": result_rows,
-                "verified": verified,
-                "epochs": epochs,
-                "elapsed_s": elapsed,
-                "query_code": plan.query_code,
-                "backend": "lambda",
-                "deploy_s": deploy_s,
-                "spilled_contexts": deployed.iter().filter(|d| d.spilled).count(),
-                "dead_letters": dead_letters.len(),
-                "checkpoint_dir": checkpoints.as_ref().map(|c| c.url.clone()),
-                "resumed_after": epochs_run.resumed.map(|c| c.epoch),
-                "recoveries": epochs_run.recoveries,
-            })
-        );
-    } else {
-        let shown = limit_rows(&rows, common.show);
-        println!("{}", pretty_format_batches(&shown)?);
-        println!(
-            "{result_rows} result rows; {events} events in {epochs} epochs, {elapsed:.3} s on Lambda, \
-             {events_per_s:.0} events/s\n{} stages, {} functions (deployed in {deploy_s:.2} s){}",
-            plan.stages.len(),
-            deployed.len(),
-            match verified {
-                Some(true) => "\nverified: equal to single-process DataFusion",
-                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
-                None => "",
-            }
-        );
-    }
-    if let Some(first) = dead_letters.first() {
-        bail!(
-            "{} async invocations failed every retry and were dead-lettered; first: {}",
-            dead_letters.len(),
-            first["responsePayload"]
-        );
-    }
-    if let Some(cmp) = diff {
-        bail!(
-            "verification failed: {} rows expected, {} produced; first differences:\n{}",
-            cmp.expected_rows,
-            cmp.got_rows,
-            cmp.differences.join("\n")
-        );
-    }
-    Ok(())
+    Ok(LambdaRun {
+        report,
+        dead_letters,
+        diff,
+    })
 }
 
 /// Wait until every member of the sink stage has written its results of

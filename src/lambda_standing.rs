@@ -205,7 +205,8 @@ pub async fn destroy(
     })
 }
 
-async fn delete_under(
+/// Delete every object under `root`; how many there were.
+pub(crate) async fn delete_under(
     store: &std::sync::Arc<dyn ObjectStore>,
     root: &object_store::path::Path,
 ) -> Result<usize> {

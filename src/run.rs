@@ -7,19 +7,19 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::prelude::SessionContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::memory::InMemory;
-use serde_json::json;
 use skein_engine::checkpoint::fresh_run;
 use skein_engine::driver::{RunReport, StopAfter, run_local_until};
+use skein_engine::epochs::Stopped;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{QueryPlan, plan_query, session};
 use skein_engine::verify::{compare, single_process};
 
 use crate::PlanArgs;
 use crate::registry::{Registries, registries};
+use crate::report::Report;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -356,77 +356,34 @@ pub async fn run_sql(
         }
     }
 
-    let mut out = String::new();
-    if args.json {
-        let mut v = json!({
-            "stages": report.stages,
-            "functions": report.functions,
-            "invocations": report.invocations,
-            "payload_bytes": report.payload_bytes,
-            "events": report.events,
-            "events_per_s": report.events_per_s.round(),
-            "result_rows": report.result_rows,
-            "verified": report.verified,
-            "epochs": report.epochs,
-            "elapsed_s": report.elapsed_s,
-            "late_rows": report.late_rows,
-            "late_rows_by_table": report.late_rows_by_table,
-            "query_code": report.query_code,
-            "checkpoint_dir": held.as_ref().map(|h| h.dir.display().to_string()),
-            "resumed_after": report.resumed_after,
-            "stopped": if signalled { "signal" } else { "bound" },
-            "cost": crate::cost::to_json(&cost),
-        });
-        if let Some(q) = nexmark_query {
-            v["query"] = json!(q);
-        }
-        if let Some(d) = discarded {
-            v["blackhole"] = json!(d);
-        }
-        out.push_str(&v.to_string());
-    } else {
-        match discarded {
-            Some(d) => out.push_str(&format!(
-                "the BLACKHOLE sink discarded {} rows in {} batches",
-                d.rows, d.batches
-            )),
-            None => {
-                out.push_str(&pretty_format_batches(&limit_rows(&results, args.show))?.to_string())
-            }
-        }
-        out.push_str(&format!(
-            "\n{} result rows (showing {}); {} events in {} epochs, {:.3} s, {:.0} events/s\n\
-             {} stages, {} functions, {} invocations, {} payload bytes, {} late rows{}",
-            report.result_rows,
-            results
-                .iter()
-                .map(|b| b.num_rows())
-                .sum::<usize>()
-                .min(args.show),
-            report.events,
-            report.epochs,
-            report.elapsed_s,
-            report.events_per_s,
-            report.stages,
-            report.functions,
-            report.invocations,
-            report.payload_bytes,
-            report.late_rows,
-            match report.verified {
-                Some(true) => "\nverified: equal to single-process DataFusion",
-                Some(false) => "\nverified: DIFFERENT from single-process DataFusion",
-                None => "",
-            }
-        ));
-        out.push('\n');
-        out.push_str(&crate::cost::one_line(&cost));
-        if signalled {
-            out.push_str(match held {
-                Some(_) => "\nstopped by a signal: open windows wait in the checkpoint for the next run",
-                None => "\nstopped by a signal: without a checkpoint, the last epoch flushed open windows",
-            });
-        }
-    }
+    let report = Report {
+        query: nexmark_query,
+        query_code: report.query_code,
+        stages: report.stages,
+        functions: report.functions,
+        invocations: report.invocations,
+        payload_bytes: report.payload_bytes,
+        events: report.events,
+        events_per_s: report.events_per_s.round(),
+        result_rows: report.result_rows,
+        verified: report.verified,
+        epochs: report.epochs,
+        elapsed_s: report.elapsed_s,
+        late_rows: Some(report.late_rows),
+        late_rows_by_table: Some(report.late_rows_by_table),
+        checkpoint_dir: held.as_ref().map(|h| h.dir.display().to_string()),
+        resumed_after: report.resumed_after,
+        stopped: if signalled {
+            Stopped::Signal
+        } else {
+            Stopped::Bound
+        },
+        blackhole: discarded,
+        lambda: None,
+        cost,
+        rows: results,
+    };
+    let out = report.render(args.json, args.show)?;
     if let Some(cmp) = diff {
         eprintln!("{out}");
         bail!(

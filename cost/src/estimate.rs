@@ -105,6 +105,9 @@ pub struct CostReport {
     pub lambda: Vec<LambdaCost>,
     pub vm: ServerCost,
     pub flink: ServerCost,
+    /// How the measurements were taken, where that is not in-process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_on: Option<String>,
 }
 
 /// Price what `m` measured. Counts scale with events: the measured run
@@ -205,6 +208,7 @@ pub fn estimate(m: &Measured, prices: &Prices, opts: &ModelOptions) -> CostRepor
         lambda,
         vm,
         flink,
+        measured_on: None,
     }
 }
 

@@ -37,6 +37,7 @@ pub mod session;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod usage;
 pub mod verify;
 pub mod watermark;
 pub mod window;

@@ -266,6 +266,21 @@ impl LocalRuntime {
         out
     }
 
+    /// Bytes every instance holds across epochs, summed (the
+    /// `skein_state_bytes` gauges of docs/metrics.md). Without waiting:
+    /// an instance busy at that moment is left out.
+    pub fn state_bytes(&self) -> u64 {
+        let Ok(functions) = self.functions.try_read() else {
+            return 0;
+        };
+        functions
+            .values()
+            .filter_map(|f| f.instance.try_lock().ok()?.clone())
+            .filter_map(|i| i.state_bytes())
+            .map(|b| b as u64)
+            .sum()
+    }
+
     /// Wait until no asynchronous invocation is queued or running.
     pub async fn wait_idle(&self) {
         loop {

@@ -50,6 +50,7 @@ use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
 use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_engine::request::Request;
+use skein_engine::usage::Usage;
 use skein_lambda::bench_scope::{BenchScope, ScopeError};
 use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
 use skein_lambda::standing::{self, DRIVER_ENV, TickReport};
@@ -93,14 +94,64 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         let (stage, exchange_env, emf) = (stage.clone(), exchange_env.clone(), emf.clone());
         async move {
             let function = event.context.env_config.function_name.clone();
-            let result = handle(event, stage, exchange_env).await;
+            let own = OwnUsage::start(&stage);
+            let result = handle(event, stage.clone(), exchange_env).await;
             if let Some(emf) = &emf {
                 emf.print(&function);
             }
-            result
+            result.map(|answer| own.add_to(answer, &stage))
         }
     }))
     .await
+}
+
+/// This invocation's own cost, measured around its handler, for the
+/// `usage` of its answer (skein_engine::usage): Lambda bills the handler's
+/// time rounded up to 1 ms.
+struct OwnUsage {
+    started: std::time::Instant,
+    cpu_s: f64,
+    puts: u64,
+}
+
+impl OwnUsage {
+    fn start(stage: &OnceCell<StageFunction>) -> Self {
+        OwnUsage {
+            started: std::time::Instant::now(),
+            cpu_s: skein::cost::process_cpu_s(),
+            puts: checkpoint_puts(stage),
+        }
+    }
+
+    /// The answer with this invocation added to the usage it reports.
+    fn add_to(self, mut answer: Value, stage: &OnceCell<StageFunction>) -> Value {
+        let Some(fields) = answer.as_object_mut() else {
+            return answer;
+        };
+        let mut usage: Usage = fields
+            .get("usage")
+            .and_then(|u| serde_json::from_value(u.clone()).ok())
+            .unwrap_or_default();
+        usage.add(&Usage {
+            invocations: 1,
+            billed_ms: self.started.elapsed().as_micros().div_ceil(1000) as u64,
+            cpu_ms: ((skein::cost::process_cpu_s() - self.cpu_s).max(0.0) * 1000.0).round() as u64,
+            payload_bytes: 0,
+            checkpoint_puts: checkpoint_puts(stage).saturating_sub(self.puts),
+        });
+        if let Ok(u) = serde_json::to_value(usage) {
+            fields.insert("usage".into(), u);
+        }
+        answer
+    }
+}
+
+/// Objects this instance's stage has written to its checkpoint store.
+fn checkpoint_puts(stage: &OnceCell<StageFunction>) -> u64 {
+    stage
+        .get()
+        .and_then(|s| s.checkpoints())
+        .map_or(0, |c| c.puts())
 }
 
 /// Plain lines on stdout, which the Lambda runtime forwards to the function's

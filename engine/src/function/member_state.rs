@@ -38,7 +38,7 @@ impl SavedChain {
 
 impl StageFunction {
     /// The checkpoint store, when this query checkpoints.
-    pub(super) fn checkpoints(&self) -> Option<&Arc<CheckpointStore>> {
+    pub fn checkpoints(&self) -> Option<&Arc<CheckpointStore>> {
         self.ctx
             .checkpoint
             .as_ref()

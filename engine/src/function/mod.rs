@@ -35,6 +35,7 @@ use crate::ring::HashRing;
 use crate::session::session;
 use crate::sink::{Sink, SinkRegistry};
 use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
+use crate::usage::Usage;
 use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
 use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 
@@ -81,6 +82,10 @@ pub struct Response {
     /// first is reported to the platform as the batch's first failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub poison: Vec<crate::checkpoint::PoisonRecord>,
+    /// The synchronous invocations this one made, with theirs; the
+    /// bootstrap adds this invocation's own (crate::usage).
+    #[serde(default, skip_serializing_if = "Usage::is_zero")]
+    pub usage: Usage,
 }
 
 /// Late rows counted by the functions of one process, per table.
@@ -308,16 +313,22 @@ impl StageFunction {
 
     /// Serve one parsed request: a trigger or a data payload.
     pub async fn serve(&self, request: Request) -> Result<Response> {
-        let response = match request {
-            Request::Trigger(t) => self.run_source(t).await,
-            Request::Data(p) => self.take_payload(*p).await,
-            other => Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: format!("a {} is not a stage request", other.kind()),
-            }),
-        };
+        let (response, callees) = crate::usage::collecting(async {
+            match request {
+                Request::Trigger(t) => self.run_source(t).await,
+                Request::Data(p) => self.take_payload(*p).await,
+                other => Err(EngineError::Invocation {
+                    name: self.name.clone(),
+                    reason: format!("a {} is not a stage request", other.kind()),
+                }),
+            }
+        })
+        .await;
         self.save_tally().await;
-        response
+        response.map(|mut r| {
+            r.usage.add(&callees);
+            r
+        })
     }
 
     /// Write this member's counts for `skein status` if they changed. A
@@ -330,6 +341,12 @@ impl StageFunction {
         if let Err(e) = self.tally.save(cs, self.ctx.stage, self.ctx.member).await {
             tracing::warn!(stage = %self.name, error = %e, "writing the member's counts");
         }
+    }
+
+    /// Bytes of the rows this instance holds across epochs (its windows);
+    /// none while an invocation holds them.
+    pub fn state_bytes(&self) -> Option<usize> {
+        Some(self.state.try_lock().ok()?.windows.bytes())
     }
 
     /// What this instance still waits for (empty when nothing is pending).

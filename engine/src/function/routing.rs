@@ -120,8 +120,9 @@ impl StageFunction {
         let target = function_name(&self.ctx.query_code, stage, member);
         for p in payloads {
             let bytes = p.to_json();
-            crate::metrics::invocation(stage, bytes.len());
-            invoke_with_retry(
+            let sent = bytes.len();
+            crate::metrics::invocation(stage, sent);
+            let answer = invoke_with_retry(
                 self.env.invoker.as_ref(),
                 &target,
                 bytes,
@@ -130,6 +131,7 @@ impl StageFunction {
                 50,
             )
             .await?;
+            crate::usage::count_callee(sent, &answer);
         }
         Ok(())
     }

@@ -1,0 +1,158 @@
+//! What invocations cost, as the functions that served them measured it.
+//! On Lambda the driver sees only the triggers it fires and the probes it
+//! sends; the rest of an epoch runs in other processes. So each answer
+//! carries a [`Usage`]: the function's own (added by its bootstrap) plus
+//! that of every synchronous invocation it made, whose answers come back
+//! to it. A trigger's answer thus covers the chain below it, and the
+//! driver sums the answers it receives ([`MeteredInvoker`]).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::invoke::{InvocationType, Invoker};
+
+/// Counts of one or more invocations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub invocations: u64,
+    /// Each invocation's handler time rounded up to 1 ms, summed.
+    pub billed_ms: u64,
+    /// CPU time of the serving processes, ms.
+    pub cpu_ms: u64,
+    /// Request bytes sent to the functions.
+    pub payload_bytes: u64,
+    /// Objects the functions wrote to the checkpoint store.
+    pub checkpoint_puts: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.invocations += other.invocations;
+        self.billed_ms += other.billed_ms;
+        self.cpu_ms += other.cpu_ms;
+        self.payload_bytes += other.payload_bytes;
+        self.checkpoint_puts += other.checkpoint_puts;
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == Usage::default()
+    }
+
+    /// The usage an answer reports, if it reports one.
+    pub fn of_answer(answer: &[u8]) -> Option<Usage> {
+        #[derive(Deserialize)]
+        struct Answer {
+            usage: Option<Usage>,
+        }
+        serde_json::from_slice::<Answer>(answer).ok()?.usage
+    }
+
+    /// What one invocation made with `payload_bytes` and answered with
+    /// `answer` cost: its report, else (an async invocation answers
+    /// nothing) one request of unknown duration.
+    fn of_call(payload_bytes: usize, answer: &[u8]) -> Usage {
+        let mut u = Usage::of_answer(answer).unwrap_or(Usage {
+            invocations: 1,
+            ..Default::default()
+        });
+        u.payload_bytes += payload_bytes as u64;
+        u
+    }
+}
+
+tokio::task_local! {
+    static CALLEES: Cell<Usage>;
+}
+
+/// Run `f`, collecting the usage of the invocations [`count_callee`] is
+/// told about inside it (the same task, joined futures included).
+pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage) {
+    CALLEES
+        .scope(Cell::new(Usage::default()), async {
+            let out = f.await;
+            (out, CALLEES.with(Cell::get))
+        })
+        .await
+}
+
+/// A function invoked another with `payload_bytes` and got `answer` back.
+/// Outside [`collecting`] it is not counted.
+pub fn count_callee(payload_bytes: usize, answer: &[u8]) {
+    let _ = CALLEES.try_with(|c| {
+        let mut u = c.get();
+        u.add(&Usage::of_call(payload_bytes, answer));
+        c.set(u);
+    });
+}
+
+/// An [`Invoker`] that sums the usage every answer reports (an answer
+/// without one counts as one request).
+pub struct MeteredInvoker<'a> {
+    inner: &'a dyn Invoker,
+    total: Mutex<Usage>,
+}
+
+impl<'a> MeteredInvoker<'a> {
+    pub fn new(inner: &'a dyn Invoker) -> Self {
+        MeteredInvoker {
+            inner,
+            total: Mutex::new(Usage::default()),
+        }
+    }
+
+    /// What the answers so far reported.
+    pub fn total(&self) -> Usage {
+        *self.total.lock().expect("usage")
+    }
+}
+
+#[async_trait]
+impl Invoker for MeteredInvoker<'_> {
+    async fn invoke(
+        &self,
+        function: &str,
+        payload: Vec<u8>,
+        kind: InvocationType,
+    ) -> Result<Vec<u8>> {
+        let sent = payload.len();
+        let answer = self.inner.invoke(function, payload, kind).await;
+        let usage = match &answer {
+            Ok(a) => Usage::of_call(sent, a),
+            // Billed all the same; its duration is not known here.
+            Err(_) => Usage::of_call(sent, b""),
+        };
+        self.total.lock().expect("usage").add(&usage);
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn callees_are_summed_within_their_scope_only() {
+        count_callee(10, br#"{"usage":{"invocations":1}}"#);
+        let ((), u) = collecting(async {
+            let a = async { count_callee(5, br#"{"status":"ran","usage":{"invocations":2,"billed_ms":7,"cpu_ms":3,"payload_bytes":1,"checkpoint_puts":4}}"#) };
+            let b = async { count_callee(3, b"") };
+            futures::join!(a, b);
+        })
+        .await;
+        assert_eq!(
+            u,
+            Usage {
+                invocations: 3,
+                billed_ms: 7,
+                cpu_ms: 3,
+                payload_bytes: 9,
+                checkpoint_puts: 4
+            }
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! `skein cost --backend lambda` on ministack: the measured epochs run on
+//! Lambda with the real `skein-function` bootstrap, and the report prices
+//! what the functions reported of their invocations.
+
+mod common;
+
+#[test]
+fn cost_measured_on_lambda_prices_the_functions_reports() {
+    let store = format!("s3://{}", common::unique_name("skein-lambda-cost"));
+    let (ok, stdout, stderr) = common::skein_on_aws(
+        Some(&store),
+        &[
+            "cost",
+            "queries/cost/ysb.sql",
+            "--rate",
+            "2000",
+            "--seconds",
+            "3",
+            "--backend",
+            "lambda",
+            "--json",
+        ],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["backend"], "lambda", "{v}");
+    assert_eq!(v["epochs"].as_u64(), Some(3), "{v}");
+    let m = &v["measured"];
+    // Every trigger, payload and probe, as the functions answered them.
+    assert!(
+        m["invocations"].as_u64() > Some(v["functions"].as_u64().unwrap()),
+        "{v}"
+    );
+    assert!(m["billed_ms"].as_u64() > Some(0), "{v}");
+    // Checkpointed every epoch: each member's writes and the driver's commits.
+    assert!(m["checkpoint_puts"].as_u64() >= Some(3), "{v}");
+    let lambda = v["lambda"].as_array().expect("Lambda rows");
+    assert_eq!(lambda.len(), 2, "{v}");
+    for l in lambda {
+        assert!(l["requests_per_million_events"].as_f64() > Some(0.0), "{v}");
+        assert!(l["usd_per_month"].as_f64() > Some(0.0), "{v}");
+    }
+    assert!(
+        v["measured_on"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Lambda")),
+        "{v}"
+    );
+
+    // The scratch checkpoints and the functions are gone.
+    let (ok, stdout, stderr) = common::skein_on_aws(Some(&store), &["status", "--json"]);
+    assert!(ok, "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(
+        stdout
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or("{}"),
+    )
+    .unwrap();
+    let code = v["query_code"].as_str().expect("query_code");
+    assert!(status["queries"].get(code).is_none(), "{status}");
+}
