@@ -15,7 +15,7 @@ use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::epochs::Stopped;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{QueryPlan, plan_query, session};
-use skein_engine::verify::{compare, single_process};
+use skein_engine::verify::{Comparison, compare, single_process};
 
 use crate::PlanArgs;
 use crate::registry::{Registries, registries};
@@ -81,7 +81,29 @@ pub struct CommonRunArgs {
 /// Epochs of a bounded run given no bound.
 const DEFAULT_EPOCHS: u64 = 10;
 
+/// [`CommonRunArgs`] parsed alone, for [`CommonRunArgs::from_flags`].
+#[derive(clap::Parser)]
+struct FlagsOnly {
+    #[command(flatten)]
+    common: CommonRunArgs,
+}
+
 impl CommonRunArgs {
+    /// The arguments `skein run` would take from `flags` (e.g.
+    /// `["--epochs", "5", "--verify"]`), for callers of [`run_report`].
+    pub fn from_flags<I, T>(flags: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        let argv = std::iter::once(std::ffi::OsString::from("skein-run"))
+            .chain(flags.into_iter().map(Into::into));
+        Ok(FlagsOnly::try_parse_from(argv)
+            .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?
+            .common)
+    }
+
     /// No --epochs, --duration or --until-drained.
     pub fn unbounded(&self) -> bool {
         self.epochs.is_none() && self.duration.is_none() && !self.until_drained
@@ -234,6 +256,29 @@ pub async fn run_sql(
     args: &CommonRunArgs,
     nexmark_query: Option<u32>,
 ) -> Result<String> {
+    let (report, mismatch) = run_report(sql, args, nexmark_query).await?;
+    let out = report.render(args.json, args.show)?;
+    if let Some(cmp) = mismatch {
+        eprintln!("{out}");
+        bail!(
+            "verification failed: {} rows expected, {} produced; first differences:\n{}",
+            cmp.expected_rows,
+            cmp.got_rows,
+            cmp.differences.join("\n")
+        );
+    }
+    Ok(out)
+}
+
+/// Plan `sql`, run it on the in-process runtime and, with `--verify`,
+/// compare its rows with single-process DataFusion: the typed report, and
+/// the differences when they disagree. What `skein run` and `skein nexmark`
+/// print, for callers (and tests) that want the figures, not the text.
+pub async fn run_report(
+    sql: &str,
+    args: &CommonRunArgs,
+    nexmark_query: Option<u32>,
+) -> Result<(Report, Option<Comparison>)> {
     if let Some(addr) = args.metrics {
         serve_metrics(addr)?;
     }
@@ -383,17 +428,7 @@ pub async fn run_sql(
         cost,
         rows: results,
     };
-    let out = report.render(args.json, args.show)?;
-    if let Some(cmp) = diff {
-        eprintln!("{out}");
-        bail!(
-            "verification failed: {} rows expected, {} produced; first differences:\n{}",
-            cmp.expected_rows,
-            cmp.got_rows,
-            cmp.differences.join("\n")
-        );
-    }
-    Ok(out)
+    Ok((report, diff))
 }
 
 /// Serve what the engine measures as Prometheus text at `addr`/metrics.

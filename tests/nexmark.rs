@@ -1,39 +1,44 @@
 //! NEXMark q0–q13 through the payload-chained stage DAG: every query agrees
 //! with single-process DataFusion on 100,000 events with groups of 4, and a
 //! few agree with results computed here, by hand, from the generator's events.
+//! The queries run through the library (`skein::run::run_report`, what
+//! `skein nexmark` runs) and are checked on its typed report and rows; only
+//! q10's file output goes through the CLI.
 
 use std::collections::BTreeMap;
 
+use datafusion::arrow::util::display::array_value_to_string;
+use skein::report::Report;
+use skein::run::{CommonRunArgs, nexmark_sql, run_report};
+use skein_engine::verify::Comparison;
 use skein_generators::nexmark::{EventRef, NexmarkConfig, NexmarkGenerator};
 
 mod common;
 use common::skein;
 
+/// Run NEXMark query `query` in-process through the library (what `skein
+/// nexmark` runs), with `flags` as `skein run`'s, and return its report.
+fn nexmark_run(query: u32, events: u64, rate: u64, flags: &[&str]) -> (Report, Option<Comparison>) {
+    let sql = nexmark_sql(query, events, rate, 2).expect("NEXMark SQL");
+    let mut all = vec!["--json"];
+    all.extend_from_slice(flags);
+    let args = CommonRunArgs::from_flags(all).expect("run flags");
+    tokio::runtime::Runtime::new()
+        .expect("tokio runtime")
+        .block_on(run_report(&sql, &args, Some(query)))
+        .unwrap_or_else(|e| panic!("q{query} failed: {e:#}"))
+}
+
 /// Run query `n` on 100,000 events, groups of 4, and check it verifies.
 fn verifies(query: u32) {
-    let q = query.to_string();
-    let (ok, stdout, stderr) = skein(&[
-        "nexmark",
-        "--query",
-        &q,
-        "--events",
-        "100000",
-        // 100 s of event time: ten 10 s windows, many sessions.
-        "--rate",
-        "1000",
-        "--group-size",
-        "4",
-        "--epochs",
-        "5",
-        "--verify",
-        "--json",
-    ]);
-    assert!(ok, "q{query} failed:\n{stderr}");
-    let line = stdout.lines().last().expect("a summary line");
-    let v: serde_json::Value = serde_json::from_str(line).expect("JSON summary");
-    assert_eq!(v["verified"], true, "q{query}: {line}");
-    assert_eq!(v["query"], query, "{line}");
-    assert!(v["stages"].as_u64().unwrap() >= 1, "{line}");
+    // 100 s of event time: ten 10 s windows, many sessions.
+    let flags = ["--group-size", "4", "--epochs", "5", "--verify"];
+    let (report, mismatch) = nexmark_run(query, 100_000, 1_000, &flags);
+    assert_eq!(report.verified, Some(true), "q{query}: {mismatch:?}");
+    assert!(mismatch.is_none());
+    assert_eq!(report.query, Some(query));
+    assert!(report.stages >= 1, "{report:?}");
+    assert!(report.invocations > 0, "{report:?}");
 }
 
 macro_rules! verify_tests {
@@ -87,37 +92,23 @@ fn tiny_bids() -> Vec<(i64, i64, i64, i64)> {
     bids
 }
 
-/// Query `n` on the tiny stream: its result rows as maps column -> text,
-/// read from the printed table.
+/// Query `n` on the tiny stream: its result rows as maps column -> text.
 fn tiny_rows(query: u32) -> Vec<BTreeMap<String, String>> {
-    let (ok, stdout, stderr) = skein(&[
-        "nexmark",
-        "--query",
-        &query.to_string(),
-        "--events",
-        &TINY_EVENTS.to_string(),
-        "--rate",
-        &TINY_RATE.to_string(),
-        "--group-size",
-        "2",
-        "--epochs",
-        "4",
-        "--show",
-        "100000",
-    ]);
-    assert!(ok, "q{query}: {stderr}");
-    let mut lines = stdout.lines().filter(|l| l.starts_with('|')).map(|l| {
-        l.trim_matches('|')
-            .split('|')
-            .map(|c| c.trim().to_string())
-            .collect::<Vec<_>>()
-    });
-    let Some(header) = lines.next() else {
-        return vec![]; // no rows: no table
-    };
-    lines
-        .map(|cells| header.iter().cloned().zip(cells).collect())
-        .collect()
+    let flags = ["--group-size", "2", "--epochs", "4"];
+    let (report, _) = nexmark_run(query, TINY_EVENTS, TINY_RATE, &flags);
+    let mut rows = vec![];
+    for batch in &report.rows {
+        let schema = batch.schema();
+        for row in 0..batch.num_rows() {
+            let cells = schema.fields().iter().zip(batch.columns()).map(|(f, col)| {
+                let text = array_value_to_string(col, row).expect("a printable value");
+                (f.name().clone(), text)
+            });
+            rows.push(cells.collect());
+        }
+    }
+    assert_eq!(rows.len(), report.result_rows);
+    rows
 }
 
 fn int(row: &BTreeMap<String, String>, column: &str) -> i64 {
