@@ -323,6 +323,13 @@ pub async fn gen_command(a: GenArgs) -> Result<()> {
     Ok(())
 }
 
+/// Events due after `elapsed_s` at `rate`, counted in whole chunks: a chunk
+/// is sent once its last event is due, so the one being filled is not late.
+fn whole_chunks_due(elapsed_s: f64, rate: u64, chunk: u64) -> u64 {
+    let due = (elapsed_s * rate as f64) as u64;
+    due - due % chunk.max(1)
+}
+
 /// The topics or streams `a` publishes to: one, or NEXMark's three.
 fn destination_names(a: &GenArgs, destination: &Destination) -> Vec<String> {
     let base = destination.name();
@@ -470,8 +477,8 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
         sent += n;
         bar.set_position(sent);
         if let Some(rate) = a.rate {
-            let target = (started.elapsed().as_secs_f64() * rate as f64) as u64;
-            bar.set_message(format!("lag {}", target.saturating_sub(sent)));
+            let lag = whole_chunks_due(started.elapsed().as_secs_f64(), rate, chunk);
+            bar.set_message(format!("lag {}", lag.saturating_sub(sent)));
         }
     }
     while let Some(done) = acks.join_next().await {
@@ -480,7 +487,7 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     bar.finish_and_clear();
     let elapsed_s = started.elapsed().as_secs_f64();
     let lag_events = a.rate.map_or(0, |rate| {
-        ((elapsed_s * rate as f64) as u64)
+        whole_chunks_due(elapsed_s, rate, chunk)
             .saturating_sub(sent)
             .min(a.events.map_or(u64::MAX, |t| t - sent))
     });
@@ -545,6 +552,15 @@ mod tests {
             let err = event_rate_of(bad).unwrap_err().to_string();
             assert!(err.contains("--event-rate"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn the_chunk_being_filled_is_not_counted_as_lag() {
+        // 100,000/s in chunks of 5,000: at 1.049 s, 104,900 events are due,
+        // of which the 100,000 of twenty whole chunks must have been sent.
+        assert_eq!(whole_chunks_due(1.049, 100_000, 5_000), 100_000);
+        assert_eq!(whole_chunks_due(1.05, 100_000, 5_000), 105_000);
+        assert_eq!(whole_chunks_due(0.5, 7, 0), 3);
     }
 
     #[test]
