@@ -94,9 +94,11 @@ pub async fn fire_epoch(
                     100,
                 )
                 .await?;
-                serde_json::from_slice::<Response>(&answer).map_err(|e| EngineError::Invocation {
-                    name: name.clone(),
-                    reason: format!("answer is not a response: {e}"),
+                serde_json::from_slice::<Response>(&answer).map_err(|e| {
+                    EngineError::invocation_failed(
+                        name.clone(),
+                        format!("answer is not a response: {e}"),
+                    )
                 })
             }
         });
@@ -212,14 +214,14 @@ pub async fn run_local_drained_by<'a>(
     }
     let failed = runtime.dead_letters();
     if !failed.is_empty() {
-        return Err(EngineError::Invocation {
-            name: failed[0].function.clone(),
-            reason: format!(
+        return Err(EngineError::invocation_failed(
+            failed[0].function.clone(),
+            format!(
                 "{} async invocations failed; first: {}",
                 failed.len(),
                 failed[0].error
             ),
-        });
+        ));
     }
     Ok(RunReport {
         query_code: plan.query_code.clone(),
@@ -266,10 +268,10 @@ impl EpochRuntime for LocalEpochs<'_> {
     async fn check_complete(&self, epoch: u64) -> Result<()> {
         let failed = self.runtime.dead_letters();
         if let Some(first) = failed.get(self.failed_before) {
-            return Err(EngineError::Invocation {
-                name: first.function.clone(),
-                reason: format!("epoch {epoch} is not committed: {}", first.error),
-            });
+            return Err(EngineError::invocation_failed(
+                first.function.clone(),
+                format!("epoch {epoch} is not committed: {}", first.error),
+            ));
         }
         let pending = self.runtime.pending().await;
         if !pending.is_empty() {

@@ -46,14 +46,19 @@ pub enum Encoding {
     None,
 }
 
+/// A payload encoding name that is not one of ours.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown encoding {0:?} (zstd, lz4, none)")]
+pub struct UnknownEncoding(String);
+
 impl std::str::FromStr for Encoding {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownEncoding;
+    fn from_str(s: &str) -> Result<Self, UnknownEncoding> {
         match s {
             "zstd" => Ok(Encoding::Zstd),
             "lz4" => Ok(Encoding::Lz4),
             "none" => Ok(Encoding::None),
-            other => Err(format!("unknown encoding {other:?} (zstd, lz4, none)")),
+            other => Err(UnknownEncoding(other.to_string())),
         }
     }
 }
@@ -134,7 +139,7 @@ impl Payload {
 
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let p: Payload =
-            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.into()))?;
         Ok(p)
     }
 
@@ -215,14 +220,27 @@ fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Why a compressed frame of a payload does not decompress.
+#[derive(Debug, thiserror::Error)]
+enum FrameError {
+    #[error("frame claims {0} bytes, above the cap of {MAX_DECODED_BYTES}")]
+    TooLarge(u64),
+    #[error("zstd frame without content size")]
+    NoContentSize,
+    #[error("no zstd frame header")]
+    NotZstd,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lz4(#[from] lz4_flex::block::DecompressError),
+}
+
 /// Decompress at most [`MAX_DECODED_BYTES`]: the size a frame claims is
 /// checked before anything is allocated for it.
-fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, String> {
+fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, FrameError> {
     let check = |size: u64| {
         if size > MAX_DECODED_BYTES as u64 {
-            Err(format!(
-                "frame claims {size} bytes, above the cap of {MAX_DECODED_BYTES}"
-            ))
+            Err(FrameError::TooLarge(size))
         } else {
             Ok(size as usize)
         }
@@ -231,16 +249,15 @@ fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, S
         Encoding::None => Ok(data.to_vec()),
         Encoding::Zstd => {
             let size = zstd::zstd_safe::get_frame_content_size(data)
-                .map_err(|e| format!("{e:?}"))?
-                .ok_or("zstd frame without content size")?;
+                .map_err(|_| FrameError::NotZstd)?
+                .ok_or(FrameError::NoContentSize)?;
             // The output buffer is the claimed size: a frame that lies
             // about it fails instead of growing it.
-            zstd::bulk::decompress(data, check(size)?).map_err(|e| e.to_string())
+            Ok(zstd::bulk::decompress(data, check(size)?)?)
         }
         Encoding::Lz4 => {
-            let (size, rest) =
-                lz4_flex::block::uncompressed_size(data).map_err(|e| e.to_string())?;
-            lz4_flex::block::decompress(rest, check(size as u64)?).map_err(|e| e.to_string())
+            let (size, rest) = lz4_flex::block::uncompressed_size(data)?;
+            Ok(lz4_flex::block::decompress(rest, check(size as u64)?)?)
         }
     }
 }
@@ -249,14 +266,11 @@ fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, S
 pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     {
-        let mut w = StreamWriter::try_new(&mut buf, schema)
-            .map_err(|e| EngineError::Context(e.to_string()))?;
+        let mut w = StreamWriter::try_new(&mut buf, schema)?;
         for b in batches {
-            w.write(b)
-                .map_err(|e| EngineError::Context(e.to_string()))?;
+            w.write(b)?;
         }
-        w.finish()
-            .map_err(|e| EngineError::Context(e.to_string()))?;
+        w.finish()?;
     }
     Ok(buf)
 }

@@ -65,12 +65,13 @@ pub struct Probe {
 }
 
 fn bad(reason: String) -> EngineError {
-    EngineError::BadEnvelope(reason)
+    EngineError::BadEnvelope(reason.into())
 }
 
 impl Request {
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.into()))?;
         Self::from_value(value)
     }
 

@@ -73,10 +73,10 @@ impl SinkRegistry {
             .ok_or_else(|| {
                 let mut known: Vec<&String> = self.factories.keys().collect();
                 known.sort();
-                EngineError::Sink {
-                    sink: config.location.clone(),
-                    reason: format!("unknown sink kind {:?}; known: {known:?}", config.kind),
-                }
+                EngineError::sink_failed(
+                    config.location.clone(),
+                    format!("unknown sink kind {:?}; known: {known:?}", config.kind),
+                )
             })?;
         factory.create(config)
     }

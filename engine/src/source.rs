@@ -190,10 +190,10 @@ pub trait Source: Send + Sync + std::fmt::Debug {
             ReplayMode::ByEpoch => self.pull(spec).await,
             _ => {
                 let _ = (from, to);
-                Err(EngineError::Source {
-                    source_name: format!("{self:?}"),
-                    reason: "this source cannot read an epoch again".into(),
-                })
+                Err(EngineError::source_failed(
+                    format!("{self:?}"),
+                    "this source cannot read an epoch again",
+                ))
             }
         }
     }
@@ -202,10 +202,10 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// Kinesis event-source mapping) as a pull would have read them.
     async fn decode_pushed(&self, records: &[PushedRecord]) -> Result<MicroBatch> {
         let _ = records;
-        Err(EngineError::Source {
-            source_name: format!("{self:?}"),
-            reason: "this source does not take pushed records".into(),
-        })
+        Err(EngineError::source_failed(
+            format!("{self:?}"),
+            "this source does not take pushed records",
+        ))
     }
 }
 
@@ -411,13 +411,15 @@ impl SourceRegistry {
     fn factory(&self, config: &SourceConfig) -> Result<&Arc<dyn SourceFactory>> {
         self.factories
             .get(&config.kind.to_ascii_uppercase())
-            .ok_or_else(|| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: format!(
-                    "unknown source kind {:?}; known: {:?}",
-                    config.kind,
-                    self.kinds()
-                ),
+            .ok_or_else(|| {
+                EngineError::source_failed(
+                    config.location.clone(),
+                    format!(
+                        "unknown source kind {:?}; known: {:?}",
+                        config.kind,
+                        self.kinds()
+                    ),
+                )
             })
     }
 }
@@ -508,12 +510,9 @@ impl SourceFactory for MemorySourceFactory {
 
     fn create(&self, config: &SourceConfig, _schema: SchemaRef) -> Result<Arc<dyn Source>> {
         let tables = self.tables.lock().expect("memory tables");
-        let src = tables
-            .get(&config.location)
-            .ok_or_else(|| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: "no in-memory table of that name".into(),
-            })?;
+        let src = tables.get(&config.location).ok_or_else(|| {
+            EngineError::source_failed(config.location.clone(), "no in-memory table of that name")
+        })?;
         Ok(src.clone())
     }
 }

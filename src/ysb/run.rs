@@ -240,9 +240,9 @@ impl DrainCheck for DrainedTest<'_> {
         _epoch: u64,
         outcome: EpochOutcome,
     ) -> skein_engine::error::Result<bool> {
-        self.test(outcome)
-            .await
-            .map_err(|e| skein_engine::error::EngineError::Context(format!("{e:#}")))
+        self.test(outcome).await.map_err(|e| {
+            skein_engine::error::EngineError::Context(skein_engine::error::one_line(e.as_ref()))
+        })
     }
 }
 

@@ -44,7 +44,7 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use redis::aio::MultiplexedConnection;
-use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
 use skein_engine::planner::{EMIT_OPTION, EMIT_UPDATES};
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
@@ -53,7 +53,7 @@ use tracing::debug;
 pub use super::conn::REDIS_WAIT;
 use super::conn::{RETRY_OPTION, RedisConnection, connection_config, retry_timeout, url_of};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 pub const KIND: &str = "REDIS";
 
@@ -151,8 +151,9 @@ pub struct RedisSinkConfig {
 impl RedisSinkConfig {
     pub fn from_sink_config(config: &SinkConfig) -> Result<Self> {
         let opt = |k: &str| config.options.get(k).cloned();
-        let need =
-            |k: &str| opt(k).ok_or_else(|| SinkError::Config(format!("option {k:?} is required")));
+        let need = |k: &str| {
+            opt(k).ok_or_else(|| ConnectorError::Config(format!("option {k:?} is required")))
+        };
         let layout = match opt("layout").as_deref().unwrap_or("string") {
             "string" => Layout::String {
                 value: need("value")?,
@@ -167,7 +168,7 @@ impl RedisSinkConfig {
                 count_column: opt("count.column").unwrap_or_else(|| "seen_count".into()),
             }),
             other => {
-                return Err(SinkError::Config(format!(
+                return Err(ConnectorError::Config(format!(
                     "layout {other:?}; known: string, hash, list, ysb"
                 )));
             }
@@ -176,7 +177,7 @@ impl RedisSinkConfig {
             && let Layout::String { .. } | Layout::Hash = layout
         {
             let name = opt("layout").unwrap_or_else(|| "string".into());
-            return Err(SinkError::Config(format!(
+            return Err(ConnectorError::Config(format!(
                 "layout {name:?} with 'emit' 'updates' would overwrite each epoch's partial result \
                  with the next: use layout 'list' or 'ysb', or drop 'emit' 'updates' to write whole windows"
             )));
@@ -192,7 +193,7 @@ impl RedisSinkConfig {
                     .ok()
                     .filter(|t| *t > 0)
                     .ok_or_else(|| {
-                        SinkError::Config(format!(
+                        ConnectorError::Config(format!(
                             "ttl.seconds = {v:?}: give whole seconds from 1 to {}",
                             i64::MAX
                         ))
@@ -215,10 +216,7 @@ impl RedisSinkConfig {
 pub fn check_config(config: &SinkConfig) -> EngineResult<()> {
     RedisSinkConfig::from_sink_config(config)
         .map(drop)
-        .map_err(|e| EngineError::Sink {
-            sink: format!("redis {}", config.location),
-            reason: e.to_string(),
-        })
+        .map_err(|e| e.for_sink(format!("redis {}", config.location)))
 }
 
 pub struct RedisSink {
@@ -328,7 +326,7 @@ impl RedisSink {
                 .collect::<std::result::Result<_, _>>()?;
             let column = |name: &str| -> Result<usize> {
                 write.schema.index_of(name).map_err(|_| {
-                    SinkError::Config(format!("no column {name:?} in the query's output"))
+                    ConnectorError::Config(format!("no column {name:?} in the query's output"))
                 })
             };
             for row in 0..batch.num_rows() {
@@ -403,7 +401,7 @@ impl RedisSink {
 fn ysb_counts(ysb: &YsbLayout, write: &SinkWrite<'_>) -> Result<WindowCounts> {
     let column = |name: &str| {
         write.schema.index_of(name).map_err(|_| {
-            SinkError::Config(format!(
+            ConnectorError::Config(format!(
                 "the YSB layout needs a column {name:?}; the query gives {:?}",
                 write
                     .schema
@@ -528,17 +526,16 @@ impl KeyTemplate {
         let mut columns = vec![];
         let mut rest = template;
         while let Some(open) = rest.find('{') {
-            let close = rest[open..]
-                .find('}')
-                .map(|c| open + c)
-                .ok_or_else(|| SinkError::Config(format!("key {template:?}: unclosed '{{'")))?;
+            let close = rest[open..].find('}').map(|c| open + c).ok_or_else(|| {
+                ConnectorError::Config(format!("key {template:?}: unclosed '{{'"))
+            })?;
             if open > 0 {
                 parts.push(KeyPart::Text(rest[..open].to_string()));
             }
             let name = &rest[open + 1..close];
-            let i = schema
-                .index_of(name)
-                .map_err(|_| SinkError::Config(format!("key {template:?}: no column {name:?}")))?;
+            let i = schema.index_of(name).map_err(|_| {
+                ConnectorError::Config(format!("key {template:?}: no column {name:?}"))
+            })?;
             parts.push(KeyPart::Column(i));
             columns.push(i);
             rest = &rest[close + 1..];
@@ -566,10 +563,7 @@ impl Sink for RedisSink {
     async fn write(&self, write: SinkWrite<'_>) -> EngineResult<()> {
         self.write_retrying(&write)
             .await
-            .map_err(|e| EngineError::Sink {
-                sink: self.config.url.clone(),
-                reason: e.to_string(),
-            })
+            .map_err(|e| e.for_sink(format!("redis {}", self.config.url)))
     }
 }
 
@@ -578,10 +572,7 @@ pub struct RedisSinkFactory;
 
 impl SinkFactory for RedisSinkFactory {
     fn create(&self, config: &SinkConfig) -> EngineResult<Arc<dyn Sink>> {
-        let err = |e: SinkError| EngineError::Sink {
-            sink: config.location.clone(),
-            reason: e.to_string(),
-        };
+        let err = |e: ConnectorError| e.for_sink(format!("redis {}", config.location));
         let c = RedisSinkConfig::from_sink_config(config).map_err(err)?;
         Ok(Arc::new(RedisSink::new(c).map_err(err)?))
     }

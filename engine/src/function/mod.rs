@@ -311,10 +311,10 @@ impl StageFunction {
         let response = match request {
             Request::Trigger(t) => self.run_source(t).await,
             Request::Data(p) => self.take_payload(*p).await,
-            other => Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: format!("a {} is not a stage request", other.kind()),
-            }),
+            other => Err(EngineError::invocation_failed(
+                self.name.clone(),
+                format!("a {} is not a stage request", other.kind()),
+            )),
         };
         self.save_tally().await;
         response

@@ -216,10 +216,10 @@ impl LookupHandle {
         }
         let found = self.lookup.get(&ask).await?;
         if found.len() != ask.len() {
-            return Err(EngineError::Source {
-                source_name: self.spec.table.clone(),
-                reason: format!("asked for {} keys, got {} answers", ask.len(), found.len()),
-            });
+            return Err(EngineError::source_failed(
+                self.spec.table.clone(),
+                format!("asked for {} keys, got {} answers", ask.len(), found.len()),
+            ));
         }
         let mut cache = self.cache.lock().expect("lookup cache");
         for (k, row) in ask.into_iter().zip(found) {
