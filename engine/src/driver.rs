@@ -118,20 +118,32 @@ pub async fn fire_epoch(
 /// The summary line of `skein run --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// The query's code.
     pub query_code: String,
+    /// How many stages ran.
     pub stages: usize,
+    /// How many functions ran.
     pub functions: usize,
+    /// How many epochs were fired.
     pub epochs: u64,
+    /// Function invocations, all stages.
     pub invocations: u64,
+    /// Bytes of payloads sent between functions.
     pub payload_bytes: u64,
+    /// Events the sources read.
     pub events: u64,
+    /// Wall time of the run, in seconds.
     pub elapsed_s: f64,
+    /// `events / elapsed_s`.
     pub events_per_s: f64,
+    /// Rows the query produced (collected results).
     pub result_rows: usize,
+    /// Whether the results matched a reference run, when one was asked for.
     pub verified: Option<bool>,
     /// Rows that came after their window was emitted (dropped or
     /// dead-lettered), in all and per source table.
     pub late_rows: u64,
+    /// Late rows, per source table.
     pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
     /// The committed epoch a checkpointed run resumed after, if any.
     pub resumed_after: Option<u64>,
@@ -160,6 +172,7 @@ pub async fn run_local(
     .await
 }
 
+/// Run a planned query in-process until `stop` says so, and report.
 pub async fn run_local_until(
     plan: &QueryPlan,
     runtime: &Arc<LocalRuntime>,

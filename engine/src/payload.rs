@@ -37,12 +37,16 @@ pub const MAX_DECODED_BYTES: usize = 256 * 1024 * 1024;
 /// more (`encode_payloads`), receivers refuse to accept more.
 pub const MAX_FRAGMENTS: u32 = 65_536;
 
+/// How a payload's Arrow data is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
+    /// zstd (the default).
     #[default]
     Zstd,
+    /// LZ4 block with its size prepended.
     Lz4,
+    /// Not compressed.
     None,
 }
 
@@ -63,16 +67,23 @@ impl std::str::FromStr for Encoding {
     }
 }
 
+/// Names the sending instance among its stage's instances.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PayloadId {
+    /// The query code.
     pub qid: String,
+    /// The sending instance.
     pub seq_num: u32,
+    /// How many instances its stage has.
     pub seq_len: u32,
 }
 
+/// Which fragment of one output this payload is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fragment {
+    /// This fragment's index.
     pub index: u32,
+    /// How many fragments the output has.
     pub count: u32,
 }
 
@@ -82,14 +93,19 @@ impl Default for Fragment {
     }
 }
 
+/// The envelope data travels in between functions (see the module).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Payload {
+    /// The sender.
     pub uuid: PayloadId,
+    /// Which fragment of the sender's output.
     #[serde(default)]
     pub fragment: Fragment,
+    /// The epoch.
     pub epoch: u64,
     /// The exchange edge this payload travels on (the upstream stage id).
     pub shuffle_id: u32,
+    /// How `data` is compressed.
     pub encoding: Encoding,
     /// Event-time watermark (ms since the epoch) of the sender, if any.
     #[serde(default)]
@@ -112,8 +128,11 @@ pub struct Payload {
 /// A position in a partitioned source, e.g. (topic, partition, next offset).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceOffset {
+    /// The source table.
     pub source: String,
+    /// The partition (shard).
     pub partition: i32,
+    /// The next offset to read.
     pub offset: i64,
     /// A position that is not a number: the last Kinesis sequence number
     /// read from a shard (`partition` is then the shard's number).
@@ -122,6 +141,7 @@ pub struct SourceOffset {
 }
 
 impl Payload {
+    /// The payload's id as one string, for errors and logs.
     pub fn uuid_string(&self) -> String {
         format!(
             "{}/{}/{}#{}.{}",
@@ -133,10 +153,12 @@ impl Payload {
         )
     }
 
+    /// The payload as JSON.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("payload serialises")
     }
 
+    /// A payload from JSON, checking its envelope only.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let p: Payload =
             serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.into()))?;
@@ -297,15 +319,25 @@ fn encode_piece(
 /// What every payload of one send has in common.
 #[derive(Debug, Clone)]
 pub struct PayloadHeader {
+    /// The query code.
     pub qid: String,
+    /// The sending instance.
     pub seq_num: u32,
+    /// How many instances its stage has.
     pub seq_len: u32,
+    /// The epoch.
     pub epoch: u64,
+    /// The sending stage (edge id).
     pub shuffle_id: u32,
+    /// How data is compressed.
     pub encoding: Encoding,
+    /// The sender's watermark.
     pub watermark: Option<i64>,
+    /// Every sender behind the watermark is idle.
     pub idle: bool,
+    /// The run's last epoch.
     pub last: bool,
+    /// Source offsets read up to.
     pub offsets: Vec<SourceOffset>,
 }
 

@@ -46,11 +46,15 @@ mod source_stage;
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
 pub struct FunctionEnv {
+    /// The source kinds a context can name.
     pub sources: SourceRegistry,
+    /// The sink kinds a context can name.
     pub sinks: SinkRegistry,
     /// Where spilled contexts live.
     pub store: Option<Arc<dyn ObjectStore>>,
+    /// Invokes the next hop's functions.
     pub invoker: Arc<dyn Invoker>,
+    /// The longest wait between retries of a throttled invocation.
     pub max_backoff: Duration,
     /// Where this process counts late rows.
     pub late: Arc<LateCounts>,
@@ -67,6 +71,7 @@ pub struct Response {
     /// Records a source pulled.
     #[serde(default)]
     pub events: u64,
+    /// Rows the function sent on.
     #[serde(default)]
     pub rows_out: u64,
     /// A source stage: every partition it reads reached the end it had when
@@ -90,6 +95,7 @@ pub struct LateCounts {
 }
 
 impl LateCounts {
+    /// Count `n` for `table`.
     pub fn add(&self, table: &str, n: u64) {
         *self
             .by_table
@@ -99,6 +105,7 @@ impl LateCounts {
             .or_default() += n;
     }
 
+    /// The counts, per table.
     pub fn by_table(&self) -> BTreeMap<String, u64> {
         self.by_table.lock().expect("late counts").clone()
     }
@@ -149,6 +156,8 @@ struct StageState {
     pushed: pushed::PushedLog,
 }
 
+/// The one generic function: built once per instance from its cloud
+/// context (the cold start), then serves triggers and payloads for its stage.
 pub struct StageFunction {
     ctx: CloudContext,
     name: String,
@@ -292,10 +301,12 @@ impl StageFunction {
         })
     }
 
+    /// This function's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The context it was built from.
     pub fn context(&self) -> &CloudContext {
         &self.ctx
     }

@@ -51,6 +51,7 @@ use window_edges::window_sizes;
 
 /// Concurrency of source functions: each trigger is independent.
 pub const STATELESS_CONCURRENCY: usize = 1000;
+/// Members of a function group when not given.
 pub const DEFAULT_GROUP_SIZE: usize = 8;
 
 /// How a stage's output leaves it.
@@ -65,6 +66,7 @@ pub enum Exchange {
     Sink,
 }
 
+/// What feeds a stage: sources, a hash exchange or a gathering one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StageKind {
@@ -76,29 +78,45 @@ pub enum StageKind {
     Single,
 }
 
+/// A source table a stage reads.
 #[derive(Debug, Clone)]
 pub struct SourceLeaf {
+    /// The table's name.
     pub table: String,
+    /// Its declaration.
     pub config: SourceConfig,
+    /// Its schema.
     pub schema: SchemaRef,
+    /// How many instances read it (its source's partitioning).
     pub parallelism: usize,
 }
 
+/// A piece of the plan one function (or group of them) runs.
 #[derive(Debug, Clone)]
 pub struct Stage {
+    /// The stage id, also the id of its output edge.
     pub id: u32,
+    /// What feeds it.
     pub kind: StageKind,
+    /// Its sub-plan, with leaves for its inputs.
     pub plan: Arc<dyn ExecutionPlan>,
+    /// How many functions run it.
     pub members: u32,
     /// Upstream stage ids and the exchange they send with.
     pub inputs: Vec<(u32, Exchange)>,
+    /// The source tables it reads.
     pub sources: Vec<SourceLeaf>,
+    /// How its output leaves it.
     pub output: Exchange,
     /// The stage that consumes this one's output (None for the sink stage).
     pub consumer: Option<u32>,
+    /// Whether it holds state across epochs.
     pub stateful: bool,
+    /// When it runs.
     pub mode: StageMode,
+    /// How many instances of each function may run at once.
     pub concurrency: usize,
+    /// The window column of each input edge, in input order.
     pub windows: Vec<Option<EdgeWindow>>,
     /// Per input edge: the source tables its rows come from.
     pub input_tables: Vec<Vec<SourceLeaf>>,
@@ -111,19 +129,30 @@ pub struct Stage {
 /// table: its id stays the edge id its consumer knows.
 #[derive(Debug, Clone)]
 pub struct MergedOutput {
+    /// The edge id its consumer knows.
     pub shuffle_id: u32,
+    /// Its sub-plan.
     pub plan: Arc<dyn ExecutionPlan>,
+    /// How it leaves.
     pub output: Exchange,
+    /// The stage it feeds, if not the sink.
     pub consumer: Option<u32>,
 }
 
+/// A query cut into stages: what `skein explain` prints and the backends deploy.
 #[derive(Debug, Clone)]
 pub struct QueryPlan {
+    /// The query text.
     pub sql: String,
+    /// Its code (see [`query_code`]).
     pub query_code: String,
+    /// Members of each function group.
     pub group_size: usize,
+    /// The stages, by id.
     pub stages: Vec<Stage>,
+    /// Where the results go.
     pub sink: SinkConfig,
+    /// The schema of the results.
     pub output_schema: SchemaRef,
     /// The logical plan of the query's result, for single-process checks.
     pub logical: LogicalPlan,
@@ -134,8 +163,11 @@ pub struct QueryPlan {
 /// Options of the planning session.
 #[derive(Debug, Clone)]
 pub struct PlanOptions {
+    /// Members of each function group.
     pub group_size: usize,
+    /// How payloads are compressed.
     pub encoding: Encoding,
+    /// Invoke the next hop asynchronously.
     pub invoke_async: bool,
     /// The run's lineage (see [`CloudContext::run`]).
     pub run: String,
@@ -204,6 +236,7 @@ pub fn split_statements(sql: &str) -> Vec<String> {
 
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
 pub const EMIT_OPTION: &str = "emit";
+/// The `emit` value that asks for updates every epoch.
 pub const EMIT_UPDATES: &str = "updates";
 
 /// Run the script's DDL in `ctx` and plan its one query into stages.
@@ -297,6 +330,7 @@ async fn sink_config_for(ctx: &SessionContext, table: &str) -> Result<SinkConfig
 }
 
 impl QueryPlan {
+    /// The stage with id `id`.
     pub fn stage(&self, id: u32) -> &Stage {
         self.stages
             .iter()
@@ -315,10 +349,12 @@ impl QueryPlan {
             .expect("edge id from this plan")
     }
 
+    /// The stages that read sources.
     pub fn source_stages(&self) -> impl Iterator<Item = &Stage> {
         self.stages.iter().filter(|s| s.kind == StageKind::Source)
     }
 
+    /// How many functions the query deploys.
     pub fn function_count(&self) -> usize {
         self.stages.iter().map(|s| s.members as usize).sum()
     }
