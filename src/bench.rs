@@ -341,7 +341,7 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
                 }
                 Err(e) => {
                     // One query that cannot run must not hide the others' figures.
-                    failure = Some(format!("{e:#}"));
+                    failure = Some(skein_engine::error::one_line(e.as_ref()));
                     break;
                 }
             }

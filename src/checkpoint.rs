@@ -47,7 +47,6 @@ pub async fn resume_from_sink(plan: &mut QueryPlan) -> Result<Vec<(String, Strin
                         skein_connectors::kafka::stored_offsets(&brokers, &offsets_topic, &c, &t)
                     })
                     .await?
-                    .map_err(anyhow::Error::msg)
                     .context("reading the Kafka sink's committed offsets")?
                 }
                 "REDIS" => {

@@ -190,7 +190,7 @@ pub async fn scratch(
     let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir)?);
     let cs = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
         .await
-        .map_err(anyhow::Error::msg)?;
+        .context("opening the scratch checkpoint store")?;
     options.run = cs.manifest().run.clone();
     options.checkpoint = Some(CheckpointSpec { interval: 1 });
     let cs = Arc::new(cs);

@@ -108,9 +108,12 @@ impl Deployment<'_> {
 impl Redeploy for Deployment<'_> {
     async fn redeploy(&self) -> skein_engine::Result<()> {
         let started = Instant::now();
-        self.deploy()
-            .await
-            .map_err(|e| skein_engine::EngineError::Context(format!("redeploying: {e:#}")))?;
+        self.deploy().await.map_err(|e| {
+            skein_engine::EngineError::Context(format!(
+                "redeploying: {}",
+                skein_engine::error::one_line(e.as_ref())
+            ))
+        })?;
         tracing::info!(
             secs = started.elapsed().as_secs_f64(),
             "every instance replaced"

@@ -68,9 +68,10 @@ enum Command {
 
 #[tokio::main]
 async fn main() {
-    // One line, whatever RUST_BACKTRACE says: the error and its causes.
+    // One line, whatever RUST_BACKTRACE says: the error and its causes, each
+    // once (an engine error prints its cause already).
     if let Err(e) = cli().await {
-        eprintln!("Error: {e:#}");
+        eprintln!("Error: {}", skein_engine::error::one_line(e.as_ref()));
         std::process::exit(1);
     }
 }

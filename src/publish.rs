@@ -161,9 +161,7 @@ impl Destination {
         .collect();
         Ok(match self {
             Destination::Kafka { brokers, topic } => {
-                skein_connectors::kafka::ensure_topic(brokers, topic, partitions, &[])
-                    .await
-                    .map_err(anyhow::Error::msg)?;
+                skein_connectors::kafka::ensure_topic(brokers, topic, partitions, &[]).await?;
                 Publisher::Kafka(KafkaSink::new(topic, &options)?)
             }
             Destination::Kinesis { stream } => {

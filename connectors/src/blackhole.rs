@@ -58,10 +58,10 @@ pub fn take(query: &str) -> Discarded {
 fn check_options(location: &str, options: &BTreeMap<String, String>) -> Result<()> {
     match options.keys().next() {
         None => Ok(()),
-        Some(option) => Err(EngineError::Sink {
-            sink: format!("blackhole {location}"),
-            reason: format!("unknown option {option:?}: a BLACKHOLE table takes no options"),
-        }),
+        Some(option) => Err(EngineError::sink_failed(
+            format!("blackhole {location}"),
+            format!("unknown option {option:?}: a BLACKHOLE table takes no options"),
+        )),
     }
 }
 

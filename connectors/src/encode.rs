@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::arrow::json::LineDelimitedWriter;
 use std::sync::Arc;
 
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 /// How a row's value is laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,7 +60,7 @@ impl RowEncoder {
                     .unwrap_or_else(|| "value".into()),
             },
             other => {
-                return Err(SinkError::Config(format!(
+                return Err(ConnectorError::Config(format!(
                     "format {other:?}: a message sink writes 'json' or 'raw'"
                 )));
             }
@@ -104,7 +104,7 @@ fn column<'a>(batch: &'a RecordBatch, name: &str, role: &str) -> Result<&'a Arra
             .iter()
             .map(|f| f.name().as_str())
             .collect();
-        SinkError::Config(format!(
+        ConnectorError::Config(format!(
             "{role} column {name:?} is not among the written columns {names:?}"
         ))
     })
@@ -132,7 +132,7 @@ fn bytes_column(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<u8>>> {
         | DataType::LargeBinary
         | DataType::BinaryView => cast(col, &DataType::Binary)?,
         other => {
-            return Err(SinkError::Config(format!(
+            return Err(ConnectorError::Config(format!(
                 "raw value column {name:?} is {other}; it must be a string or binary column"
             )));
         }
@@ -141,7 +141,7 @@ fn bytes_column(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<u8>>> {
     (0..bin.len())
         .map(|i| {
             if bin.is_null(i) {
-                Err(SinkError::Other(format!(
+                Err(ConnectorError::Other(format!(
                     "row {i}: the raw value column {name:?} is null"
                 )))
             } else {
@@ -167,7 +167,7 @@ fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         .map(<[u8]>::to_vec)
         .collect();
     if rows.len() != batch.num_rows() {
-        return Err(SinkError::Other(format!(
+        return Err(ConnectorError::Other(format!(
             "JSON encoding gave {} lines for {} rows",
             rows.len(),
             batch.num_rows()

@@ -24,9 +24,11 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::error::ArrowError;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
@@ -70,11 +72,8 @@ impl FileFormat {
     }
 }
 
-fn bad(location: &str, reason: impl std::fmt::Display) -> EngineError {
-    EngineError::Sink {
-        sink: location.to_string(),
-        reason: reason.to_string(),
-    }
+fn bad(location: &str, cause: impl Into<Cause>) -> EngineError {
+    EngineError::sink_failed(location, cause)
 }
 
 /// The options of a `STORED AS FILES` table: read by [`format_of`] and
@@ -229,7 +228,7 @@ impl Sink for FilesSink {
             self.store
                 .put(&Path::from(key.as_str()), bytes.into())
                 .await
-                .map_err(|e| bad(&self.location, format!("writing {key}: {e}")))?;
+                .map_err(|e| bad(&self.location, e).doing(format_args!("writing {key}")))?;
             written.push(key);
         }
         // Last, so that it names only objects already in place.
@@ -243,7 +242,7 @@ impl Sink for FilesSink {
         self.store
             .put(&marker, written.join("\n").into_bytes().into())
             .await
-            .map_err(|e| bad(&self.location, format!("writing {marker}: {e}")))?;
+            .map_err(|e| bad(&self.location, e).doing(format_args!("writing {marker}")))?;
         Ok(())
     }
 }
@@ -324,30 +323,30 @@ pub async fn read(
     for key in keys {
         let bytes = store.get(&key).await?.bytes().await?;
         let cursor = std::io::Cursor::new(bytes);
-        let reading = |e: &dyn std::fmt::Display| bad(location, format!("reading {key}: {e}"));
+        let reading = |e: ArrowError| bad(location, e).doing(format_args!("reading {key}"));
         match format {
             FileFormat::Json => {
                 let reader = datafusion::arrow::json::ReaderBuilder::new(schema.clone())
                     .build(cursor)
-                    .map_err(|e| reading(&e))?;
+                    .map_err(reading)?;
                 for b in reader {
-                    out.push(b.map_err(|e| reading(&e))?);
+                    out.push(b.map_err(reading)?);
                 }
             }
             FileFormat::Csv => {
                 let reader = datafusion::arrow::csv::ReaderBuilder::new(schema.clone())
                     .with_header(true)
                     .build(cursor)
-                    .map_err(|e| reading(&e))?;
+                    .map_err(reading)?;
                 for b in reader {
-                    out.push(b.map_err(|e| reading(&e))?);
+                    out.push(b.map_err(reading)?);
                 }
             }
             FileFormat::Arrow => {
                 let reader = datafusion::arrow::ipc::reader::StreamReader::try_new(cursor, None)
-                    .map_err(|e| reading(&e))?;
+                    .map_err(reading)?;
                 for b in reader {
-                    out.push(b.map_err(|e| reading(&e))?);
+                    out.push(b.map_err(reading)?);
                 }
             }
         }

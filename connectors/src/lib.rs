@@ -26,7 +26,6 @@ mod options;
 pub mod redis;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
-pub mod sink_error;
 pub mod sink_table;
 pub mod store;
 

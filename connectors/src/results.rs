@@ -20,6 +20,7 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
@@ -49,11 +50,8 @@ struct ResultsSink {
     prefix: String,
 }
 
-fn bad(location: &str, reason: impl std::fmt::Display) -> EngineError {
-    EngineError::Sink {
-        sink: location.to_string(),
-        reason: reason.to_string(),
-    }
+fn bad(location: &str, cause: impl Into<Cause>) -> EngineError {
+    EngineError::sink_failed(location, cause)
 }
 
 /// The store and the key prefix a location names.
@@ -121,7 +119,7 @@ pub async fn read(location: &str, query: &str) -> Result<Vec<RecordBatch>> {
     for key in keys {
         let bytes = store.get(&key).await?.bytes().await?;
         let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)
-            .map_err(|e| bad(location, format!("{key}: {e}")))?;
+            .map_err(|e| bad(location, e).doing(format_args!("reading {key}")))?;
         for b in reader {
             out.push(b?);
         }

@@ -64,9 +64,9 @@ impl Source for SinkTable {
     }
 
     async fn pull(&self, _spec: EpochSpec) -> EngineResult<MicroBatch> {
-        Err(EngineError::Source {
-            source_name: self.name.clone(),
-            reason: "a sink table can be written (INSERT INTO), not read".into(),
-        })
+        Err(EngineError::source_failed(
+            self.name.clone(),
+            "a sink table can be written (INSERT INTO), not read",
+        ))
     }
 }

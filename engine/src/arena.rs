@@ -27,13 +27,16 @@ pub enum Collected {
 /// All input of one epoch at one member.
 #[derive(Debug, Default)]
 pub struct EpochInput {
+    /// The epoch this input belongs to.
     pub epoch: u64,
     /// Batches per input edge.
     pub edges: BTreeMap<u32, Vec<RecordBatch>>,
     /// The lowest watermark among the senders that are not idle: every one
     /// of them has passed it (see [`WatermarkMin`]).
     pub watermark: Watermark,
+    /// The driver marked this epoch the run's last: flush every window.
     pub last: bool,
+    /// Source offsets the senders read up to, passed on to the sink.
     pub offsets: Vec<SourceOffset>,
 }
 
@@ -85,6 +88,8 @@ struct Slot {
     offsets: Vec<SourceOffset>,
 }
 
+/// Collects the payloads of each epoch from every sender on every input
+/// edge, until the epoch is complete.
 #[derive(Debug)]
 pub struct Arena {
     stage: String,

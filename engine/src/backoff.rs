@@ -5,6 +5,8 @@
 use rand::Rng;
 use std::time::Duration;
 
+/// Truncated linear backoff with jitter (see the module), for retrying
+/// throttled invocations.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     failures: u32,
@@ -12,6 +14,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// A backoff whose delays grow up to `max`.
     pub fn new(max: Duration) -> Self {
         Backoff { failures: 0, max }
     }
@@ -29,10 +32,12 @@ impl Backoff {
         linear.min(self.max)
     }
 
+    /// Start again from the shortest delay, after a success.
     pub fn reset(&mut self) {
         self.failures = 0;
     }
 
+    /// How many delays were taken since the last reset.
     pub fn failures(&self) -> u32 {
         self.failures
     }

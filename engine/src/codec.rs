@@ -24,6 +24,8 @@ use crate::source::SourceRegistry;
 /// the registry of table kinds.
 #[derive(Default)]
 pub struct SkeinCodec {
+    /// Reopens the sources and lookups a plan names; without it, they
+    /// decode unopened.
     pub registry: Option<SourceRegistry>,
 }
 
@@ -48,10 +50,12 @@ enum EncodedNode {
     },
 }
 
+/// A schema as an Arrow IPC schema message.
 pub fn schema_to_bytes(schema: &SchemaRef) -> DfResult<Vec<u8>> {
     ipc_bytes(schema, &[]).map_err(|e| DataFusionError::Internal(e.to_string()))
 }
 
+/// A schema from an Arrow IPC schema message.
 pub fn schema_from_bytes(bytes: &[u8]) -> DfResult<SchemaRef> {
     let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
     Ok(reader.schema())
@@ -120,10 +124,12 @@ impl PhysicalExtensionCodec for SkeinCodec {
     }
 }
 
+/// A stage's sub-plan as datafusion-proto bytes, with our nodes.
 pub fn plan_to_bytes(plan: Arc<dyn ExecutionPlan>) -> DfResult<Vec<u8>> {
     Ok(physical_plan_to_bytes_with_extension_codec(plan, &SkeinCodec::default())?.to_vec())
 }
 
+/// A stage's sub-plan back from datafusion-proto bytes.
 pub fn plan_from_bytes(
     bytes: &[u8],
     ctx: &TaskContext,

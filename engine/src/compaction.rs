@@ -46,6 +46,7 @@ impl Compactor {
         held_batches > MERGE_AT_BATCHES
     }
 
+    /// The input edge this compactor merges.
     pub fn edge(&self) -> u32 {
         self.edge
     }

@@ -44,9 +44,17 @@ pub enum StageMode {
 #[serde(rename_all = "snake_case")]
 pub enum NextHop {
     /// Hash-partitioned over a group; partition i goes to ring member i.
-    Group { stage: u32, members: u32 },
+    Group {
+        /// The stage of the group.
+        stage: u32,
+        /// How many members it has.
+        members: u32,
+    },
     /// Everything to one function.
-    Single { stage: u32 },
+    Single {
+        /// That function's stage.
+        stage: u32,
+    },
     /// The query's sink.
     Sink(SinkConfig),
 }
@@ -54,7 +62,9 @@ pub enum NextHop {
 /// One source table read by a source stage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceBinding {
+    /// The table's name in the query.
     pub table: String,
+    /// How to open the table's source.
     pub config: SourceConfig,
     /// The table's declared schema, as an Arrow IPC schema message.
     #[serde(with = "b64_bytes")]
@@ -64,6 +74,7 @@ pub struct SourceBinding {
 /// An input edge of a stage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputEdge {
+    /// The edge id: the stage that sends on it.
     pub shuffle_id: u32,
     /// How many upstream instances send on this edge (seq_len).
     pub senders: u32,
@@ -84,8 +95,10 @@ pub struct InputEdge {
 pub struct ExtraOutput {
     /// The edge id its payloads carry (what its consumer's leaf names).
     pub shuffle_id: u32,
+    /// The output's sub-plan, serialized with datafusion-proto.
     #[serde(with = "b64_bytes")]
     pub plan: Vec<u8>,
+    /// Where the output goes.
     pub next: NextHop,
 }
 
@@ -101,24 +114,34 @@ pub enum EdgeWindow {
     SessionStarts,
 }
 
+/// Everything one function needs to run its part of a query: what it runs,
+/// what it reads and where its output goes. It travels in the function's
+/// environment (see the module).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CloudContext {
     /// Hash digest of the query text.
     pub query_code: String,
+    /// The stage this function runs.
     pub stage: u32,
+    /// Which member of the stage it is.
     pub member: u32,
     /// How many functions run this stage.
     pub members: u32,
+    /// When the stage runs: each epoch, or on closed windows.
     pub mode: StageMode,
     /// The stage's sub-plan, serialized with datafusion-proto.
     #[serde(with = "b64_bytes")]
     pub plan: Vec<u8>,
+    /// The exchange edges it receives payloads on.
     pub inputs: Vec<InputEdge>,
+    /// The source tables it reads (source stages).
     pub sources: Vec<SourceBinding>,
+    /// Where its output goes.
     pub next: NextHop,
     /// Source stages: more outputs from the same read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_outputs: Vec<ExtraOutput>,
+    /// How payloads it sends are compressed.
     pub encoding: Encoding,
     /// Call the next hop asynchronously (Event) rather than synchronously.
     pub invoke_async: bool,
@@ -143,15 +166,18 @@ pub struct CheckpointSpec {
     pub interval: u64,
 }
 
+/// The function name of a stage member: `<query-code>-<stage:02>-<member:02>`.
 pub fn function_name(query_code: &str, stage: u32, member: u32) -> String {
     format!("{query_code}-{stage:02}-{member:02}")
 }
 
 impl CloudContext {
+    /// This function's name.
     pub fn function_name(&self) -> String {
         function_name(&self.query_code, self.stage, self.member)
     }
 
+    /// This stage's name, `<query-code>-<stage:02>`.
     pub fn stage_name(&self) -> String {
         format!("{}-{:02}", self.query_code, self.stage)
     }
@@ -162,6 +188,8 @@ impl CloudContext {
         B64.encode(zstd::bulk::compress(&json, 9).expect("zstd of memory"))
     }
 
+    /// A context from its encoded text: base64 of zstd of JSON (see the
+    /// module).
     pub fn decode(text: &str) -> Result<Self> {
         let bad = |what: &str, e: String| EngineError::Context(format!("{what}: {e}"));
         let bytes = B64

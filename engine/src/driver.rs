@@ -94,9 +94,11 @@ pub async fn fire_epoch(
                     100,
                 )
                 .await?;
-                serde_json::from_slice::<Response>(&answer).map_err(|e| EngineError::Invocation {
-                    name: name.clone(),
-                    reason: format!("answer is not a response: {e}"),
+                serde_json::from_slice::<Response>(&answer).map_err(|e| {
+                    EngineError::invocation_failed(
+                        name.clone(),
+                        format!("answer is not a response: {e}"),
+                    )
                 })
             }
         });
@@ -116,20 +118,32 @@ pub async fn fire_epoch(
 /// The summary line of `skein run --json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// The query's code.
     pub query_code: String,
+    /// How many stages ran.
     pub stages: usize,
+    /// How many functions ran.
     pub functions: usize,
+    /// How many epochs were fired.
     pub epochs: u64,
+    /// Function invocations, all stages.
     pub invocations: u64,
+    /// Bytes of payloads sent between functions.
     pub payload_bytes: u64,
+    /// Events the sources read.
     pub events: u64,
+    /// Wall time of the run, in seconds.
     pub elapsed_s: f64,
+    /// `events / elapsed_s`.
     pub events_per_s: f64,
+    /// Rows the query produced (collected results).
     pub result_rows: usize,
+    /// Whether the results matched a reference run, when one was asked for.
     pub verified: Option<bool>,
     /// Rows that came after their window was emitted (dropped or
     /// dead-lettered), in all and per source table.
     pub late_rows: u64,
+    /// Late rows, per source table.
     pub late_rows_by_table: std::collections::BTreeMap<String, u64>,
     /// The committed epoch a checkpointed run resumed after, if any.
     pub resumed_after: Option<u64>,
@@ -158,6 +172,7 @@ pub async fn run_local(
     .await
 }
 
+/// Run a planned query in-process until `stop` says so, and report.
 pub async fn run_local_until(
     plan: &QueryPlan,
     runtime: &Arc<LocalRuntime>,
@@ -212,14 +227,14 @@ pub async fn run_local_drained_by<'a>(
     }
     let failed = runtime.dead_letters();
     if !failed.is_empty() {
-        return Err(EngineError::Invocation {
-            name: failed[0].function.clone(),
-            reason: format!(
+        return Err(EngineError::invocation_failed(
+            failed[0].function.clone(),
+            format!(
                 "{} async invocations failed; first: {}",
                 failed.len(),
                 failed[0].error
             ),
-        });
+        ));
     }
     Ok(RunReport {
         query_code: plan.query_code.clone(),
@@ -266,10 +281,10 @@ impl EpochRuntime for LocalEpochs<'_> {
     async fn check_complete(&self, epoch: u64) -> Result<()> {
         let failed = self.runtime.dead_letters();
         if let Some(first) = failed.get(self.failed_before) {
-            return Err(EngineError::Invocation {
-                name: first.function.clone(),
-                reason: format!("epoch {epoch} is not committed: {}", first.error),
-            });
+            return Err(EngineError::invocation_failed(
+                first.function.clone(),
+                format!("epoch {epoch} is not committed: {}", first.error),
+            ));
         }
         let pending = self.runtime.pending().await;
         if !pending.is_empty() {

@@ -35,19 +35,26 @@ pub enum StopAfter {
     /// source is exhausted for good), then one last epoch that flushes all
     /// state. A live source that is merely quiet does not end the run.
     Duration {
+        /// How long the run fires epochs.
         duration: Duration,
+        /// The time between epochs.
         interval: Duration,
     },
     /// Fire an epoch every `interval` until every source partition has
     /// reached the end it had when the run started, then one last epoch.
-    Drained { interval: Duration },
+    Drained {
+        /// The time between epochs.
+        interval: Duration,
+    },
     /// A standing query: fire an epoch every `interval` until `signal` is
     /// raised, then finish the epoch in flight and commit it without
     /// flushing open windows (a restart resumes them from the checkpoint).
     /// Without a checkpoint store nothing could resume them, so that epoch
     /// is the last and flushes, as at the end of a `Duration` run.
     Signalled {
+        /// The time between epochs.
         interval: Duration,
+        /// Raised to stop the query.
         signal: StopSignal,
     },
 }
@@ -107,12 +114,14 @@ pub fn stop_signal() -> (StopHandle, StopSignal) {
 }
 
 impl StopHandle {
+    /// Raise the signal: the run stops after the epoch in flight.
     pub fn stop(&self) {
         self.0.send_replace(true);
     }
 }
 
 impl StopSignal {
+    /// Whether the signal was raised.
     pub fn is_raised(&self) -> bool {
         *self.0.borrow()
     }
@@ -131,6 +140,7 @@ impl StopSignal {
 /// move while the run goes on.
 #[async_trait]
 pub trait DrainCheck: Send {
+    /// Whether the run has drained after `epoch`, given its outcome.
     async fn drained(&mut self, epoch: u64, outcome: EpochOutcome) -> Result<bool>;
 }
 

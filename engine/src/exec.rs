@@ -63,12 +63,16 @@ macro_rules! leaf_node_methods {
 /// A streaming table: a declared schema and the source that fills it.
 #[derive(Debug)]
 pub struct SourceTable {
+    /// The table's name.
     pub name: String,
+    /// The table's declaration.
     pub config: SourceConfig,
+    /// The source it reads.
     pub source: Arc<dyn Source>,
 }
 
 impl SourceTable {
+    /// A table reading `source`.
     pub fn new(name: impl Into<String>, config: SourceConfig, source: Arc<dyn Source>) -> Self {
         SourceTable {
             name: name.into(),
@@ -108,6 +112,7 @@ impl TableProvider for SourceTable {
 /// for every kind in the registry.
 #[derive(Clone)]
 pub struct SourceTableFactory {
+    /// The source kinds tables can be declared with.
     pub registry: SourceRegistry,
 }
 
@@ -195,15 +200,20 @@ pub(crate) fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanP
 /// it with a [`StageInputExec`] fed per epoch.
 #[derive(Debug)]
 pub struct SourceScanExec {
+    /// The table scanned.
     pub table: String,
+    /// The table's declaration.
     pub config: SourceConfig,
+    /// The source it reads.
     pub source: Arc<dyn Source>,
+    /// The columns scanned, if not all.
     pub projection: Option<Vec<usize>>,
     schema: SchemaRef,
     props: Arc<PlanProperties>,
 }
 
 impl SourceScanExec {
+    /// A scan of `source` with one partition per source instance.
     pub fn new(
         table: String,
         config: SourceConfig,
@@ -285,17 +295,23 @@ impl ExecutionPlan for SourceScanExec {
 pub enum StageInput {
     /// The micro-batch a source instance pulls for its table.
     Source {
+        /// The table.
         table: String,
+        /// The columns read, if not all.
         projection: Option<Vec<usize>>,
     },
     /// Payloads that arrive on exchange edge `shuffle_id`.
-    Shuffle { shuffle_id: u32 },
+    Shuffle {
+        /// The edge id: the sending stage.
+        shuffle_id: u32,
+    },
 }
 
 /// A leaf that stands for a stage's input. Before running, the function
 /// binds it to the batches of the epoch ([`StageInputExec::bind`]).
 #[derive(Debug)]
 pub struct StageInputExec {
+    /// What the leaf stands for.
     pub input: StageInput,
     schema: SchemaRef,
     bound: Option<Vec<datafusion::arrow::record_batch::RecordBatch>>,
@@ -303,6 +319,7 @@ pub struct StageInputExec {
 }
 
 impl StageInputExec {
+    /// A leaf for `input`, producing `schema`.
     pub fn new(input: StageInput, schema: SchemaRef) -> Self {
         let props = leaf_properties(schema.clone(), 1);
         StageInputExec {
@@ -313,6 +330,7 @@ impl StageInputExec {
         }
     }
 
+    /// This leaf with `batches` as its output for one run.
     pub fn bind(&self, batches: Vec<datafusion::arrow::record_batch::RecordBatch>) -> Self {
         StageInputExec {
             input: self.input.clone(),
@@ -364,6 +382,7 @@ pub fn as_stage_input(plan: &Arc<dyn ExecutionPlan>) -> Option<&StageInputExec> 
     plan.downcast_ref::<StageInputExec>()
 }
 
+/// The source scan `plan` is, if it is one.
 pub fn as_source_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<&SourceScanExec> {
     plan.downcast_ref::<SourceScanExec>()
 }

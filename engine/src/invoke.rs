@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::backoff::Backoff;
 use crate::error::{EngineError, Result};
 
+/// How a function is called: waiting for its answer, or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InvocationType {
     /// Wait for the function's answer (Lambda `RequestResponse`).
@@ -18,6 +19,7 @@ pub enum InvocationType {
     Async,
 }
 
+/// Calls a function by name: Lambda's Invoke, or the in-process runtime.
 #[async_trait]
 pub trait Invoker: Send + Sync {
     /// Invoke `function` with a JSON payload. A sync call returns the
@@ -30,21 +32,27 @@ pub trait Invoker: Send + Sync {
     ) -> Result<Vec<u8>>;
 }
 
+/// A function to deploy: its name and environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FunctionSpec {
+    /// The function's name.
     pub name: String,
+    /// Its environment variables (the cloud context among them).
     pub environment: BTreeMap<String, String>,
     /// Reserved concurrency: how many invocations may run at once.
     pub concurrency: usize,
 }
 
+/// Deploys and removes functions: what a backend implements besides invoking.
 #[async_trait]
 pub trait FunctionService: Send + Sync {
     /// Create the function, or update its environment if it exists.
     async fn create(&self, spec: FunctionSpec) -> Result<()>;
+    /// Limit how many instances of `name` run at once.
     async fn set_concurrency(&self, name: &str, concurrency: usize) -> Result<()>;
     /// Names of the functions whose name starts with `prefix`.
     async fn list(&self, prefix: &str) -> Result<Vec<String>>;
+    /// Remove the function `name`.
     async fn delete(&self, name: &str) -> Result<()>;
 }
 

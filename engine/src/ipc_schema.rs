@@ -15,6 +15,8 @@ use datafusion::arrow::ipc;
 /// Nesting deeper than this is refused (recursion depth).
 const MAX_DEPTH: usize = 32;
 
+/// A schema from a flatbuffer IPC schema message, refusing what the
+/// checked decoder does not read.
 pub fn schema_from_fb(fb: ipc::Schema) -> Result<SchemaRef, String> {
     if fb.endianness() != ipc::Endianness::Little {
         return Err("big-endian schema".into());

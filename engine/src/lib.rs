@@ -10,6 +10,8 @@
 //! * [`watermark`] is event time at the sources; [`window_state`] holds the
 //!   open windows of a stage.
 
+#![warn(missing_docs)]
+
 pub mod admit;
 pub mod arena;
 pub mod backoff;

@@ -23,9 +23,13 @@ use crate::source::SourceRegistry;
 /// Counters of one runtime.
 #[derive(Debug, Default)]
 pub struct RuntimeStats {
+    /// Invocations made.
     pub invocations: AtomicU64,
+    /// Bytes of payloads sent.
     pub payload_bytes: AtomicU64,
+    /// Function instances built (cold starts).
     pub cold_starts: AtomicU64,
+    /// Asynchronous invocations that failed after their retries.
     pub failed_async: AtomicU64,
     /// Each invocation's handler time rounded up to the millisecond, summed:
     /// what Lambda would bill as duration (waits on synchronous callees included).
@@ -42,7 +46,9 @@ struct LocalFunction {
 /// Async invocations that failed every attempt: the dead-letter list.
 #[derive(Debug, Clone)]
 pub struct FailedInvocation {
+    /// The function invoked.
     pub function: String,
+    /// Its error.
     pub error: String,
 }
 
@@ -62,6 +68,8 @@ pub struct Faults {
     pub recycle_probability: f64,
 }
 
+/// Runs a query's functions in-process, invoking them as Lambda would, for
+/// local runs and tests.
 pub struct LocalRuntime {
     me: Weak<LocalRuntime>,
     faults: std::sync::Mutex<Faults>,
@@ -83,6 +91,7 @@ pub struct LocalRuntime {
 }
 
 impl LocalRuntime {
+    /// A runtime over `store`, with the given source and sink kinds.
     pub fn new(
         sources: SourceRegistry,
         sinks: SinkRegistry,
@@ -120,6 +129,7 @@ impl LocalRuntime {
         *self.checkpoints.lock().expect("checkpoints") = store;
     }
 
+    /// The checkpoint store, when the run keeps checkpoints.
     pub fn checkpoints(&self) -> Option<Arc<CheckpointStore>> {
         self.checkpoints.lock().expect("checkpoints").clone()
     }
@@ -147,6 +157,7 @@ impl LocalRuntime {
         *self.faults.lock().expect("faults") = faults;
     }
 
+    /// What the runtime counted.
     pub fn stats(&self) -> &RuntimeStats {
         &self.stats
     }
@@ -156,10 +167,12 @@ impl LocalRuntime {
         self.late.by_table()
     }
 
+    /// The object store contexts and checkpoints go to.
     pub fn store(&self) -> Arc<dyn object_store::ObjectStore> {
         self.store.clone()
     }
 
+    /// Asynchronous invocations that failed for good.
     pub fn dead_letters(&self) -> Vec<FailedInvocation> {
         self.dead_letters.lock().expect("dead letters").clone()
     }

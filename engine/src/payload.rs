@@ -37,37 +37,53 @@ pub const MAX_DECODED_BYTES: usize = 256 * 1024 * 1024;
 /// more (`encode_payloads`), receivers refuse to accept more.
 pub const MAX_FRAGMENTS: u32 = 65_536;
 
+/// How a payload's Arrow data is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Encoding {
+    /// zstd (the default).
     #[default]
     Zstd,
+    /// LZ4 block with its size prepended.
     Lz4,
+    /// Not compressed.
     None,
 }
 
+/// A payload encoding name that is not one of ours.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown encoding {0:?} (zstd, lz4, none)")]
+pub struct UnknownEncoding(String);
+
 impl std::str::FromStr for Encoding {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownEncoding;
+    fn from_str(s: &str) -> Result<Self, UnknownEncoding> {
         match s {
             "zstd" => Ok(Encoding::Zstd),
             "lz4" => Ok(Encoding::Lz4),
             "none" => Ok(Encoding::None),
-            other => Err(format!("unknown encoding {other:?} (zstd, lz4, none)")),
+            other => Err(UnknownEncoding(other.to_string())),
         }
     }
 }
 
+/// Names the sending instance among its stage's instances.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PayloadId {
+    /// The query code.
     pub qid: String,
+    /// The sending instance.
     pub seq_num: u32,
+    /// How many instances its stage has.
     pub seq_len: u32,
 }
 
+/// Which fragment of one output this payload is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fragment {
+    /// This fragment's index.
     pub index: u32,
+    /// How many fragments the output has.
     pub count: u32,
 }
 
@@ -77,14 +93,19 @@ impl Default for Fragment {
     }
 }
 
+/// The envelope data travels in between functions (see the module).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Payload {
+    /// The sender.
     pub uuid: PayloadId,
+    /// Which fragment of the sender's output.
     #[serde(default)]
     pub fragment: Fragment,
+    /// The epoch.
     pub epoch: u64,
     /// The exchange edge this payload travels on (the upstream stage id).
     pub shuffle_id: u32,
+    /// How `data` is compressed.
     pub encoding: Encoding,
     /// Event-time watermark (ms since the epoch) of the sender, if any.
     #[serde(default)]
@@ -107,8 +128,11 @@ pub struct Payload {
 /// A position in a partitioned source, e.g. (topic, partition, next offset).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceOffset {
+    /// The source table.
     pub source: String,
+    /// The partition (shard).
     pub partition: i32,
+    /// The next offset to read.
     pub offset: i64,
     /// A position that is not a number: the last Kinesis sequence number
     /// read from a shard (`partition` is then the shard's number).
@@ -117,6 +141,7 @@ pub struct SourceOffset {
 }
 
 impl Payload {
+    /// The payload's id as one string, for errors and logs.
     pub fn uuid_string(&self) -> String {
         format!(
             "{}/{}/{}#{}.{}",
@@ -128,13 +153,15 @@ impl Payload {
         )
     }
 
+    /// The payload as JSON.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("payload serialises")
     }
 
+    /// A payload from JSON, checking its envelope only.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
         let p: Payload =
-            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.to_string()))?;
+            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.into()))?;
         Ok(p)
     }
 
@@ -215,14 +242,27 @@ fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Why a compressed frame of a payload does not decompress.
+#[derive(Debug, thiserror::Error)]
+enum FrameError {
+    #[error("frame claims {0} bytes, above the cap of {MAX_DECODED_BYTES}")]
+    TooLarge(u64),
+    #[error("zstd frame without content size")]
+    NoContentSize,
+    #[error("no zstd frame header")]
+    NotZstd,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lz4(#[from] lz4_flex::block::DecompressError),
+}
+
 /// Decompress at most [`MAX_DECODED_BYTES`]: the size a frame claims is
 /// checked before anything is allocated for it.
-fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, String> {
+fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, FrameError> {
     let check = |size: u64| {
         if size > MAX_DECODED_BYTES as u64 {
-            Err(format!(
-                "frame claims {size} bytes, above the cap of {MAX_DECODED_BYTES}"
-            ))
+            Err(FrameError::TooLarge(size))
         } else {
             Ok(size as usize)
         }
@@ -231,16 +271,15 @@ fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, S
         Encoding::None => Ok(data.to_vec()),
         Encoding::Zstd => {
             let size = zstd::zstd_safe::get_frame_content_size(data)
-                .map_err(|e| format!("{e:?}"))?
-                .ok_or("zstd frame without content size")?;
+                .map_err(|_| FrameError::NotZstd)?
+                .ok_or(FrameError::NoContentSize)?;
             // The output buffer is the claimed size: a frame that lies
             // about it fails instead of growing it.
-            zstd::bulk::decompress(data, check(size)?).map_err(|e| e.to_string())
+            Ok(zstd::bulk::decompress(data, check(size)?)?)
         }
         Encoding::Lz4 => {
-            let (size, rest) =
-                lz4_flex::block::uncompressed_size(data).map_err(|e| e.to_string())?;
-            lz4_flex::block::decompress(rest, check(size as u64)?).map_err(|e| e.to_string())
+            let (size, rest) = lz4_flex::block::uncompressed_size(data)?;
+            Ok(lz4_flex::block::decompress(rest, check(size as u64)?)?)
         }
     }
 }
@@ -249,14 +288,11 @@ fn decompress(encoding: Encoding, data: &[u8]) -> std::result::Result<Vec<u8>, S
 pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     {
-        let mut w = StreamWriter::try_new(&mut buf, schema)
-            .map_err(|e| EngineError::Context(e.to_string()))?;
+        let mut w = StreamWriter::try_new(&mut buf, schema)?;
         for b in batches {
-            w.write(b)
-                .map_err(|e| EngineError::Context(e.to_string()))?;
+            w.write(b)?;
         }
-        w.finish()
-            .map_err(|e| EngineError::Context(e.to_string()))?;
+        w.finish()?;
     }
     Ok(buf)
 }
@@ -283,15 +319,25 @@ fn encode_piece(
 /// What every payload of one send has in common.
 #[derive(Debug, Clone)]
 pub struct PayloadHeader {
+    /// The query code.
     pub qid: String,
+    /// The sending instance.
     pub seq_num: u32,
+    /// How many instances its stage has.
     pub seq_len: u32,
+    /// The epoch.
     pub epoch: u64,
+    /// The sending stage (edge id).
     pub shuffle_id: u32,
+    /// How data is compressed.
     pub encoding: Encoding,
+    /// The sender's watermark.
     pub watermark: Option<i64>,
+    /// Every sender behind the watermark is idle.
     pub idle: bool,
+    /// The run's last epoch.
     pub last: bool,
+    /// Source offsets read up to.
     pub offsets: Vec<SourceOffset>,
 }
 

@@ -20,6 +20,7 @@ pub const EXCHANGE_KEY: &str = "exchange";
 /// The top-level key of a standing query's driver tick.
 pub const DRIVE_KEY: &str = "drive";
 
+/// What a function is asked to do; parsed once from the invocation's JSON.
 #[derive(Debug, Clone)]
 pub enum Request {
     /// Run a source stage for one epoch: `{"trigger": {...}}`.
@@ -40,6 +41,7 @@ pub enum Request {
     Drive(Drive),
 }
 
+/// Ask a standing driver function to run one tick of its query.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Drive {
@@ -47,10 +49,14 @@ pub struct Drive {
     pub query: String,
 }
 
+/// Ask a source stage to pull and run one epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trigger {
+    /// The query code, checked against the function's.
     pub qid: String,
+    /// The epoch.
     pub epoch: u64,
+    /// The run's last epoch: flush.
     pub last: bool,
 }
 
@@ -65,12 +71,14 @@ pub struct Probe {
 }
 
 fn bad(reason: String) -> EngineError {
-    EngineError::BadEnvelope(reason)
+    EngineError::BadEnvelope(reason.into())
 }
 
 impl Request {
+    /// A request from an invocation's JSON.
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| EngineError::BadEnvelope(e.into()))?;
         Self::from_value(value)
     }
 
@@ -117,6 +125,7 @@ impl Request {
         )))
     }
 
+    /// The request as JSON.
     pub fn to_json(&self) -> Vec<u8> {
         let value = match self {
             // Data payloads travel as the bare envelope.
@@ -161,6 +170,7 @@ impl Probe {
     }
 }
 
+/// What kind of JSON value `value` is, for errors.
 pub fn json_kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",

@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 
 const VIRTUAL_NODES: u32 = 64;
 
+/// The consistent-hash ring that assigns hash partitions to the members of a group.
 #[derive(Debug, Clone)]
 pub struct HashRing {
     /// (point on the ring, member), sorted by point.
@@ -20,6 +21,7 @@ fn point(bytes: &[u8]) -> u64 {
 }
 
 impl HashRing {
+    /// A ring over `members` members.
     pub fn new(members: usize) -> Self {
         let members = members.max(1);
         let mut points = Vec::with_capacity(members * VIRTUAL_NODES as usize);
@@ -32,6 +34,7 @@ impl HashRing {
         HashRing { points, members }
     }
 
+    /// How many members it has.
     pub fn members(&self) -> usize {
         self.members
     }

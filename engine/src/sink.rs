@@ -13,15 +13,20 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 
+/// A sink as a table declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SinkConfig {
+    /// The sink kind (`STORED AS`).
     pub kind: String,
+    /// Its location (`LOCATION`).
     pub location: String,
+    /// Its options.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
 }
 
 impl SinkConfig {
+    /// The in-memory collector named `name` (results of a plain SELECT).
     pub fn collect(name: &str) -> Self {
         SinkConfig {
             kind: "COLLECT".into(),
@@ -35,37 +40,52 @@ impl SinkConfig {
 /// member)` identifies it, so a sink can make a replay idempotent.
 #[derive(Debug)]
 pub struct SinkWrite<'a> {
+    /// The query code.
     pub query: &'a str,
     /// The run's lineage (see `CloudContext::run`): a sink keys what it
     /// remembers of written epochs by (run, member), never by query alone.
     pub run: &'a str,
+    /// The epoch.
     pub epoch: u64,
+    /// The stage member writing.
     pub member: u32,
+    /// The schema of the batches.
     pub schema: SchemaRef,
+    /// The rows.
     pub batches: Vec<RecordBatch>,
+    /// Source offsets read up to, for sinks that store them with the rows.
     pub offsets: Vec<SourceOffset>,
+    /// The run's last epoch.
     pub last: bool,
 }
 
+/// Where a query's results go; connectors implement it.
 #[async_trait]
 pub trait Sink: Send + Sync {
+    /// Write one member's output of one epoch; in an exactly-once sink a
+    /// replay of the same write changes nothing.
     async fn write(&self, write: SinkWrite<'_>) -> Result<()>;
 }
 
+/// Builds sinks of one kind from their config.
 pub trait SinkFactory: Send + Sync {
+    /// A sink for `config`.
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>>;
 }
 
+/// The sink kinds a binary knows, by kind name.
 #[derive(Clone, Default)]
 pub struct SinkRegistry {
     factories: HashMap<String, Arc<dyn SinkFactory>>,
 }
 
 impl SinkRegistry {
+    /// Register `factory` for `kind`.
     pub fn register(&mut self, kind: &str, factory: Arc<dyn SinkFactory>) {
         self.factories.insert(kind.to_ascii_uppercase(), factory);
     }
 
+    /// A sink for `config`, from its kind's factory.
     pub fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         let factory = self
             .factories
@@ -73,10 +93,10 @@ impl SinkRegistry {
             .ok_or_else(|| {
                 let mut known: Vec<&String> = self.factories.keys().collect();
                 known.sort();
-                EngineError::Sink {
-                    sink: config.location.clone(),
-                    reason: format!("unknown sink kind {:?}; known: {known:?}", config.kind),
-                }
+                EngineError::sink_failed(
+                    config.location.clone(),
+                    format!("unknown sink kind {:?}; known: {known:?}", config.kind),
+                )
             })?;
         factory.create(config)
     }
@@ -89,6 +109,7 @@ pub struct CollectSinkFactory {
 }
 
 impl CollectSinkFactory {
+    /// The collector named `name`, made on first use.
     pub fn sink(&self, name: &str) -> Arc<CollectSink> {
         self.results
             .lock()
@@ -105,6 +126,7 @@ impl SinkFactory for CollectSinkFactory {
     }
 }
 
+/// Collects results in memory.
 #[derive(Default, Debug)]
 pub struct CollectSink {
     /// Writes seen, keyed by (epoch, member) so a replay replaces, not adds.
@@ -112,6 +134,7 @@ pub struct CollectSink {
 }
 
 impl CollectSink {
+    /// The batches collected so far.
     pub fn batches(&self) -> Vec<RecordBatch> {
         self.writes
             .lock()
@@ -135,10 +158,12 @@ impl CollectSink {
         e
     }
 
+    /// Rows collected so far.
     pub fn rows(&self) -> usize {
         self.batches().iter().map(|b| b.num_rows()).sum()
     }
 
+    /// Forget what was collected.
     pub fn clear(&self) {
         self.writes.lock().expect("collect sink").clear();
     }

@@ -20,13 +20,17 @@ use crate::watermark::EVENT_TIME_OPTIONS;
 /// and options. It travels in the cloud context, so it must stay small.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceConfig {
+    /// The source kind (`STORED AS`).
     pub kind: String,
+    /// Its location (`LOCATION`).
     pub location: String,
+    /// Its options.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
 }
 
 impl SourceConfig {
+    /// The option `key`, if given.
     pub fn option(&self, key: &str) -> Option<&str> {
         self.options.get(key).map(String::as_str)
     }
@@ -35,8 +39,11 @@ impl SourceConfig {
 /// Which slice of which epoch to pull.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EpochSpec {
+    /// This instance among the stage's instances.
     pub instance: usize,
+    /// How many instances read the table.
     pub instances: usize,
+    /// The epoch.
     pub epoch: u64,
     /// The run's number of epochs, when it is bounded.
     pub epochs: Option<u64>,
@@ -45,6 +52,7 @@ pub struct EpochSpec {
 /// One pull: the data plus what travels with it to the sink.
 #[derive(Debug, Default)]
 pub struct MicroBatch {
+    /// The rows pulled.
     pub batches: Vec<RecordBatch>,
     /// Where this instance now stands in its partitions.
     pub offsets: Vec<SourceOffset>,
@@ -134,6 +142,7 @@ pub enum ReplayMode {
     Unsupported,
 }
 
+/// A table that is read in micro-batches, one per epoch per instance; connectors implement it.
 #[async_trait]
 pub trait Source: Send + Sync + std::fmt::Debug {
     /// The full (unprojected) schema of the records.
@@ -190,10 +199,10 @@ pub trait Source: Send + Sync + std::fmt::Debug {
             ReplayMode::ByEpoch => self.pull(spec).await,
             _ => {
                 let _ = (from, to);
-                Err(EngineError::Source {
-                    source_name: format!("{self:?}"),
-                    reason: "this source cannot read an epoch again".into(),
-                })
+                Err(EngineError::source_failed(
+                    format!("{self:?}"),
+                    "this source cannot read an epoch again",
+                ))
             }
         }
     }
@@ -202,10 +211,10 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// Kinesis event-source mapping) as a pull would have read them.
     async fn decode_pushed(&self, records: &[PushedRecord]) -> Result<MicroBatch> {
         let _ = records;
-        Err(EngineError::Source {
-            source_name: format!("{self:?}"),
-            reason: "this source does not take pushed records".into(),
-        })
+        Err(EngineError::source_failed(
+            format!("{self:?}"),
+            "this source does not take pushed records",
+        ))
     }
 }
 
@@ -232,6 +241,7 @@ pub struct PushedRecord {
     pub partition: String,
     /// Position within it, e.g. a Kinesis sequence number.
     pub position: String,
+    /// The record's bytes.
     pub data: Vec<u8>,
 }
 
@@ -269,6 +279,7 @@ pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
 /// kind and need not be listed.
 #[derive(Debug, Clone, Copy)]
 pub struct TableOptions {
+    /// The options the kind takes.
     pub names: &'static [&'static str],
     /// Where options with a dot that are not in `names` go as they are, if
     /// anywhere (Kafka: "librdkafka property"); without it they are unknown.
@@ -290,6 +301,7 @@ pub trait SourceFactory: Send + Sync {
     /// The options this kind's tables take; others are refused at CREATE TABLE.
     fn options(&self) -> TableOptions;
 
+    /// A source for `config`, producing rows of `schema`.
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>>;
 
     /// The table's dead-letter destination, if it declares one. Stages
@@ -312,6 +324,7 @@ pub struct SourceRegistry {
 }
 
 impl SourceRegistry {
+    /// Register `factory` for `kind`.
     pub fn register(&mut self, kind: &str, factory: Arc<dyn SourceFactory>) {
         self.factories.insert(kind.to_ascii_uppercase(), factory);
     }
@@ -389,6 +402,7 @@ impl SourceRegistry {
         Cow::Owned(c)
     }
 
+    /// The registered kinds.
     pub fn kinds(&self) -> Vec<String> {
         let mut k: Vec<String> = self.factories.keys().cloned().collect();
         k.sort();
@@ -411,13 +425,15 @@ impl SourceRegistry {
     fn factory(&self, config: &SourceConfig) -> Result<&Arc<dyn SourceFactory>> {
         self.factories
             .get(&config.kind.to_ascii_uppercase())
-            .ok_or_else(|| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: format!(
-                    "unknown source kind {:?}; known: {:?}",
-                    config.kind,
-                    self.kinds()
-                ),
+            .ok_or_else(|| {
+                EngineError::source_failed(
+                    config.location.clone(),
+                    format!(
+                        "unknown source kind {:?}; known: {:?}",
+                        config.kind,
+                        self.kinds()
+                    ),
+                )
             })
     }
 }
@@ -431,6 +447,7 @@ pub struct MemorySource {
 }
 
 impl MemorySource {
+    /// A source with one list of batches per partition.
     pub fn new(schema: SchemaRef, partitions: Vec<Vec<RecordBatch>>) -> Self {
         MemorySource { schema, partitions }
     }
@@ -493,6 +510,7 @@ pub struct MemorySourceFactory {
 }
 
 impl MemorySourceFactory {
+    /// Add the in-memory table `name`.
     pub fn insert(&self, name: &str, source: MemorySource) {
         self.tables
             .lock()
@@ -508,12 +526,9 @@ impl SourceFactory for MemorySourceFactory {
 
     fn create(&self, config: &SourceConfig, _schema: SchemaRef) -> Result<Arc<dyn Source>> {
         let tables = self.tables.lock().expect("memory tables");
-        let src = tables
-            .get(&config.location)
-            .ok_or_else(|| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: "no in-memory table of that name".into(),
-            })?;
+        let src = tables.get(&config.location).ok_or_else(|| {
+            EngineError::source_failed(config.location.clone(), "no in-memory table of that name")
+        })?;
         Ok(src.clone())
     }
 }

@@ -13,14 +13,18 @@ use crate::error::Result;
 use crate::planner::QueryPlan;
 use crate::source::SourceRegistry;
 
+/// Where one source partition stands.
 #[derive(Debug, Clone, Serialize)]
 pub struct PartitionStatus {
+    /// The source table.
     pub source: String,
+    /// The partition.
     pub partition: i32,
     /// The next offset after the last committed epoch.
     pub committed: Option<i64>,
     /// The partition's end now; `None` where the source cannot tell.
     pub latest: Option<i64>,
+    /// How far the committed offset is behind the partition's end, if known.
     pub lag: Option<i64>,
     /// How far the newest record is ahead of the committed position, in ms
     /// of arrival time, where offsets are no record counts (Kinesis:
@@ -28,9 +32,12 @@ pub struct PartitionStatus {
     pub behind_ms: Option<i64>,
 }
 
+/// What `skein status` reports about a query.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueryStatus {
+    /// The query code.
     pub query_code: String,
+    /// Every source partition.
     pub partitions: Vec<PartitionStatus>,
     /// The sum of the partitions' lags.
     pub lag: i64,
@@ -41,6 +48,7 @@ pub struct QueryStatus {
     pub watermark_ms: Option<i64>,
     /// How far the watermark is behind the wall clock, ms.
     pub watermark_delay_ms: Option<i64>,
+    /// What the checkpoint store holds.
     #[serde(flatten)]
     pub store: StoreSummary,
     /// Since the query started (every instance of every member): records

@@ -19,6 +19,7 @@ use crate::invoke::{InvocationType, Invoker};
 /// Counts of one or more invocations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// Invocations served (each answer counts its own and its callees').
     pub invocations: u64,
     /// Each invocation's handler time rounded up to 1 ms, summed.
     pub billed_ms: u64,
@@ -31,6 +32,7 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Adds `other`'s counts to these.
     pub fn add(&mut self, other: &Usage) {
         self.invocations += other.invocations;
         self.billed_ms += other.billed_ms;
@@ -39,6 +41,7 @@ impl Usage {
         self.checkpoint_puts += other.checkpoint_puts;
     }
 
+    /// Nothing counted: an answer without usage to report.
     pub fn is_zero(&self) -> bool {
         *self == Usage::default()
     }
@@ -98,6 +101,7 @@ pub struct MeteredInvoker<'a> {
 }
 
 impl<'a> MeteredInvoker<'a> {
+    /// Counts what goes through `inner`, starting from zero.
     pub fn new(inner: &'a dyn Invoker) -> Self {
         MeteredInvoker {
             inner,

@@ -19,10 +19,14 @@ pub async fn single_process(ctx: &SessionContext, plan: &QueryPlan) -> Result<Ve
         .await?)
 }
 
+/// How a run's results compare with a reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Comparison {
+    /// Whether they hold the same rows.
     pub equal: bool,
+    /// Rows of the reference.
     pub expected_rows: usize,
+    /// Rows of the run.
     pub got_rows: usize,
     /// The first differing rows, described.
     pub differences: Vec<String>,

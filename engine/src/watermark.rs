@@ -28,8 +28,11 @@ use crate::source::{PartitionProgress, SourceConfig};
 
 /// Table options of event time every source understands.
 pub const OPT_EVENT_TIME: &str = "event_time";
+/// Table option: how late a row may be, in ms, before its window closes.
 pub const OPT_LATENESS_MS: &str = "lateness_ms";
+/// Table option: how long a partition may be quiet before it is idle.
 pub const OPT_IDLE_TIMEOUT: &str = "idle.timeout";
+/// Table option: what happens to rows later than the lateness.
 pub const OPT_LATE: &str = "late";
 /// Every option above: sources that reject unknown options accept these.
 pub const EVENT_TIME_OPTIONS: &[&str] =
@@ -57,8 +60,11 @@ pub enum LatePolicy {
 pub struct EventTimeOptions {
     /// Index of the event-time column in the table's schema.
     pub column: Option<usize>,
+    /// How late a row may be, in ms.
     pub lateness_ms: i64,
+    /// How long a quiet partition takes to become idle.
     pub idle_timeout: Duration,
+    /// What happens to late rows.
     pub late: LatePolicy,
 }
 
@@ -134,7 +140,9 @@ pub fn parse_duration_option(text: &str) -> Option<Duration> {
 /// anywhere upstream) and whether every sender behind it is idle.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Watermark {
+    /// The watermark in ms since the epoch; `None` before any event time.
     pub value: Option<i64>,
+    /// Every sender behind it is idle.
     pub idle: bool,
 }
 
@@ -171,14 +179,20 @@ impl PartitionClock {
 /// A [`SourceClock`] as a checkpoint keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClockState {
+    /// Each partition's clock, by partition.
     pub partitions: BTreeMap<String, SavedPartition>,
+    /// The last watermark reported.
     pub reported: Option<i64>,
 }
 
+/// One partition's clock, as a checkpoint keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedPartition {
+    /// The latest event time seen.
     pub max_event_time: Option<i64>,
+    /// It had read up to its end at open.
     pub caught_up: bool,
+    /// It reached its end for good.
     pub finished: bool,
 }
 
@@ -194,6 +208,7 @@ pub struct SourceClock {
 }
 
 impl SourceClock {
+    /// A clock reading event time from `column`.
     pub fn new(column: usize, lateness_ms: i64, idle_timeout: Duration) -> Self {
         SourceClock {
             column,
@@ -325,6 +340,7 @@ pub struct WatermarkMin {
 }
 
 impl WatermarkMin {
+    /// Take one sender's watermark into account.
     pub fn add(&mut self, w: Watermark) {
         self.any = true;
         if w.idle {
@@ -339,6 +355,7 @@ impl WatermarkMin {
         }
     }
 
+    /// The combined watermark.
     pub fn result(&self) -> Watermark {
         if self.any_active {
             Watermark {

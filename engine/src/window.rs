@@ -40,7 +40,9 @@ pub fn literal_interval_ms(v: &ScalarValue) -> Option<i64> {
 /// Where the window of each row is, and how long windows are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct WindowColumn {
+    /// The column's index.
     pub index: usize,
+    /// The window size, in ms.
     pub size_ms: i64,
 }
 
@@ -211,12 +213,14 @@ fn check_hop(slide: i64, size: i64) -> DfResult<()> {
     Ok(())
 }
 
+/// The `tumble(ts, size)` function.
 pub fn tumble_udf() -> ScalarUDF {
     ScalarUDF::from(Tumble {
         signature: Signature::any(2, Volatility::Immutable),
     })
 }
 
+/// The `hop(ts, slide, size)` function.
 pub fn hop_udf() -> ScalarUDF {
     ScalarUDF::from(Hop {
         signature: Signature::any(3, Volatility::Immutable),
@@ -241,8 +245,11 @@ pub const SESSION_KEY: &str = "skein.window.session";
 /// sessions are closed once the watermark is `gap_ms` past its last row.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SessionSpec {
+    /// The key columns.
     pub keys: Vec<usize>,
+    /// The time column.
     pub time: usize,
+    /// The session gap, in ms.
     pub gap_ms: i64,
 }
 
@@ -323,6 +330,7 @@ impl datafusion::logical_expr::WindowUDFImpl for Session {
     }
 }
 
+/// The `session(ts, gap)` window function.
 pub fn session_udwf() -> datafusion::logical_expr::WindowUDF {
     datafusion::logical_expr::WindowUDF::from(Session {
         signature: Signature::any(2, Volatility::Immutable),

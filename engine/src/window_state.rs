@@ -23,7 +23,9 @@ use crate::window::{SessionSpec, window_ends};
 /// Rows that came after their window was emitted, with that window.
 #[derive(Debug)]
 pub struct LateRows {
+    /// The input edge.
     pub edge: u32,
+    /// The late rows.
     pub batch: RecordBatch,
     /// Per row: the window `[start, end)` in ms it belongs to.
     pub windows: Vec<(i64, i64)>,
@@ -32,8 +34,11 @@ pub struct LateRows {
 /// A view of a [`WindowBuffer`]'s state, for a checkpoint.
 #[derive(Debug)]
 pub struct SavedWindows<'a> {
+    /// Rows held per edge.
     pub buffered: &'a BTreeMap<u32, Vec<RecordBatch>>,
+    /// The watermark windows were released up to.
     pub released: Option<i64>,
+    /// Sessions emitted per edge and key.
     pub emitted_sessions: &'a BTreeMap<u32, HashMap<String, (i64, i64)>>,
 }
 
@@ -44,7 +49,12 @@ pub struct SavedWindows<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// On-time rows kept for an edge.
-    Rows { edge: u32, batch: RecordBatch },
+    Rows {
+        /// The input edge.
+        edge: u32,
+        /// The rows.
+        batch: RecordBatch,
+    },
     /// The watermark released every window ending at or before it.
     Released(i64),
 }
@@ -81,6 +91,7 @@ pub struct WindowBuffer {
 }
 
 impl WindowBuffer {
+    /// A buffer for edges with the given windows.
     pub fn new(windows: BTreeMap<u32, Option<EdgeWindow>>) -> Self {
         WindowBuffer {
             windows,
@@ -188,6 +199,7 @@ impl WindowBuffer {
         self.buffered.remove(&edge).unwrap_or_default()
     }
 
+    /// Hold `batches` of `edge` again, after taking them out.
     pub fn put_back(&mut self, edge: u32, batches: Vec<RecordBatch>) {
         let batches: Vec<_> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
         if !batches.is_empty() {

@@ -103,10 +103,7 @@ pub fn nexmark_ddl(events: u64, rate: u64, partitions: usize) -> String {
 }
 
 fn bad(table: &str, reason: impl Into<String>) -> EngineError {
-    EngineError::Source {
-        source_name: table.to_string(),
-        reason: reason.into(),
-    }
+    EngineError::source_failed(table.to_string(), reason.into())
 }
 
 fn parse_opt<T: std::str::FromStr>(config: &SourceConfig, key: &str) -> Result<Option<T>> {

@@ -85,9 +85,11 @@ impl<'a> LambdaEpochs<'a> {
             .await?;
             serde_json::from_slice::<ProbeAnswer>(&answer)
                 .map(|a| a.pending)
-                .map_err(|e| EngineError::Invocation {
-                    name: name.clone(),
-                    reason: format!("the probe's answer is not a report: {e}"),
+                .map_err(|e| {
+                    EngineError::invocation_failed(
+                        name.clone(),
+                        format!("the probe's answer is not a report: {e}"),
+                    )
                 })
         });
         let mut out = vec![];

@@ -60,10 +60,10 @@ impl Invoker for LambdaInvoker {
                 });
             }
             Err(e) => {
-                return Err(EngineError::Invocation {
-                    name: function.to_string(),
-                    reason: error_chain(&e),
-                });
+                return Err(EngineError::invocation_failed(
+                    function.to_string(),
+                    error_chain(&e),
+                ));
             }
         };
         let body = out
@@ -71,10 +71,10 @@ impl Invoker for LambdaInvoker {
             .map(|b| b.as_ref().to_vec())
             .unwrap_or_default();
         if let Some(kind) = out.function_error() {
-            return Err(EngineError::Invocation {
-                name: function.to_string(),
-                reason: format!("{kind} error: {}", error_message(&body)),
-            });
+            return Err(EngineError::invocation_failed(
+                function.to_string(),
+                format!("{kind} error: {}", error_message(&body)),
+            ));
         }
         Ok(body)
     }

@@ -50,10 +50,7 @@ pub struct LambdaFunctionService {
 }
 
 fn failed(name: &str, what: &str, e: &dyn std::error::Error) -> EngineError {
-    EngineError::Invocation {
-        name: name.to_string(),
-        reason: format!("{what}: {}", error_chain(e)),
-    }
+    EngineError::invocation_failed(name.to_string(), format!("{what}: {}", error_chain(e)))
 }
 
 /// Lambda caps keys plus values of the whole environment at 4 KB.
@@ -193,22 +190,22 @@ impl LambdaFunctionService {
                 Some(LastUpdateStatus::InProgress)
             );
             if let Some(State::Failed) = conf.state() {
-                return Err(EngineError::Invocation {
-                    name: name.into(),
-                    reason: format!(
+                return Err(EngineError::invocation_failed(
+                    name,
+                    format!(
                         "function failed: {}",
                         conf.state_reason().unwrap_or_default()
                     ),
-                });
+                ));
             }
             if active && settled {
                 return Ok(());
             }
             if start.elapsed() > Duration::from_secs(120) {
-                return Err(EngineError::Invocation {
-                    name: name.into(),
-                    reason: "not Active after 120 s".into(),
-                });
+                return Err(EngineError::invocation_failed(
+                    name,
+                    "not Active after 120 s",
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -242,10 +239,7 @@ impl LambdaFunctionService {
         let conf = self.configuration(name).await?;
         conf.function_arn()
             .map(str::to_string)
-            .ok_or_else(|| EngineError::Invocation {
-                name: name.into(),
-                reason: "no FunctionArn".into(),
-            })
+            .ok_or_else(|| EngineError::invocation_failed(name, "no FunctionArn"))
     }
 
     async fn configure_async(&self, name: &str) -> Result<()> {

@@ -72,7 +72,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
     setup(&quiet).await?;
     ensure_topic(&common.brokers, &common.topic, 4, &[])
         .await
-        .map_err(anyhow::Error::msg)?;
+        .context("creating the bench's topic")?;
     let done = Arc::new(AtomicBool::new(false));
     let gen_args = crate::publish::GenArgs {
         benchmark: crate::publish::Benchmark::Ysb,

@@ -18,6 +18,8 @@ pub enum YsbError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
+    Connector(#[from] skein_connectors::error::ConnectorError),
+    #[error(transparent)]
     Generator(#[from] skein_generators::GeneratorError),
     #[error(transparent)]
     Plot(#[from] skein_plot::PlotError),

@@ -100,9 +100,7 @@ pub struct Generated {
 
 /// Events into the topic; the ground truth into `<dir>/truth.csv`.
 pub async fn generate(w: &Workload, spec: &GenerateSpec) -> Result<Generated> {
-    ensure_topic(&w.brokers, &w.topic, spec.partitions, &[])
-        .await
-        .map_err(YsbError::Failed)?;
+    ensure_topic(&w.brokers, &w.topic, spec.partitions, &[]).await?;
     let config = YsbConfig {
         seed: w.seed,
         base_time_ms: now_ms(),

@@ -26,7 +26,7 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMillisecondType};
 use skein_connectors::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
-use skein_connectors::sink_error::{Result, SinkError};
+use skein_connectors::error::{ConnectorError, Result};
 use skein_connectors::sink_table::SinkTableFactory;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::planner::EMIT_OPTION;
@@ -86,7 +86,7 @@ impl YsbLayout {
     fn window_counts(&self, write: &SinkWrite<'_>) -> Result<BTreeMap<(String, i64), i64>> {
         let column = |name: &str| {
             write.schema.index_of(name).map_err(|_| {
-                SinkError::Config(format!(
+                ConnectorError::Config(format!(
                     "the YSB layout needs a column {name:?}; the query gives {:?}",
                     write
                         .schema
@@ -221,11 +221,8 @@ pub fn check_config(config: &SinkConfig) -> EngineResult<()> {
         .map_err(|e| sink_error(config, e))
 }
 
-fn sink_error(config: &SinkConfig, e: SinkError) -> EngineError {
-    EngineError::Sink {
-        sink: format!("{KIND} {}", config.location),
-        reason: e.to_string(),
-    }
+fn sink_error(config: &SinkConfig, e: ConnectorError) -> EngineError {
+    e.for_sink(format!("{KIND} {}", config.location))
 }
 
 #[derive(Debug, Default)]

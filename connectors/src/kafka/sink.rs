@@ -43,11 +43,13 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
 use super::options::client_properties;
 use crate::encode::RowEncoder;
+use crate::error::ConnectorError;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
 
@@ -68,11 +70,9 @@ const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
     ("message.timeout.ms", "120000"),
 ];
 
-fn sink_error(topic: &str, reason: impl std::fmt::Display) -> EngineError {
-    EngineError::Sink {
-        sink: format!("kafka topic {topic}"),
-        reason: reason.to_string(),
-    }
+/// The error of the sink writing `topic`, keeping `cause`.
+fn sink_error(topic: &str, cause: impl Into<Cause>) -> EngineError {
+    EngineError::sink_failed(format!("kafka topic {topic}"), cause)
 }
 
 /// The librdkafka producer properties a table's options give.
@@ -137,11 +137,11 @@ impl KafkaSink {
                     "option 'checkpoint' records offsets in transactions: it needs 'delivery' 'exactly-once'",
                 ));
             }
-            Some("at-least-once") => Delivery::AtLeastOnce(
-                producer_config(options)
-                    .create()
-                    .map_err(|e| sink_error(topic, format!("creating the producer: {e}")))?,
-            ),
+            Some("at-least-once") => {
+                Delivery::AtLeastOnce(producer_config(options).create().map_err(|e| {
+                    sink_error(topic, ConnectorError::kafka("creating the producer", e))
+                })?)
+            }
             Some(other) => {
                 return Err(sink_error(
                     topic,
@@ -201,7 +201,7 @@ async fn enqueue_rows(
                         record = back;
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
-                    Err((e, _)) => return Err(sink_error(topic, e)),
+                    Err((e, _)) => return Err(sink_error(topic, ConnectorError::from(e))),
                 }
             }
         }
@@ -255,7 +255,7 @@ async fn await_deliveries(
         match delivery.await {
             Ok(Ok(_)) => {}
             Ok(Err((e, _))) => {
-                return Err(sink_error(topic, format!("delivery failed: {e}")));
+                return Err(sink_error(topic, ConnectorError::kafka("delivery", e)));
             }
             Err(_) => return Err(sink_error(topic, "delivery cancelled")),
         }
@@ -271,11 +271,11 @@ pub async fn ensure_topic(
     topic: &str,
     partitions: i32,
     configs: &[(&str, &str)],
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), ConnectorError> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()
-        .map_err(|e| format!("Kafka admin client for {brokers}: {e}"))?;
+        .map_err(|e| ConnectorError::kafka(format!("admin client for {brokers}"), e))?;
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for (k, v) in configs {
         new = new.set(k, v);
@@ -290,12 +290,17 @@ pub async fn ensure_topic(
         )
         .await
         .map_err(|e| {
-            format!("creating topic {topic} at {brokers}: {e} (scripts/services.sh start kafka)")
+            let doing =
+                format!("creating topic {topic} at {brokers} (scripts/services.sh start kafka)");
+            ConnectorError::kafka(doing, e)
         })?;
     for r in results {
         match r {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("creating topic {t}: {e}")),
+            Err((t, e)) => {
+                let e = rdkafka::error::KafkaError::AdminOp(e);
+                return Err(ConnectorError::kafka(format!("creating topic {t}"), e));
+            }
         }
     }
     Ok(())

@@ -405,7 +405,7 @@ impl KafkaSource {
         let config = self.config.clone();
         let r = tokio::task::spawn_blocking(move || PartitionReader::open(&config, spec))
             .await
-            .map_err(|e| ConnectorError::Other(format!("opening the reader: {e}")))??;
+            .map_err(|e| ConnectorError::Task("opening the reader", e))??;
         let r = Arc::new(r);
         *slot = Some(r.clone());
         Ok(r)
@@ -439,7 +439,7 @@ impl Source for KafkaSource {
         let config = self.config.clone();
         tokio::task::spawn_blocking(move || latest_offsets(&config))
             .await
-            .map_err(|e| self.error(ConnectorError::Other(format!("latest offsets task: {e}"))))?
+            .map_err(|e| self.error(ConnectorError::Task("latest offsets", e)))?
             .map_err(|e| self.error(e))
     }
 
@@ -449,7 +449,7 @@ impl Source for KafkaSource {
         let topic = self.config.topic.clone();
         tokio::task::spawn_blocking(move || reader.seek(&topic, &at))
             .await
-            .map_err(|e| self.error(ConnectorError::Other(format!("seek task: {e}"))))?
+            .map_err(|e| self.error(ConnectorError::Task("seek", e)))?
             .map_err(|e| self.error(e))
     }
 
@@ -464,12 +464,14 @@ impl Source for KafkaSource {
     }
 }
 
+/// How errors name a Kafka source: by kind and topic.
+fn source_name(topic: &str) -> String {
+    format!("kafka topic {topic}")
+}
+
 impl KafkaSource {
     fn error(&self, e: ConnectorError) -> EngineError {
-        EngineError::Source {
-            source_name: self.config.topic.clone(),
-            reason: e.to_string(),
-        }
+        e.for_source(source_name(&self.config.topic))
     }
 
     /// This topic's offsets among `offsets`, per partition.
@@ -496,7 +498,7 @@ impl KafkaSource {
             reader.pull(&config, &decoder, &counter, targets.as_ref())
         })
         .await
-        .map_err(|e| self.error(ConnectorError::Other(format!("pull task: {e}"))))?
+        .map_err(|e| self.error(ConnectorError::Task("pull", e)))?
         .map_err(|e| self.error(e))
     }
 }
@@ -991,12 +993,8 @@ impl KafkaDeadLetters {
 #[async_trait]
 impl DeadLetterSink for KafkaDeadLetters {
     async fn send(&self, letters: &[LateLetter]) -> EngineResult<()> {
-        tokio::task::block_in_place(|| self.send_blocking(letters)).map_err(|e| {
-            EngineError::Source {
-                source_name: self.topic.clone(),
-                reason: format!("dead letters: {e}"),
-            }
-        })
+        tokio::task::block_in_place(|| self.send_blocking(letters))
+            .map_err(|e| e.for_source(format!("kafka dead-letter topic {}", self.topic)))
     }
 }
 
@@ -1013,11 +1011,8 @@ impl SourceFactory for KafkaSourceFactory {
     }
 
     fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {
-        let kafka =
-            KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: e.to_string(),
-            })?;
+        let kafka = KafkaSourceConfig::from_source_config(config)
+            .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(kafka.dead_letter_topic.clone().map(|topic| {
             Arc::new(KafkaDeadLetters {
                 topic,
@@ -1028,15 +1023,10 @@ impl SourceFactory for KafkaSourceFactory {
     }
 
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
-        let kafka =
-            KafkaSourceConfig::from_source_config(config).map_err(|e| EngineError::Source {
-                source_name: config.location.clone(),
-                reason: e.to_string(),
-            })?;
-        let source = KafkaSource::new(kafka, schema).map_err(|e| EngineError::Source {
-            source_name: config.location.clone(),
-            reason: e.to_string(),
-        })?;
+        let kafka = KafkaSourceConfig::from_source_config(config)
+            .map_err(|e| e.for_source(source_name(&config.location)))?;
+        let source = KafkaSource::new(kafka, schema)
+            .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
     }
 }

@@ -13,6 +13,8 @@ use aws_sdk_kinesis::Client;
 
 use skein_engine::source::partition_number as shard_number;
 
+use crate::error::{ConnectorError, Result};
+
 /// The offset a logged shard carries once it has been read to its end: a
 /// replay or a resume does not read it again. (Kinesis positions live in
 /// `SourceOffset.position`; `offset` is otherwise 0.)
@@ -36,10 +38,7 @@ pub struct ListedShard {
 
 /// Every shard of `stream` ListShards knows (closed ones within retention
 /// included), in shard-id order.
-pub async fn list_shards(
-    client: &Client,
-    stream: &str,
-) -> std::result::Result<Vec<ListedShard>, String> {
+pub async fn list_shards(client: &Client, stream: &str) -> Result<Vec<ListedShard>> {
     let mut out = vec![];
     let mut next: Option<String> = None;
     loop {
@@ -48,12 +47,10 @@ pub async fn list_shards(
             Some(token) => req.next_token(token),
             None => req.stream_name(stream),
         };
-        let page = req.send().await.map_err(|e| {
-            format!(
-                "ListShards: {}",
-                aws_sdk_kinesis::error::DisplayErrorContext(&e)
-            )
-        })?;
+        let page = req
+            .send()
+            .await
+            .map_err(|e| ConnectorError::kinesis("ListShards", e))?;
         for s in page.shards() {
             out.push(ListedShard {
                 id: s.shard_id().to_string(),

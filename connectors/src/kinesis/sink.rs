@@ -23,11 +23,13 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::backoff::Backoff;
+use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 use tokio::sync::OnceCell;
 
 use crate::encode::{EncodedRow, RowEncoder};
+use crate::error::ConnectorError;
 
 /// PutRecords takes at most this many records per call.
 pub const MAX_RECORDS_PER_CALL: usize = 500;
@@ -38,11 +40,9 @@ pub const MAX_RECORD_BYTES: usize = 1024 * 1024;
 /// Partition keys are 1 to 256 Unicode characters.
 pub const MAX_PARTITION_KEY_CHARS: usize = 256;
 
-fn sink_error(stream: &str, reason: impl std::fmt::Display) -> EngineError {
-    EngineError::Sink {
-        sink: format!("kinesis stream {stream}"),
-        reason: reason.to_string(),
-    }
+/// The error of the sink writing `stream`, keeping `cause`.
+fn sink_error(stream: &str, cause: impl Into<Cause>) -> EngineError {
+    EngineError::sink_failed(format!("kinesis stream {stream}"), cause)
 }
 
 pub struct KinesisSinkFactory;
@@ -265,38 +265,21 @@ pub async fn ensure_stream(stream: &str, shards: i32) -> Result<bool> {
                 .shard_count(shards)
                 .send()
                 .await
-                .map_err(|e| {
-                    sink_error(
-                        stream,
-                        format!(
-                            "CreateStream: {}",
-                            aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                        ),
-                    )
-                })?;
+                .map_err(|e| sink_error(stream, ConnectorError::kinesis("CreateStream", e)))?;
             true
         }
         Err(e) => {
             return Err(sink_error(
                 stream,
-                format!(
-                    "DescribeStreamSummary: {}",
-                    aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                ),
+                ConnectorError::kinesis("DescribeStreamSummary", e),
             ));
         }
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let summary = describe(client.clone()).await.map_err(|e| {
-            sink_error(
-                stream,
-                format!(
-                    "DescribeStreamSummary: {}",
-                    aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                ),
-            )
-        })?;
+        let summary = describe(client.clone())
+            .await
+            .map_err(|e| sink_error(stream, ConnectorError::kinesis("DescribeStreamSummary", e)))?;
         let status = summary
             .stream_description_summary()
             .map(|s| s.stream_status().clone());

@@ -34,7 +34,7 @@ use aws_sdk_kinesis::primitives::{Blob, DateTime};
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::backoff::Backoff;
-use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::error::{Cause, EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
     EpochSpec, MicroBatch, PartitionProgress, PushedRecord, ReplayMode, Source, SourceConfig,
@@ -180,6 +180,11 @@ struct Undecodable {
     data: Vec<u8>,
 }
 
+/// How errors name a Kinesis source: by kind and stream.
+fn source_name(stream: &str) -> String {
+    format!("kinesis stream {stream}")
+}
+
 impl KinesisSource {
     pub fn new(config: KinesisSourceConfig, schema: SchemaRef) -> Result<Self> {
         let decoder = RecordDecoder::new(schema, config.format, config.max_record_bytes)?;
@@ -260,11 +265,8 @@ impl KinesisSource {
         self.dead_letters.load(Ordering::Relaxed)
     }
 
-    fn error(&self, reason: impl std::fmt::Display) -> EngineError {
-        EngineError::Source {
-            source_name: format!("kinesis stream {}", self.config.stream),
-            reason: reason.to_string(),
-        }
+    fn error(&self, cause: impl Into<Cause>) -> EngineError {
+        EngineError::source_failed(source_name(&self.config.stream), cause)
     }
 
     /// Lists the stream's shards and takes the owned ones not yet known.
@@ -356,10 +358,9 @@ impl KinesisSource {
             {
                 Ok(None)
             }
-            Err(e) => Err(self.error(format!(
-                "GetShardIterator {}: {}",
-                shard.id,
-                aws_sdk_kinesis::error::DisplayErrorContext(&e)
+            Err(e) => Err(self.error(ConnectorError::kinesis(
+                format!("GetShardIterator {}", shard.id),
+                e,
             ))),
         }
     }
@@ -423,10 +424,8 @@ impl KinesisSource {
                         .map(|(_, e)| e.clone())
                         .collect(),
                     Err(e) if attempt >= 20 => {
-                        return Err(self.error(format!(
-                            "dead-letter stream {stream}: {}",
-                            aws_sdk_kinesis::error::DisplayErrorContext(&e)
-                        )));
+                        let call = format!("PutRecords to dead-letter stream {stream}");
+                        return Err(self.error(ConnectorError::kinesis(call, e)));
                     }
                     Err(_) => entries.clone(),
                 };
@@ -678,10 +677,9 @@ impl KinesisSource {
                                 tokio::time::sleep(backoff.next_delay()).await;
                                 continue;
                             }
-                            return Err(self.error(format!(
-                                "GetRecords {}: {}",
-                                shard.id,
-                                aws_sdk_kinesis::error::DisplayErrorContext(&e)
+                            return Err(self.error(ConnectorError::kinesis(
+                                format!("GetRecords {}", shard.id),
+                                e,
                             )));
                         }
                     };
@@ -889,10 +887,7 @@ impl SourceFactory for KinesisSourceFactory {
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {
         let source = KinesisSourceConfig::from_source_config(config)
             .and_then(|c| KinesisSource::new(c, schema))
-            .map_err(|e| EngineError::Source {
-                source_name: format!("kinesis stream {}", config.location),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
     }
 }

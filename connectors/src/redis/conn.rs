@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use tracing::warn;
 
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 /// How long an operation waits for Redis to answer again before it fails.
 pub const REDIS_WAIT: Duration = Duration::from_secs(120);
@@ -36,11 +36,11 @@ pub fn url_of(location: &str) -> String {
 /// The `retry.timeout.ms` option, or the default wait.
 pub fn retry_timeout(value: Option<&str>) -> Result<Duration> {
     match value {
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Duration::from_millis)
-            .map_err(|_| SinkError::Config(format!("{RETRY_OPTION} = {v:?}: give whole ms"))),
+        Some(v) => {
+            v.trim().parse().map(Duration::from_millis).map_err(|_| {
+                ConnectorError::Config(format!("{RETRY_OPTION} = {v:?}: give whole ms"))
+            })
+        }
         None => Ok(REDIS_WAIT),
     }
 }
@@ -112,12 +112,12 @@ impl RedisConnection {
                     }
                     return Ok(v);
                 }
-                Err(SinkError::Redis(e)) if is_outage(&e) => {
+                Err(ConnectorError::Redis(e)) if is_outage(&e) => {
                     // The connection is unusable; the next attempt opens another.
                     self.connection.lock().await.take();
                     let first = *since.get_or_insert_with(Instant::now);
                     if first.elapsed() >= self.retry_timeout {
-                        return Err(SinkError::Other(format!(
+                        return Err(ConnectorError::Other(format!(
                             "Redis at {} did not answer for {:?} ({attempt} retries); last error: {e}",
                             self.url, self.retry_timeout
                         )));

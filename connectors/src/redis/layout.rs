@@ -8,7 +8,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use skein_engine::sink::{SinkConfig, SinkWrite};
 
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 /// Adds the commands of one write to the sink's atomic pipeline.
 pub trait RedisLayout: Send + Sync {
@@ -48,7 +48,7 @@ impl KeyedLayout {
     pub fn from_sink_config(config: &SinkConfig) -> Result<Self> {
         let opt = |k: &str| config.options.get(k).cloned();
         let need =
-            |k: &str| opt(k).ok_or_else(|| SinkError::Config(format!("option {k:?} is required")));
+            |k: &str| opt(k).ok_or_else(|| ConnectorError::Config(format!("option {k:?} is required")));
         let name = opt("layout").unwrap_or_else(|| "string".into());
         let layout = match name.as_str() {
             "string" => Layout::String {
@@ -61,12 +61,12 @@ impl KeyedLayout {
             // YSB's campaign windows were a layout here before they became
             // a sink kind of their own.
             "ysb" => {
-                return Err(SinkError::Config(format!(
+                return Err(ConnectorError::Config(format!(
                     "layout \"ysb\"; known: {LAYOUTS} (YSB's layout is its own sink kind: STORED AS YSB_REDIS)"
                 )));
             }
             other => {
-                return Err(SinkError::Config(format!(
+                return Err(ConnectorError::Config(format!(
                     "layout {other:?}; known: {LAYOUTS}"
                 )));
             }
@@ -78,7 +78,7 @@ impl KeyedLayout {
             == Some(skein_engine::planner::EMIT_UPDATES)
             && let Layout::String { .. } | Layout::Hash = layout
         {
-            return Err(SinkError::Config(format!(
+            return Err(ConnectorError::Config(format!(
                 "layout {name:?} with 'emit' 'updates' would overwrite each epoch's partial result \
                  with the next: use layout 'list', or drop 'emit' 'updates' to write whole windows"
             )));
@@ -102,7 +102,7 @@ impl RedisLayout for KeyedLayout {
             write
                 .schema
                 .index_of(name)
-                .map_err(|_| SinkError::Config(format!("no column {name:?} in the query's output")))
+                .map_err(|_| ConnectorError::Config(format!("no column {name:?} in the query's output")))
         };
         let value = match &self.layout {
             Layout::String { value } | Layout::List { value } => Some(column(value)?),
@@ -164,14 +164,14 @@ impl KeyTemplate {
             let close = rest[open..]
                 .find('}')
                 .map(|c| open + c)
-                .ok_or_else(|| SinkError::Config(format!("key {template:?}: unclosed '{{'")))?;
+                .ok_or_else(|| ConnectorError::Config(format!("key {template:?}: unclosed '{{'")))?;
             if open > 0 {
                 parts.push(KeyPart::Text(rest[..open].to_string()));
             }
             let name = &rest[open + 1..close];
             let i = schema
                 .index_of(name)
-                .map_err(|_| SinkError::Config(format!("key {template:?}: no column {name:?}")))?;
+                .map_err(|_| ConnectorError::Config(format!("key {template:?}: no column {name:?}")))?;
             parts.push(KeyPart::Column(i));
             columns.push(i);
             rest = &rest[close + 1..];

@@ -17,12 +17,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::error::Result as EngineResult;
 use skein_engine::lookup::{Lookup, LookupFactory, LookupOptions, LookupRow};
 use skein_engine::source::SourceConfig;
 
 use super::conn::{RETRY_OPTION, RedisConnection, is_outage, retry_timeout, url_of};
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 /// Options of a Redis lookup table besides the engine's `lookup.*`.
 pub const OPTIONS: &[&str] = &[RETRY_OPTION];
@@ -43,10 +43,7 @@ impl LookupFactory for RedisLookupFactory {
         config: &SourceConfig,
         options: &LookupOptions,
     ) -> EngineResult<Arc<dyn Lookup>> {
-        let err = |e: SinkError| EngineError::Source {
-            source_name: format!("redis {}", config.location),
-            reason: e.to_string(),
-        };
+        let err = |e: ConnectorError| e.for_source(format!("redis {}", config.location));
         let wait = retry_timeout(config.option(RETRY_OPTION)).map_err(err)?;
         let redis = RedisConnection::open(&url_of(&config.location), wait).map_err(err)?;
         Ok(Arc::new(RedisLookup {
@@ -74,10 +71,7 @@ impl Lookup for RedisLookup {
         self.redis
             .retrying("redis lookup", |con| self.fetch(con, keys))
             .await
-            .map_err(|e| EngineError::Source {
-                source_name: format!("redis {}", self.redis.url),
-                reason: e.to_string(),
-            })
+            .map_err(|e| e.for_source(format!("redis {}", self.redis.url)))
     }
 }
 
@@ -166,7 +160,7 @@ async fn check_types(
         .zip(&types)
         .find(|(_, t)| *t != "none" && *t != want)
     {
-        Some((k, t)) => Err(SinkError::Other(format!(
+        Some((k, t)) => Err(ConnectorError::Other(format!(
             "key {k:?} holds a {t}, and this table reads a {want} ({written_as})"
         ))),
         None => Ok(()),

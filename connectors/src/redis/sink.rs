@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use skein_engine::error::{EngineError, Result as EngineResult};
+use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use tracing::debug;
@@ -38,7 +38,7 @@ pub use super::conn::{REDIS_WAIT, RETRY_OPTION};
 use super::conn::{RedisConnection, connection_config, retry_timeout, url_of};
 use super::layout::{KeyedLayout, RedisLayout};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
-use crate::sink_error::{Result, SinkError};
+use crate::error::{ConnectorError, Result};
 
 pub const KIND: &str = "REDIS";
 
@@ -113,7 +113,7 @@ impl RedisSinkOptions {
                     .ok()
                     .filter(|t| *t > 0)
                     .ok_or_else(|| {
-                        SinkError::Config(format!(
+                        ConnectorError::Config(format!(
                             "ttl.seconds = {v:?}: give whole seconds from 1 to {}",
                             i64::MAX
                         ))
@@ -134,10 +134,7 @@ pub fn check_config(config: &SinkConfig) -> EngineResult<()> {
     RedisSinkOptions::from_sink_config(config)
         .and_then(|_| KeyedLayout::from_sink_config(config))
         .map(drop)
-        .map_err(|e| EngineError::Sink {
-            sink: format!("redis {}", config.location),
-            reason: e.to_string(),
-        })
+        .map_err(|e| e.for_sink(format!("redis {}", config.location)))
 }
 
 pub struct RedisSink {
@@ -255,10 +252,7 @@ impl Sink for RedisSink {
     async fn write(&self, write: SinkWrite<'_>) -> EngineResult<()> {
         self.write_retrying(&write)
             .await
-            .map_err(|e| EngineError::Sink {
-                sink: self.config.url.clone(),
-                reason: e.to_string(),
-            })
+            .map_err(|e| e.for_sink(format!("redis {}", self.config.url)))
     }
 }
 
@@ -267,10 +261,7 @@ pub struct RedisSinkFactory;
 
 impl SinkFactory for RedisSinkFactory {
     fn create(&self, config: &SinkConfig) -> EngineResult<Arc<dyn Sink>> {
-        let err = |e: SinkError| EngineError::Sink {
-            sink: config.location.clone(),
-            reason: e.to_string(),
-        };
+        let err = |e: ConnectorError| e.for_sink(format!("redis {}", config.location));
         let options = RedisSinkOptions::from_sink_config(config).map_err(err)?;
         let layout = KeyedLayout::from_sink_config(config).map_err(err)?;
         Ok(Arc::new(

@@ -51,6 +51,7 @@ pub struct Manifest {
 /// The last committed epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Commit {
+    /// The epoch committed.
     pub epoch: u64,
     /// It was the last epoch of its run: every window was flushed.
     pub last: bool,
@@ -59,12 +60,14 @@ pub struct Commit {
 /// The driver's decisions for one epoch, written before it fires it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EpochPlan {
+    /// This epoch is the run's last: every window is flushed in it.
     pub last: bool,
 }
 
 /// What one table's reader of a source member read in one epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableRead {
+    /// The table read.
     pub table: String,
     /// Where the reader stood before the pull (next offset per partition).
     pub from: Vec<SourceOffset>,
@@ -79,10 +82,15 @@ pub struct TableRead {
 /// same records again and send them with the same watermark.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OffsetsEntry {
+    /// What each table's reader read.
     pub tables: Vec<TableRead>,
+    /// The watermark the member sent with the epoch.
     pub watermark: Option<i64>,
+    /// Every partition behind that watermark was idle.
     pub idle: bool,
+    /// Every partition had reached the end it had at open.
     pub drained: bool,
+    /// Every partition had reached its end (a bounded source).
     pub finished: bool,
     /// The run's number of epochs when it was bounded: generators slice
     /// their input by it, so a resume must keep it.
@@ -100,7 +108,9 @@ pub struct OffsetsEntry {
 pub struct PoisonRecord {
     /// Shard (partition) and sequence number (position).
     pub partition: String,
+    /// Its sequence number.
     pub position: String,
+    /// Why it could not be taken.
     pub reason: String,
 }
 
@@ -181,10 +191,12 @@ impl CheckpointStore {
         }
     }
 
+    /// The store's manifest: the query and run lineage it belongs to.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
+    /// The store's root path in its object store.
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -227,24 +239,29 @@ impl CheckpointStore {
         format!("{stage:02}-{member:02}")
     }
 
+    /// The last committed epoch, if any.
     pub async fn committed(&self) -> Result<Option<Commit>> {
         get_json(&self.store, &self.key(&["commit.json"])).await
     }
 
+    /// Record `commit` as the last committed epoch.
     pub async fn commit(&self, commit: Commit) -> Result<()> {
         self.put_json(&self.key(&["commit.json"]), &commit).await
     }
 
+    /// The plan the driver wrote for `epoch`, if it wrote one.
     pub async fn epoch_plan(&self, epoch: u64) -> Result<Option<EpochPlan>> {
         let name = format!("{}.json", epoch_name(epoch));
         get_json(&self.store, &self.key(&["epochs", &name])).await
     }
 
+    /// Write the driver's plan for `epoch` before firing it.
     pub async fn put_epoch_plan(&self, epoch: u64, plan: EpochPlan) -> Result<()> {
         let name = format!("{}.json", epoch_name(epoch));
         self.put_json(&self.key(&["epochs", &name]), &plan).await
     }
 
+    /// The offsets log entry of a source member for an epoch, if written.
     pub async fn offsets(
         &self,
         stage: u32,
@@ -256,6 +273,7 @@ impl CheckpointStore {
         get_json(&self.store, &self.key(&["offsets", &dir, &name])).await
     }
 
+    /// Write a source member's offsets log entry for an epoch.
     pub async fn put_offsets(
         &self,
         stage: u32,

@@ -23,26 +23,37 @@ const MAGIC: &[u8; 8] = b"SKSTATE1";
 /// A member's state as of the end of an epoch, decoded.
 #[derive(Debug, Default)]
 pub struct MemberState {
+    /// The epoch this state is as of the end of.
     pub epoch: u64,
+    /// The member's input watermark then.
     pub watermark: Watermark,
+    /// Rows held per input edge, not yet released.
     pub buffered: BTreeMap<u32, Vec<RecordBatch>>,
+    /// The watermark up to which windows were released.
     pub released: Option<i64>,
+    /// Per edge, the sessions already emitted per key, as `(start, end)`.
     pub emitted_sessions: BTreeMap<u32, HashMap<String, (i64, i64)>>,
 }
 
 /// A member's changes between its state at `base` and at `epoch`, decoded.
 #[derive(Debug, Default)]
 pub struct MemberChanges {
+    /// The epoch these changes lead to.
     pub epoch: u64,
+    /// The epoch of the state they apply to.
     pub base: u64,
+    /// The member's input watermark at `epoch`.
     pub watermark: Watermark,
+    /// The changes, in the order they were made.
     pub changes: Vec<Change>,
 }
 
 /// What one state object holds.
 #[derive(Debug)]
 pub enum Snapshot {
+    /// The whole state.
     Whole(MemberState),
+    /// Changes since an earlier state.
     Changes(MemberChanges),
 }
 

@@ -9,12 +9,14 @@ use serde::Serialize;
 use super::{CheckpointStore, Commit, epoch_name};
 use crate::error::Result;
 
+/// What a checkpoint store holds, for `skein status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StoreSummary {
     /// The last epoch the driver decided (and fired).
     pub last_epoch: Option<u64>,
     /// When it was decided, Unix ms.
     pub last_epoch_ms: Option<i64>,
+    /// The last committed epoch, if any.
     pub committed: Option<Commit>,
     /// When it was committed, Unix ms.
     pub committed_ms: Option<i64>,
@@ -23,6 +25,8 @@ pub struct StoreSummary {
 }
 
 impl CheckpointStore {
+    /// Summarise the store for `skein status`: its last commit, its last
+    /// planned epoch and when they were written.
     pub async fn summary(&self) -> Result<StoreSummary> {
         let mut out = StoreSummary {
             committed: self.committed().await?,

@@ -16,8 +16,11 @@ use crate::error::Result;
 /// Counts of one member, or summed over a query's members.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
+    /// Undecodable records the sources set aside.
     pub dead_letters: u64,
+    /// Rows that arrived after their window was emitted.
     pub late_rows: u64,
+    /// Sink writes that failed.
     pub sink_errors: u64,
 }
 
@@ -70,6 +73,7 @@ struct Counts {
 }
 
 impl MemberTally {
+    /// Add to the counts with `f`.
     pub fn count(&self, f: impl FnOnce(&mut Tally)) {
         f(&mut self.counts.lock().expect("tally").here);
     }

@@ -47,11 +47,15 @@ mod source_stage;
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
 pub struct FunctionEnv {
+    /// The source kinds a context can name.
     pub sources: SourceRegistry,
+    /// The sink kinds a context can name.
     pub sinks: SinkRegistry,
     /// Where spilled contexts live.
     pub store: Option<Arc<dyn ObjectStore>>,
+    /// Invokes the next hop's functions.
     pub invoker: Arc<dyn Invoker>,
+    /// The longest wait between retries of a throttled invocation.
     pub max_backoff: Duration,
     /// Where this process counts late rows.
     pub late: Arc<LateCounts>,
@@ -68,6 +72,7 @@ pub struct Response {
     /// Records a source pulled.
     #[serde(default)]
     pub events: u64,
+    /// Rows the function sent on.
     #[serde(default)]
     pub rows_out: u64,
     /// A source stage: every partition it reads reached the end it had when
@@ -95,6 +100,7 @@ pub struct LateCounts {
 }
 
 impl LateCounts {
+    /// Count `n` for `table`.
     pub fn add(&self, table: &str, n: u64) {
         *self
             .by_table
@@ -104,6 +110,7 @@ impl LateCounts {
             .or_default() += n;
     }
 
+    /// The counts, per table.
     pub fn by_table(&self) -> BTreeMap<String, u64> {
         self.by_table.lock().expect("late counts").clone()
     }
@@ -154,6 +161,8 @@ struct StageState {
     pushed: pushed::PushedLog,
 }
 
+/// The one generic function: built once per instance from its cloud
+/// context (the cold start), then serves triggers and payloads for its stage.
 pub struct StageFunction {
     ctx: CloudContext,
     name: String,
@@ -297,10 +306,12 @@ impl StageFunction {
         })
     }
 
+    /// This function's name.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The context it was built from.
     pub fn context(&self) -> &CloudContext {
         &self.ctx
     }
@@ -317,10 +328,10 @@ impl StageFunction {
             match request {
                 Request::Trigger(t) => self.run_source(t).await,
                 Request::Data(p) => self.take_payload(*p).await,
-                other => Err(EngineError::Invocation {
-                    name: self.name.clone(),
-                    reason: format!("a {} is not a stage request", other.kind()),
-                }),
+                other => Err(EngineError::invocation_failed(
+                    self.name.clone(),
+                    format!("a {} is not a stage request", other.kind()),
+                )),
             }
         })
         .await;

@@ -75,10 +75,7 @@ fn stand(at: &mut Vec<SourceOffset>, source: &str, partition: &str, position: &s
 
 impl StageFunction {
     fn refuse(&self, reason: &str) -> EngineError {
-        EngineError::Invocation {
-            name: self.name.clone(),
-            reason: reason.to_string(),
-        }
+        EngineError::invocation_failed(self.name.clone(), reason.to_string())
     }
 
     /// Run this source stage on records a platform pushed to it, instead
@@ -133,10 +130,7 @@ impl StageFunction {
             .source
             .decode_pushed(records)
             .await
-            .map_err(|e| EngineError::Source {
-                source_name: reader.table.clone(),
-                reason: format!("{}: {e}", self.name),
-            })?;
+            .map_err(|e| e.at_source(&reader.table, &self.name))?;
         self.tally.count(|t| t.dead_letters += mb.dead_letters);
         Ok(mb)
     }
@@ -344,9 +338,11 @@ impl StageFunction {
                     .source
                     .replay(spec, &read.from, &read.to)
                     .await
-                    .map_err(|err| EngineError::Source {
-                        source_name: reader.table.clone(),
-                        reason: format!("{}: reading pushed epoch {e} again: {err}", self.name),
+                    .map_err(|err| {
+                        err.at_source(
+                            &reader.table,
+                            format!("{}: reading pushed epoch {e} again", self.name),
+                        )
                     })?;
                 let watermark = Watermark {
                     value: entry.watermark,

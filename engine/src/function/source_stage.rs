@@ -18,19 +18,19 @@ use crate::watermark::{Watermark, WatermarkMin};
 impl StageFunction {
     pub(super) async fn run_source(&self, t: Trigger) -> Result<Response> {
         if t.qid != self.ctx.query_code {
-            return Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: format!(
+            return Err(EngineError::invocation_failed(
+                self.name.clone(),
+                format!(
                     "a trigger for query {:?}, not this function's {}",
                     t.qid, self.ctx.query_code
                 ),
-            });
+            ));
         }
         if !self.ctx.inputs.is_empty() {
-            return Err(EngineError::Invocation {
-                name: self.name.clone(),
-                reason: "a trigger reached a stage that takes payloads".into(),
-            });
+            return Err(EngineError::invocation_failed(
+                self.name.clone(),
+                "a trigger reached a stage that takes payloads",
+            ));
         }
         if self.readers.is_empty() {
             return self.run_constant(t).await;
@@ -47,10 +47,7 @@ impl StageFunction {
             epoch: t.epoch,
             epochs: self.ctx.epochs,
         };
-        let source_err = |table: &str, e: EngineError| EngineError::Source {
-            source_name: table.to_string(),
-            reason: format!("{}: {e}", self.name),
-        };
+        let source_err = |table: &str, e: EngineError| e.at_source(table, &self.name);
         let checkpoints = self.checkpoints().cloned();
         // With checkpoints: a cold instance stands where the log says the
         // previous epoch ended, and an epoch already in the log is read
@@ -176,14 +173,14 @@ impl StageFunction {
     ) -> Result<()> {
         for r in &self.readers {
             if r.source.replay_mode() == ReplayMode::Unsupported {
-                return Err(EngineError::Source {
-                    source_name: r.table.clone(),
-                    reason: format!(
+                return Err(EngineError::source_failed(
+                    r.table.clone(),
+                    format!(
                         "{}: this source cannot read an epoch again, so a query reading it \
                          cannot checkpoint",
                         self.name
                     ),
-                });
+                ));
             }
         }
         if spec.epoch == 0 {
@@ -211,16 +208,16 @@ impl StageFunction {
         {
             let said =
                 |e: Option<u64>| e.map_or("unbounded".to_string(), |n| format!("{n} epochs"));
-            return Err(EngineError::Source {
-                source_name: r.table.clone(),
-                reason: format!(
+            return Err(EngineError::source_failed(
+                r.table.clone(),
+                format!(
                     "{}: this table slices its input by the run's epochs, and the checkpointed \
                      run had {}, not {}: resume with the same --epochs",
                     self.name,
                     said(entry.epochs),
                     said(self.ctx.epochs)
                 ),
-            });
+            ));
         }
         let now = Instant::now();
         for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
@@ -230,10 +227,7 @@ impl StageFunction {
             r.source
                 .seek(spec, &read.to)
                 .await
-                .map_err(|e| EngineError::Source {
-                    source_name: r.table.clone(),
-                    reason: format!("{}: {e}", self.name),
-                })?;
+                .map_err(|e| e.at_source(&r.table, &self.name))?;
             if let (Some(clock), Some(saved)) = (clock.as_mut(), &read.clock) {
                 clock.restore(saved, now);
             }

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::LookupRow;
 
+/// Rows fetched from a lookup table, by key, each kept for a time to live;
+/// past the capacity the oldest answers go first.
 #[derive(Debug)]
 pub struct LookupCache {
     capacity: usize,
@@ -17,6 +19,7 @@ pub struct LookupCache {
 }
 
 impl LookupCache {
+    /// A cache of at most `capacity` keys, each kept for `ttl`.
     pub fn new(capacity: usize, ttl: Duration) -> Self {
         LookupCache {
             capacity,
@@ -32,6 +35,7 @@ impl LookupCache {
         (now.saturating_duration_since(*at) < self.ttl).then_some(row)
     }
 
+    /// Remember `row` (or its absence) for `key`, as of `now`.
     pub fn insert(&mut self, key: String, row: Option<LookupRow>, now: Instant) {
         if self.capacity == 0 || self.ttl.is_zero() {
             return;
@@ -55,10 +59,12 @@ impl LookupCache {
         }
     }
 
+    /// How many keys it holds.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// Whether it holds no key.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -39,8 +39,11 @@ use crate::window_state::rows_as_json;
 /// cannot be read as a stream.
 #[derive(Debug)]
 pub struct LookupTable {
+    /// The table's name.
     pub name: String,
+    /// The table's declaration.
     pub config: SourceConfig,
+    /// The table's schema.
     pub schema: SchemaRef,
 }
 
@@ -79,8 +82,11 @@ impl TableProvider for LookupTable {
 /// anywhere else it fails, saying so.
 #[derive(Debug)]
 pub struct LookupScanExec {
+    /// The table's name.
     pub table: String,
+    /// The table's declaration.
     pub config: SourceConfig,
+    /// The table's full schema.
     pub table_schema: SchemaRef,
     /// Columns of the table the plan reads.
     pub projection: Vec<usize>,
@@ -126,13 +132,17 @@ pub enum LookupJoinType {
 /// What a lookup join needs besides its input; travels in the plan codec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LookupSpec {
+    /// The lookup table's name.
     pub table: String,
+    /// Its declaration.
     pub config: SourceConfig,
+    /// Its lookup options (key, cache, missing keys).
     pub options: LookupOptions,
     /// The table's columns the join outputs, after the stream's.
     pub projection: Vec<usize>,
     /// The stream's key column (an index into the input's schema).
     pub stream_key: usize,
+    /// Inner or outer: whether a stream row without a match is kept.
     pub join_type: LookupJoinType,
     /// With `'lookup.missing' 'dead-letter'`: the stream table whose
     /// dead-letter destination takes rows without a match.
@@ -143,7 +153,9 @@ pub struct LookupSpec {
 /// where rows without a match go. Shared by every copy of the join node in
 /// a function instance, so the cache outlives an epoch.
 pub struct LookupHandle {
+    /// What to open.
     pub spec: LookupSpec,
+    /// The table's schema.
     pub table_schema: SchemaRef,
     lookup: Arc<dyn Lookup>,
     cache: Mutex<LookupCache>,
@@ -157,6 +169,7 @@ impl fmt::Debug for LookupHandle {
 }
 
 impl LookupHandle {
+    /// Open the lookup through `registry`.
     pub fn open(
         registry: &SourceRegistry,
         spec: LookupSpec,
@@ -225,10 +238,10 @@ impl LookupHandle {
             self.lookup.get(&asked).await?
         };
         if found.len() != ask.len() {
-            return Err(EngineError::Source {
-                source_name: self.spec.table.clone(),
-                reason: format!("asked for {} keys, got {} answers", ask.len(), found.len()),
-            });
+            return Err(EngineError::source_failed(
+                self.spec.table.clone(),
+                format!("asked for {} keys, got {} answers", ask.len(), found.len()),
+            ));
         }
         let not_found = found.iter().filter(|r| r.is_none()).count();
         metrics::lookup_request(&self.spec.table, ask.len(), not_found, started.elapsed());
@@ -245,7 +258,9 @@ impl LookupHandle {
 /// outputs the input's columns, then the table's projected ones.
 #[derive(Debug)]
 pub struct LookupJoinExec {
+    /// The stream side.
     pub input: Arc<dyn ExecutionPlan>,
+    /// The opened lookup table with its cache.
     pub handle: Arc<LookupHandle>,
     /// Input rows without a match, set aside for dead letters (with
     /// `'lookup.missing' 'dead-letter'`) until the function takes them.
@@ -255,6 +270,7 @@ pub struct LookupJoinExec {
 }
 
 impl LookupJoinExec {
+    /// A join of `input` with the lookup table behind `handle`.
     pub fn try_new(input: Arc<dyn ExecutionPlan>, handle: Arc<LookupHandle>) -> DfResult<Self> {
         let spec = &handle.spec;
         let outer = spec.join_type == LookupJoinType::Outer;

@@ -42,7 +42,9 @@ pub const LOOKUP_OPTIONS: &[&str] = &[
     OPT_MISSING,
 ];
 
+/// Keys a lookup cache holds by default.
 pub const DEFAULT_CACHE_SIZE: usize = 100_000;
+/// How long a cached row lives by default, in ms.
 pub const DEFAULT_CACHE_TTL_MS: u64 = 60_000;
 
 /// Stream rows set aside because their key had no match, in this process.
@@ -63,14 +65,18 @@ pub enum MissingPolicy {
 /// A lookup table's own options, checked at CREATE TABLE.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LookupOptions {
+    /// The key column.
     pub key: String,
     /// Put before each key's text when it is asked for.
     #[serde(default)]
     pub key_prefix: String,
     /// The other columns, in declared order: what the connector fetches.
     pub values: Vec<String>,
+    /// Keys the cache holds.
     pub cache_size: usize,
+    /// How long a cached row lives, in ms.
     pub cache_ttl_ms: u64,
+    /// What a key with no row gives.
     pub missing: MissingPolicy,
 }
 
@@ -80,6 +86,7 @@ impl LookupOptions {
         config.options.contains_key(OPT_KEY)
     }
 
+    /// The lookup options of a table declaration, checked against its schema.
     pub fn from_config(config: &SourceConfig, schema: &SchemaRef) -> Result<Self> {
         let key = config.option(OPT_KEY).unwrap_or_default().to_string();
         let field = schema.field_with_name(&key).map_err(|_| {

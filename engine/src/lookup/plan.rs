@@ -27,13 +27,17 @@ use crate::source::{SourceConfig, SourceRegistry};
 
 /// The rule's name; it runs right after DataFusion's `join_selection`.
 pub const RULE_NAME: &str = "place_lookup_joins";
+/// The DataFusion rule this one runs after.
 pub const RUNS_AFTER: &str = "join_selection";
 
+/// The physical optimizer rule that replaces a hash join of a stream with a
+/// lookup table by a lookup join.
 pub struct PlaceLookupJoins {
     registry: SourceRegistry,
 }
 
 impl PlaceLookupJoins {
+    /// The rule, opening lookups through `registry`.
     pub fn new(registry: SourceRegistry) -> Self {
         PlaceLookupJoins { registry }
     }

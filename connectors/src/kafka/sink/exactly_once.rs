@@ -20,6 +20,7 @@ use tokio::sync::Mutex;
 use super::offsets_topic::{member_markers, read_latest};
 use super::{KafkaSink, await_deliveries, ensure_topic, producer_config, send_rows, sink_error};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
+use crate::error::ConnectorError;
 
 /// How long a transaction call waits for the broker.
 const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -97,7 +98,7 @@ impl ExactlyOnce {
         let topic = sink.topic.as_str();
         producer
             .begin_transaction()
-            .map_err(|e| sink_error(topic, format!("begin_transaction: {e}")))?;
+            .map_err(|e| sink_error(topic, ConnectorError::kafka("begin_transaction", e)))?;
         let outcome = async {
             send_rows(&producer, topic, &sink.encoder, &write.batches).await?;
             let mut pending = vec![];
@@ -107,15 +108,17 @@ impl ExactlyOnce {
                     .payload(value.as_bytes());
                 match producer.send_result(record) {
                     Ok(d) => pending.push(d),
-                    Err((e, _)) => return Err(sink_error(&self.offsets_topic, e)),
+                    Err((e, _)) => {
+                        return Err(sink_error(&self.offsets_topic, ConnectorError::from(e)));
+                    }
                 }
             }
             await_deliveries(&self.offsets_topic, pending).await?;
             let p = producer.clone();
             tokio::task::spawn_blocking(move || p.commit_transaction(TRANSACTION_TIMEOUT))
                 .await
-                .map_err(|e| sink_error(topic, e))?
-                .map_err(|e| sink_error(topic, format!("commit_transaction: {e}")))
+                .map_err(|e| sink_error(topic, ConnectorError::Task("commit_transaction", e)))?
+                .map_err(|e| sink_error(topic, ConnectorError::kafka("commit_transaction", e)))
         }
         .await;
         match outcome {
@@ -171,18 +174,18 @@ impl ExactlyOnce {
         config.set("transactional.id", format!("skein-{name}-{member}"));
         let producer: FutureProducer = config
             .create()
-            .map_err(|e| sink_error(topic, format!("creating the producer: {e}")))?;
+            .map_err(|e| sink_error(topic, ConnectorError::kafka("creating the producer", e)))?;
         let p = producer.clone();
         tokio::task::spawn_blocking(move || p.init_transactions(TRANSACTION_TIMEOUT))
             .await
-            .map_err(|e| sink_error(topic, e))?
-            .map_err(|e| sink_error(topic, format!("init_transactions: {e}")))?;
+            .map_err(|e| sink_error(topic, ConnectorError::Task("init_transactions", e)))?
+            .map_err(|e| sink_error(topic, ConnectorError::kafka("init_transactions", e)))?;
         let (offsets_topic, prefix) = (self.offsets_topic.clone(), format!("{name}/"));
         let records = tokio::task::spawn_blocking(move || {
             read_latest(&brokers, &offsets_topic, &prefix, wait)
         })
         .await
-        .map_err(|e| sink_error(topic, e))?
+        .map_err(|e| sink_error(topic, ConnectorError::Task("reading the offsets topic", e)))?
         .map_err(|e| sink_error(topic, e))?;
         Ok(TransactionalWriter {
             producer,

@@ -12,6 +12,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::epochs::parse_marker_field;
+use crate::error::{ConnectorError, Result};
 
 /// Every committed record of `offsets_topic` whose key starts with
 /// `prefix`, as key without the prefix -> value (latest wins).
@@ -25,17 +26,17 @@ pub(super) fn read_latest(
     offsets_topic: &str,
     prefix: &str,
     wait: Duration,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "skein-offsets-reader")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .create()
-        .map_err(|e| format!("offsets reader: {e}"))?;
+        .map_err(|e| ConnectorError::kafka("offsets reader", e))?;
     let metadata = consumer
         .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
-        .map_err(|e| format!("metadata of {offsets_topic}: {e}"))?;
+        .map_err(|e| ConnectorError::kafka(format!("metadata of {offsets_topic}"), e))?;
     let partitions: Vec<i32> = metadata
         .topics()
         .first()
@@ -45,7 +46,7 @@ pub(super) fn read_latest(
     for p in partitions {
         let (low, high) = consumer
             .fetch_watermarks(offsets_topic, p, Duration::from_secs(30))
-            .map_err(|e| format!("watermarks of {offsets_topic}/{p}: {e}"))?;
+            .map_err(|e| ConnectorError::kafka(format!("watermarks of {offsets_topic}/{p}"), e))?;
         if high > low {
             ends.insert(p, high);
         }
@@ -57,17 +58,19 @@ pub(super) fn read_latest(
     let mut tpl = TopicPartitionList::new();
     for p in ends.keys() {
         tpl.add_partition_offset(offsets_topic, *p, Offset::Beginning)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ConnectorError::kafka(format!("assigning {offsets_topic}"), e))?;
     }
-    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    consumer
+        .assign(&tpl)
+        .map_err(|e| ConnectorError::kafka(format!("assigning {offsets_topic}"), e))?;
     let deadline = Instant::now() + wait;
     let mut done = BTreeSet::new();
     while done.len() < ends.len() {
         if Instant::now() > deadline {
-            return Err(format!(
+            return Err(ConnectorError::Other(format!(
                 "reading {offsets_topic}: not at its end after {wait:?} \
                  (a transaction left open holds it back until it times out)"
-            ));
+            )));
         }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
@@ -80,12 +83,16 @@ pub(super) fn read_latest(
                     );
                 }
             }
-            Some(Err(e)) => return Err(format!("reading {offsets_topic}: {e}")),
+            Some(Err(e)) => {
+                return Err(ConnectorError::kafka(format!("reading {offsets_topic}"), e));
+            }
             None => {}
         }
         // Transaction markers and aborted records move the position without
         // a message, so the position, not the last message, says where we are.
-        let position = consumer.position().map_err(|e| e.to_string())?;
+        let position = consumer
+            .position()
+            .map_err(|e| ConnectorError::kafka(format!("reading {offsets_topic}"), e))?;
         for e in position.elements() {
             if let (Offset::Offset(at), Some(end)) = (e.offset(), ends.get(&e.partition()))
                 && at >= *end
@@ -118,7 +125,7 @@ pub fn stored_offsets(
     offsets_topic: &str,
     checkpoint: &str,
     topic: &str,
-) -> Result<BTreeMap<i32, i64>, String> {
+) -> Result<BTreeMap<i32, i64>> {
     let all = read_latest(
         brokers,
         offsets_topic,

@@ -1,0 +1,271 @@
+//! Cutting the physical plan into stages where data moves between
+//! functions, and splitting off the scans of a stateful source stage.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::limit::GlobalLimitExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+
+use crate::context::StageMode;
+use crate::error::{EngineError, Result};
+use crate::exec::recompute;
+use crate::exec::{SourceScanExec, StageInput, StageInputExec, rewrite_leaves};
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Cutter {
+    pub(super) stages: BTreeMap<u32, Stage>,
+    pub(super) next_id: u32,
+}
+
+pub(super) struct Collected {
+    pub(super) inputs: Vec<(u32, Exchange)>,
+    pub(super) sources: Vec<SourceLeaf>,
+}
+
+impl Cutter {
+    /// Make a stage whose output leaves by `output`. `keep_top`: the top node
+    /// is the hash repartition that stays in this stage.
+    pub(super) fn build_stage(
+        &mut self,
+        top: Arc<dyn ExecutionPlan>,
+        output: Exchange,
+        keep_top: bool,
+    ) -> Result<u32> {
+        let mut found = Collected {
+            inputs: vec![],
+            sources: vec![],
+        };
+        let body = if keep_top {
+            let children = top
+                .children()
+                .into_iter()
+                .map(|c| self.cut(c.clone(), &mut found))
+                .collect::<Result<Vec<_>>>()?;
+            top.replace_children(children, recompute())?
+        } else {
+            self.cut(top, &mut found)?
+        };
+        self.next_id += 1;
+        let id = self.next_id;
+        let stage = Stage {
+            id,
+            kind: StageKind::Source,
+            plan: body,
+            members: 1,
+            inputs: found.inputs,
+            sources: found.sources,
+            output,
+            consumer: None,
+            stateful: false,
+            mode: StageMode::Stream,
+            concurrency: STATELESS_CONCURRENCY,
+            windows: vec![],
+            input_tables: vec![],
+            extra_outputs: vec![],
+        };
+        self.stages.insert(id, stage);
+        Ok(id)
+    }
+
+    pub(super) fn cut(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        found: &mut Collected,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
+            return match r.partitioning() {
+                Partitioning::Hash(_, n) => {
+                    let n = *n;
+                    let child = self.build_stage(plan.clone(), Exchange::Hash(n), true)?;
+                    found.inputs.push((child, Exchange::Hash(n)));
+                    Ok(Arc::new(StageInputExec::new(
+                        StageInput::Shuffle { shuffle_id: child },
+                        plan.schema(),
+                    )))
+                }
+                _ => self.cut(r.input().clone(), found),
+            };
+        }
+        if let Some(c) = plan.downcast_ref::<CoalescePartitionsExec>() {
+            let fetch = c.fetch();
+            let leaf = self.gather(c.input().clone(), found)?;
+            return Ok(match fetch {
+                Some(n) => Arc::new(GlobalLimitExec::new(leaf, 0, Some(n))),
+                None => leaf,
+            });
+        }
+        if let Some(m) = plan.downcast_ref::<SortPreservingMergeExec>() {
+            let (expr, fetch) = (m.expr().clone(), m.fetch());
+            let leaf = self.gather(m.input().clone(), found)?;
+            return Ok(Arc::new(SortExec::new(expr, leaf).with_fetch(fetch)));
+        }
+        if let Some(scan) = plan.downcast_ref::<SourceScanExec>() {
+            found.sources.push(SourceLeaf {
+                table: scan.table.clone(),
+                config: scan.config.clone(),
+                schema: scan.source.schema(),
+                parallelism: scan.source.parallelism(),
+            });
+            return Ok(Arc::new(StageInputExec::new(
+                StageInput::Source {
+                    table: scan.table.clone(),
+                    projection: scan.projection.clone(),
+                },
+                plan.schema(),
+            )));
+        }
+        if plan.children().is_empty() {
+            return Ok(plan);
+        }
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|c| self.cut(c.clone(), found))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(plan.replace_children(children, recompute())?)
+    }
+
+    pub(super) fn gather(
+        &mut self,
+        input: Arc<dyn ExecutionPlan>,
+        found: &mut Collected,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let schema = input.schema();
+        let child = self.build_stage(input, Exchange::Single, false)?;
+        found.inputs.push((child, Exchange::Single));
+        Ok(Arc::new(StageInputExec::new(
+            StageInput::Shuffle { shuffle_id: child },
+            schema,
+        )))
+    }
+
+    /// Classify stages, split what a function cannot run, and link consumers.
+    /// The source tables whose rows reach stage `id`'s output.
+    pub(super) fn tables_behind(&self, id: u32) -> Vec<SourceLeaf> {
+        let s = &self.stages[&id];
+        let mut out = s.sources.clone();
+        for (up, _) in &s.inputs {
+            for t in self.tables_behind(*up) {
+                if !out.iter().any(|o| o.table == t.table) {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
+    /// A table scanned in several places (a self-join) would otherwise be
+    /// pulled by several source stages, each with a consumer of its own that
+    /// stops at different offsets: windows would split between epochs, and
+    /// events would be counted twice. Source stages that read the same table
+    /// become one, which pulls once and feeds every consumer.
+    pub(super) fn merge_scans_of_one_table(&mut self) {
+        let mut by_table: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for s in self.stages.values() {
+            let mergeable = s.kind == StageKind::Source
+                && s.inputs.is_empty()
+                && s.sources.len() == 1
+                && s.consumer.is_some()
+                && s.output != Exchange::Sink;
+            if mergeable {
+                let src = &s.sources[0];
+                let key = format!("{}\u{1f}{:?}", src.table, src.config);
+                by_table.entry(key).or_default().push(s.id);
+            }
+        }
+        for ids in by_table.into_values().filter(|ids| ids.len() > 1) {
+            let (primary, others) = ids.split_first().expect("two or more");
+            for other in others {
+                let s = self.stages.remove(other).expect("stage");
+                let p = self.stages.get_mut(primary).expect("stage");
+                p.extra_outputs.push(MergedOutput {
+                    shuffle_id: s.id,
+                    plan: s.plan,
+                    output: s.output,
+                    consumer: s.consumer,
+                });
+            }
+        }
+    }
+
+    /// Stages are created children-first, so upstream modes are known.
+    pub(super) fn any_upstream(&self, id: u32, pred: &dyn Fn(&Stage) -> bool) -> bool {
+        self.stages[&id]
+            .inputs
+            .iter()
+            .any(|(up, _)| pred(&self.stages[up]) || self.any_upstream(*up, pred))
+    }
+
+    pub(super) fn split_scans(&mut self, id: u32) -> Result<()> {
+        let stage = self.stages.remove(&id).expect("stage");
+        let mut inputs = stage.inputs.clone();
+        let mut new_stages = vec![];
+        let plan = replace_source_leaves(&stage.plan, &mut |leaf, schema| {
+            self.next_id += 1;
+            let scan_id = self.next_id;
+            let source = stage
+                .sources
+                .iter()
+                .find(|s| matches!(&leaf.input, StageInput::Source { table, .. } if *table == s.table))
+                .cloned()
+                .expect("leaf of a known source");
+            new_stages.push(Stage {
+                id: scan_id,
+                kind: StageKind::Source,
+                plan: Arc::new(StageInputExec::new(leaf.input.clone(), schema.clone())),
+                members: 1,
+                inputs: vec![],
+                sources: vec![source],
+                output: Exchange::Single,
+                consumer: Some(id),
+                stateful: false,
+                mode: StageMode::Stream,
+                concurrency: STATELESS_CONCURRENCY,
+                windows: vec![],
+                input_tables: vec![],
+                extra_outputs: vec![],
+            });
+            inputs.push((scan_id, Exchange::Single));
+            Arc::new(StageInputExec::new(
+                StageInput::Shuffle {
+                    shuffle_id: scan_id,
+                },
+                schema,
+            ))
+        })?;
+        for s in new_stages {
+            self.stages.insert(s.id, s);
+        }
+        self.stages.insert(
+            id,
+            Stage {
+                plan,
+                inputs,
+                sources: vec![],
+                ..stage
+            },
+        );
+        Ok(())
+    }
+}
+
+pub(super) fn replace_source_leaves(
+    plan: &Arc<dyn ExecutionPlan>,
+    f: &mut dyn FnMut(&StageInputExec, SchemaRef) -> Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    rewrite_leaves::<EngineError>(plan, &mut |leaf, node| {
+        Ok(match leaf.input {
+            StageInput::Source { .. } => f(leaf, node.schema()),
+            StageInput::Shuffle { .. } => node.clone(),
+        })
+    })
+}

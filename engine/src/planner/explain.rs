@@ -1,0 +1,117 @@
+//! `skein explain`: the stage DAG as text and as JSON.
+
+use std::fmt::Write as _;
+
+use datafusion::physical_plan::displayable;
+
+use crate::context::{EdgeWindow, function_name};
+
+use super::*;
+
+pub(super) fn describe_output(output: Exchange, consumer: Option<u32>, sink: &str) -> String {
+    match (output, consumer) {
+        (Exchange::Hash(n), Some(c)) => format!("hash exchange -> stage {c} ({n} members)"),
+        (Exchange::Single, Some(c)) => format!("gather -> stage {c}"),
+        _ => format!("sink {sink}"),
+    }
+}
+
+impl QueryPlan {
+    /// `skein explain`: the DAG in words.
+    pub fn explain(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "query {}: {} stages, {} functions, group size {}, sink {} {}",
+            self.query_code,
+            self.stages.len(),
+            self.function_count(),
+            self.group_size,
+            self.sink.kind,
+            self.sink.location
+        );
+        for s in &self.stages {
+            let names: Vec<String> = (0..s.members)
+                .map(|m| function_name(&self.query_code, s.id, m))
+                .collect();
+            let names = if names.len() > 3 {
+                format!("{} .. {}", names[0], names[names.len() - 1])
+            } else {
+                names.join(", ")
+            };
+            let output = describe_output(s.output, s.consumer, &self.sink.kind);
+            let _ = writeln!(
+                out,
+                "\nstage {:02} [{:?}, {:?}] members {} concurrency {} -> {}\n  functions: {}",
+                s.id, s.kind, s.mode, s.members, s.concurrency, output, names
+            );
+            for (i, w) in s.windows.iter().enumerate() {
+                let edge = s.inputs[i].0;
+                let _ = match w {
+                    Some(EdgeWindow::Fixed(w)) => writeln!(
+                        out,
+                        "  input {edge}: window column #{} size {} ms",
+                        w.index, w.size_ms
+                    ),
+                    Some(EdgeWindow::Session(spec)) => writeln!(
+                        out,
+                        "  input {edge}: session windows over column #{} keyed by {:?}, gap {} ms",
+                        spec.time, spec.keys, spec.gap_ms
+                    ),
+                    Some(EdgeWindow::SessionStarts) => {
+                        writeln!(out, "  input {edge}: whole sessions")
+                    }
+                    None => Ok(()),
+                };
+            }
+            for line in displayable(s.plan.as_ref())
+                .indent(true)
+                .to_string()
+                .lines()
+            {
+                let _ = writeln!(out, "    {line}");
+            }
+            for o in &s.extra_outputs {
+                let _ = writeln!(
+                    out,
+                    "  from the same read, edge {} -> {}",
+                    o.shuffle_id,
+                    describe_output(o.output, o.consumer, &self.sink.kind)
+                );
+                for line in displayable(o.plan.as_ref())
+                    .indent(true)
+                    .to_string()
+                    .lines()
+                {
+                    let _ = writeln!(out, "    {line}");
+                }
+            }
+        }
+        out
+    }
+
+    /// A JSON description of the DAG for scripts.
+    pub fn explain_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "query_code": self.query_code,
+            "group_size": self.group_size,
+            "functions": self.function_count(),
+            "stages": self.stages.iter().map(|s| serde_json::json!({
+                "id": s.id,
+                "kind": s.kind,
+                "mode": s.mode,
+                "members": s.members,
+                "concurrency": s.concurrency,
+                "output": s.output,
+                "consumer": s.consumer,
+                "extra_outputs": s.extra_outputs.iter().map(|o| serde_json::json!({
+                    "edge": o.shuffle_id,
+                    "output": o.output,
+                    "consumer": o.consumer,
+                })).collect::<Vec<_>>(),
+                "functions": (0..s.members).map(|m| function_name(&self.query_code, s.id, m)).collect::<Vec<_>>(),
+                "operators": displayable(s.plan.as_ref()).indent(true).to_string().lines().map(|l| l.trim().to_string()).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}

@@ -1,0 +1,449 @@
+//! From SQL to a stage DAG.
+//!
+//! DataFusion plans the query for `group_size` partitions. We then cut the
+//! physical plan where data must move between functions:
+//! * a hash `RepartitionExec` ends the stage below it, which keeps the
+//!   repartition on top and sends partition i to member i (by the ring) of
+//!   a function group above it;
+//! * `CoalescePartitionsExec` and `SortPreservingMergeExec` end the stage
+//!   below and feed a single function (the merge becomes a sort there);
+//! * round-robin repartitions only spread work over threads and are dropped.
+//!
+//! Each cut leaves a [`StageInputExec`](crate::exec::StageInputExec) leaf in the stage above. Source scans
+//! become leaves too: a source stage pulls its micro-batch each epoch.
+//!
+//! Here: the plan types and [`plan_query`]; `cut.rs` cuts the plan into
+//! stages, `classify.rs` gives each its kind and mode, `window_edges.rs`
+//! finds the window or session column of each exchange edge, and
+//! `explain.rs` prints the result.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::codec::{plan_to_bytes, schema_to_bytes};
+use crate::context::{
+    CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding,
+    StageMode,
+};
+use crate::error::{EngineError, Result};
+use crate::exec::SourceTable;
+use crate::payload::Encoding;
+pub use crate::session::session;
+use crate::sink::SinkConfig;
+use crate::source::SourceConfig;
+use crate::watermark::OPT_LATE;
+
+mod classify;
+mod cut;
+mod explain;
+mod window_edges;
+
+use classify::is_ordered;
+pub use classify::is_stateful;
+use cut::Cutter;
+use window_edges::window_sizes;
+
+/// Concurrency of source functions: each trigger is independent.
+pub const STATELESS_CONCURRENCY: usize = 1000;
+/// Members of a function group when not given.
+pub const DEFAULT_GROUP_SIZE: usize = 8;
+
+/// How a stage's output leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exchange {
+    /// Hash-partitioned into this many partitions, one group member each.
+    Hash(usize),
+    /// Gathered into one function.
+    Single,
+    /// Written to the sink.
+    Sink,
+}
+
+/// What feeds a stage: sources, a hash exchange or a gathering one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageKind {
+    /// Pulls micro-batches from its tables' sources.
+    Source,
+    /// A function group fed by a hash exchange.
+    Group,
+    /// One function fed by a gathering exchange.
+    Single,
+}
+
+/// A source table a stage reads.
+#[derive(Debug, Clone)]
+pub struct SourceLeaf {
+    /// The table's name.
+    pub table: String,
+    /// Its declaration.
+    pub config: SourceConfig,
+    /// Its schema.
+    pub schema: SchemaRef,
+    /// How many instances read it (its source's partitioning).
+    pub parallelism: usize,
+}
+
+/// A piece of the plan one function (or group of them) runs.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    /// The stage id, also the id of its output edge.
+    pub id: u32,
+    /// What feeds it.
+    pub kind: StageKind,
+    /// Its sub-plan, with leaves for its inputs.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// How many functions run it.
+    pub members: u32,
+    /// Upstream stage ids and the exchange they send with.
+    pub inputs: Vec<(u32, Exchange)>,
+    /// The source tables it reads.
+    pub sources: Vec<SourceLeaf>,
+    /// How its output leaves it.
+    pub output: Exchange,
+    /// The stage that consumes this one's output (None for the sink stage).
+    pub consumer: Option<u32>,
+    /// Whether it holds state across epochs.
+    pub stateful: bool,
+    /// When it runs.
+    pub mode: StageMode,
+    /// How many instances of each function may run at once.
+    pub concurrency: usize,
+    /// The window column of each input edge, in input order.
+    pub windows: Vec<Option<EdgeWindow>>,
+    /// Per input edge: the source tables its rows come from.
+    pub input_tables: Vec<Vec<SourceLeaf>>,
+    /// A source stage's further outputs from the same read (other stages
+    /// that scanned the same table, merged into this one).
+    pub extra_outputs: Vec<MergedOutput>,
+}
+
+/// The output of a source stage merged into another that reads the same
+/// table: its id stays the edge id its consumer knows.
+#[derive(Debug, Clone)]
+pub struct MergedOutput {
+    /// The edge id its consumer knows.
+    pub shuffle_id: u32,
+    /// Its sub-plan.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// How it leaves.
+    pub output: Exchange,
+    /// The stage it feeds, if not the sink.
+    pub consumer: Option<u32>,
+}
+
+/// A query cut into stages: what `skein explain` prints and the backends deploy.
+#[derive(Debug, Clone)]
+pub struct QueryPlan {
+    /// The query text.
+    pub sql: String,
+    /// Its code (see [`query_code`]).
+    pub query_code: String,
+    /// Members of each function group.
+    pub group_size: usize,
+    /// The stages, by id.
+    pub stages: Vec<Stage>,
+    /// Where the results go.
+    pub sink: SinkConfig,
+    /// The schema of the results.
+    pub output_schema: SchemaRef,
+    /// The logical plan of the query's result, for single-process checks.
+    pub logical: LogicalPlan,
+    /// Whether the result has an ORDER BY (order matters when comparing).
+    pub ordered: bool,
+}
+
+/// Options of the planning session.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// Members of each function group.
+    pub group_size: usize,
+    /// How payloads are compressed.
+    pub encoding: Encoding,
+    /// Invoke the next hop asynchronously.
+    pub invoke_async: bool,
+    /// The run's lineage (see [`CloudContext::run`]).
+    pub run: String,
+    /// Checkpointing, if the query checkpoints.
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            group_size: DEFAULT_GROUP_SIZE,
+            encoding: Encoding::Zstd,
+            invoke_async: false,
+            // Every plan is a lineage of its own unless a checkpoint store
+            // says which one it continues.
+            run: crate::checkpoint::fresh_run("run"),
+            checkpoint: None,
+        }
+    }
+}
+
+/// The query code: a digest of the query text, used in function names.
+pub fn query_code(sql: &str) -> String {
+    format!(
+        "q{}",
+        &hex::encode(Sha256::digest(sql.trim().as_bytes()))[..10]
+    )
+}
+
+/// Split a script into statements at `;` outside quotes.
+pub fn split_statements(sql: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (None, '-') if chars.peek() == Some(&'-') => {
+                // Comment to end of line.
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+                cur.push('\n');
+                continue;
+            }
+            (None, '\'' | '"') => quote = Some(c),
+            (Some(q), c) if c == q => quote = None,
+            (None, ';') => {
+                if !cur.trim().is_empty() {
+                    out.push(cur.trim().to_string());
+                }
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out
+}
+
+/// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
+pub const EMIT_OPTION: &str = "emit";
+/// The `emit` value that asks for updates every epoch.
+pub const EMIT_UPDATES: &str = "updates";
+
+/// Run the script's DDL in `ctx` and plan its one query into stages.
+pub async fn plan_query(
+    ctx: &SessionContext,
+    sql: &str,
+    options: &PlanOptions,
+) -> Result<QueryPlan> {
+    if options.group_size == 0 {
+        return Err(EngineError::plan("the group size must be at least 1"));
+    }
+    let statements = split_statements(sql);
+    let (query, ddl) = statements
+        .split_last()
+        .ok_or_else(|| EngineError::plan("the SQL file holds no statement"))?;
+    for stmt in ddl {
+        ctx.sql(stmt).await?.collect().await?;
+    }
+    let logical = ctx.state().create_logical_plan(query).await?;
+    let (logical, sink) = match logical {
+        LogicalPlan::Dml(DmlStatement {
+            table_name,
+            op: WriteOp::Insert(_),
+            input,
+            ..
+        }) => {
+            let sink = sink_config_for(ctx, &table_name.to_string()).await?;
+            (Arc::unwrap_or_clone(input), sink)
+        }
+        LogicalPlan::Dml(_) => {
+            return Err(EngineError::plan(
+                "only INSERT INTO a sink table is supported",
+            ));
+        }
+        plan => (plan, SinkConfig::collect(&query_code(sql))),
+    };
+    let ordered = is_ordered(&logical);
+    let state = ctx.state();
+    let optimized = state.optimize(&logical)?;
+    // An optimizer rule's error (a lookup join that cannot be placed)
+    // comes wrapped in the rule's name: the cause alone reads better.
+    let physical = state
+        .create_physical_plan(&optimized)
+        .await
+        .map_err(|e| match e {
+            datafusion::error::DataFusionError::Context(_, cause) => *cause,
+            e => e,
+        })?;
+    let output_schema = physical.schema();
+    let mut cutter = Cutter::default();
+    cutter.build_stage(physical, Exchange::Sink, false)?;
+    let mut stages = cutter.finish(&window_sizes(&optimized))?;
+    // A sink declared with `'emit' 'updates'` takes each epoch's aggregates
+    // as they are (deltas it merges itself, e.g. with HINCRBY) instead of
+    // whole windows once the watermark closes them. No state then outlives an
+    // epoch, so the offsets of a write cover exactly the rows it carries.
+    if sink
+        .options
+        .get(EMIT_OPTION)
+        .is_some_and(|v| v == EMIT_UPDATES)
+    {
+        for s in &mut stages {
+            s.mode = StageMode::Stream;
+        }
+    }
+    Ok(QueryPlan {
+        sql: sql.to_string(),
+        query_code: query_code(sql),
+        group_size: options.group_size,
+        stages,
+        sink,
+        output_schema,
+        logical,
+        ordered,
+    })
+}
+
+/// A sink table is declared like a source (`CREATE EXTERNAL TABLE ... STORED
+/// AS REDIS ...`); its config becomes the sink's.
+async fn sink_config_for(ctx: &SessionContext, table: &str) -> Result<SinkConfig> {
+    let provider = ctx.table_provider(table).await?;
+    let any: &dyn std::any::Any = provider.as_ref();
+    let t = any
+        .downcast_ref::<SourceTable>()
+        .ok_or_else(|| EngineError::plan(format!("{table} is not a table Skein can write to")))?;
+    Ok(SinkConfig {
+        kind: t.config.kind.clone(),
+        location: t.config.location.clone(),
+        options: t.config.options.clone(),
+    })
+}
+
+impl QueryPlan {
+    /// The stage with id `id`.
+    pub fn stage(&self, id: u32) -> &Stage {
+        self.stages
+            .iter()
+            .find(|s| s.id == id)
+            .expect("stage id from this plan")
+    }
+
+    /// The stage that sends on edge `shuffle_id`: the stage of that id, or
+    /// the source stage one of whose merged outputs it is.
+    pub fn sender(&self, shuffle_id: u32) -> &Stage {
+        self.stages
+            .iter()
+            .find(|s| {
+                s.id == shuffle_id || s.extra_outputs.iter().any(|o| o.shuffle_id == shuffle_id)
+            })
+            .expect("edge id from this plan")
+    }
+
+    /// The stages that read sources.
+    pub fn source_stages(&self) -> impl Iterator<Item = &Stage> {
+        self.stages.iter().filter(|s| s.kind == StageKind::Source)
+    }
+
+    /// How many functions the query deploys.
+    pub fn function_count(&self) -> usize {
+        self.stages.iter().map(|s| s.members as usize).sum()
+    }
+
+    /// The cloud context of every function, by name, with its concurrency.
+    pub fn contexts(
+        &self,
+        options: &PlanOptions,
+        epochs: Option<u64>,
+    ) -> Result<Vec<(CloudContext, usize)>> {
+        let mut out = vec![];
+        for s in &self.stages {
+            let plan = plan_to_bytes(s.plan.clone())?;
+            let next = self.next_hop(s.output, s.consumer);
+            let extra_outputs = s
+                .extra_outputs
+                .iter()
+                .map(|o| {
+                    Ok(ExtraOutput {
+                        shuffle_id: o.shuffle_id,
+                        plan: plan_to_bytes(o.plan.clone())?,
+                        next: self.next_hop(o.output, o.consumer),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let inputs = s
+                .inputs
+                .iter()
+                .enumerate()
+                .map(|(i, (up, _))| {
+                    let tables = s.input_tables.get(i).cloned().unwrap_or_default();
+                    let late_letters = tables
+                        .iter()
+                        .find(|t| t.config.option(OPT_LATE) == Some("dead-letter"))
+                        .map(|t| t.config.clone());
+                    InputEdge {
+                        shuffle_id: *up,
+                        senders: self.sender(*up).members,
+                        window: s.windows.get(i).cloned().flatten(),
+                        tables: tables.into_iter().map(|t| t.table).collect(),
+                        late_letters,
+                    }
+                })
+                .collect();
+            let sources = s
+                .sources
+                .iter()
+                .map(|src| {
+                    Ok(SourceBinding {
+                        table: src.table.clone(),
+                        config: src.config.clone(),
+                        schema: schema_to_bytes(&src.schema)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for member in 0..s.members {
+                out.push((
+                    CloudContext {
+                        query_code: self.query_code.clone(),
+                        stage: s.id,
+                        member,
+                        members: s.members,
+                        mode: s.mode,
+                        plan: plan.clone(),
+                        inputs: Vec::clone(&inputs),
+                        sources: sources.clone(),
+                        next: next.clone(),
+                        extra_outputs: extra_outputs.clone(),
+                        encoding: options.encoding,
+                        invoke_async: options.invoke_async,
+                        epochs,
+                        run: options.run.clone(),
+                        checkpoint: options.checkpoint.clone(),
+                    },
+                    s.concurrency,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {
+        match (output, consumer) {
+            (Exchange::Sink, _) | (_, None) => NextHop::Sink(self.sink.clone()),
+            (Exchange::Hash(n), Some(c)) => NextHop::Group {
+                stage: c,
+                members: n as u32,
+            },
+            (Exchange::Single, Some(c)) => NextHop::Single { stage: c },
+        }
+    }
+}

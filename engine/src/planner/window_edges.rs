@@ -1,0 +1,131 @@
+//! Window edges: which column of an exchange edge carries windows or
+//! sessions, so an accumulating stage knows when to release rows.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::sorts::sort::SortExec;
+
+use crate::exec::passes_batches_through;
+use crate::exec::{StageInput, StageInputExec};
+use crate::window::{
+    SessionSpec, WINDOW_START, WindowColumn, find_window_column, literal_interval_ms,
+    session_gap_ms,
+};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
+
+/// The window column of an exchange schema: a field with window metadata,
+/// or else (metadata does not survive every operator, e.g. `unnest`) a
+/// timestamp column named `window_start` when the query uses one window size.
+pub(super) fn edge_window(schema: &SchemaRef, window_sizes: &[i64]) -> Option<WindowColumn> {
+    if let Some(w) = find_window_column(schema) {
+        return Some(w);
+    }
+    let [size_ms] = window_sizes else { return None };
+    let index = schema.index_of(WINDOW_START).ok()?;
+    matches!(schema.field(index).data_type(), DataType::Timestamp(_, _)).then_some(WindowColumn {
+        index,
+        size_ms: *size_ms,
+    })
+}
+
+/// A `session(...) OVER (PARTITION BY ...)` computed directly over shuffle
+/// edge `shuffle`'s rows: its key and time columns in the edge's schema.
+pub(super) fn session_over_leaf(
+    plan: &Arc<dyn ExecutionPlan>,
+    shuffle: u32,
+) -> Option<SessionSpec> {
+    let exprs = if let Some(w) = plan.downcast_ref::<WindowAggExec>() {
+        Some(w.window_expr().to_vec())
+    } else {
+        plan.downcast_ref::<BoundedWindowAggExec>()
+            .map(|w| w.window_expr().to_vec())
+    };
+    if let Some(exprs) = exprs {
+        let input = plan.children()[0];
+        if reaches_leaf_unchanged(input, shuffle) {
+            for e in exprs {
+                if !e.name().starts_with("session(") {
+                    continue;
+                }
+                let args = e.expressions();
+                let time = args.first()?.downcast_ref::<Column>()?.index();
+                let keys = e
+                    .partition_by()
+                    .iter()
+                    .map(|k| k.downcast_ref::<Column>().map(Column::index))
+                    .collect::<Option<Vec<_>>>()?;
+                return Some(SessionSpec {
+                    keys,
+                    time,
+                    gap_ms: session_gap_ms(&args)?,
+                });
+            }
+        }
+    }
+    plan.children()
+        .into_iter()
+        .find_map(|c| session_over_leaf(c, shuffle))
+}
+
+/// Whether `plan` passes edge `shuffle`'s rows through with their schema
+/// unchanged (sorts and batch coalescing only).
+pub(super) fn reaches_leaf_unchanged(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> bool {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
+        return leaf.input
+            == StageInput::Shuffle {
+                shuffle_id: shuffle,
+            };
+    }
+    (plan.downcast_ref::<SortExec>().is_some() || passes_batches_through(plan))
+        && plan.children().len() == 1
+        && plan.children()[0].schema() == plan.schema()
+        && reaches_leaf_unchanged(plan.children()[0], shuffle)
+}
+
+/// The distinct window sizes of the `tumble` and `hop` calls in a plan.
+pub(super) fn window_sizes(plan: &LogicalPlan) -> Vec<i64> {
+    let mut sizes = vec![];
+    let _ = plan.apply_with_subqueries(|node| {
+        for e in node.expressions() {
+            let _ = e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e {
+                    let size_arg = match f.func.name() {
+                        "tumble" => f.args.get(1),
+                        "hop" => f.args.get(2),
+                        _ => None,
+                    };
+                    if let Some(Expr::Literal(v, _)) = size_arg
+                        && let Some(ms) = literal_interval_ms(v)
+                    {
+                        sizes.push(ms);
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            });
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+pub(super) fn leaf_schema(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> Option<SchemaRef> {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
+        return (leaf.input
+            == StageInput::Shuffle {
+                shuffle_id: shuffle,
+            })
+        .then(|| plan.schema());
+    }
+    plan.children()
+        .into_iter()
+        .find_map(|c| leaf_schema(c, shuffle))
+}
