@@ -56,22 +56,7 @@ impl Cutter {
         };
         self.next_id += 1;
         let id = self.next_id;
-        let stage = Stage {
-            id,
-            kind: StageKind::Source,
-            plan: body,
-            members: 1,
-            inputs: found.inputs,
-            sources: found.sources,
-            output,
-            consumer: None,
-            stateful: false,
-            mode: StageMode::Stream,
-            concurrency: STATELESS_CONCURRENCY,
-            windows: vec![],
-            input_tables: vec![],
-            extra_outputs: vec![],
-        };
+        let stage = Stage::as_cut(id, body, found.inputs, found.sources, output);
         self.stages.insert(id, stage);
         Ok(id)
     }
@@ -218,22 +203,10 @@ impl Cutter {
                 .find(|s| matches!(&leaf.input, StageInput::Source { table, .. } if *table == s.table))
                 .cloned()
                 .expect("leaf of a known source");
-            new_stages.push(Stage {
-                id: scan_id,
-                kind: StageKind::Source,
-                plan: Arc::new(StageInputExec::new(leaf.input.clone(), schema.clone())),
-                members: 1,
-                inputs: vec![],
-                sources: vec![source],
-                output: Exchange::Single,
-                consumer: Some(id),
-                stateful: false,
-                mode: StageMode::Stream,
-                concurrency: STATELESS_CONCURRENCY,
-                windows: vec![],
-                input_tables: vec![],
-                extra_outputs: vec![],
-            });
+            let plan = Arc::new(StageInputExec::new(leaf.input.clone(), schema.clone()));
+            let mut scan = Stage::as_cut(scan_id, plan, vec![], vec![source], Exchange::Single);
+            scan.consumer = Some(id);
+            new_stages.push(scan);
             inputs.push((scan_id, Exchange::Single));
             Arc::new(StageInputExec::new(
                 StageInput::Shuffle {
@@ -268,4 +241,33 @@ pub(super) fn replace_source_leaves(
             StageInput::Shuffle { .. } => node.clone(),
         })
     })
+}
+
+impl Stage {
+    /// A stage as the cut leaves it: a stateless source stage of one member
+    /// with no consumer yet, until classifying gives it its kind and mode.
+    fn as_cut(
+        id: u32,
+        plan: Arc<dyn ExecutionPlan>,
+        inputs: Vec<(u32, Exchange)>,
+        sources: Vec<SourceLeaf>,
+        output: Exchange,
+    ) -> Stage {
+        Stage {
+            id,
+            kind: StageKind::Source,
+            plan,
+            members: 1,
+            inputs,
+            sources,
+            output,
+            consumer: None,
+            stateful: false,
+            mode: StageMode::Stream,
+            concurrency: STATELESS_CONCURRENCY,
+            windows: vec![],
+            input_tables: vec![],
+            extra_outputs: vec![],
+        }
+    }
 }
