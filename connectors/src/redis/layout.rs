@@ -47,8 +47,9 @@ impl KeyedLayout {
     /// next.
     pub fn from_sink_config(config: &SinkConfig) -> Result<Self> {
         let opt = |k: &str| config.options.get(k).cloned();
-        let need =
-            |k: &str| opt(k).ok_or_else(|| ConnectorError::Config(format!("option {k:?} is required")));
+        let need = |k: &str| {
+            opt(k).ok_or_else(|| ConnectorError::Config(format!("option {k:?} is required")))
+        };
         let name = opt("layout").unwrap_or_else(|| "string".into());
         let layout = match name.as_str() {
             "string" => Layout::String {
@@ -99,10 +100,9 @@ impl RedisLayout for KeyedLayout {
     ) -> Result<()> {
         let template = KeyTemplate::parse(&self.key_template, &write.schema)?;
         let column = |name: &str| -> Result<usize> {
-            write
-                .schema
-                .index_of(name)
-                .map_err(|_| ConnectorError::Config(format!("no column {name:?} in the query's output")))
+            write.schema.index_of(name).map_err(|_| {
+                ConnectorError::Config(format!("no column {name:?} in the query's output"))
+            })
         };
         let value = match &self.layout {
             Layout::String { value } | Layout::List { value } => Some(column(value)?),
@@ -161,17 +161,16 @@ impl KeyTemplate {
         let mut columns = vec![];
         let mut rest = template;
         while let Some(open) = rest.find('{') {
-            let close = rest[open..]
-                .find('}')
-                .map(|c| open + c)
-                .ok_or_else(|| ConnectorError::Config(format!("key {template:?}: unclosed '{{'")))?;
+            let close = rest[open..].find('}').map(|c| open + c).ok_or_else(|| {
+                ConnectorError::Config(format!("key {template:?}: unclosed '{{'"))
+            })?;
             if open > 0 {
                 parts.push(KeyPart::Text(rest[..open].to_string()));
             }
             let name = &rest[open + 1..close];
-            let i = schema
-                .index_of(name)
-                .map_err(|_| ConnectorError::Config(format!("key {template:?}: no column {name:?}")))?;
+            let i = schema.index_of(name).map_err(|_| {
+                ConnectorError::Config(format!("key {template:?}: no column {name:?}"))
+            })?;
             parts.push(KeyPart::Column(i));
             columns.push(i);
             rest = &rest[close + 1..];
