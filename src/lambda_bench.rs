@@ -161,11 +161,12 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
 
     let b = connect(&args.lambda.store).await?;
     let (code, code_sha256) = code(&b, &args.lambda).await?;
+    let memory_mb = args.lambda.memory_mb().max(1024);
     let options = ServiceOptions {
         code,
         code_sha256,
         role: args.lambda.role.clone(),
-        memory_mb: args.lambda.memory_mb().max(1024),
+        memory_mb,
         timeout_s: args.lambda.timeout,
         arch: args.lambda.arch.lambda(),
         extra_env: BTreeMap::from([
@@ -238,7 +239,7 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
                     bar.inc(1);
                 }
             }
-            lines.push(exchange_line(bytes, repeat, &times));
+            lines.push(exchange_line(bytes, repeat, &times, memory_mb));
         }
         Ok(lines)
     }
@@ -273,6 +274,27 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
             format!("{}/{}", l["sync_fragments"], l["async_fragments"]),
         );
     }
+    println!(
+        "$ per million exchanges, x86_64 (arm64), prices of {}:",
+        skein_cost::PRICES_DATE
+    );
+    for l in &lines {
+        let usd = |m: &str, arch: &str| {
+            l["cost"][m][format!("usd_per_million_{arch}")]
+                .as_f64()
+                .map_or("-".to_string(), |x| format!("{x:.2}"))
+        };
+        println!(
+            "{:>10}  sync {} ({})  async {} ({})  s3 {} ({})",
+            l["bytes"].as_u64().unwrap_or(0),
+            usd("sync", "x86_64"),
+            usd("sync", "arm64"),
+            usd("async", "x86_64"),
+            usd("async", "arm64"),
+            usd("s3", "x86_64"),
+            usd("s3", "arm64"),
+        );
+    }
     Ok(())
 }
 
@@ -281,6 +303,7 @@ fn exchange_line(
     bytes: usize,
     repeat: usize,
     times: &BTreeMap<&str, Vec<skein_lambda::exchange::ExchangeReport>>,
+    memory_mb: i32,
 ) -> serde_json::Value {
     let median = |mut xs: Vec<f64>| -> Option<f64> {
         if xs.is_empty() {
@@ -307,9 +330,35 @@ fn exchange_line(
     let round = |x: Option<f64>| x.map(|x| (x * 100.0).round() / 100.0);
     let (sync, asyn, s3) = (ms("sync"), ms("async"), ms("s3"));
     let ratio = |p: Option<f64>| round(p.zip(s3).map(|(p, s)| p / s));
+    // Priced per exchange: the call that starts the sender, one request per
+    // fragment (or the one passing the key), S3's PUT and GET, and the
+    // median time billed on both functions (the receiver's share is taken
+    // as the whole exchange: an upper bound).
+    let cost = |m: &str, median_ms: Option<f64>| {
+        let fragments = first(m, |r| r.fragments)? as u64;
+        let objects = u64::from(m == "s3");
+        let usage = skein_cost::ExchangeUsage {
+            requests: 1 + fragments,
+            billed_ms: 2.0 * median_ms?,
+            memory_mb: memory_mb.max(0) as u32,
+            s3_puts: objects,
+            s3_gets: objects,
+        };
+        Some(skein_cost::exchange_cost(
+            &usage,
+            &skein_cost::Prices::default(),
+        ))
+    };
     json!({
         "bytes": bytes,
         "repeat": repeat,
+        "cost": {
+            "prices": skein_cost::PRICES_DATE,
+            "memory_mb": memory_mb,
+            "sync": cost("sync", sync),
+            "async": cost("async", asyn),
+            "s3": cost("s3", s3),
+        },
         "sync_ms": round(sync),
         "async_ms": round(asyn),
         "s3_ms": round(s3),

@@ -5,9 +5,11 @@
 //! source, overridable by a JSON file. docs/cost.md explains the model.
 
 mod estimate;
+mod exchange;
 mod prices;
 
 pub use estimate::{Arch, CostReport, LambdaCost, Measured, ModelOptions, ServerCost, estimate};
+pub use exchange::{ExchangeCost, ExchangeUsage, exchange_cost};
 pub use prices::{PRICES_DATE, PRICES_SOURCE, Prices};
 
 /// What can go wrong reading a price file.
