@@ -255,7 +255,10 @@ async fn await_deliveries(
         match delivery.await {
             Ok(Ok(_)) => {}
             Ok(Err((e, _))) => {
-                return Err(sink_error(topic, ConnectorError::kafka("delivery failed", e)));
+                return Err(sink_error(
+                    topic,
+                    ConnectorError::kafka("delivery failed", e),
+                ));
             }
             Err(_) => return Err(sink_error(topic, "delivery cancelled")),
         }
