@@ -138,7 +138,7 @@ impl CommonRunArgs {
 
 #[derive(Args, Debug)]
 pub struct NexmarkArgs {
-    /// Query number, 0..=13.
+    /// Query number, 0..=22.
     #[arg(long)]
     pub query: u32,
     /// Events to generate.
@@ -216,7 +216,7 @@ pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result
 
 /// The NEXMark queries, built into the binary so that an installed `skein`
 /// runs them anywhere.
-const NEXMARK_QUERIES: [&str; 14] = [
+const NEXMARK_QUERIES: [&str; 23] = [
     include_str!("../queries/nexmark/q0.sql"),
     include_str!("../queries/nexmark/q1.sql"),
     include_str!("../queries/nexmark/q2.sql"),
@@ -231,6 +231,15 @@ const NEXMARK_QUERIES: [&str; 14] = [
     include_str!("../queries/nexmark/q11.sql"),
     include_str!("../queries/nexmark/q12.sql"),
     include_str!("../queries/nexmark/q13.sql"),
+    include_str!("../queries/nexmark/q14.sql"),
+    include_str!("../queries/nexmark/q15.sql"),
+    include_str!("../queries/nexmark/q16.sql"),
+    include_str!("../queries/nexmark/q17.sql"),
+    include_str!("../queries/nexmark/q18.sql"),
+    include_str!("../queries/nexmark/q19.sql"),
+    include_str!("../queries/nexmark/q20.sql"),
+    include_str!("../queries/nexmark/q21.sql"),
+    include_str!("../queries/nexmark/q22.sql"),
 ];
 
 /// [`nexmark_sql`] with the location a query writing files (q10) writes to.
@@ -243,7 +252,7 @@ pub fn nexmark_sql_to(
 ) -> Result<String> {
     let body = NEXMARK_QUERIES
         .get(query as usize)
-        .with_context(|| format!("NEXMark query {query}: there are q0 to q13"))?
+        .with_context(|| format!("NEXMark query {query}: there are q0 to q22"))?
         .replace("{{output}}", output);
     let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
     Ok(format!("{tables}\n{body}"))

@@ -15,6 +15,7 @@
 pub mod admit;
 pub mod arena;
 pub mod backoff;
+pub mod changelog;
 pub mod checkpoint;
 pub mod codec;
 pub mod compaction;
@@ -24,6 +25,7 @@ pub mod epochs;
 pub mod error;
 pub mod exec;
 pub mod function;
+pub mod functions;
 pub mod interval;
 pub mod invoke;
 pub mod ipc_decode;

@@ -41,5 +41,6 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     ctx.register_udf(tumble_udf());
     ctx.register_udf(hop_udf());
     ctx.register_udwf(session_udwf());
+    ctx.register_udf(crate::functions::count_char_udf());
     ctx
 }

@@ -154,6 +154,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// Pull the micro-batch of `spec.epoch` for instance `spec.instance`.
     async fn pull(&self, spec: EpochSpec) -> Result<MicroBatch>;
 
+    /// Whether its rows are a changelog (a change-data-capture topic): its
+    /// batches then carry [`crate::changelog::OP_COLUMN`] after the
+    /// columns of [`Source::schema`], and everything the query computes
+    /// from them updates.
+    fn changelog(&self) -> bool {
+        false
+    }
+
     /// How a checkpoint can read this source's epochs again.
     fn replay_mode(&self) -> ReplayMode {
         ReplayMode::Unsupported
