@@ -234,7 +234,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
 /// measured, for its cost.
 async fn runtime_rate(epochs: u64) -> Result<(f64, skein_cost::Measured)> {
     let regs = registries();
-    let ctx = session(&regs.sources, 4);
+    let ctx = session(&regs.catalog, 4);
     let sql = format!(
         "{}\nSELECT auction, count(*) AS n FROM bid GROUP BY auction",
         skein_generators::table::nexmark_ddl(epochs * 100, 10_000, 2)
@@ -244,7 +244,7 @@ async fn runtime_rate(epochs: u64) -> Result<(f64, skein_cost::Measured)> {
         ..Default::default()
     };
     let plan = plan_query(&ctx, &sql, &options).await?;
-    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let cpu_before = crate::cost::process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
     let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
@@ -276,7 +276,7 @@ async fn nexmark_run_seconds(
 ) -> Result<(f64, usize, skein_cost::Measured)> {
     let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
     let regs = registries();
-    let ctx = session(&regs.sources, args.group_size);
+    let ctx = session(&regs.catalog, args.group_size);
     let options = PlanOptions {
         group_size: args.group_size,
         ..Default::default()
@@ -284,7 +284,7 @@ async fn nexmark_run_seconds(
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
-    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let cpu_before = crate::cost::process_cpu_s();
     let started = Instant::now();
     let mut series = series;

@@ -57,7 +57,7 @@ struct Setup {
 async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
     let sql = crate::run::nexmark_sql(query, args.events, args.rate, 1)?;
     let regs = registries();
-    let ctx = session(&regs.sources, args.group_size);
+    let ctx = session(&regs.catalog, args.group_size);
     let mut options = PlanOptions {
         group_size: args.group_size,
         ..Default::default()
@@ -65,7 +65,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
-    let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
             Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options).await?)

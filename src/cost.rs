@@ -286,7 +286,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     let sql = at_rate(&sql, args.rate, events);
 
     let regs = registries();
-    let ctx = session(&regs.sources, args.plan.group_size);
+    let ctx = session(&regs.catalog, args.plan.group_size);
     let mut options = args.plan.options();
     let plan = plan_query(&ctx, &sql, &options)
         .await
@@ -294,7 +294,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     check_generated(&plan, &events.to_string())?;
     let (measured, functions, measured_on) = match args.lambda.backend {
         Backend::Local => {
-            let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
+            let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
             // Checkpointed every epoch, as a standing query is by default.
             let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&scratch);

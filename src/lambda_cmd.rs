@@ -302,7 +302,7 @@ pub(crate) async fn plan(
     store_url: &str,
 ) -> Result<(QueryPlan, datafusion::prelude::SessionContext)> {
     let regs = registries();
-    let ctx = session(&regs.sources, p.group_size);
+    let ctx = session(&regs.catalog, p.group_size);
     let mut plan = plan_query(&ctx, sql, &p.options())
         .await
         .context("planning the query")?;

@@ -1,40 +1,33 @@
-//! The one place that lists every source and sink kind this binary knows.
-//! Adding a connector is a line here and a module in its crate.
+//! The catalog of this binary: every crate's table kinds. A crate lists
+//! its own kinds (a line each); adding a crate of kinds is a line here.
 
 use std::sync::Arc;
 
-use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
-use skein_engine::source::SourceRegistry;
+use skein_engine::catalog::Catalog;
+use skein_engine::sink::CollectSinkFactory;
 
-/// Registries for a run; `collect` receives results that are not INSERTed
-/// into a sink table.
+/// The catalog for a run; `collect` receives results that are not
+/// INSERTed into a sink table.
 pub struct Registries {
-    pub sources: SourceRegistry,
-    pub sinks: SinkRegistry,
+    pub catalog: Catalog,
     pub collect: CollectSinkFactory,
 }
 
 pub fn registries() -> Registries {
-    let mut sources = SourceRegistry::default();
-    skein_generators::table::register(&mut sources);
-    skein_connectors::register(&mut sources);
+    let mut catalog = Catalog::default();
+    skein_generators::table::register(&mut catalog);
+    skein_connectors::register(&mut catalog);
+    skein_ysb::register_sinks(&mut catalog);
     let collect = CollectSinkFactory::default();
-    let mut sinks = SinkRegistry::default();
-    sinks.register("COLLECT", Arc::new(collect.clone()));
-    skein_connectors::register_sinks(&mut sinks, &mut sources);
-    skein_ysb::register_sinks(&mut sinks, &mut sources);
-    // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
-    sources.allow_options(
-        skein_connectors::kinesis::KIND,
-        &[skein_lambda::esm::MODE_OPTION],
-    );
-    sinks.register(
+    catalog.register_sink("COLLECT", Arc::new(collect.clone()));
+    catalog.register_sink(
         skein_connectors::results::KIND,
         Arc::new(skein_connectors::results::ResultsSinkFactory),
     );
-    Registries {
-        sources,
-        sinks,
-        collect,
-    }
+    // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
+    catalog.add_backend_options(
+        skein_connectors::kinesis::KIND,
+        &[skein_lambda::esm::MODE_OPTION],
+    );
+    Registries { catalog, collect }
 }

@@ -174,7 +174,7 @@ pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result
 
 async fn explain_sql(sql: &str, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
     let regs = registries();
-    let ctx = session(&regs.sources, plan_args.group_size);
+    let ctx = session(&regs.catalog, plan_args.group_size);
     let plan = plan_query(&ctx, sql, &plan_args.options()).await?;
     if as_json {
         println!("{}", plan.explain_json());
@@ -291,12 +291,8 @@ pub async fn run_report(
     if let Some(addr) = args.metrics {
         serve_metrics(addr)?;
     }
-    let Registries {
-        sources,
-        sinks,
-        collect,
-    } = registries();
-    let ctx: SessionContext = session(&sources, args.plan.group_size);
+    let Registries { catalog, collect } = registries();
+    let ctx: SessionContext = session(&catalog, args.plan.group_size);
     let opts = args.plan.options();
     let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
@@ -304,7 +300,7 @@ pub async fn run_report(
     for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
         tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
     }
-    let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
     let held = crate::checkpoint_dir::open(&plan, &request).await?;

@@ -64,7 +64,7 @@ pub async fn status(args: StatusArgs) -> Result<()> {
 
 async fn plan_sql(sql: &str, plan: &PlanArgs) -> Result<QueryPlan> {
     let regs = registries();
-    let ctx = session(&regs.sources, plan.group_size);
+    let ctx = session(&regs.catalog, plan.group_size);
     plan_query(&ctx, sql, &plan.options())
         .await
         .context("planning the query")
@@ -88,7 +88,7 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
     let fs = LocalFileSystem::new_with_prefix(&dir)
         .with_context(|| format!("opening {}", dir.display()))?;
     let store = CheckpointStore::attach(Arc::new(fs), StorePath::from(""), &plan.query_code, "");
-    Ok(query_status(&plan, &store, &registries().sources).await?)
+    Ok(query_status(&plan, &store, &registries().catalog).await?)
 }
 
 async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
@@ -112,7 +112,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
     standing::route_collect(&mut plan, &spec.store);
     let (cp_store, root) = skein_lambda::checkpoints::locate(&spec.checkpoints)?;
     let store = CheckpointStore::attach(cp_store, root, &code, "");
-    let status = query_status(&plan, &store, &registries().sources).await?;
+    let status = query_status(&plan, &store, &registries().catalog).await?;
     let sdk = skein_lambda::sdk_config().await;
     let schedule = Schedules::new(&sdk).state(&schedule_name(&code)).await?;
     let (lease_store, lease_key) = standing::lease_location(&spec.checkpoints)?;

@@ -13,11 +13,12 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, RecordBatch
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use object_store::memory::InMemory;
+use skein_engine::catalog::Catalog;
 use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, plan_query, session};
-use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
-use skein_engine::source::{MemorySource, MemorySourceFactory, SourceRegistry};
+use skein_engine::sink::CollectSinkFactory;
+use skein_engine::source::{MemorySource, MemorySourceFactory};
 
 fn events_schema(key: &DataType) -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -29,7 +30,7 @@ fn events_schema(key: &DataType) -> SchemaRef {
 /// (ad, ordinal) rows in one partition; with `epochs` epochs, epoch e reads
 /// the e-th slice of them.
 struct Run {
-    sources: SourceRegistry,
+    catalog: Catalog,
     runtime: Arc<LocalRuntime>,
     results: CollectSinkFactory,
     /// The SQL type of the stream's `ad_id`.
@@ -58,15 +59,14 @@ fn with_keys(keys: ArrayRef) -> Run {
     .unwrap();
     let memory = Arc::new(MemorySourceFactory::default());
     memory.insert("events", MemorySource::new(schema, vec![vec![batch]]));
-    let mut sources = SourceRegistry::default();
-    sources.register("MEMORY", memory);
+    let mut catalog = Catalog::default();
+    catalog.register_source("MEMORY", memory);
     let results = CollectSinkFactory::default();
-    let mut sinks = SinkRegistry::default();
-    sinks.register("COLLECT", Arc::new(results.clone()));
-    skein_connectors::register_sinks(&mut sinks, &mut sources);
-    let runtime = LocalRuntime::new(sources.clone(), sinks, Arc::new(InMemory::new()));
+    catalog.register_sink("COLLECT", Arc::new(results.clone()));
+    skein_connectors::register(&mut catalog);
+    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     Run {
-        sources,
+        catalog,
         runtime,
         results,
         key_type,
@@ -96,7 +96,7 @@ async fn run(
         group_size: 2,
         ..Default::default()
     };
-    let ctx = session(&r.sources, options.group_size);
+    let ctx = session(&r.catalog, options.group_size);
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .map_err(|e| e.to_string())?;

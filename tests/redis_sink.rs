@@ -17,9 +17,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use futures::future::join_all;
 use redis::AsyncCommands;
 use skein_connectors::redis::stored_offsets;
+use skein_engine::catalog::Catalog;
 use skein_engine::payload::SourceOffset;
-use skein_engine::sink::{Sink, SinkConfig, SinkRegistry, SinkWrite};
-use skein_engine::source::SourceRegistry;
+use skein_engine::sink::{Sink, SinkConfig, SinkWrite};
 
 fn ysb_batch(campaign: &str, windows: &[i64], counts: &[i64]) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
@@ -61,11 +61,11 @@ fn ysb_sink(url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
 }
 
 fn sink_of(kind: &str, url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
-    let mut sinks = SinkRegistry::default();
-    skein_connectors::register_sinks(&mut sinks, &mut SourceRegistry::default());
-    skein_ysb::register_sinks(&mut sinks, &mut SourceRegistry::default());
-    sinks
-        .create(&SinkConfig {
+    let mut catalog = Catalog::default();
+    skein_connectors::register(&mut catalog);
+    skein_ysb::register_sinks(&mut catalog);
+    catalog
+        .create_sink(&SinkConfig {
             kind: kind.into(),
             location: url.into(),
             options: options

@@ -2,9 +2,10 @@
 //! every row and only counts what it was given, so a benchmark measures the
 //! query rather than where its results go.
 //!
-//! DataFusion's parser requires a LOCATION; a blackhole ignores it (it names
-//! the table in errors). The table takes no options: any option is an error
-//! naming it, so a misspelt `STORED AS` kind's options do not pass quietly.
+//! DataFusion's parser requires a LOCATION; a blackhole ignores it. The
+//! table takes no options of its own: any but the engine-wide ones is an
+//! error naming it, so a misspelt `STORED AS` kind's options do not pass
+//! quietly.
 //!
 //! Counts are kept per query code in this process, per (epoch, member), so a
 //! replayed write replaces its count instead of adding to it; the run reads
@@ -15,12 +16,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
+use skein_engine::Result;
+use skein_engine::catalog::TableOptions;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
-use skein_engine::source::{Source, SourceConfig, SourceFactory, TableOptions};
-use skein_engine::{EngineError, Result};
-
-use crate::sink_table::SinkTableFactory;
 
 /// The sink kind, as registered (and the table kind that declares one).
 pub const KIND: &str = "BLACKHOLE";
@@ -54,38 +52,16 @@ pub fn take(query: &str) -> Discarded {
         })
 }
 
-/// A blackhole table has no options; the first one given is named.
-fn check_options(location: &str, options: &BTreeMap<String, String>) -> Result<()> {
-    match options.keys().next() {
-        None => Ok(()),
-        Some(option) => Err(EngineError::sink_failed(
-            format!("blackhole {location}"),
-            format!("unknown option {option:?}: a BLACKHOLE table takes no options"),
-        )),
-    }
-}
+pub struct BlackholeSinkFactory;
 
-/// Declares `STORED AS BLACKHOLE` tables, refusing options when the table
-/// is created rather than when the first write arrives.
-#[derive(Debug, Default)]
-pub struct BlackholeTableFactory;
-
-impl SourceFactory for BlackholeTableFactory {
+impl SinkFactory for BlackholeSinkFactory {
+    /// None of its own: the catalog refuses any but the engine-wide ones
+    /// when the table is declared.
     fn options(&self) -> TableOptions {
         TableOptions::only(&[])
     }
 
-    fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
-        check_options(&config.location, &config.options)?;
-        SinkTableFactory::new(&[], |_| Ok(())).create(config, schema)
-    }
-}
-
-pub struct BlackholeSinkFactory;
-
-impl SinkFactory for BlackholeSinkFactory {
-    fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
-        check_options(&config.location, &config.options)?;
+    fn create(&self, _config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(Arc::new(BlackholeSink))
     }
 }
@@ -186,22 +162,25 @@ mod tests {
     }
 
     #[test]
-    fn any_option_is_an_error_naming_it() {
-        let err = BlackholeSinkFactory
-            .create(&config(&[("fromat", "json")]))
-            .err()
-            .expect("an option is refused")
-            .to_string();
-        assert!(err.contains("\"fromat\""), "{err}");
-        let table = BlackholeTableFactory.create(
-            &SourceConfig {
+    fn any_option_of_its_own_is_an_error_naming_it() {
+        let mut catalog = skein_engine::catalog::Catalog::default();
+        catalog.register_sink(KIND, Arc::new(BlackholeSinkFactory));
+        let table = |options: &[(&str, &str)]| {
+            catalog.check_options(&skein_engine::source::SourceConfig {
                 kind: KIND.into(),
                 location: "void".into(),
-                options: [("rows".to_string(), "1".to_string())].into(),
-            },
-            batch(0).schema(),
+                options: options
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            })
+        };
+        let err = table(&[("rows", "1")]).expect_err("an option is refused");
+        assert!(
+            err.to_string()
+                .contains("unknown option 'rows' for a BLACKHOLE table"),
+            "{err}"
         );
-        let err = table.expect_err("an option is refused").to_string();
-        assert!(err.contains("\"rows\""), "{err}");
+        table(&[("emit", "updates")]).expect("an engine-wide option");
     }
 }

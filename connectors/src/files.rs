@@ -28,6 +28,7 @@ use datafusion::arrow::error::ArrowError;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
@@ -83,6 +84,14 @@ pub const OPTIONS: &[&str] = &["format", "partition.by"];
 pub struct FilesSinkFactory;
 
 impl SinkFactory for FilesSinkFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(OPTIONS)
+    }
+
+    fn check(&self, config: &SinkConfig) -> Result<()> {
+        format_of(config).map(drop)
+    }
+
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         let (store, prefix) = open(&config.location)?;
         let format = format_of(config)?;

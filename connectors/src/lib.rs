@@ -26,53 +26,21 @@ mod options;
 pub mod redis;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
-pub mod sink_table;
 pub mod store;
 
 use std::sync::Arc;
 
-use skein_engine::planner::EMIT_OPTION;
-use skein_engine::sink::SinkRegistry;
-use skein_engine::source::SourceRegistry;
+use skein_engine::catalog::Catalog;
 
-use crate::encode::ENCODER_OPTIONS;
-use crate::sink_table::SinkTableFactory;
-
-/// Register every source kind of this crate.
-pub fn register(registry: &mut SourceRegistry) {
-    registry.register(kafka::KIND, Arc::new(kafka::KafkaSourceFactory));
-    registry.register(kinesis::KIND, Arc::new(kinesis::KinesisSourceFactory));
-}
-
-/// Register every sink kind of this crate, and a write-only table kind for
-/// each so that `CREATE EXTERNAL TABLE ... STORED AS <KIND>` declares one.
-pub fn register_sinks(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
-    sinks.register(redis::KIND, Arc::new(redis::RedisSinkFactory));
-    tables.register(
-        redis::KIND,
-        Arc::new(SinkTableFactory::new(redis::OPTIONS, redis::check_config)),
-    );
-    tables.register_lookup(redis::KIND, Arc::new(redis::lookup::RedisLookupFactory));
-    sinks.register(files::KIND, Arc::new(files::FilesSinkFactory));
-    tables.register(
-        files::KIND,
-        Arc::new(SinkTableFactory::new(files::OPTIONS, |c| {
-            files::format_of(c).map(drop)
-        })),
-    );
-    sinks.register(blackhole::KIND, Arc::new(blackhole::BlackholeSinkFactory));
-    tables.register(blackhole::KIND, Arc::new(blackhole::BlackholeTableFactory));
-    // `STORED AS KAFKA` and `STORED AS KINESIS` tables are declared by their
-    // sources; INSERT INTO one writes through these sinks, so the tables take
-    // the sinks' options too (a table may be read and written).
-    sinks.register(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));
-    tables.allow_options(kinesis::KIND, ENCODER_OPTIONS);
-    tables.allow_options(kinesis::KIND, kinesis::SINK_OPTIONS);
-    sinks.register(kafka::KIND, Arc::new(kafka::KafkaSinkFactory));
-    tables.allow_options(kafka::KIND, ENCODER_OPTIONS);
-    tables.allow_options(kafka::KIND, kafka::SINK_OPTIONS);
-    // The planner reads `emit` from whichever table a query writes.
-    for kind in [redis::KIND, files::KIND, kinesis::KIND, kafka::KIND] {
-        tables.allow_options(kind, &[EMIT_OPTION]);
-    }
+/// Register every kind of this crate in the catalog: a line per source,
+/// sink and lookup factory.
+pub fn register(catalog: &mut Catalog) {
+    catalog.register_source(kafka::KIND, Arc::new(kafka::KafkaSourceFactory));
+    catalog.register_sink(kafka::KIND, Arc::new(kafka::KafkaSinkFactory));
+    catalog.register_source(kinesis::KIND, Arc::new(kinesis::KinesisSourceFactory));
+    catalog.register_sink(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));
+    catalog.register_sink(redis::KIND, Arc::new(redis::RedisSinkFactory));
+    catalog.register_lookup(redis::KIND, Arc::new(redis::lookup::RedisLookupFactory));
+    catalog.register_sink(files::KIND, Arc::new(files::FilesSinkFactory));
+    catalog.register_sink(blackhole::KIND, Arc::new(blackhole::BlackholeSinkFactory));
 }

@@ -20,6 +20,7 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
+use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
@@ -39,6 +40,10 @@ pub fn config(location: &str) -> SinkConfig {
 pub struct ResultsSinkFactory;
 
 impl SinkFactory for ResultsSinkFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(&[])
+    }
+
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         let (store, prefix) = open(&config.location)?;
         Ok(Arc::new(ResultsSink { store, prefix }))

@@ -15,18 +15,18 @@ use datafusion_proto::bytes::{
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::Catalog;
 use crate::exec::{StageInput, StageInputExec};
 use crate::lookup::exec::{LookupHandle, LookupJoinExec, LookupSpec};
 use crate::payload::ipc_bytes;
-use crate::source::SourceRegistry;
 
 /// Encodes our nodes; decoding a lookup join opens its lookup, so it needs
-/// the registry of table kinds.
+/// the catalog of table kinds.
 #[derive(Default)]
 pub struct SkeinCodec {
     /// Reopens the sources and lookups a plan names; without it, they
     /// decode unopened.
-    pub registry: Option<SourceRegistry>,
+    pub catalog: Option<Catalog>,
 }
 
 impl std::fmt::Debug for SkeinCodec {
@@ -77,7 +77,7 @@ impl PhysicalExtensionCodec for SkeinCodec {
                 schema_from_bytes(&schema)?,
             ))),
             EncodedNode::LookupJoin { spec, table_schema } => {
-                let registry = self.registry.as_ref().ok_or_else(|| {
+                let catalog = self.catalog.as_ref().ok_or_else(|| {
                     DataFusionError::Internal("a lookup join decoded without table kinds".into())
                 })?;
                 let [input] = inputs else {
@@ -85,7 +85,7 @@ impl PhysicalExtensionCodec for SkeinCodec {
                         "a lookup join has one input".into(),
                     ));
                 };
-                let handle = LookupHandle::open(registry, spec, schema_from_bytes(&table_schema)?)
+                let handle = LookupHandle::open(catalog, spec, schema_from_bytes(&table_schema)?)
                     .map_err(|e| DataFusionError::Plan(e.to_string()))?;
                 Ok(Arc::new(LookupJoinExec::try_new(
                     input.clone(),
@@ -133,10 +133,10 @@ pub fn plan_to_bytes(plan: Arc<dyn ExecutionPlan>) -> DfResult<Vec<u8>> {
 pub fn plan_from_bytes(
     bytes: &[u8],
     ctx: &TaskContext,
-    registry: &SourceRegistry,
+    catalog: &Catalog,
 ) -> DfResult<Arc<dyn ExecutionPlan>> {
     let codec = SkeinCodec {
-        registry: Some(registry.clone()),
+        catalog: Some(catalog.clone()),
     };
     physical_plan_from_bytes_with_extension_codec(bytes, ctx, &codec)
 }

@@ -1,17 +1,16 @@
 //! Plan nodes of our own: the table that wraps a [`Source`], its scan, and
 //! the leaf that stands for a stage's input once the plan is cut.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::{Session, TableProvider, TableProviderFactory};
+use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::{DataFusionError, Result as DfResult, project_schema};
 use datafusion::datasource::TableType;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{CreateExternalTable, Expr};
+use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::memory::MemoryStream;
@@ -19,7 +18,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use serde::{Deserialize, Serialize};
 
-use crate::source::{EpochSpec, Source, SourceConfig, SourceRegistry};
+use crate::source::{EpochSpec, Source, SourceConfig};
 
 pub use crate::watermark::{OPT_EVENT_TIME, OPT_LATENESS_MS};
 
@@ -105,84 +104,6 @@ impl TableProvider for SourceTable {
             self.source.clone(),
             projection.cloned(),
         )?))
-    }
-}
-
-/// `CREATE EXTERNAL TABLE t (...) STORED AS <KIND> LOCATION '...' OPTIONS (...)`
-/// for every kind in the registry.
-#[derive(Clone)]
-pub struct SourceTableFactory {
-    /// The source kinds tables can be declared with.
-    pub registry: SourceRegistry,
-}
-
-impl fmt::Debug for SourceTableFactory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SourceTableFactory({:?})", self.registry.kinds())
-    }
-}
-
-#[async_trait]
-impl TableProviderFactory for SourceTableFactory {
-    async fn create(
-        &self,
-        _state: &dyn Session,
-        cmd: &CreateExternalTable,
-    ) -> DfResult<Arc<dyn TableProvider>> {
-        let options: BTreeMap<String, String> = cmd
-            .options
-            .iter()
-            // DataFusion prefixes options it does not know with "format.".
-            .map(|(k, v)| {
-                (
-                    k.strip_prefix("format.").unwrap_or(k).to_string(),
-                    v.clone(),
-                )
-            })
-            .collect();
-        let config = SourceConfig {
-            kind: cmd.file_type.to_ascii_uppercase(),
-            location: cmd.locations.first().cloned().unwrap_or_default(),
-            options,
-        };
-        let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
-        if crate::lookup::LookupOptions::declared(&config) {
-            // Opened here only to check it: the join opens its own.
-            self.registry
-                .create_lookup(&config, &schema)
-                .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
-            return Ok(Arc::new(crate::lookup::exec::LookupTable {
-                name: cmd.name.to_string(),
-                config,
-                schema,
-            }));
-        }
-        let source = self
-            .registry
-            .create(&config, schema)
-            .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
-        // Event-time options are checked here, so a typo fails the
-        // CREATE TABLE rather than a function later.
-        let event_time = crate::watermark::EventTimeOptions::from_config(&config, &source.schema())
-            .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?;
-        if event_time.late == crate::watermark::LatePolicy::DeadLetter
-            && self
-                .registry
-                .dead_letters(&config)
-                .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))?
-                .is_none()
-        {
-            return Err(DataFusionError::Plan(format!(
-                "table {}: 'late' 'dead-letter' needs a dead-letter destination \
-                 (for Kafka, 'dead.letter.topic'); {} tables declare none here",
-                cmd.name, config.kind
-            )));
-        }
-        Ok(Arc::new(SourceTable::new(
-            cmd.name.to_string(),
-            config,
-            source,
-        )))
     }
 }
 

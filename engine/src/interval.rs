@@ -10,7 +10,7 @@ use crate::planner::QueryPlan;
 use crate::source::SourceConfig;
 
 /// The table option every source kind takes (e.g. `'epoch.interval' '500ms'`).
-pub const EPOCH_INTERVAL_OPTION: &str = "epoch.interval";
+pub use crate::catalog::options::EPOCH_INTERVAL_OPTION;
 
 /// Without `--interval` or a table option.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);

@@ -6,7 +6,8 @@
 //! * [`payload`] is the envelope data travels in; [`arena`] collects it;
 //! * [`function`] is the one generic handler; [`local`] runs it in-process;
 //! * [`invoke`] holds the traits the Lambda backend implements too;
-//! * [`source`] and [`sink`] are the traits connectors implement;
+//! * [`source`] and [`sink`] are the traits connectors implement; the
+//!   [`catalog`] knows every table kind, its options and what it can do;
 //! * [`watermark`] is event time at the sources; [`window_state`] holds the
 //!   open windows of a stage.
 
@@ -15,6 +16,7 @@
 pub mod admit;
 pub mod arena;
 pub mod backoff;
+pub mod catalog;
 pub mod changelog;
 pub mod checkpoint;
 pub mod codec;

@@ -11,14 +11,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{RwLock, Semaphore};
 
+use crate::catalog::Catalog;
 use crate::checkpoint::CheckpointStore;
 use crate::context::{CONTEXT_ENV, CloudContext};
 use crate::error::{EngineError, Result};
 use crate::function::{FunctionEnv, LateCounts, StageFunction};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker};
 use crate::request::Request;
-use crate::sink::SinkRegistry;
-use crate::source::SourceRegistry;
 
 /// Counters of one runtime.
 #[derive(Debug, Default)]
@@ -75,8 +74,7 @@ pub struct LocalRuntime {
     faults: std::sync::Mutex<Faults>,
     data_payloads: AtomicU64,
     functions: RwLock<HashMap<String, Arc<LocalFunction>>>,
-    sources: SourceRegistry,
-    sinks: SinkRegistry,
+    catalog: Catalog,
     store: Arc<dyn object_store::ObjectStore>,
     stats: RuntimeStats,
     late: Arc<LateCounts>,
@@ -91,18 +89,13 @@ pub struct LocalRuntime {
 }
 
 impl LocalRuntime {
-    /// A runtime over `store`, with the given source and sink kinds.
-    pub fn new(
-        sources: SourceRegistry,
-        sinks: SinkRegistry,
-        store: Arc<dyn object_store::ObjectStore>,
-    ) -> Arc<Self> {
-        Self::build(sources, sinks, store, true)
+    /// A runtime over `store`, with the table kinds of `catalog`.
+    pub fn new(catalog: Catalog, store: Arc<dyn object_store::ObjectStore>) -> Arc<Self> {
+        Self::build(catalog, store, true)
     }
 
     fn build(
-        sources: SourceRegistry,
-        sinks: SinkRegistry,
+        catalog: Catalog,
         store: Arc<dyn object_store::ObjectStore>,
         queue_when_busy: bool,
     ) -> Arc<Self> {
@@ -111,8 +104,7 @@ impl LocalRuntime {
             faults: Default::default(),
             data_payloads: AtomicU64::new(0),
             functions: RwLock::new(HashMap::new()),
-            sources,
-            sinks,
+            catalog,
             store,
             stats: RuntimeStats::default(),
             late: Arc::default(),
@@ -183,8 +175,7 @@ impl LocalRuntime {
             .upgrade()
             .expect("runtime is alive while it runs functions");
         FunctionEnv {
-            sources: self.sources.clone(),
-            sinks: self.sinks.clone(),
+            catalog: self.catalog.clone(),
             store: Some(self.store.clone()),
             invoker: me,
             max_backoff: Duration::from_millis(500),

@@ -1,21 +1,24 @@
 //! The DataFusion session every query is planned in and every function
-//! decodes its plan in: our window functions, a table factory per source
-//! kind, and the optimizer settings a plan cut into functions needs.
+//! decodes its plan in: our window functions, a table factory for every
+//! kind of the catalog, and the optimizer settings a plan cut into
+//! functions needs. The catalog rides along as a config extension
+//! ([`catalog_of`]), for the planner to ask what a kind can do.
 
 use std::sync::Arc;
 
 use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
-use crate::exec::SourceTableFactory;
-use crate::source::SourceRegistry;
+use crate::catalog::Catalog;
+use crate::catalog::table::CatalogTableFactory;
 use crate::window::{hop_udf, session_udwf, tumble_udf};
 
-/// A session with our functions and a table factory for every source kind.
-pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
+/// A session with our functions and a table factory for every kind.
+pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
     let mut config = SessionConfig::new()
         .with_target_partitions(group_size.max(1))
-        .with_information_schema(false);
+        .with_information_schema(false)
+        .with_extension(Arc::new(catalog.clone()));
     let opts = config.options_mut();
     // Joins must shuffle both sides: a broadcast build side has no place to live.
     opts.optimizer.hash_join_single_partition_threshold = 0;
@@ -24,14 +27,14 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     opts.optimizer.enable_round_robin_repartition = false;
     // Dynamic filters link operators at run time, which a cut plan cannot do.
     opts.optimizer.enable_dynamic_filter_pushdown = false;
-    let factory = Arc::new(SourceTableFactory {
-        registry: registry.clone(),
+    let factory = Arc::new(CatalogTableFactory {
+        catalog: catalog.clone(),
     });
     let mut builder = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
-        .with_physical_optimizer_rules(crate::lookup::plan::rules(registry));
-    for kind in registry.kinds().into_iter().chain(registry.lookup_kinds()) {
+        .with_physical_optimizer_rules(crate::lookup::plan::rules(catalog));
+    for kind in catalog.kinds() {
         builder
             .table_factories()
             .get_or_insert_default()
@@ -43,4 +46,9 @@ pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     ctx.register_udwf(session_udwf());
     ctx.register_udf(crate::functions::count_char_udf());
     ctx
+}
+
+/// The catalog a session made by [`session`] plans with.
+pub fn catalog_of(ctx: &SessionContext) -> Option<Arc<Catalog>> {
+    ctx.state().config().get_extension::<Catalog>()
 }

@@ -1,6 +1,7 @@
 //! The Sink trait: where the last stage writes its results. Sinks live in
-//! the connectors crate; the engine only knows the trait, an in-memory collector
-//! and the registry that maps a config's `kind` to a factory.
+//! their own crate and register a [`SinkFactory`] for their kind in the
+//! [`Catalog`](crate::catalog::Catalog); the engine only knows the trait
+//! and an in-memory collector.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,8 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EngineError, Result};
+use crate::catalog::options::TableOptions;
+use crate::error::Result;
 use crate::payload::SourceOffset;
 
 /// A sink as a table declares it.
@@ -69,37 +71,21 @@ pub trait Sink: Send + Sync {
 
 /// Builds sinks of one kind from their config.
 pub trait SinkFactory: Send + Sync {
+    /// The options this kind's sink takes; the catalog refuses those no
+    /// one declares at CREATE TABLE, and hands the factory only these (and
+    /// options with a dot no one else declares, if it takes them).
+    fn options(&self) -> TableOptions;
+
+    /// Read the options as [`SinkFactory::create`] will, without opening
+    /// anything, so a bad value fails the CREATE TABLE rather than the
+    /// first write.
+    fn check(&self, config: &SinkConfig) -> Result<()> {
+        let _ = config;
+        Ok(())
+    }
+
     /// A sink for `config`.
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>>;
-}
-
-/// The sink kinds a binary knows, by kind name.
-#[derive(Clone, Default)]
-pub struct SinkRegistry {
-    factories: HashMap<String, Arc<dyn SinkFactory>>,
-}
-
-impl SinkRegistry {
-    /// Register `factory` for `kind`.
-    pub fn register(&mut self, kind: &str, factory: Arc<dyn SinkFactory>) {
-        self.factories.insert(kind.to_ascii_uppercase(), factory);
-    }
-
-    /// A sink for `config`, from its kind's factory.
-    pub fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
-        let factory = self
-            .factories
-            .get(&config.kind.to_ascii_uppercase())
-            .ok_or_else(|| {
-                let mut known: Vec<&String> = self.factories.keys().collect();
-                known.sort();
-                EngineError::sink_failed(
-                    config.location.clone(),
-                    format!("unknown sink kind {:?}; known: {known:?}", config.kind),
-                )
-            })?;
-        factory.create(config)
-    }
 }
 
 /// Collects results in memory, by name: the in-process run reads them back.
@@ -121,6 +107,10 @@ impl CollectSinkFactory {
 }
 
 impl SinkFactory for CollectSinkFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(&[])
+    }
+
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(self.sink(&config.location))
     }

@@ -1,8 +1,8 @@
 //! The Source trait: how a source stage pulls its micro-batch for an epoch.
 //! Connectors (Kafka, Kinesis, generators) implement it in their own crates
-//! and are found through a [`SourceRegistry`] by the `kind` of their config.
+//! and register a [`SourceFactory`] for their kind in the
+//! [`Catalog`](crate::catalog::Catalog).
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -12,9 +12,10 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::interval::{EPOCH_INTERVAL_OPTION, table_interval};
 use crate::payload::SourceOffset;
-use crate::watermark::EVENT_TIME_OPTIONS;
+
+/// The options a factory declares (defined with the catalog's other options).
+pub use crate::catalog::options::TableOptions;
 
 /// A table's source as declared in SQL: its kind (`KAFKA`, `NEXMARK`, ...)
 /// and options. It travels in the cloud context, so it must stay small.
@@ -282,31 +283,11 @@ pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
     async fn send(&self, letters: &[DeadLetter]) -> Result<()>;
 }
 
-/// The options a table kind takes, declared once next to where they are
-/// parsed. The event-time options ([`EVENT_TIME_OPTIONS`]) are taken by every
-/// kind and need not be listed.
-#[derive(Debug, Clone, Copy)]
-pub struct TableOptions {
-    /// The options the kind takes.
-    pub names: &'static [&'static str],
-    /// Where options with a dot that are not in `names` go as they are, if
-    /// anywhere (Kafka: "librdkafka property"); without it they are unknown.
-    pub dotted_passthrough: Option<&'static str>,
-}
-
-impl TableOptions {
-    /// Exactly these options.
-    pub const fn only(names: &'static [&'static str]) -> Self {
-        TableOptions {
-            names,
-            dotted_passthrough: None,
-        }
-    }
-}
-
 /// Builds sources from their config. One factory per kind.
 pub trait SourceFactory: Send + Sync {
-    /// The options this kind's tables take; others are refused at CREATE TABLE.
+    /// The options this kind's source takes; the catalog refuses those no
+    /// one declares at CREATE TABLE, and hands the factory only these (and
+    /// options with a dot no one else declares, if it takes them).
     fn options(&self) -> TableOptions;
 
     /// A source for `config`, producing rows of `schema`.
@@ -317,132 +298,6 @@ pub trait SourceFactory: Send + Sync {
     fn dead_letters(&self, config: &SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>> {
         let _ = config;
         Ok(None)
-    }
-}
-
-/// The one place that lists the source kinds a binary knows.
-#[derive(Clone, Default)]
-pub struct SourceRegistry {
-    factories: HashMap<String, Arc<dyn SourceFactory>>,
-    /// Options of a kind that another part reads (a sink writing the same
-    /// table, the Lambda deployer): accepted, and kept from the factory.
-    extra_options: HashMap<String, Vec<&'static str>>,
-    /// Kinds whose tables may be lookup tables (see [`crate::lookup`]).
-    pub(crate) lookups: HashMap<String, Arc<dyn crate::lookup::LookupFactory>>,
-}
-
-impl SourceRegistry {
-    /// Register `factory` for `kind`.
-    pub fn register(&mut self, kind: &str, factory: Arc<dyn SourceFactory>) {
-        self.factories.insert(kind.to_ascii_uppercase(), factory);
-    }
-
-    /// Let tables of `kind` take `names` too, for a reader other than the
-    /// source factory (a sink of the same kind, say).
-    pub fn allow_options(&mut self, kind: &str, names: &[&'static str]) {
-        let extra = self
-            .extra_options
-            .entry(kind.to_ascii_uppercase())
-            .or_default();
-        for n in names {
-            if !extra.contains(n) {
-                extra.push(n);
-            }
-        }
-    }
-
-    /// Refuse an option the table's kind does not take, naming it and
-    /// listing those it does.
-    pub fn check_options(&self, config: &SourceConfig) -> Result<()> {
-        let factory = self.factory(config)?;
-        let own = factory.options();
-        let extra = self.extras(config);
-        let known = |k: &str| {
-            own.names.contains(&k)
-                || extra.contains(&k)
-                || EVENT_TIME_OPTIONS.contains(&k)
-                || k == EPOCH_INTERVAL_OPTION
-                || (own.dotted_passthrough.is_some() && k.contains('.'))
-        };
-        let Some(unknown) = config.options.keys().find(|k| !known(k)) else {
-            return table_interval(config).map(drop);
-        };
-        let mut allowed: Vec<&str> = own.names.iter().chain(extra).copied().collect();
-        allowed.sort_unstable();
-        allowed.dedup();
-        allowed.extend(EVENT_TIME_OPTIONS);
-        allowed.push(EPOCH_INTERVAL_OPTION);
-        let mut list = allowed.join(", ");
-        if let Some(what) = own.dotted_passthrough {
-            list.push_str(&format!(", and any {what} (a name with a dot)"));
-        }
-        Err(EngineError::plan(format!(
-            "unknown option '{unknown}' for a {} table; it takes {list}",
-            config.kind.to_ascii_uppercase()
-        )))
-    }
-
-    fn extras(&self, config: &SourceConfig) -> &[&'static str] {
-        self.extra_options
-            .get(&config.kind.to_ascii_uppercase())
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-    }
-
-    /// The config as the factory sees it: without the options that other
-    /// readers registered (a Kafka sink's `offsets.topic` is no librdkafka
-    /// property of the consumer).
-    fn factory_config<'a>(&self, config: &'a SourceConfig) -> Cow<'a, SourceConfig> {
-        let own = self
-            .factories
-            .get(&config.kind.to_ascii_uppercase())
-            .map(|f| f.options().names)
-            .unwrap_or_default();
-        // The epoch interval is the driver's, never the source's.
-        let foreign = |k: &str| {
-            k == EPOCH_INTERVAL_OPTION || (self.extras(config).contains(&k) && !own.contains(&k))
-        };
-        if !config.options.keys().any(|k| foreign(k)) {
-            return Cow::Borrowed(config);
-        }
-        let mut c = config.clone();
-        c.options.retain(|k, _| !foreign(k));
-        Cow::Owned(c)
-    }
-
-    /// The registered kinds.
-    pub fn kinds(&self) -> Vec<String> {
-        let mut k: Vec<String> = self.factories.keys().cloned().collect();
-        k.sort();
-        k
-    }
-
-    /// The table's source; an option its kind does not take is an error.
-    pub fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
-        self.check_options(config)?;
-        self.factory(config)?
-            .create(&self.factory_config(config), schema)
-    }
-
-    /// The dead-letter destination a table declares, if any.
-    pub fn dead_letters(&self, config: &SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>> {
-        self.factory(config)?
-            .dead_letters(&self.factory_config(config))
-    }
-
-    fn factory(&self, config: &SourceConfig) -> Result<&Arc<dyn SourceFactory>> {
-        self.factories
-            .get(&config.kind.to_ascii_uppercase())
-            .ok_or_else(|| {
-                EngineError::source_failed(
-                    config.location.clone(),
-                    format!(
-                        "unknown source kind {:?}; known: {:?}",
-                        config.kind,
-                        self.kinds()
-                    ),
-                )
-            })
     }
 }
 
@@ -538,116 +393,5 @@ impl SourceFactory for MemorySourceFactory {
             EngineError::source_failed(config.location.clone(), "no in-memory table of that name")
         })?;
         Ok(src.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct Fixed(TableOptions);
-
-    impl SourceFactory for Fixed {
-        fn options(&self) -> TableOptions {
-            self.0
-        }
-        fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>> {
-            // Hands back what it was given, so tests see the factory's view.
-            let _ = schema;
-            Err(EngineError::plan(format!("{:?}", config.options)))
-        }
-    }
-
-    fn config(kind: &str, options: &[(&str, &str)]) -> SourceConfig {
-        SourceConfig {
-            kind: kind.into(),
-            location: "t".into(),
-            options: options
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        }
-    }
-
-    fn registry() -> SourceRegistry {
-        let mut r = SourceRegistry::default();
-        r.register("PLAIN", Arc::new(Fixed(TableOptions::only(&["rate"]))));
-        r.register(
-            "DOTTED",
-            Arc::new(Fixed(TableOptions {
-                names: &["format"],
-                dotted_passthrough: Some("client property"),
-            })),
-        );
-        r.allow_options("dotted", &["offsets.topic", "key"]);
-        r
-    }
-
-    #[test]
-    fn unknown_options_are_named_with_the_allowed_ones() {
-        let r = registry();
-        let err = r
-            .check_options(&config("PLAIN", &[("paralelism", "2")]))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("unknown option 'paralelism' for a PLAIN table"),
-            "{err}"
-        );
-        assert!(err.contains("rate, event_time, lateness_ms"), "{err}");
-        assert!(
-            r.check_options(&config("PLAIN", &[("rate", "1"), ("late", "drop")]))
-                .is_ok()
-        );
-        // A dot passes only where the kind hands such options on.
-        assert!(r.check_options(&config("PLAIN", &[("a.b", "1")])).is_err());
-        assert!(r.check_options(&config("DOTTED", &[("a.b", "1")])).is_ok());
-        let err = r
-            .check_options(&config("DOTTED", &[("fromat", "json")]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("format, key, offsets.topic"), "{err}");
-        assert!(
-            err.contains("any client property (a name with a dot)"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn options_registered_by_others_are_kept_from_the_factory() {
-        let r = registry();
-        let c = config(
-            "DOTTED",
-            &[("format", "json"), ("offsets.topic", "o"), ("x.y", "1")],
-        );
-        let seen = r.create(&c, Arc::new(datafusion::arrow::datatypes::Schema::empty()));
-        let seen = seen.unwrap_err().to_string();
-        assert!(seen.contains("format") && seen.contains("x.y"), "{seen}");
-        assert!(!seen.contains("offsets.topic"), "{seen}");
-    }
-
-    #[test]
-    fn every_kind_takes_an_epoch_interval_and_its_source_never_sees_it() {
-        let r = registry();
-        for kind in ["PLAIN", "DOTTED"] {
-            let c = config(kind, &[("epoch.interval", "250ms")]);
-            assert!(r.check_options(&c).is_ok(), "{kind}");
-            let seen = r
-                .create(&c, Arc::new(datafusion::arrow::datatypes::Schema::empty()))
-                .unwrap_err()
-                .to_string();
-            assert!(!seen.contains("epoch.interval"), "{kind}: {seen}");
-            assert_eq!(
-                crate::interval::table_interval(&c).unwrap(),
-                Some(std::time::Duration::from_millis(250))
-            );
-        }
-        for bad in ["soon", "0s", "-1s"] {
-            let err = r
-                .check_options(&config("PLAIN", &[("epoch.interval", bad)]))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("'epoch.interval'"), "{bad}: {err}");
-        }
     }
 }

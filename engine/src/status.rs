@@ -8,10 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use crate::catalog::Catalog;
 use crate::checkpoint::{CheckpointStore, StoreSummary, Tally};
 use crate::error::Result;
 use crate::planner::QueryPlan;
-use crate::source::SourceRegistry;
 
 /// Where one source partition stands.
 #[derive(Debug, Clone, Serialize)]
@@ -63,12 +63,12 @@ fn now_ms() -> i64 {
         .unwrap_or_default()
 }
 
-/// The status of `plan`'s query from its checkpoint store; `sources` builds
+/// The status of `plan`'s query from its checkpoint store; `catalog` builds
 /// each source table to ask for its partitions' ends.
 pub async fn query_status(
     plan: &QueryPlan,
     store: &CheckpointStore,
-    sources: &SourceRegistry,
+    catalog: &Catalog,
 ) -> Result<QueryStatus> {
     let summary = store.summary().await?;
     let since_start = store.tally().await?;
@@ -95,7 +95,7 @@ pub async fn query_status(
     let mut behind: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for stage in plan.source_stages() {
         for leaf in &stage.sources {
-            let source = sources.create(&leaf.config, leaf.schema.clone())?;
+            let source = catalog.create_source(&leaf.config, leaf.schema.clone())?;
             for o in source.latest().await? {
                 latest.insert((o.source, o.partition), o.offset);
             }

@@ -26,17 +26,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::source::{PartitionProgress, SourceConfig};
 
-/// Table options of event time every source understands.
-pub const OPT_EVENT_TIME: &str = "event_time";
-/// Table option: how late a row may be, in ms, before its window closes.
-pub const OPT_LATENESS_MS: &str = "lateness_ms";
-/// Table option: how long a partition may be quiet before it is idle.
-pub const OPT_IDLE_TIMEOUT: &str = "idle.timeout";
-/// Table option: what happens to rows later than the lateness.
-pub const OPT_LATE: &str = "late";
-/// Every option above: sources that reject unknown options accept these.
-pub const EVENT_TIME_OPTIONS: &[&str] =
-    &[OPT_EVENT_TIME, OPT_LATENESS_MS, OPT_IDLE_TIMEOUT, OPT_LATE];
+/// The table options of event time, which every source kind takes.
+pub use crate::catalog::options::{
+    EVENT_TIME_OPTIONS, OPT_EVENT_TIME, OPT_IDLE_TIMEOUT, OPT_LATE, OPT_LATENESS_MS,
+};
 
 /// How long a caught-up partition may go without a record before it stops
 /// holding windows open. Long enough that a producer's pause between

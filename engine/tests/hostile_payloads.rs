@@ -24,6 +24,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::arrow::record_batch::RecordBatch;
 use object_store::memory::InMemory;
 use serde_json::{Value, json};
+use skein_engine::catalog::Catalog;
 use skein_engine::context::function_name;
 use skein_engine::driver::run_local;
 use skein_engine::exec::SourceTable;
@@ -32,8 +33,8 @@ use skein_engine::ipc_decode::decode_stream;
 use skein_engine::local::LocalRuntime;
 use skein_engine::payload::{Encoding, Fragment, Payload, PayloadId, encode_data, ipc_bytes};
 use skein_engine::planner::{PlanOptions, plan_query, session};
-use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
-use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig, SourceRegistry};
+use skein_engine::sink::CollectSinkFactory;
+use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig};
 
 /// xorshift64: cheap and reproducible from its seed.
 struct Rng(u64);
@@ -213,20 +214,19 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
             vec![vec![b.slice(0, 20)], vec![b.slice(20, 20)]],
         ),
     );
-    let mut sources = SourceRegistry::default();
-    sources.register("MEMORY", memory);
-    let mut sinks = SinkRegistry::default();
-    sinks.register("COLLECT", Arc::new(CollectSinkFactory::default()));
-    let ctx = session(&sources, 2);
+    let mut catalog = Catalog::default();
+    catalog.register_source("MEMORY", memory);
+    catalog.register_sink("COLLECT", Arc::new(CollectSinkFactory::default()));
+    let ctx = session(&catalog, 2);
     let config = SourceConfig {
         kind: "MEMORY".into(),
         location: "bid".into(),
         options: Default::default(),
     };
-    let source = sources.create(&config, bid_schema()).unwrap();
+    let source = catalog.create_source(&config, bid_schema()).unwrap();
     ctx.register_table("bid", Arc::new(SourceTable::new("bid", config, source)))
         .unwrap();
-    let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
     let options = PlanOptions {
         group_size: 2,
         ..Default::default()

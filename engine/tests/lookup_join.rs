@@ -11,12 +11,13 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use object_store::memory::InMemory;
+use skein_engine::catalog::Catalog;
 use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::lookup::{Lookup, LookupFactory, LookupOptions, LookupRow};
 use skein_engine::planner::{PlanOptions, QueryPlan, StageKind, plan_query, session};
-use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
-use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig, SourceRegistry};
+use skein_engine::sink::CollectSinkFactory;
+use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig};
 
 /// ad -> campaign, as a map.
 #[derive(Debug)]
@@ -80,7 +81,7 @@ const DDL: &str = "CREATE EXTERNAL TABLE events (ad_id VARCHAR NOT NULL, n BIGIN
      STORED AS MAP LOCATION 'm' OPTIONS ('lookup.key' 'ad_id');";
 
 struct Harness {
-    sources: SourceRegistry,
+    catalog: Catalog,
     runtime: Arc<LocalRuntime>,
     results: CollectSinkFactory,
     options: PlanOptions,
@@ -89,15 +90,14 @@ struct Harness {
 fn harness() -> Harness {
     let memory = Arc::new(MemorySourceFactory::default());
     memory.insert("events", MemorySource::new(events_schema(), events(2)));
-    let mut sources = SourceRegistry::default();
-    sources.register("MEMORY", memory);
-    sources.register_lookup("MAP", Arc::new(MapFactory));
+    let mut catalog = Catalog::default();
+    catalog.register_source("MEMORY", memory);
+    catalog.register_lookup("MAP", Arc::new(MapFactory));
     let results = CollectSinkFactory::default();
-    let mut sinks = SinkRegistry::default();
-    sinks.register("COLLECT", Arc::new(results.clone()));
-    let runtime = LocalRuntime::new(sources.clone(), sinks, Arc::new(InMemory::new()));
+    catalog.register_sink("COLLECT", Arc::new(results.clone()));
+    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     Harness {
-        sources,
+        catalog,
         runtime,
         results,
         options: PlanOptions {
@@ -108,7 +108,7 @@ fn harness() -> Harness {
 }
 
 async fn plan(h: &Harness, query: &str) -> skein_engine::Result<QueryPlan> {
-    let ctx = session(&h.sources, h.options.group_size);
+    let ctx = session(&h.catalog, h.options.group_size);
     plan_query(&ctx, &format!("{DDL}\n{query}"), &h.options).await
 }
 
@@ -238,7 +238,7 @@ async fn a_lookup_table_used_otherwise_is_a_planning_error() {
         assert!(!err.contains('\n'), "one line: {err}");
     }
     // 'lookup.missing' 'dead-letter' needs the stream's dead-letter destination.
-    let ctx = session(&h.sources, 4);
+    let ctx = session(&h.catalog, 4);
     let sql = DDL.replace(
         "('lookup.key' 'ad_id')",
         "('lookup.key' 'ad_id', 'lookup.missing' 'dead-letter')",

@@ -12,6 +12,7 @@ use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
+use skein_engine::catalog::Catalog;
 use skein_engine::context::function_name;
 use skein_engine::driver::run_local;
 use skein_engine::exec::SourceTable;
@@ -19,8 +20,8 @@ use skein_engine::invoke::{InvocationType, Invoker};
 use skein_engine::local::{Faults, LocalRuntime};
 use skein_engine::payload::Encoding;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
-use skein_engine::sink::{CollectSinkFactory, SinkRegistry};
-use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig, SourceRegistry};
+use skein_engine::sink::CollectSinkFactory;
+use skein_engine::source::{MemorySource, MemorySourceFactory, SourceConfig};
 use skein_engine::verify::{compare, single_process};
 use std::sync::atomic::Ordering;
 
@@ -114,12 +115,11 @@ fn harness(group_size: usize, rows: usize) -> Harness {
     let memory = Arc::new(MemorySourceFactory::default());
     memory.insert("bid", MemorySource::new(bid_schema(), bids(rows, 2)));
     memory.insert("auction", MemorySource::new(auction_schema(), auctions(2)));
-    let mut sources = SourceRegistry::default();
-    sources.register("MEMORY", memory.clone());
+    let mut catalog = Catalog::default();
+    catalog.register_source("MEMORY", memory.clone());
     let results = CollectSinkFactory::default();
-    let mut sinks = SinkRegistry::default();
-    sinks.register("COLLECT", Arc::new(results.clone()));
-    let ctx = session(&sources, group_size);
+    catalog.register_sink("COLLECT", Arc::new(results.clone()));
+    let ctx = session(&catalog, group_size);
     for (name, schema) in [("bid", bid_schema()), ("auction", auction_schema())] {
         let mut config = SourceConfig {
             kind: "MEMORY".into(),
@@ -131,11 +131,11 @@ fn harness(group_size: usize, rows: usize) -> Harness {
                 .options
                 .insert("event_time".into(), "date_time".into());
         }
-        let source = sources.create(&config, schema).unwrap();
+        let source = catalog.create_source(&config, schema).unwrap();
         ctx.register_table(name, Arc::new(SourceTable::new(name, config, source)))
             .unwrap();
     }
-    let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
     let options = PlanOptions {
         group_size,
         ..Default::default()

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use skein_engine::catalog::Catalog;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, ReplayMode, Source, SourceConfig, SourceFactory, SourceRegistry,
-    TableOptions,
+    EpochSpec, MicroBatch, ReplayMode, Source, SourceConfig, SourceFactory, TableOptions,
 };
 
 use crate::Slice;
@@ -22,10 +22,10 @@ use crate::ysb::{YsbBatchBuilder, YsbConfig, YsbGenerator, ysb_schema};
 /// Events generated per batch inside one pull.
 const CHUNK_EVENTS: u64 = 16_384;
 
-/// Register the generator kinds.
-pub fn register(registry: &mut SourceRegistry) {
-    registry.register("NEXMARK", Arc::new(NexmarkSourceFactory));
-    registry.register("YSB", Arc::new(YsbSourceFactory));
+/// Register the generator kinds in the catalog.
+pub fn register(catalog: &mut Catalog) {
+    catalog.register_source("NEXMARK", Arc::new(NexmarkSourceFactory));
+    catalog.register_source("YSB", Arc::new(YsbSourceFactory));
 }
 
 /// A declared schema must be the generator's; none declared takes it.

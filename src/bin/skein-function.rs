@@ -345,10 +345,9 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         .map_err(|e| EngineError::Context(e.to_string()))?
         .map(Arc::new);
     let sdk = skein_lambda::sdk_config().await;
-    let skein::registry::Registries { sources, sinks, .. } = skein::registry::registries();
+    let catalog = skein::registry::registries().catalog;
     let env = FunctionEnv {
-        sources,
-        sinks,
+        catalog,
         store,
         invoker: Arc::new(LambdaInvoker::new(&sdk)),
         max_backoff: Duration::from_secs(2),
@@ -371,8 +370,8 @@ async fn drive_tick(query: &str, holder: &str) -> Result<TickReport, String> {
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no standing spec of {query} in {url} (deploy it again)"))?;
-    let skein::registry::Registries { sources, .. } = skein::registry::registries();
-    let ctx = session(&sources, spec.group_size);
+    let catalog = skein::registry::registries().catalog;
+    let ctx = session(&catalog, spec.group_size);
     let options = PlanOptions {
         group_size: spec.group_size,
         encoding: spec.encoding,

@@ -98,13 +98,13 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     create_dead_letter_topic(&c.brokers, &params.dead_letter_topic).await?;
     let workload = c.workload();
     let sql = ysb_sql(&workload, &params);
-    let Registries { sources, sinks, .. } = registries();
+    let Registries { catalog, .. } = registries();
     let mut options = PlanOptions::default();
-    let ctx = session(&sources, options.group_size);
+    let ctx = session(&catalog, options.group_size);
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .context("planning queries/ysb.sql")?;
-    let runtime = LocalRuntime::new(sources, sinks, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
     let request = crate::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),
         off: false,

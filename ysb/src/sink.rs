@@ -27,11 +27,9 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMillisecondType};
 use skein_connectors::error::{ConnectorError, Result};
 use skein_connectors::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
-use skein_connectors::sink_table::SinkTableFactory;
+use skein_engine::catalog::{Catalog, TableOptions};
 use skein_engine::error::{EngineError, Result as EngineResult};
-use skein_engine::planner::EMIT_OPTION;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkRegistry, SinkWrite};
-use skein_engine::source::SourceRegistry;
+use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 
 pub const KIND: &str = "YSB_REDIS";
 
@@ -46,13 +44,10 @@ pub const OPTIONS: &[&str] = &[
     RETRY_OPTION,
 ];
 
-/// Register the sink kind, and a write-only table kind for it so that
-/// `CREATE EXTERNAL TABLE ... STORED AS YSB_REDIS` declares one.
-pub fn register_sinks(sinks: &mut SinkRegistry, tables: &mut SourceRegistry) {
-    sinks.register(KIND, Arc::new(YsbSinkFactory));
-    tables.register(KIND, Arc::new(SinkTableFactory::new(OPTIONS, check_config)));
-    // The planner reads `emit` from whichever table a query writes.
-    tables.allow_options(KIND, &[EMIT_OPTION]);
+/// Register the sink kind in the catalog: `CREATE EXTERNAL TABLE ...
+/// STORED AS YSB_REDIS` then declares one.
+pub fn register_sinks(catalog: &mut Catalog) {
+    catalog.register_sink(KIND, Arc::new(YsbSinkFactory));
 }
 
 /// YSB's layout: which columns hold the campaign, the window start and the count.
@@ -229,6 +224,14 @@ fn sink_error(config: &SinkConfig, e: ConnectorError) -> EngineError {
 pub struct YsbSinkFactory;
 
 impl SinkFactory for YsbSinkFactory {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(OPTIONS)
+    }
+
+    fn check(&self, config: &SinkConfig) -> EngineResult<()> {
+        check_config(config)
+    }
+
     fn create(&self, config: &SinkConfig) -> EngineResult<Arc<dyn Sink>> {
         let options =
             RedisSinkOptions::from_sink_config(config).map_err(|e| sink_error(config, e))?;

@@ -7,7 +7,7 @@ mod options;
 mod sink;
 mod source;
 
-pub use options::{SINK_OPTIONS, SOURCE_OPTIONS, client_properties, is_skein_option};
+pub use options::{SINK_OPTIONS, SOURCE_OPTIONS, client_properties};
 pub use sink::*;
 pub use source::*;
 

@@ -1,15 +1,10 @@
-//! The options of a `STORED AS KAFKA` table, declared once for both
-//! directions. A table may be read and written, so it takes the source's,
-//! the sink's, the row encoder's and the event-time options; every other
-//! option with a dot is a librdkafka property, given to the consumer and the
-//! producer alike.
+//! The options of a `STORED AS KAFKA` table. A table may be read and
+//! written: the source and the sink each declare their own options to the
+//! catalog, which hands each side its own and every other option with a
+//! dot that no one declares: a librdkafka property, given to the consumer
+//! and the producer alike.
 
 use std::collections::BTreeMap;
-
-use skein_engine::planner::EMIT_OPTION;
-use skein_engine::watermark::EVENT_TIME_OPTIONS;
-
-use crate::encode::ENCODER_OPTIONS;
 
 /// The Kafka source's own options.
 pub const SOURCE_OPTIONS: &[&str] = &[
@@ -24,25 +19,19 @@ pub const SOURCE_OPTIONS: &[&str] = &[
     "dead.letter.topic",
 ];
 
-/// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]).
+/// The Kafka sink's own options, besides the encoder's
+/// ([`crate::encode::ENCODER_OPTIONS`]).
 pub const SINK_OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
 
-/// Whether `key` is one of Skein's options rather than librdkafka's.
-pub fn is_skein_option(key: &str) -> bool {
-    SOURCE_OPTIONS.contains(&key)
-        || SINK_OPTIONS.contains(&key)
-        || ENCODER_OPTIONS.contains(&key)
-        || EVENT_TIME_OPTIONS.contains(&key)
-        || key == EMIT_OPTION
-        || key == skein_engine::interval::EPOCH_INTERVAL_OPTION
-}
-
-/// The librdkafka properties among a table's options: the dotted ones that
-/// are not Skein's.
-pub fn client_properties(options: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+/// The librdkafka properties among the options a side of the table was
+/// given: the dotted ones that are not among its `own`.
+pub fn client_properties(
+    options: &BTreeMap<String, String>,
+    own: &[&str],
+) -> BTreeMap<String, String> {
     options
         .iter()
-        .filter(|(k, _)| k.contains('.') && !is_skein_option(k))
+        .filter(|(k, _)| k.contains('.') && !own.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -52,10 +41,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn consumer_and_producer_get_the_same_properties() {
+    fn a_sides_own_dotted_options_are_no_client_properties() {
         let options: BTreeMap<String, String> = [
             ("bootstrap.servers", "127.0.0.1:9092"),
-            ("offsets.topic", "skein-offsets"),
             ("max.records.per.pull", "10"),
             ("linger.ms", "5"),
             ("format", "json"),
@@ -63,11 +51,10 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-        let props = client_properties(&options);
+        let props = client_properties(&options, SOURCE_OPTIONS);
         assert_eq!(
             props.keys().map(String::as_str).collect::<Vec<_>>(),
             ["bootstrap.servers", "linger.ms"],
-            "a sink option with a dot (offsets.topic) must not reach the consumer"
         );
     }
 }

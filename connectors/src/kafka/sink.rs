@@ -43,12 +43,13 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
-use super::options::client_properties;
-use crate::encode::RowEncoder;
+use super::options::{SINK_OPTIONS, client_properties};
+use crate::encode::{ENCODER_OPTIONS, RowEncoder};
 use crate::error::ConnectorError;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
@@ -81,7 +82,7 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
     for (k, v) in PRODUCER_DEFAULTS {
         config.set(*k, *v);
     }
-    for (k, v) in client_properties(options) {
+    for (k, v) in client_properties(options, &sink_options().names) {
         config.set(k, v);
     }
     config
@@ -89,7 +90,19 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
 
 pub struct KafkaSinkFactory;
 
+/// The options a Kafka sink takes: its own, the row encoder's and any
+/// librdkafka property.
+fn sink_options() -> TableOptions {
+    TableOptions::only(SINK_OPTIONS)
+        .and(ENCODER_OPTIONS)
+        .passing_dotted("librdkafka property")
+}
+
 impl SinkFactory for KafkaSinkFactory {
+    fn options(&self) -> TableOptions {
+        sink_options()
+    }
+
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(Arc::new(KafkaSink::new(&config.location, &config.options)?))
     }
@@ -327,7 +340,9 @@ mod tests {
 
     #[test]
     fn source_and_encoder_options_do_not_reach_the_producer() {
-        let options: BTreeMap<String, String> = [
+        let mut catalog = skein_engine::catalog::Catalog::default();
+        crate::register(&mut catalog);
+        let table: BTreeMap<String, String> = [
             ("bootstrap.servers", "127.0.0.1:1"),
             ("max.records.per.pull", "10"),
             ("format", "json"),
@@ -337,6 +352,12 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        let config = SinkConfig {
+            kind: super::super::KIND.into(),
+            location: "t".into(),
+            options: table,
+        };
+        let options = catalog.sink_view(&config).unwrap().options.clone();
         let c = producer_config(&options);
         assert_eq!(c.get("client.id"), Some("mine"));
         assert_eq!(c.get("enable.idempotence"), Some("true"));

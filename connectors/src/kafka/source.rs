@@ -255,7 +255,7 @@ impl KafkaSourceConfig {
     pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
         let number = |k: &str, default: usize| options::number(config, k, default);
         options::require_location(config, "topic")?;
-        let client = client_properties(&config.options);
+        let client = client_properties(&config.options, SOURCE_OPTIONS);
         if !client.contains_key("bootstrap.servers") {
             return Err(ConnectorError::Config(
                 "option 'bootstrap.servers' is required".into(),
@@ -1004,10 +1004,7 @@ pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
     fn options(&self) -> TableOptions {
-        TableOptions {
-            names: SOURCE_OPTIONS,
-            dotted_passthrough: Some("librdkafka property"),
-        }
+        TableOptions::only(SOURCE_OPTIONS).passing_dotted("librdkafka property")
     }
 
     fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {

@@ -23,12 +23,13 @@ use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::PutRecordsRequestEntry;
 use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::backoff::Backoff;
+use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 use tokio::sync::OnceCell;
 
-use crate::encode::{EncodedRow, RowEncoder};
+use crate::encode::{ENCODER_OPTIONS, EncodedRow, RowEncoder};
 use crate::error::ConnectorError;
 
 /// PutRecords takes at most this many records per call.
@@ -48,6 +49,11 @@ fn sink_error(stream: &str, cause: impl Into<Cause>) -> EngineError {
 pub struct KinesisSinkFactory;
 
 impl SinkFactory for KinesisSinkFactory {
+    /// Its own options and the row encoder's.
+    fn options(&self) -> TableOptions {
+        TableOptions::only(SINK_OPTIONS).and(ENCODER_OPTIONS)
+    }
+
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(Arc::new(KinesisSink::new(
             &config.location,

@@ -29,6 +29,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
+use skein_engine::catalog::TableOptions;
+use skein_engine::catalog::options::EMIT_OPTION;
 use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
@@ -260,6 +262,15 @@ impl Sink for RedisSink {
 pub struct RedisSinkFactory;
 
 impl SinkFactory for RedisSinkFactory {
+    /// Its own options, and `emit`, which its layouts read.
+    fn options(&self) -> TableOptions {
+        TableOptions::only(OPTIONS).and(&[EMIT_OPTION])
+    }
+
+    fn check(&self, config: &SinkConfig) -> EngineResult<()> {
+        check_config(config)
+    }
+
     fn create(&self, config: &SinkConfig) -> EngineResult<Arc<dyn Sink>> {
         let err = |e: ConnectorError| e.for_sink(format!("redis {}", config.location));
         let options = RedisSinkOptions::from_sink_config(config).map_err(err)?;

@@ -23,6 +23,7 @@ use tokio::sync::Mutex;
 
 use crate::admit::admit;
 use crate::arena::{Arena, Collected, EpochInput};
+use crate::catalog::Catalog;
 use crate::checkpoint::CheckpointStore;
 use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::compaction::Compactor;
@@ -33,8 +34,8 @@ use crate::invoke::Invoker;
 use crate::payload::{Payload, PayloadHeader, SourceOffset};
 use crate::ring::HashRing;
 use crate::session::session;
-use crate::sink::{Sink, SinkRegistry};
-use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
+use crate::sink::Sink;
+use crate::source::{DeadLetter, DeadLetterSink, Source};
 use crate::usage::Usage;
 use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
 use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
@@ -47,10 +48,8 @@ mod source_stage;
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
 pub struct FunctionEnv {
-    /// The source kinds a context can name.
-    pub sources: SourceRegistry,
-    /// The sink kinds a context can name.
-    pub sinks: SinkRegistry,
+    /// The table kinds a context can name.
+    pub catalog: Catalog,
     /// Where spilled contexts live.
     pub store: Option<Arc<dyn ObjectStore>>,
     /// Invokes the next hop's functions.
@@ -192,10 +191,10 @@ impl StageFunction {
     /// and sink. Done once per instance.
     pub fn new(ctx: CloudContext, env: FunctionEnv) -> Result<Self> {
         let name = ctx.function_name();
-        let session: SessionContext = session(&env.sources, 1);
+        let session: SessionContext = session(&env.catalog, 1);
         let task_ctx = session.task_ctx();
         let decode = |bytes: &[u8]| {
-            plan_from_bytes(bytes, &task_ctx, &env.sources)
+            plan_from_bytes(bytes, &task_ctx, &env.catalog)
                 .map_err(|e| EngineError::Context(format!("{name}: plan does not decode: {e}")))
         };
         let mut outputs = vec![StageOutput {
@@ -232,14 +231,14 @@ impl StageFunction {
                     .column
                     .map(|c| SourceClock::new(c, event_time.lateness_ms, event_time.idle_timeout)),
             );
-            let source = env.sources.create(&b.config, schema)?;
+            let source = env.catalog.create_source(&b.config, schema)?;
             readers.push(SourceReader {
                 table: b.table.clone(),
                 source,
             });
         }
         let sink = match &ctx.next {
-            NextHop::Sink(cfg) => Some(env.sinks.create(cfg)?),
+            NextHop::Sink(cfg) => Some(env.catalog.create_sink(cfg)?),
             _ => None,
         };
         let mut input_schemas = BTreeMap::new();
@@ -252,7 +251,7 @@ impl StageFunction {
         let mut late = BTreeMap::new();
         for e in &ctx.inputs {
             let dead_letters = match &e.late_letters {
-                Some(config) => Some(env.sources.dead_letters(config)?.ok_or_else(|| {
+                Some(config) => Some(env.catalog.dead_letters(config)?.ok_or_else(|| {
                     EngineError::plan(format!(
                         "table {}: 'late' 'dead-letter' needs a dead-letter destination, \
                          and its source kind {} declares none",

@@ -28,11 +28,12 @@ use sha2::{Digest, Sha256};
 
 use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
+use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
 use crate::metrics;
 use crate::payload::SourceOffset;
-use crate::source::{DeadLetter, DeadLetterSink, SourceConfig, SourceRegistry};
+use crate::source::{DeadLetter, DeadLetterSink, SourceConfig};
 use crate::window_state::rows_as_json;
 
 /// A table declared with `lookup.key`: it has a schema and a lookup, and
@@ -169,17 +170,13 @@ impl fmt::Debug for LookupHandle {
 }
 
 impl LookupHandle {
-    /// Open the lookup through `registry`.
-    pub fn open(
-        registry: &SourceRegistry,
-        spec: LookupSpec,
-        table_schema: SchemaRef,
-    ) -> Result<Self> {
-        let (_, lookup) = registry.create_lookup(&spec.config, &table_schema)?;
+    /// Open the lookup through `catalog`.
+    pub fn open(catalog: &Catalog, spec: LookupSpec, table_schema: SchemaRef) -> Result<Self> {
+        let (_, lookup) = catalog.create_lookup(&spec.config, &table_schema)?;
         let dead_letters = match (&spec.options.missing, &spec.letters_to) {
             (MissingPolicy::Join, _) => None,
             (MissingPolicy::DeadLetter, Some((stream, config))) => {
-                Some(registry.dead_letters(config)?.ok_or_else(|| {
+                Some(catalog.dead_letters(config)?.ok_or_else(|| {
                     EngineError::plan(format!(
                         "lookup table {}: 'lookup.missing' 'dead-letter' sends rows without a match \
                          to the dead-letter destination of {stream}, which declares none \

@@ -6,13 +6,12 @@
 //!
 //! The engine knows only the [`Lookup`] trait and the options every lookup
 //! table takes; a connector crate registers a [`LookupFactory`] for its kind
-//! (`SourceRegistry::register_lookup`), as it registers a source.
+//! (`Catalog::register_lookup`), as it registers a source.
 
 pub mod cache;
 pub mod exec;
 pub mod plan;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -21,7 +20,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::source::{SourceConfig, SourceRegistry};
+use crate::source::SourceConfig;
 
 /// Names the key column and makes the table a lookup table.
 pub const OPT_KEY: &str = "lookup.key";
@@ -184,156 +183,4 @@ pub trait LookupFactory: Send + Sync {
 
     /// The lookup of a table declared as `config`; bad options are errors here.
     fn create(&self, config: &SourceConfig, options: &LookupOptions) -> Result<Arc<dyn Lookup>>;
-}
-
-impl SourceRegistry {
-    /// Tables of `kind` may be declared as lookup tables.
-    pub fn register_lookup(&mut self, kind: &str, factory: Arc<dyn LookupFactory>) {
-        self.lookups.insert(kind.to_ascii_uppercase(), factory);
-    }
-
-    /// The kinds whose tables may be lookup tables.
-    pub fn lookup_kinds(&self) -> Vec<String> {
-        self.lookups.keys().cloned().collect()
-    }
-
-    /// The options and the lookup of a table declared as one; an unknown
-    /// option, a bad value or a kind without lookups is an error.
-    pub fn create_lookup(
-        &self,
-        config: &SourceConfig,
-        schema: &SchemaRef,
-    ) -> Result<(LookupOptions, Arc<dyn Lookup>)> {
-        let kind = config.kind.to_ascii_uppercase();
-        let Some(factory) = self.lookups.get(&kind) else {
-            let kinds: BTreeSet<&String> = self.lookups.keys().collect();
-            return Err(EngineError::plan(format!(
-                "{kind} tables cannot be lookup tables ({OPT_KEY}); these can: {kinds:?}"
-            )));
-        };
-        let own = factory.options();
-        if let Some(unknown) = config
-            .options
-            .keys()
-            .find(|k| !LOOKUP_OPTIONS.contains(&k.as_str()) && !own.contains(&k.as_str()))
-        {
-            let mut allowed: Vec<&str> = LOOKUP_OPTIONS.iter().chain(own).copied().collect();
-            allowed.sort_unstable();
-            return Err(EngineError::plan(format!(
-                "unknown option '{unknown}' for a {kind} lookup table; it takes {}",
-                allowed.join(", ")
-            )));
-        }
-        let options = LookupOptions::from_config(config, schema)?;
-        let lookup = factory.create(config, &options)?;
-        Ok((options, lookup))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::datatypes::{Field, Schema};
-
-    #[derive(Debug)]
-    struct Nothing;
-
-    #[async_trait]
-    impl Lookup for Nothing {
-        async fn get(&self, keys: &[String]) -> Result<Vec<Option<LookupRow>>> {
-            Ok(vec![None; keys.len()])
-        }
-    }
-
-    struct NothingFactory;
-
-    impl LookupFactory for NothingFactory {
-        fn options(&self) -> &'static [&'static str] {
-            &["retry.timeout.ms"]
-        }
-        fn create(&self, _: &SourceConfig, _: &LookupOptions) -> Result<Arc<dyn Lookup>> {
-            Ok(Arc::new(Nothing))
-        }
-    }
-
-    fn check(kind: &str, options: &[(&str, &str)]) -> Result<LookupOptions> {
-        let mut registry = SourceRegistry::default();
-        registry.register_lookup("KV", Arc::new(NothingFactory));
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("ad_id", DataType::Utf8, false),
-            Field::new("campaign_id", DataType::Utf8, true),
-            Field::new("n", DataType::Int64, true),
-            Field::new("f", DataType::Float64, true),
-        ]));
-        let config = SourceConfig {
-            kind: kind.into(),
-            location: "x".into(),
-            options: options
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        };
-        registry.create_lookup(&config, &schema).map(|(o, _)| o)
-    }
-
-    #[test]
-    fn options_are_checked_when_the_table_is_declared() {
-        let o = check("kv", &[(OPT_KEY, "ad_id")]).unwrap();
-        assert_eq!(o.values, ["campaign_id", "n", "f"]);
-        assert_eq!(o.cache_size, DEFAULT_CACHE_SIZE);
-        assert_eq!(o.key_prefix, "");
-        assert_eq!(o.missing, MissingPolicy::Join);
-        let o = check(
-            "KV",
-            &[
-                (OPT_KEY, "ad_id"),
-                (OPT_CACHE_SIZE, "10"),
-                (OPT_CACHE_TTL_MS, "0"),
-                (OPT_MISSING, "dead-letter"),
-                (OPT_KEY_PREFIX, "campaign:"),
-                ("retry.timeout.ms", "5"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(o.key_prefix, "campaign:");
-        assert_eq!((o.cache_size, o.cache_ttl_ms), (10, 0));
-        assert_eq!(o.missing, MissingPolicy::DeadLetter);
-        let err = |opts: &[(&str, &str)]| check("KV", opts).unwrap_err().to_string();
-        let e = err(&[(OPT_KEY, "ad")]);
-        assert!(
-            e.contains("no such column") && e.contains("ad_id, campaign_id"),
-            "{e}"
-        );
-        let o = check("KV", &[(OPT_KEY, "n")]).unwrap();
-        assert_eq!(o.values, ["ad_id", "campaign_id", "f"], "an integer key");
-        let e = err(&[(OPT_KEY, "f")]);
-        assert!(
-            e.contains(
-                "lookup.key = \"f\": the key column is Float64, which cannot be a lookup key"
-            ),
-            "{e}"
-        );
-        let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_SIZE, "many")]);
-        assert!(e.contains("lookup.cache.size = \"many\""), "{e}");
-        let e = err(&[(OPT_KEY, "ad_id"), (OPT_CACHE_TTL_MS, "-1")]);
-        assert!(e.contains("lookup.cache.ttl.ms"), "{e}");
-        let e = err(&[(OPT_KEY, "ad_id"), (OPT_MISSING, "drop")]);
-        assert!(e.contains("'join' or 'dead-letter'"), "{e}");
-        let e = err(&[(OPT_KEY, "ad_id"), ("lookup.prefix", "1")]);
-        assert!(
-            e.contains(
-                "unknown option 'lookup.prefix' for a KV lookup table; it takes \
-                 lookup.cache.size, lookup.cache.ttl.ms, lookup.key, lookup.key.prefix, \
-                 lookup.missing, retry.timeout.ms"
-            ),
-            "{e}"
-        );
-        let e = check("KAFKA", &[(OPT_KEY, "ad_id")])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("KAFKA tables cannot be lookup tables"), "{e}");
-        for e in [e, err(&[(OPT_KEY, "ad")])] {
-            assert!(!e.contains('\n'), "one line: {e}");
-        }
-    }
 }

@@ -22,8 +22,9 @@ use super::exec::{
     LookupHandle, LookupJoinExec, LookupJoinType, LookupScanExec, LookupSpec, not_a_stream,
 };
 use super::{LookupOptions, can_be_key};
+use crate::catalog::Catalog;
 use crate::exec::SourceScanExec;
-use crate::source::{SourceConfig, SourceRegistry};
+use crate::source::SourceConfig;
 
 /// The rule's name; it runs right after DataFusion's `join_selection`.
 pub const RULE_NAME: &str = "place_lookup_joins";
@@ -33,19 +34,19 @@ pub const RUNS_AFTER: &str = "join_selection";
 /// The physical optimizer rule that replaces a hash join of a stream with a
 /// lookup table by a lookup join.
 pub struct PlaceLookupJoins {
-    registry: SourceRegistry,
+    catalog: Catalog,
 }
 
 impl PlaceLookupJoins {
-    /// The rule, opening lookups through `registry`.
-    pub fn new(registry: SourceRegistry) -> Self {
-        PlaceLookupJoins { registry }
+    /// The rule, opening lookups through `catalog`.
+    pub fn new(catalog: Catalog) -> Self {
+        PlaceLookupJoins { catalog }
     }
 }
 
 impl std::fmt::Debug for PlaceLookupJoins {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PlaceLookupJoins({:?})", self.registry.kinds())
+        write!(f, "PlaceLookupJoins({:?})", self.catalog.lookup_kinds())
     }
 }
 
@@ -278,7 +279,7 @@ impl PlaceLookupJoins {
             join_type,
             letters_to: stream_table(&stream)?,
         };
-        let handle = LookupHandle::open(&self.registry, spec, scan.table_schema.clone())
+        let handle = LookupHandle::open(&self.catalog, spec, scan.table_schema.clone())
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let stream_width = stream.schema().fields().len();
         let mut out: Arc<dyn ExecutionPlan> =
@@ -356,12 +357,12 @@ fn cast_table_columns(
 
 /// DataFusion's physical optimizer rules with [`PlaceLookupJoins`] after
 /// `join_selection` (which has fixed the join's sides by then).
-pub fn rules(registry: &SourceRegistry) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
+pub fn rules(catalog: &Catalog) -> Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
     let at = rules
         .iter()
         .position(|r| r.name() == RUNS_AFTER)
         .map_or(0, |i| i + 1);
-    rules.insert(at, Arc::new(PlaceLookupJoins::new(registry.clone())));
+    rules.insert(at, Arc::new(PlaceLookupJoins::new(catalog.clone())));
     rules
 }

@@ -32,7 +32,6 @@ use crate::context::{
     StageMode,
 };
 use crate::error::{EngineError, Result};
-use crate::exec::SourceTable;
 use crate::payload::Encoding;
 pub use crate::session::session;
 use crate::sink::SinkConfig;
@@ -235,9 +234,7 @@ pub fn split_statements(sql: &str) -> Vec<String> {
 }
 
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
-pub const EMIT_OPTION: &str = "emit";
-/// The `emit` value that asks for updates every epoch.
-pub const EMIT_UPDATES: &str = "updates";
+pub use crate::catalog::options::{EMIT_OPTION, EMIT_UPDATES};
 
 /// Run the script's DDL in `ctx` and plan its one query into stages.
 pub async fn plan_query(
@@ -318,15 +315,9 @@ pub async fn plan_query(
 /// AS REDIS ...`); its config becomes the sink's.
 async fn sink_config_for(ctx: &SessionContext, table: &str) -> Result<SinkConfig> {
     let provider = ctx.table_provider(table).await?;
-    let any: &dyn std::any::Any = provider.as_ref();
-    let t = any
-        .downcast_ref::<SourceTable>()
+    let config = crate::catalog::table::declaration(provider.as_ref())
         .ok_or_else(|| EngineError::plan(format!("{table} is not a table Skein can write to")))?;
-    Ok(SinkConfig {
-        kind: t.config.kind.clone(),
-        location: t.config.location.clone(),
-        options: t.config.options.clone(),
-    })
+    Ok(crate::catalog::table::sink_config(config))
 }
 
 impl QueryPlan {

@@ -11,13 +11,14 @@ use skein_engine::source::SourceConfig;
 use super::*;
 
 fn table(options: &[(&str, &str)]) -> EngineResult<()> {
-    let mut sinks = SinkRegistry::default();
-    let mut tables = SourceRegistry::default();
-    register_sinks(&mut sinks, &mut tables);
+    let mut catalog = Catalog::default();
+    register_sinks(&mut catalog);
     let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::Utf8, true)]));
+    let tables = skein_engine::catalog::table::CatalogTableFactory { catalog };
     tables
-        .create(
-            &SourceConfig {
+        .declare(
+            "out",
+            SourceConfig {
                 kind: "ysb_redis".into(),
                 location: "redis://127.0.0.1:1".into(),
                 options: options
