@@ -291,7 +291,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .with_context(|| format!("planning {name}"))?;
-    check_generated(&plan, &events.to_string())?;
+    check_generated(&regs.catalog, &plan, &events.to_string())?;
     let (measured, functions, measured_on) = match args.lambda.backend {
         Backend::Local => {
             let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
@@ -336,16 +336,25 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every source a generator with the events set: the measurement must be
-/// on the input it was asked for.
-fn check_generated(plan: &skein_engine::planner::QueryPlan, events: &str) -> Result<()> {
+/// Every source a generator (generated epoch by epoch, bounded) with the
+/// events set: the measurement must be on the input it was asked for.
+fn check_generated(
+    catalog: &skein_engine::catalog::Catalog,
+    plan: &skein_engine::planner::QueryPlan,
+    events: &str,
+) -> Result<()> {
     for leaf in plan.stages.iter().flat_map(|s| s.sources.iter()) {
-        let kind = leaf.config.kind.to_ascii_uppercase();
-        if kind != "NEXMARK" && kind != "YSB" {
+        let generated = catalog.source_capabilities(&leaf.config.kind)
+            == skein_engine::source::SourceCapabilities {
+                replay: skein_engine::source::ReplayMode::ByEpoch,
+                live: false,
+            };
+        if !generated {
             bail!(
-                "skein cost measures a query over generated input, and table {} is {kind}: \
+                "skein cost measures a query over generated input, and table {} is {}: \
                  declare it STORED AS NEXMARK or YSB (queries/cost/ysb.sql is YSB's query that way)",
-                leaf.table
+                leaf.table,
+                leaf.config.kind.to_ascii_uppercase()
             );
         }
         if leaf.config.option("events") != Some(events) {

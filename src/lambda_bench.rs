@@ -67,7 +67,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         encoding: Default::default(),
         invoke_async: false,
     };
-    let (plan, _) = plan(&sql, &p, &b.store_url).await?;
+    let (plan, _) = plan(&b, &sql, &p).await?;
     let lister = LambdaFunctionService::new(&b.sdk, None);
     destroy_functions(&plan.query_code, &lister).await?;
     code(&b, &args.lambda).await?; // upload once, outside the timings

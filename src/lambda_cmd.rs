@@ -18,6 +18,7 @@ use clap::{Args, ValueEnum};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde_json::json;
+use skein_engine::catalog::Catalog;
 use skein_engine::driver::destroy as destroy_functions;
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
@@ -236,11 +237,12 @@ pub fn package(args: PackageArgs) -> Result<()> {
     Ok(())
 }
 
-/// Everything a Lambda command talks to.
+/// Everything a Lambda command talks to, and the table kinds it plans with.
 pub struct Connection {
     pub(crate) sdk: aws_config::SdkConfig,
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) store_url: String,
+    pub(crate) catalog: Catalog,
 }
 
 pub(crate) async fn connect(store_url: &str) -> Result<Connection> {
@@ -251,6 +253,7 @@ pub(crate) async fn connect(store_url: &str) -> Result<Connection> {
         sdk,
         store,
         store_url: store_url.trim_end_matches('/').to_string(),
+        catalog: registries().catalog,
     })
 }
 
@@ -297,17 +300,16 @@ pub(crate) fn run_id() -> String {
 
 /// Plan the query; a query without INSERT INTO writes to the RESULTS sink.
 pub(crate) async fn plan(
+    b: &Connection,
     sql: &str,
     p: &PlanArgs,
-    store_url: &str,
 ) -> Result<(QueryPlan, datafusion::prelude::SessionContext)> {
-    let regs = registries();
-    let ctx = session(&regs.catalog, p.group_size);
+    let ctx = session(&b.catalog, p.group_size);
     let mut plan = plan_query(&ctx, sql, &p.options())
         .await
         .context("planning the query")?;
-    skein_lambda::standing::route_collect(&mut plan, store_url);
-    for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
+    skein_lambda::standing::route_collect(&mut plan, &b.store_url);
+    for (table, offsets) in crate::checkpoint::resume_from_sink(&b.catalog, &mut plan).await? {
         tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
     }
     Ok((plan, ctx))
@@ -319,8 +321,8 @@ pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> 
     let mut out = vec![];
     for stage in &plan.stages {
         for leaf in &stage.sources {
-            let pushed = leaf.config.kind.eq_ignore_ascii_case("KINESIS")
-                && leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH);
+            // The catalog takes 'mode' only where the source takes pushed records.
+            let pushed = leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH);
             if !pushed {
                 continue;
             }
@@ -356,10 +358,10 @@ pub(crate) fn pushed_sources(plan: &QueryPlan) -> Result<Vec<(String, String)>> 
 fn pushes_into_stages(plan: &QueryPlan) -> bool {
     plan.stages.iter().any(|stage| {
         stage.consumer.is_some()
-            && stage.sources.iter().any(|leaf| {
-                leaf.config.kind.eq_ignore_ascii_case("KINESIS")
-                    && leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH)
-            })
+            && stage
+                .sources
+                .iter()
+                .any(|leaf| leaf.config.option(esm::MODE_OPTION) == Some(esm::MODE_PUSH))
     })
 }
 
@@ -445,7 +447,7 @@ pub async fn deploy(args: DeployArgs) -> Result<()> {
     }
     let sql = read_sql(&args.file)?;
     let b = connect(&args.lambda.store).await?;
-    let (plan, _) = plan(&sql, &args.plan, &b.store_url).await?;
+    let (plan, _) = plan(&b, &sql, &args.plan).await?;
     let start = Instant::now();
     let pushed = pushed_sources(&plan)?;
     let service = service_options(&b, &args.lambda, &plan).await?;

@@ -52,7 +52,7 @@ pub(crate) async fn open_checkpoints(
     invoke_async: bool,
 ) -> Result<Option<Checkpoints>> {
     let request = request.clone();
-    let url = match checkpoint_dir::location(plan, &request)? {
+    let url = match checkpoint_dir::location(&b.catalog, plan, &request)? {
         Some(Location::Given(dir)) => {
             let url = dir.to_string_lossy().to_string();
             checkpoints::check_url(&url)?;
@@ -62,7 +62,7 @@ pub(crate) async fn open_checkpoints(
         }
         Some(Location::Default) => checkpoints::default_url(&b.store_url, &plan.query_code),
         None => {
-            checkpoint_dir::note_if_at_least_once(plan, &request);
+            checkpoint_dir::note_if_at_least_once(&b.catalog, plan, &request);
             return Ok(None);
         }
     };
@@ -170,7 +170,7 @@ pub(crate) async fn run_sql(
     args: &LambdaArgs,
 ) -> Result<LambdaRun> {
     let b = connect(&args.store).await?;
-    let (plan, ctx) = plan(sql, &common.plan, &b.store_url).await?;
+    let (plan, ctx) = plan(&b, sql, &common.plan).await?;
     if !pushed_sources(&plan)?.is_empty() {
         bail!(
             "this query reads a pushed Kinesis table ('mode' 'push'): its event-source mapping \

@@ -19,7 +19,7 @@ pub fn registries() -> Registries {
     skein_connectors::register(&mut catalog);
     skein_ysb::register_sinks(&mut catalog);
     let collect = CollectSinkFactory::default();
-    catalog.register_sink("COLLECT", Arc::new(collect.clone()));
+    catalog.register_sink(skein_engine::sink::COLLECT_KIND, Arc::new(collect.clone()));
     catalog.register_sink(
         skein_connectors::results::KIND,
         Arc::new(skein_connectors::results::ResultsSinkFactory),

@@ -297,15 +297,15 @@ pub async fn run_report(
     let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
         .context("planning the query")?;
-    for (table, offsets) in crate::checkpoint::resume_from_sink(&mut plan).await? {
+    for (table, offsets) in crate::checkpoint::resume_from_sink(&catalog, &mut plan).await? {
         tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
     }
-    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
-    let held = crate::checkpoint_dir::open(&plan, &request).await?;
+    let held = crate::checkpoint_dir::open(&catalog, &plan, &request).await?;
     if held.is_none() {
-        crate::checkpoint_dir::note_if_at_least_once(&plan, &request);
+        crate::checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }
     match &held {
         Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval as u64),
@@ -330,18 +330,19 @@ pub async fn run_report(
     }
 
     // A live source and no bound: a standing query, stopped by a signal.
-    let (stop, signal) = if args.unbounded() && crate::checkpoint_dir::reads_live_source(&plan) {
-        if args.verify {
-            bail!(
-                "--verify compares a whole input with its result: give a standing query a \
+    let (stop, signal) =
+        if args.unbounded() && crate::checkpoint_dir::reads_live_source(&catalog, &plan) {
+            if args.verify {
+                bail!(
+                    "--verify compares a whole input with its result: give a standing query a \
                  bound (--epochs, --duration or --until-drained)"
-            );
-        }
-        let (stop, signal) = crate::standing::until_signalled(args.interval(&plan)?)?;
-        (stop, Some(signal))
-    } else {
-        (args.stop(&plan)?, None)
-    };
+                );
+            }
+            let (stop, signal) = crate::standing::until_signalled(args.interval(&plan)?)?;
+            (stop, Some(signal))
+        } else {
+            (args.stop(&plan)?, None)
+        };
     let expected_epochs = match &stop {
         StopAfter::Epochs(n) => Some(*n),
         StopAfter::Duration { duration, interval } => {

@@ -30,7 +30,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
 use crate::epochs::Runs;
@@ -86,6 +86,14 @@ pub struct FilesSinkFactory;
 impl SinkFactory for FilesSinkFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(OPTIONS)
+    }
+
+    /// Deterministic names and a commit marker per write.
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities {
+            exactly_once: true,
+            keeps_offsets: false,
+        }
     }
 
     fn check(&self, config: &SinkConfig) -> Result<()> {

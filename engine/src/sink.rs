@@ -27,11 +27,14 @@ pub struct SinkConfig {
     pub options: BTreeMap<String, String>,
 }
 
+/// The kind of the in-memory collector a plain SELECT writes to.
+pub const COLLECT_KIND: &str = "COLLECT";
+
 impl SinkConfig {
     /// The in-memory collector named `name` (results of a plain SELECT).
     pub fn collect(name: &str) -> Self {
         SinkConfig {
-            kind: "COLLECT".into(),
+            kind: COLLECT_KIND.into(),
             location: name.into(),
             options: BTreeMap::new(),
         }
@@ -69,12 +72,60 @@ pub trait Sink: Send + Sync {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()>;
 }
 
+/// What the sinks of a kind can do, whatever their options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkCapabilities {
+    /// A replayed write changes nothing: a query that checkpoints is
+    /// exactly once into it across restarts.
+    pub exactly_once: bool,
+    /// It stores the source offsets each write covers (under its
+    /// `'checkpoint'` option) and hands them back
+    /// ([`SinkFactory::committed_offsets`]), for a source that resumes from
+    /// its sink (`'startup' 'checkpoint'`).
+    pub keeps_offsets: bool,
+}
+
+impl SinkCapabilities {
+    /// Exactly once, and keeps the offsets each write covers.
+    pub const EXACTLY_ONCE_WITH_OFFSETS: Self = SinkCapabilities {
+        exactly_once: true,
+        keeps_offsets: true,
+    };
+}
+
 /// Builds sinks of one kind from their config.
+#[async_trait]
 pub trait SinkFactory: Send + Sync {
     /// The options this kind's sink takes; the catalog refuses those no
     /// one declares at CREATE TABLE, and hands the factory only these (and
     /// options with a dot no one else declares, if it takes them).
     fn options(&self) -> TableOptions;
+
+    /// What its sinks can do.
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities::default()
+    }
+
+    /// Whether a sink declared as `config` takes an updating result (a
+    /// changelog whose retractions it applies); `Err` holds the reason it
+    /// does not, in a few words (`layout 'list' only appends`).
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        let _ = config;
+        Err("it only appends rows".into())
+    }
+
+    /// The offsets of `source` (a topic) that the sink declared as `config`
+    /// last committed, by partition; `None` when it keeps none (a sink
+    /// without [`SinkCapabilities::keeps_offsets`], or one declared without
+    /// its `'checkpoint'` option).
+    async fn committed_offsets(
+        &self,
+        config: &SinkConfig,
+        source: &str,
+    ) -> Result<Option<BTreeMap<i32, i64>>> {
+        let _ = (config, source);
+        Ok(None)
+    }
 
     /// Read the options as [`SinkFactory::create`] will, without opening
     /// anything, so a bad value fails the CREATE TABLE rather than the

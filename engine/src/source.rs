@@ -283,12 +283,54 @@ pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
     async fn send(&self, letters: &[DeadLetter]) -> Result<()>;
 }
 
+/// What the sources of a kind can do, whatever their options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceCapabilities {
+    /// How a checkpoint reads an epoch again (the same as
+    /// [`Source::replay_mode`] of every source the kind makes).
+    pub replay: ReplayMode,
+    /// Live: the source has no end of its own (Kafka, Kinesis); a query
+    /// reading it with no bound runs until it is stopped. Otherwise it is
+    /// bounded (the generators).
+    pub live: bool,
+}
+
+impl Default for SourceCapabilities {
+    fn default() -> Self {
+        SourceCapabilities {
+            replay: ReplayMode::Unsupported,
+            live: false,
+        }
+    }
+}
+
 /// Builds sources from their config. One factory per kind.
 pub trait SourceFactory: Send + Sync {
     /// The options this kind's source takes; the catalog refuses those no
     /// one declares at CREATE TABLE, and hands the factory only these (and
     /// options with a dot no one else declares, if it takes them).
     fn options(&self) -> TableOptions;
+
+    /// What its sources can do.
+    fn capabilities(&self) -> SourceCapabilities {
+        SourceCapabilities::default()
+    }
+
+    /// Whether the table asks to start where the query's sink last
+    /// committed (Kafka's `'startup' 'checkpoint'`): the sink's committed
+    /// offsets are then read before the query runs ([`SourceFactory::starting_at`]).
+    fn resumes_from_sink(&self, config: &SourceConfig) -> bool {
+        let _ = config;
+        false
+    }
+
+    /// The table's whole declaration, starting at `offsets` (partition ->
+    /// next offset) instead: what a table that resumes from its sink
+    /// becomes. Only the factory's own options change.
+    fn starting_at(&self, config: &SourceConfig, offsets: &BTreeMap<i32, i64>) -> SourceConfig {
+        let _ = offsets;
+        config.clone()
+    }
 
     /// A source for `config`, producing rows of `schema`.
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>>;
@@ -385,6 +427,13 @@ impl MemorySourceFactory {
 impl SourceFactory for MemorySourceFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(&[])
+    }
+
+    fn capabilities(&self) -> SourceCapabilities {
+        SourceCapabilities {
+            replay: ReplayMode::ByEpoch,
+            live: false,
+        }
     }
 
     fn create(&self, config: &SourceConfig, _schema: SchemaRef) -> Result<Arc<dyn Source>> {

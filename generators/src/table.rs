@@ -12,12 +12,19 @@ use skein_engine::catalog::Catalog;
 use skein_engine::error::{EngineError, Result};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, ReplayMode, Source, SourceConfig, SourceFactory, TableOptions,
+    EpochSpec, MicroBatch, ReplayMode, Source, SourceCapabilities, SourceConfig, SourceFactory,
+    TableOptions,
 };
 
 use crate::Slice;
 use crate::nexmark::{EventKind, NexmarkBatchBuilder, NexmarkConfig, NexmarkGenerator, schema_for};
 use crate::ysb::{YsbBatchBuilder, YsbConfig, YsbGenerator, ysb_schema};
+
+/// A generator's pull is a function of the epoch, and it ends.
+const GENERATED: SourceCapabilities = SourceCapabilities {
+    replay: ReplayMode::ByEpoch,
+    live: false,
+};
 
 /// Events generated per batch inside one pull.
 const CHUNK_EVENTS: u64 = 16_384;
@@ -213,6 +220,10 @@ impl SourceFactory for NexmarkSourceFactory {
         TableOptions::only(NEXMARK_OPTIONS)
     }
 
+    fn capabilities(&self) -> SourceCapabilities {
+        GENERATED
+    }
+
     fn create(&self, config: &SourceConfig, declared: SchemaRef) -> Result<Arc<dyn Source>> {
         let table = config.location.to_ascii_lowercase();
         let kind = match table.as_str() {
@@ -305,6 +316,10 @@ struct YsbSourceFactory;
 impl SourceFactory for YsbSourceFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(YSB_OPTIONS)
+    }
+
+    fn capabilities(&self) -> SourceCapabilities {
+        GENERATED
     }
 
     fn create(&self, config: &SourceConfig, declared: SchemaRef) -> Result<Arc<dyn Source>> {

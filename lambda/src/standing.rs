@@ -110,7 +110,11 @@ pub fn results_location(store_url: &str) -> String {
 /// A plan whose sink is the in-memory collector writes to the `RESULTS`
 /// sink in the deployment's store instead (functions cannot hand rows back).
 pub fn route_collect(plan: &mut QueryPlan, store_url: &str) {
-    if plan.sink.kind.eq_ignore_ascii_case("COLLECT") {
+    if plan
+        .sink
+        .kind
+        .eq_ignore_ascii_case(skein_engine::sink::COLLECT_KIND)
+    {
         plan.sink = results::config(&results_location(store_url));
     }
 }

@@ -104,12 +104,12 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .context("planning queries/ysb.sql")?;
-    let runtime = LocalRuntime::new(catalog, Arc::new(InMemory::new()));
+    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let request = crate::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),
         off: false,
     };
-    let held = crate::checkpoint_dir::open(&plan, &request)
+    let held = crate::checkpoint_dir::open(&catalog, &plan, &request)
         .await?
         .context("the YSB query cannot checkpoint")?;
     held.attach(&runtime, &mut options, 1);

@@ -29,7 +29,7 @@ use skein_connectors::error::{ConnectorError, Result};
 use skein_connectors::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
 use skein_engine::catalog::{Catalog, TableOptions};
 use skein_engine::error::{EngineError, Result as EngineResult};
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 
 pub const KIND: &str = "YSB_REDIS";
 
@@ -223,9 +223,23 @@ fn sink_error(config: &SinkConfig, e: ConnectorError) -> EngineError {
 #[derive(Debug, Default)]
 pub struct YsbSinkFactory;
 
+#[async_trait::async_trait]
 impl SinkFactory for YsbSinkFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(OPTIONS)
+    }
+
+    /// The Redis sink's machinery: exactly once, offsets under 'checkpoint'.
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities::EXACTLY_ONCE_WITH_OFFSETS
+    }
+
+    async fn committed_offsets(
+        &self,
+        config: &SinkConfig,
+        source: &str,
+    ) -> EngineResult<Option<BTreeMap<i32, i64>>> {
+        skein_connectors::redis::committed_offsets(config, source).await
     }
 
     fn check(&self, config: &SinkConfig) -> EngineResult<()> {

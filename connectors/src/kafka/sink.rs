@@ -45,7 +45,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
 use super::options::{SINK_OPTIONS, client_properties};
@@ -98,9 +98,45 @@ fn sink_options() -> TableOptions {
         .passing_dotted("librdkafka property")
 }
 
+#[async_trait]
 impl SinkFactory for KafkaSinkFactory {
     fn options(&self) -> TableOptions {
         sink_options()
+    }
+
+    /// Transactions (unless `'delivery' 'at-least-once'`), and the offsets
+    /// of each write in its offsets topic under `'checkpoint'`.
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities::EXACTLY_ONCE_WITH_OFFSETS
+    }
+
+    async fn committed_offsets(
+        &self,
+        config: &SinkConfig,
+        source: &str,
+    ) -> Result<Option<BTreeMap<i32, i64>>> {
+        let Some(checkpoint) = config.options.get("checkpoint").filter(|c| !c.is_empty()) else {
+            return Ok(None);
+        };
+        let brokers = config
+            .options
+            .get("bootstrap.servers")
+            .ok_or_else(|| sink_error(&config.location, "no 'bootstrap.servers'"))?
+            .clone();
+        let offsets_topic = config
+            .options
+            .get("offsets.topic")
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_OFFSETS_TOPIC.into());
+        let (checkpoint, topic) = (checkpoint.clone(), source.to_string());
+        let stored = tokio::task::spawn_blocking(move || {
+            stored_offsets(&brokers, &offsets_topic, &checkpoint, &topic)
+        })
+        .await
+        .map_err(|e| sink_error(&config.location, e))?;
+        stored
+            .map(Some)
+            .map_err(|e| e.for_sink(format!("kafka topic {}", config.location)))
     }
 
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {

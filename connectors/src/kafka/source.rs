@@ -52,7 +52,7 @@ use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
     DeadLetter as LateLetter, DeadLetterSink, EpochSpec, MicroBatch, PartitionProgress, ReplayMode,
-    Source, SourceConfig, SourceFactory, TableOptions,
+    Source, SourceCapabilities, SourceConfig, SourceFactory, TableOptions,
 };
 use tracing::{debug, warn};
 
@@ -1005,6 +1005,27 @@ pub struct KafkaSourceFactory;
 impl SourceFactory for KafkaSourceFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(SOURCE_OPTIONS).passing_dotted("librdkafka property")
+    }
+
+    fn capabilities(&self) -> SourceCapabilities {
+        SourceCapabilities {
+            replay: ReplayMode::Offsets,
+            live: true,
+        }
+    }
+
+    /// `'startup' 'checkpoint'`.
+    fn resumes_from_sink(&self, config: &SourceConfig) -> bool {
+        config.option("startup") == Some("checkpoint")
+    }
+
+    fn starting_at(&self, config: &SourceConfig, offsets: &BTreeMap<i32, i64>) -> SourceConfig {
+        let mut config = config.clone();
+        config.options.insert("startup".into(), "offsets".into());
+        config
+            .options
+            .insert("offsets".into(), format_offsets(offsets));
+        config
     }
 
     fn dead_letters(&self, config: &SourceConfig) -> EngineResult<Option<Arc<dyn DeadLetterSink>>> {

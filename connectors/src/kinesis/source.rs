@@ -37,8 +37,8 @@ use skein_engine::backoff::Backoff;
 use skein_engine::error::{Cause, EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, ReplayMode, Source, SourceConfig,
-    SourceFactory, TableOptions,
+    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, ReplayMode, Source, SourceCapabilities,
+    SourceConfig, SourceFactory, TableOptions,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
@@ -882,6 +882,13 @@ pub struct KinesisSourceFactory;
 impl SourceFactory for KinesisSourceFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(SOURCE_OPTIONS)
+    }
+
+    fn capabilities(&self) -> SourceCapabilities {
+        SourceCapabilities {
+            replay: ReplayMode::Offsets,
+            live: true,
+        }
     }
 
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {

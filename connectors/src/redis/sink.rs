@@ -33,7 +33,7 @@ use skein_engine::catalog::TableOptions;
 use skein_engine::catalog::options::EMIT_OPTION;
 use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use tracing::debug;
 
 pub use super::conn::{REDIS_WAIT, RETRY_OPTION};
@@ -129,6 +129,23 @@ impl RedisSinkOptions {
             retry_timeout: retry_timeout(opt(RETRY_OPTION).as_deref())?,
         })
     }
+}
+
+/// The offsets of `source` a Redis sink declared as `config` (whatever its
+/// layout) committed, when it keeps them (`'checkpoint'`).
+pub async fn committed_offsets(
+    config: &SinkConfig,
+    source: &str,
+) -> EngineResult<Option<BTreeMap<i32, i64>>> {
+    let err = |e: ConnectorError| e.for_sink(format!("redis {}", config.location));
+    let options = RedisSinkOptions::from_sink_config(config).map_err(err)?;
+    let Some(checkpoint) = &options.checkpoint else {
+        return Ok(None);
+    };
+    stored_offsets(&options.url, checkpoint, source)
+        .await
+        .map(Some)
+        .map_err(err)
 }
 
 /// Reads a table's options as the sink will, for CREATE TABLE.
@@ -261,10 +278,25 @@ impl Sink for RedisSink {
 #[derive(Debug, Default)]
 pub struct RedisSinkFactory;
 
+#[async_trait]
 impl SinkFactory for RedisSinkFactory {
     /// Its own options, and `emit`, which its layouts read.
     fn options(&self) -> TableOptions {
         TableOptions::only(OPTIONS).and(&[EMIT_OPTION])
+    }
+
+    /// Every write is a MULTI/EXEC with its epoch marker and, under
+    /// `'checkpoint'`, the offsets it covers.
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities::EXACTLY_ONCE_WITH_OFFSETS
+    }
+
+    async fn committed_offsets(
+        &self,
+        config: &SinkConfig,
+        source: &str,
+    ) -> EngineResult<Option<BTreeMap<i32, i64>>> {
+        committed_offsets(config, source).await
     }
 
     fn check(&self, config: &SinkConfig) -> EngineResult<()> {

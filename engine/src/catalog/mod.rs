@@ -12,6 +12,7 @@
 //! `table.rs` turns a `CREATE EXTERNAL TABLE` into a DataFusion table
 //! through the catalog.
 
+mod capabilities;
 pub mod options;
 pub mod table;
 

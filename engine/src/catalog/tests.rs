@@ -321,3 +321,113 @@ fn lookup_options_are_checked_when_the_table_is_declared() {
         assert!(!e.contains('\n'), "one line: {e}");
     }
 }
+
+/// A live source that resumes from its sink, and a sink that keeps offsets.
+struct Resuming;
+
+impl SourceFactory for Resuming {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(&["startup", "offsets"])
+    }
+    fn capabilities(&self) -> crate::source::SourceCapabilities {
+        crate::source::SourceCapabilities {
+            replay: crate::source::ReplayMode::Offsets,
+            live: true,
+        }
+    }
+    fn resumes_from_sink(&self, config: &SourceConfig) -> bool {
+        config.option("startup") == Some("checkpoint")
+    }
+    fn starting_at(
+        &self,
+        config: &SourceConfig,
+        offsets: &std::collections::BTreeMap<i32, i64>,
+    ) -> SourceConfig {
+        let mut c = config.clone();
+        c.options.insert("startup".into(), "offsets".into());
+        c.options.insert("offsets".into(), format!("{offsets:?}"));
+        c
+    }
+    fn create(&self, _config: &SourceConfig, _schema: SchemaRef) -> Result<Arc<dyn Source>> {
+        Err(EngineError::plan("not opened in this test"))
+    }
+}
+
+struct Keeping;
+
+#[async_trait]
+impl SinkFactory for Keeping {
+    fn options(&self) -> TableOptions {
+        TableOptions::only(&["checkpoint"])
+    }
+    fn capabilities(&self) -> crate::sink::SinkCapabilities {
+        crate::sink::SinkCapabilities {
+            exactly_once: true,
+            keeps_offsets: true,
+        }
+    }
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        match config.options.get("checkpoint") {
+            Some(_) => Ok(()),
+            None => Err("no checkpoint, no upserts".into()),
+        }
+    }
+    async fn committed_offsets(
+        &self,
+        config: &SinkConfig,
+        source: &str,
+    ) -> Result<Option<std::collections::BTreeMap<i32, i64>>> {
+        Ok(config
+            .options
+            .get("checkpoint")
+            .map(|_| [(0, source.len() as i64)].into()))
+    }
+    fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
+        Err(EngineError::plan(format!("{:?}", config.options)))
+    }
+}
+
+#[tokio::test]
+async fn capabilities_are_asked_by_kind_not_by_name() {
+    let mut c = catalog();
+    c.register_source("LIVE", Arc::new(Resuming));
+    c.register_sink("KEEPS", Arc::new(Keeping));
+    let live = config("live", &[("startup", "checkpoint"), ("late", "drop")]);
+    assert!(c.is_live(&live) && !c.is_live(&config("PLAIN", &[])));
+    assert_eq!(c.replay_mode(&live), crate::source::ReplayMode::Offsets);
+    assert_eq!(
+        c.replay_mode(&config("PLAIN", &[])),
+        crate::source::ReplayMode::Unsupported
+    );
+    assert!(c.sink_exactly_once(&sink("KEEPS", &[])));
+    assert!(!c.sink_exactly_once(&sink("WRITTEN", &[])));
+    assert_eq!(
+        c.sink_takes_updates(&sink("WRITTEN", &[])),
+        Err("it only appends rows".to_string())
+    );
+    assert_eq!(
+        c.sink_takes_updates(&sink("KEEPS", &[("checkpoint", "c")])),
+        Ok(())
+    );
+    assert!(c.sink_takes_updates(&sink("KEEPS", &[])).is_err());
+    assert_eq!(c.kinds_keeping_offsets(), ["KEEPS"]);
+
+    assert!(c.resumes_from_sink(&live));
+    let (resumed, offsets) = c
+        .resume_from_sink("t", &live, &sink("KEEPS", &[("checkpoint", "c")]))
+        .await
+        .unwrap();
+    // `t` is the location: one character.
+    assert_eq!(offsets, [(0, 1)].into());
+    assert_eq!(resumed.option("startup"), Some("offsets"));
+    assert_eq!(resumed.option("late"), Some("drop"), "engine options stay");
+    let err = c
+        .resume_from_sink("t", &live, &sink("KEEPS", &[]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("needs a sink that keeps the offsets it wrote (KEEPS"),
+        "{err}"
+    );
+}
