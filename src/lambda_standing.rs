@@ -86,8 +86,11 @@ pub async fn deploy(
         sql: sql.to_string(),
         group_size: options.group_size,
         encoding: options.encoding,
-        interval_ms: skein_engine::interval::effective_interval(args.interval, plan)?.as_millis()
-            as u64,
+        interval_ms: skein_engine::interval::effective_interval(
+            args.interval,
+            plan.source_tables(),
+        )?
+        .as_millis() as u64,
         checkpoint_interval: args.checkpoint_interval as u64,
         checkpoints: cp.url.clone(),
         store: b.store_url.clone(),

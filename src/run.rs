@@ -113,7 +113,7 @@ impl CommonRunArgs {
     pub fn interval(&self, plan: &QueryPlan) -> Result<Duration> {
         Ok(skein_engine::interval::effective_interval(
             self.interval,
-            plan,
+            plan.source_tables(),
         )?)
     }
 

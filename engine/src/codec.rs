@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
 use crate::exec::{StageInput, StageInputExec};
-use crate::lookup::exec::{LookupHandle, LookupJoinExec, LookupSpec};
+use crate::lookup::exec::{LookupJoinExec, LookupSpec};
 use crate::payload::ipc_bytes;
 
 /// Encodes our nodes; decoding a lookup join opens its lookup, so it needs
@@ -85,7 +85,8 @@ impl PhysicalExtensionCodec for SkeinCodec {
                         "a lookup join has one input".into(),
                     ));
                 };
-                let handle = LookupHandle::open(catalog, spec, schema_from_bytes(&table_schema)?)
+                let handle = catalog
+                    .open_lookup(spec, schema_from_bytes(&table_schema)?)
                     .map_err(|e| DataFusionError::Plan(e.to_string()))?;
                 Ok(Arc::new(LookupJoinExec::try_new(
                     input.clone(),

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use crate::error::{EngineError, Result};
-use crate::planner::QueryPlan;
 use crate::source::SourceConfig;
 
 /// The table option every source kind takes (e.g. `'epoch.interval' '500ms'`).
@@ -54,24 +53,28 @@ pub fn table_interval(config: &SourceConfig) -> Result<Option<Duration>> {
     }
 }
 
-/// The shortest `'epoch.interval'` of the query's source tables, if any.
-pub fn query_interval(plan: &QueryPlan) -> Result<Option<Duration>> {
+/// The shortest `'epoch.interval'` of a query's source tables, if any.
+pub fn query_interval<'a>(
+    tables: impl IntoIterator<Item = &'a SourceConfig>,
+) -> Result<Option<Duration>> {
     let mut shortest: Option<Duration> = None;
-    for stage in plan.source_stages() {
-        for leaf in &stage.sources {
-            if let Some(d) = table_interval(&leaf.config)? {
-                shortest = Some(shortest.map_or(d, |s| s.min(d)));
-            }
+    for config in tables {
+        if let Some(d) = table_interval(config)? {
+            shortest = Some(shortest.map_or(d, |s| s.min(d)));
         }
     }
     Ok(shortest)
 }
 
-/// The interval a run uses: the flag, the tables' option, or the default.
-pub fn effective_interval(flag: Option<Duration>, plan: &QueryPlan) -> Result<Duration> {
+/// The interval a run uses: the flag, the source tables' option (see
+/// `QueryPlan::source_tables`), or the default.
+pub fn effective_interval<'a>(
+    flag: Option<Duration>,
+    tables: impl IntoIterator<Item = &'a SourceConfig>,
+) -> Result<Duration> {
     match flag {
         Some(d) => Ok(d),
-        None => Ok(query_interval(plan)?.unwrap_or(DEFAULT_INTERVAL)),
+        None => Ok(query_interval(tables)?.unwrap_or(DEFAULT_INTERVAL)),
     }
 }
 

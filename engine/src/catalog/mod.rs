@@ -25,6 +25,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 
 use crate::error::{EngineError, Result};
 use crate::interval::{parse_duration, table_interval};
+use crate::lookup::exec::{LookupHandle, LookupSpec};
 use crate::lookup::{LOOKUP_OPTIONS, Lookup, LookupFactory, LookupOptions, OPT_KEY};
 use crate::sink::{Sink, SinkConfig, SinkFactory};
 use crate::source::{DeadLetterSink, Source, SourceConfig, SourceFactory};
@@ -322,6 +323,13 @@ impl Catalog {
             .filter(|(_, k)| k.lookup.is_some())
             .map(|(name, _)| name.clone())
             .collect()
+    }
+
+    /// The lookup a plan's join names, opened with its cache and where its
+    /// rows without a match go.
+    pub fn open_lookup(&self, spec: LookupSpec, table_schema: SchemaRef) -> Result<LookupHandle> {
+        let (_, lookup) = self.create_lookup(&spec.config, &table_schema)?;
+        LookupHandle::open(spec, table_schema, lookup, |c| self.dead_letters(c))
     }
 
     /// The options and the lookup of a table declared as one; an unknown

@@ -28,7 +28,6 @@ use sha2::{Digest, Sha256};
 
 use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
-use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
 use crate::metrics;
@@ -170,13 +169,18 @@ impl fmt::Debug for LookupHandle {
 }
 
 impl LookupHandle {
-    /// Open the lookup through `catalog`.
-    pub fn open(catalog: &Catalog, spec: LookupSpec, table_schema: SchemaRef) -> Result<Self> {
-        let (_, lookup) = catalog.create_lookup(&spec.config, &table_schema)?;
+    /// A handle on `lookup` (opened by the catalog, `Catalog::open_lookup`);
+    /// `dead_letters` gives a stream table's dead-letter destination.
+    pub fn open(
+        spec: LookupSpec,
+        table_schema: SchemaRef,
+        lookup: Arc<dyn Lookup>,
+        dead_letters: impl FnOnce(&SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>>,
+    ) -> Result<Self> {
         let dead_letters = match (&spec.options.missing, &spec.letters_to) {
             (MissingPolicy::Join, _) => None,
             (MissingPolicy::DeadLetter, Some((stream, config))) => {
-                Some(catalog.dead_letters(config)?.ok_or_else(|| {
+                Some(dead_letters(config)?.ok_or_else(|| {
                     EngineError::plan(format!(
                         "lookup table {}: 'lookup.missing' 'dead-letter' sends rows without a match \
                          to the dead-letter destination of {stream}, which declares none \

@@ -18,9 +18,7 @@ use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 
-use super::exec::{
-    LookupHandle, LookupJoinExec, LookupJoinType, LookupScanExec, LookupSpec, not_a_stream,
-};
+use super::exec::{LookupJoinExec, LookupJoinType, LookupScanExec, LookupSpec, not_a_stream};
 use super::{LookupOptions, can_be_key};
 use crate::catalog::Catalog;
 use crate::exec::SourceScanExec;
@@ -279,7 +277,9 @@ impl PlaceLookupJoins {
             join_type,
             letters_to: stream_table(&stream)?,
         };
-        let handle = LookupHandle::open(&self.catalog, spec, scan.table_schema.clone())
+        let handle = self
+            .catalog
+            .open_lookup(spec, scan.table_schema.clone())
             .map_err(|e| DataFusionError::Plan(e.to_string()))?;
         let stream_width = stream.schema().fields().len();
         let mut out: Arc<dyn ExecutionPlan> =

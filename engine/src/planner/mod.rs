@@ -345,6 +345,14 @@ impl QueryPlan {
         self.stages.iter().filter(|s| s.kind == StageKind::Source)
     }
 
+    /// The declaration of every source table the query reads, per stage
+    /// that reads it.
+    pub fn source_tables(&self) -> impl Iterator<Item = &SourceConfig> {
+        self.stages
+            .iter()
+            .flat_map(|s| s.sources.iter().map(|l| &l.config))
+    }
+
     /// How many functions the query deploys.
     pub fn function_count(&self) -> usize {
         self.stages.iter().map(|s| s.members as usize).sum()
