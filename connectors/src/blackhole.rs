@@ -64,6 +64,11 @@ impl SinkFactory for BlackholeSinkFactory {
     fn create(&self, _config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(Arc::new(BlackholeSink))
     }
+
+    /// It counts whatever comes, changes included.
+    fn takes_updates(&self, _config: &SinkConfig) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 struct BlackholeSink;

@@ -39,16 +39,22 @@ pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
 /// A table's `'epoch.interval'`, if it sets one; zero or a malformed value
 /// is an error naming the option.
 pub fn table_interval(config: &SourceConfig) -> Result<Option<Duration>> {
-    let Some(text) = config.option(EPOCH_INTERVAL_OPTION) else {
+    duration_option(config, EPOCH_INTERVAL_OPTION)
+}
+
+/// A duration option of the engine's, if the table sets it; zero or a
+/// malformed value is an error naming the option.
+pub fn duration_option(config: &SourceConfig, name: &str) -> Result<Option<Duration>> {
+    let Some(text) = config.option(name) else {
         return Ok(None);
     };
     match parse_duration(text) {
         Ok(d) if !d.is_zero() => Ok(Some(d)),
         Ok(_) => Err(EngineError::plan(format!(
-            "option '{EPOCH_INTERVAL_OPTION}' = {text:?} must be longer than zero"
+            "option '{name}' = {text:?} must be longer than zero"
         ))),
         Err(e) => Err(EngineError::plan(format!(
-            "option '{EPOCH_INTERVAL_OPTION}' = {text:?}: {e}"
+            "option '{name}' = {text:?}: {e}"
         ))),
     }
 }

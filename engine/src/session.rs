@@ -18,6 +18,7 @@ pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
     let mut config = SessionConfig::new()
         .with_target_partitions(group_size.max(1))
         .with_information_schema(false)
+        // The planner asks it what the table a query writes can take.
         .with_extension(Arc::new(catalog.clone()));
     let opts = config.options_mut();
     // Joins must shuffle both sides: a broadcast build side has no place to live.

@@ -106,9 +106,10 @@ pub trait SinkFactory: Send + Sync {
         SinkCapabilities::default()
     }
 
-    /// Whether a sink declared as `config` takes an updating result (a
-    /// changelog whose retractions it applies); `Err` holds the reason it
-    /// does not, in a few words (`layout 'list' only appends`).
+    /// Whether a sink so configured takes a changelog (an updating query's
+    /// result, see [`crate::changelog`]): its batches then end with the op
+    /// column, and a retraction must take back the row it names. `Err`
+    /// says in one line why not, and what would.
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
         let _ = config;
         Err("it only appends rows".into())
@@ -165,6 +166,11 @@ impl SinkFactory for CollectSinkFactory {
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(self.sink(&config.location))
     }
+
+    /// The collected result is consolidated into the table it adds up to.
+    fn takes_updates(&self, _config: &SinkConfig) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Collects results in memory.
@@ -175,8 +181,27 @@ pub struct CollectSink {
 }
 
 impl CollectSink {
-    /// The batches collected so far.
+    /// The result collected so far: the rows written, or, for a query
+    /// whose result updates, the table its changelog adds up to.
     pub fn batches(&self) -> Vec<RecordBatch> {
+        let written = self.changes();
+        match written.first() {
+            Some(b) if crate::changelog::is_changelog(&b.schema()) => {
+                match crate::updating::consolidate(&b.schema(), &written) {
+                    Ok(table) => vec![table],
+                    Err(e) => {
+                        tracing::error!(error = %e, "consolidating the collected changelog");
+                        written
+                    }
+                }
+            }
+            _ => written,
+        }
+    }
+
+    /// Every batch written, in epoch and member order (a changelog as it
+    /// came, for a query whose result updates).
+    pub fn changes(&self) -> Vec<RecordBatch> {
         self.writes
             .lock()
             .expect("collect sink")

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 
 use crate::error::{EngineError, Result};
-use crate::interval::{parse_duration, table_interval};
+use crate::interval::duration_option;
 use crate::lookup::exec::{LookupHandle, LookupSpec};
 use crate::lookup::{LOOKUP_OPTIONS, Lookup, LookupFactory, LookupOptions, OPT_KEY};
 use crate::sink::{Sink, SinkConfig, SinkFactory};
@@ -32,8 +32,8 @@ use crate::source::{DeadLetterSink, Source, SourceConfig, SourceFactory};
 
 pub use options::TableOptions;
 use options::{
-    EMIT_INTERVAL_OPTION, EMIT_OPTION, EMIT_VALUES, SINK_TABLE_OPTIONS, SOURCE_TABLE_OPTIONS,
-    STATE_TTL_OPTION,
+    EMIT_INTERVAL_OPTION, EMIT_OPTION, EMIT_VALUES, EPOCH_INTERVAL_OPTION, SINK_TABLE_OPTIONS,
+    SOURCE_TABLE_OPTIONS, STATE_TTL_OPTION,
 };
 
 /// What one kind can be: read, written, joined by key.
@@ -368,21 +368,12 @@ impl Catalog {
 /// The values of the engine-wide options that need no schema (event time
 /// is checked against the table's columns where the table is made).
 fn check_engine_values(config: &SourceConfig) -> Result<()> {
-    table_interval(config)?;
-    for key in [STATE_TTL_OPTION, EMIT_INTERVAL_OPTION] {
-        if let Some(text) = config.option(key) {
-            match parse_duration(text) {
-                Ok(d) if !d.is_zero() => {}
-                Ok(_) => {
-                    return Err(EngineError::plan(format!(
-                        "option '{key}' = {text:?} must be longer than zero"
-                    )));
-                }
-                Err(e) => {
-                    return Err(EngineError::plan(format!("option '{key}' = {text:?}: {e}")));
-                }
-            }
-        }
+    for key in [
+        EPOCH_INTERVAL_OPTION,
+        STATE_TTL_OPTION,
+        EMIT_INTERVAL_OPTION,
+    ] {
+        duration_option(config, key)?;
     }
     if let Some(emit) = config.option(EMIT_OPTION)
         && !EMIT_VALUES.contains(&emit)

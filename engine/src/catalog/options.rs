@@ -73,11 +73,11 @@ pub const EMIT_UPDATES: &str = "updates";
 /// The values `emit` takes.
 pub const EMIT_VALUES: &[&str] = &[EMIT_UPDATES];
 
-/// A table option: how long state a query keeps for the table's rows
-/// (join and aggregate rows not touched for that long) lives, a duration.
+/// A table option: how long an updating stage keeps the rows of a key of
+/// this table that nothing touched (`'state.ttl' '1h'`; default forever).
 pub const STATE_TTL_OPTION: &str = "state.ttl";
-/// A table option: how often an updating result is emitted (coarser than
-/// every epoch bounds sink writes), a duration.
+/// A sink table option: how often an updating query emits its changes
+/// (`'emit.interval' '10s'`; default every epoch).
 pub const EMIT_INTERVAL_OPTION: &str = "emit.interval";
 
 /// The engine-wide options of a table whose kind can be read.
