@@ -187,7 +187,7 @@ impl CollectSink {
         let written = self.changes();
         match written.first() {
             Some(b) if crate::changelog::is_changelog(&b.schema()) => {
-                match crate::updating::consolidate(&b.schema(), &written) {
+                match crate::updating::diff::consolidate(&b.schema(), &written) {
                     Ok(table) => vec![table],
                     Err(e) => {
                         tracing::error!(error = %e, "consolidating the collected changelog");
