@@ -18,7 +18,6 @@ pub mod blackhole;
 pub mod decode;
 pub mod encode;
 pub mod epochs;
-pub mod error;
 pub mod files;
 pub mod kafka;
 pub mod kinesis;
@@ -26,7 +25,8 @@ mod options;
 pub mod redis;
 // Query results as Arrow IPC objects (S3 or files), read back by `skein run --backend lambda`.
 pub mod results;
-pub mod store;
+
+pub use skein_clients::{error, store};
 
 use std::sync::Arc;
 

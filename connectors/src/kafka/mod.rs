@@ -4,13 +4,9 @@
 //! table may be read and written, so it takes the options of both.
 
 pub mod changes;
-mod options;
 mod sink;
 mod source;
 
-pub use options::{SINK_OPTIONS, SOURCE_OPTIONS, client_properties};
 pub use sink::*;
+pub use skein_clients::kafka::{FETCH_DEFAULTS, KIND, KafkaRole, client_config, client_properties};
 pub use source::*;
-
-/// The `STORED AS` name of a Kafka table.
-pub const KIND: &str = "KAFKA";

@@ -48,44 +48,28 @@ use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
-use super::options::{SINK_OPTIONS, client_properties};
 use crate::encode::{ENCODER_OPTIONS, RowEncoder};
 use crate::error::ConnectorError;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
+use skein_clients::kafka::{KafkaRole, client_config};
 
 /// Where exactly-once writers keep their epoch markers (and source offsets)
 /// unless a table says.
 pub const DEFAULT_OFFSETS_TOPIC: &str = "skein-offsets";
 
-/// What the producer is set to unless the table says otherwise: idempotent,
-/// acknowledged by all in-sync replicas, and batched for throughput.
-const PRODUCER_DEFAULTS: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("linger.ms", "5"),
-    ("batch.size", "1000000"),
-    ("compression.type", "lz4"),
-    ("queue.buffering.max.messages", "1000000"),
-    ("queue.buffering.max.kbytes", "1048576"),
-    ("message.timeout.ms", "120000"),
-];
+/// The Kafka sink's own options, besides the encoder's
+/// ([`crate::encode::ENCODER_OPTIONS`]).
+pub const SINK_OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
 
 /// The error of the sink writing `topic`, keeping `cause`.
 fn sink_error(topic: &str, cause: impl Into<Cause>) -> EngineError {
     EngineError::sink_failed(format!("kafka topic {topic}"), cause)
 }
 
-/// The librdkafka producer properties a table's options give.
+/// The librdkafka producer properties a sink's options give.
 pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    for (k, v) in PRODUCER_DEFAULTS {
-        config.set(*k, *v);
-    }
-    for (k, v) in client_properties(options, &sink_options().names) {
-        config.set(k, v);
-    }
-    config
+    client_config(KafkaRole::Producer, options, &sink_options().names)
 }
 
 pub struct KafkaSinkFactory;

@@ -29,7 +29,8 @@
 //!
 //! Records are read in batches ([`BatchConsumer`], librdkafka's
 //! `rd_kafka_consume_batch_queue`) and decoded into Arrow as they arrive,
-//! without being copied first; the fetch defaults in [`FETCH_DEFAULTS`] keep
+//! without being copied first; the fetch defaults of a consumer
+//! ([`skein_clients::kafka::FETCH_DEFAULTS`]) keep
 //! librdkafka fetching while a backlog is drained.
 
 use std::collections::BTreeMap;
@@ -56,36 +57,27 @@ use skein_engine::source::{
 };
 use tracing::{debug, warn};
 
-use super::options::{SOURCE_OPTIONS, client_properties};
 use crate::decode::{Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
+use skein_clients::kafka::{KafkaRole, client_config, client_properties};
 
 /// Records sent to a dead-letter topic (or dropped for want of one) by every
 /// Kafka source of this process.
 pub static DEAD_LETTERS: AtomicU64 = AtomicU64::new(0);
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-/// librdkafka fetch settings used unless the table's options set them.
-///
-/// librdkafka stops fetching a partition once its local queue holds
-/// `queued.min.messages` records (default 100 000) or
-/// `queued.max.messages.kbytes`, and then waits `fetch.queue.backoff.ms`
-/// (default 1000) before it looks again. A consumer that drains a backlog
-/// faster than that empties the queue well within the second and then
-/// idles: with 16 MiB fetches per partition (one fetch overshoots 100 000
-/// records) a drain of YSB events fell to ~0.2 M records/s. A 10 ms backoff
-/// and a larger record threshold (the 64 MiB byte limit still bounds memory)
-/// keep the fetches flowing.
-///
-/// `fetch.wait.max.ms` (default 500) is how long the broker holds a fetch
-/// that finds nothing new; requests for the high watermark queue behind it
-/// on the same connection, so a pull at the end of the topic waited up to
-/// that long per partition. 100 ms keeps idle fetches cheap enough.
-pub const FETCH_DEFAULTS: &[(&str, &str)] = &[
-    ("fetch.queue.backoff.ms", "10"),
-    ("queued.min.messages", "1000000"),
-    ("fetch.wait.max.ms", "100"),
+/// The Kafka source's own options.
+pub const SOURCE_OPTIONS: &[&str] = &[
+    "format",
+    "parallelism",
+    "startup",
+    "offsets",
+    "max.records.per.pull",
+    "max.bytes.per.pull",
+    "max.record.bytes",
+    "pull.timeout.ms",
+    "dead.letter.topic",
 ];
 
 /// Records taken from librdkafka's queue per call.
@@ -287,12 +279,9 @@ impl KafkaSourceConfig {
         })
     }
 
-    fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        for (k, v) in &self.client {
-            c.set(k, v);
-        }
-        c
+    /// A client of the table's brokers in `role`.
+    fn client_config(&self, role: KafkaRole) -> ClientConfig {
+        client_config(role, &self.client, &[])
     }
 }
 
@@ -525,7 +514,7 @@ struct Undecodable {
 
 /// The high watermark of every partition of the topic.
 fn latest_offsets(config: &KafkaSourceConfig) -> Result<Vec<SourceOffset>> {
-    let consumer: BaseConsumer = config.client_config().create()?;
+    let consumer: BaseConsumer = config.client_config(KafkaRole::Consumer).create()?;
     let metadata = consumer.fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)?;
     let mut out = vec![];
     for topic in metadata
@@ -549,13 +538,9 @@ fn latest_offsets(config: &KafkaSourceConfig) -> Result<Vec<SourceOffset>> {
 
 impl PartitionReader {
     fn open(config: &KafkaSourceConfig, spec: EpochSpec) -> Result<Self> {
-        let mut client = config.client_config();
-        // Larger fetches than librdkafka's defaults: a pull drains a backlog.
-        for (key, value) in FETCH_DEFAULTS {
-            if !config.client.contains_key(*key) {
-                client.set(*key, *value);
-            }
-        }
+        // Larger fetches than librdkafka's defaults (FETCH_DEFAULTS): a
+        // pull drains a backlog.
+        let mut client = config.client_config(KafkaRole::Consumer);
         client.set("enable.auto.commit", "false");
         client.set("enable.auto.offset.store", "false");
         if !config.client.contains_key("group.id") {
@@ -626,7 +611,7 @@ impl PartitionReader {
         consumer.assign(&assignment)?;
         debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source assigned");
         let dead_letter_producer = match &config.dead_letter_topic {
-            Some(_) => Some(dead_letter_producer(&config.client["bootstrap.servers"])?),
+            Some(_) => Some(config.client_config(KafkaRole::Producer).create()?),
             None => None,
         };
         Ok(PartitionReader {
@@ -908,12 +893,6 @@ impl PartitionReader {
 
 /// The producer of a dead-letter topic: idempotent, so a retried send is
 /// not written twice.
-fn dead_letter_producer(brokers: &str) -> Result<BaseProducer> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers);
-    c.set("enable.idempotence", "true");
-    Ok(c.create()?)
-}
 
 /// Send keyed letters to `topic` and wait until the broker has them all:
 /// the offsets (or epoch) that pass them must not be committed before.
@@ -944,7 +923,8 @@ fn publish_letters(
 /// stage rejects (late rows). The producer is opened on the first letter.
 pub struct KafkaDeadLetters {
     topic: String,
-    brokers: String,
+    /// The table's librdkafka properties.
+    client: BTreeMap<String, String>,
     producer: std::sync::OnceLock<BaseProducer>,
 }
 
@@ -959,7 +939,7 @@ impl KafkaDeadLetters {
         if let Some(p) = self.producer.get() {
             return Ok(p);
         }
-        let p = dead_letter_producer(&self.brokers)?;
+        let p = client_config(KafkaRole::Producer, &self.client, &[]).create()?;
         Ok(self.producer.get_or_init(|| p))
     }
 
@@ -1034,7 +1014,7 @@ impl SourceFactory for KafkaSourceFactory {
         Ok(kafka.dead_letter_topic.clone().map(|topic| {
             Arc::new(KafkaDeadLetters {
                 topic,
-                brokers: kafka.client["bootstrap.servers"].clone(),
+                client: kafka.client.clone(),
                 producer: Default::default(),
             }) as Arc<dyn DeadLetterSink>
         }))

@@ -9,5 +9,4 @@ mod source;
 pub use sink::*;
 pub use source::*;
 
-/// The `STORED AS` name of a Kinesis table.
-pub const KIND: &str = "KINESIS";
+pub use skein_clients::kinesis::KIND;

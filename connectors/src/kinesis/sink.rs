@@ -110,10 +110,7 @@ impl KinesisSink {
 
     async fn client(&self) -> &aws_sdk_kinesis::Client {
         self.client
-            .get_or_init(|| async {
-                let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                aws_sdk_kinesis::Client::new(&config)
-            })
+            .get_or_init(skein_clients::kinesis::client)
             .await
     }
 
@@ -250,8 +247,7 @@ impl KinesisSink {
 /// it is ACTIVE. Returns whether it was created.
 pub async fn ensure_stream(stream: &str, shards: i32) -> Result<bool> {
     use aws_sdk_kinesis::types::StreamStatus;
-    let config = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-    let client = aws_sdk_kinesis::Client::new(&config);
+    let client = skein_clients::kinesis::client().await;
     let describe = |client: aws_sdk_kinesis::Client| async move {
         client
             .describe_stream_summary()

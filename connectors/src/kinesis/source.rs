@@ -199,10 +199,7 @@ impl KinesisSource {
 
     async fn client(&self) -> &Client {
         self.client
-            .get_or_init(|| async {
-                let sdk = aws_config::load_defaults(aws_config::BehaviorVersion::latest()).await;
-                Client::new(&sdk)
-            })
+            .get_or_init(skein_clients::kinesis::client)
             .await
     }
 

@@ -3,10 +3,11 @@
 //! epoch, member); a lookup table joins a stream with the values at its
 //! keys. Both share one connection that waits out outages.
 
-pub mod conn;
 pub mod layout;
 pub mod lookup;
 mod sink;
 
 pub use layout::{KeyedLayout, Layout, RedisLayout};
 pub use sink::*;
+/// The connection both share (skein-clients).
+pub use skein_clients::redis as conn;

@@ -41,8 +41,7 @@ use super::conn::{RedisConnection, connection_config, retry_timeout, url_of};
 use super::layout::{KeyedLayout, RedisLayout};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
 use crate::error::{ConnectorError, Result};
-
-pub const KIND: &str = "REDIS";
+pub use skein_clients::redis::KIND;
 
 /// The hash holding the epoch markers kept under `name`.
 pub fn epochs_key(name: &str) -> String {

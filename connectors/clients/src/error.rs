@@ -1,4 +1,4 @@
-//! The one error type of the connectors crate, sources and sinks alike.
+//! The one error type of Skein's connectors, sources and sinks alike.
 //!
 //! A connector's error knows its cause but not which table it serves; turn
 //! it into an [`EngineError`] with [`ConnectorError::for_source`] or

@@ -9,6 +9,9 @@ use tracing::warn;
 
 use crate::error::{ConnectorError, Result};
 
+/// The `STORED AS` name of a Redis table.
+pub const KIND: &str = "REDIS";
+
 /// How long an operation waits for Redis to answer again before it fails.
 pub const REDIS_WAIT: Duration = Duration::from_secs(120);
 
