@@ -304,7 +304,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
             let cpu_s = process_cpu_s() - cpu_before;
             let _ = std::fs::remove_dir_all(&scratch);
             let report = report.context("running the query")?;
-            let _ = skein_connectors::blackhole::take(&plan.query_code);
+            let _ = skein_sinks::blackhole::take(&plan.query_code);
             (measured(&report, cpu_s), report.functions, None)
         }
         Backend::Lambda => {

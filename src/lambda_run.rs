@@ -16,7 +16,6 @@ use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use object_store::ObjectStoreExt;
-use skein_connectors::results;
 use skein_engine::checkpoint::{CheckpointStore, fresh_run};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::epochs::Stopped;
@@ -28,6 +27,7 @@ use skein_lambda::checkpoints::{self, CHECKPOINTS_ENV};
 use skein_lambda::deploy::Deployed;
 use skein_lambda::epochs::{LambdaEpochs, Redeploy};
 use skein_lambda::{LambdaInvoker, ServiceOptions, dead_letter};
+use skein_sinks::results;
 
 use crate::checkpoint_dir::{self, Location};
 use crate::lambda_cmd::{

@@ -29,12 +29,12 @@ use clap::{Args, ValueEnum};
 use datafusion::arrow::array::{BinaryBuilder, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use indicatif::{ProgressBar, ProgressStyle};
-use skein_connectors::kafka::Acks;
-use skein_connectors::kafka::KafkaSink;
-use skein_connectors::kinesis::{KinesisSink, ensure_stream};
 use skein_engine::sink::{Sink, SinkWrite};
 use skein_generators::nexmark::{EventKind, JsonLayout, NexmarkConfig, NexmarkGenerator};
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
+use skein_sinks::kafka::Acks;
+use skein_sinks::kafka::KafkaSink;
+use skein_sinks::kinesis::{KinesisSink, ensure_stream};
 use tokio::task::JoinSet;
 
 use crate::run::parse_duration;
@@ -161,7 +161,7 @@ impl Destination {
         .collect();
         Ok(match self {
             Destination::Kafka { brokers, topic } => {
-                skein_connectors::kafka::ensure_topic(brokers, topic, partitions, &[]).await?;
+                skein_sinks::kafka::ensure_topic(brokers, topic, partitions, &[]).await?;
                 Publisher::Kafka(KafkaSink::new(topic, &options)?)
             }
             Destination::Kinesis { stream } => {

@@ -17,12 +17,13 @@ pub fn registries() -> Registries {
     let mut catalog = Catalog::default();
     skein_generators::table::register(&mut catalog);
     skein_connectors::register(&mut catalog);
+    skein_sinks::register(&mut catalog);
     skein_ysb::register_sinks(&mut catalog);
     let collect = CollectSinkFactory::default();
     catalog.register_sink(skein_engine::sink::COLLECT_KIND, Arc::new(collect.clone()));
     catalog.register_sink(
-        skein_connectors::results::KIND,
-        Arc::new(skein_connectors::results::ResultsSinkFactory),
+        skein_sinks::results::KIND,
+        Arc::new(skein_sinks::results::ResultsSinkFactory),
     );
     // `skein deploy` maps a Kinesis table declared 'mode' 'push' to its function.
     catalog.add_backend_options(

@@ -8,9 +8,9 @@ use anyhow::Result;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use serde::Serialize;
-use skein_connectors::blackhole::Discarded;
 use skein_cost::CostReport;
 use skein_engine::epochs::Stopped;
+use skein_sinks::blackhole::Discarded;
 
 use crate::run::limit_rows;
 

@@ -314,17 +314,17 @@ pub async fn run_report(
     let files_sink = plan
         .sink
         .kind
-        .eq_ignore_ascii_case(skein_connectors::files::KIND);
+        .eq_ignore_ascii_case(skein_sinks::files::KIND);
     let blackhole = plan
         .sink
         .kind
-        .eq_ignore_ascii_case(skein_connectors::blackhole::KIND);
+        .eq_ignore_ascii_case(skein_sinks::blackhole::KIND);
     if blackhole && args.verify {
         bail!("--verify compares result rows, and a BLACKHOLE sink keeps none");
     }
     if files_sink && args.verify {
         // Verification reads back what this query wrote: only this run's files.
-        skein_connectors::files::clear(&plan.sink.location, &plan.query_code)
+        skein_sinks::files::clear(&plan.sink.location, &plan.query_code)
             .await
             .context("clearing the files of an earlier run")?;
     }
@@ -385,7 +385,7 @@ pub async fn run_report(
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     // A blackhole keeps no rows, only their count.
-    let discarded = blackhole.then(|| skein_connectors::blackhole::take(&plan.query_code));
+    let discarded = blackhole.then(|| skein_sinks::blackhole::take(&plan.query_code));
     if let Some(d) = discarded {
         report.result_rows = d.rows as usize;
     }
@@ -467,7 +467,7 @@ pub use skein_engine::interval::parse_duration;
 /// The rows a query wrote to files, read back: for a changelog table, the
 /// table its rows add up to.
 async fn read_files(plan: &QueryPlan) -> Result<Vec<RecordBatch>> {
-    use skein_connectors::files;
+    use skein_sinks::files;
     let op = files::op_column(&plan.sink);
     let schema = match &op {
         Some(name) => {

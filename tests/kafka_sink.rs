@@ -17,8 +17,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use futures::future::join_all;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use skein_connectors::kafka::KafkaSink;
 use skein_engine::sink::{Sink, SinkWrite};
+use skein_sinks::kafka::KafkaSink;
 
 const MEMBERS: u32 = 8;
 const ROWS: i64 = 3;
@@ -100,7 +100,7 @@ async fn eight_members_replayed_after_a_restart_write_each_row_once() {
     let brokers = common::require_kafka();
     let topic = common::unique_name("kafka-sink-out");
     let offsets_topic = common::unique_name("kafka-sink-offsets");
-    skein_connectors::kafka::ensure_topic(&brokers, &topic, 3, &[])
+    skein_sinks::kafka::ensure_topic(&brokers, &topic, 3, &[])
         .await
         .unwrap();
     let options = options(&brokers, &offsets_topic);

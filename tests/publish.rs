@@ -467,7 +467,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
         }],
         last: false,
     };
-    let sink = skein_connectors::kafka::KafkaSink::new(&topic, &options).unwrap();
+    let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
     sink.write(write(0, 0, 0, 100)).await.unwrap();
     sink.write(write(1, 0, 100, 200)).await.unwrap();
     // The same epoch again (a re-delivery) writes nothing.
@@ -476,14 +476,14 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
     sink.write(write(1, 1, 300, 50)).await.unwrap();
     // A new writer (a restarted engine) knows the committed epochs too.
     drop(sink);
-    let sink = skein_connectors::kafka::KafkaSink::new(&topic, &options).unwrap();
+    let sink = skein_sinks::kafka::KafkaSink::new(&topic, &options).unwrap();
     sink.write(write(1, 0, 100, 200)).await.unwrap();
     sink.write(write(1, 1, 300, 50)).await.unwrap();
     sink.write(write(2, 0, 200, 300)).await.unwrap();
 
     let (b, o, c) = (brokers.clone(), offsets_topic.clone(), checkpoint.clone());
     let stored = tokio::task::spawn_blocking(move || {
-        skein_connectors::kafka::stored_offsets(&b, &o, &c, "input")
+        skein_sinks::kafka::stored_offsets(&b, &o, &c, "input")
     })
     .await
     .unwrap()

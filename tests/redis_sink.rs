@@ -16,10 +16,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use futures::future::join_all;
 use redis::AsyncCommands;
-use skein_connectors::redis::stored_offsets;
 use skein_engine::catalog::Catalog;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkConfig, SinkWrite};
+use skein_sinks::redis::stored_offsets;
 
 fn ysb_batch(campaign: &str, windows: &[i64], counts: &[i64]) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
@@ -62,7 +62,7 @@ fn ysb_sink(url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
 
 fn sink_of(kind: &str, url: &str, options: &[(&str, &str)]) -> Arc<dyn Sink> {
     let mut catalog = Catalog::default();
-    skein_connectors::register(&mut catalog);
+    skein_sinks::register(&mut catalog);
     skein_ysb::register_sinks(&mut catalog);
     catalog
         .create_sink(&SinkConfig {
@@ -277,7 +277,7 @@ async fn list_layout_appends_each_write_once_at_group_size_eight() {
     assert_eq!(got, want, "every write appended once");
     // The markers: member m of the first run committed epoch 6.
     let markers: HashMap<String, u64> = con
-        .hgetall(skein_connectors::redis::epochs_key(&checkpoint))
+        .hgetall(skein_sinks::redis::epochs_key(&checkpoint))
         .await
         .unwrap();
     assert_eq!(markers.len(), MEMBERS as usize + 1, "{markers:?}");
@@ -347,20 +347,19 @@ fn string_and_hash_layouts_refuse_emit_updates() {
             .collect(),
     };
     for layout in ["string", "hash"] {
-        let err = skein_connectors::redis::check_config(&config(layout, Some("updates")))
+        let err = skein_sinks::redis::check_config(&config(layout, Some("updates")))
             .unwrap_err()
             .to_string();
         assert!(
             err.contains(&format!("{layout:?}")) && err.contains("'list'") && !err.contains('\n'),
             "{err}"
         );
-        skein_connectors::redis::check_config(&config(layout, None))
-            .expect("whole windows are fine");
+        skein_sinks::redis::check_config(&config(layout, None)).expect("whole windows are fine");
     }
-    skein_connectors::redis::check_config(&config("list", Some("updates")))
+    skein_sinks::redis::check_config(&config("list", Some("updates")))
         .expect("appends merge deltas");
     // YSB's layout is a sink kind of its own now.
-    let err = skein_connectors::redis::check_config(&config("ysb", None))
+    let err = skein_sinks::redis::check_config(&config("ysb", None))
         .unwrap_err()
         .to_string();
     assert!(err.contains("YSB_REDIS") && !err.contains('\n'), "{err}");

@@ -280,7 +280,7 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
         .expect("starting skein ysb run");
     // The first epoch found nothing and committed offset 0 of each of the 4
     // partitions: from here on an engine that stops at an empty epoch is done.
-    let key = skein_connectors::redis::offsets_key(&format!("ysb:{topic}"));
+    let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
     let mut redis = redis::Client::open(common::redis_url())
         .and_then(|c| c.get_connection())
         .expect("Redis connection");

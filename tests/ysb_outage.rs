@@ -113,7 +113,7 @@ fn ysb_command(
 
 /// Sum of the offsets the run has committed to Redis so far.
 fn committed(redis: &mut redis::Connection, topic: &str) -> i64 {
-    let key = skein_connectors::redis::offsets_key(&format!("ysb:{topic}"));
+    let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
     let fields: Vec<(String, i64)> = redis::cmd("HGETALL")
         .arg(&key)
         .query(redis)

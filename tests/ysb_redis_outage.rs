@@ -130,7 +130,7 @@ fn a_redis_outage_is_waited_out_and_the_counts_stay_exact() {
     .expect("ysb run");
 
     // Wait for a first committed epoch, then stop Redis for 8 s.
-    let key = skein_connectors::redis::offsets_key(&format!("ysb:{topic}"));
+    let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let fields: i64 = redis::Client::open(url.as_str())

@@ -13,10 +13,10 @@ use std::time::Duration;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
-use skein_connectors::results;
 use skein_engine::epochs::{EpochLog, StopAfter, run_epochs, stop_signal};
 use skein_engine::payload::Encoding;
 use skein_engine::planner::QueryPlan;
+use skein_sinks::results;
 
 use crate::epochs::{LambdaEpochs, Redeploy};
 use crate::lease::{LEASE_FILE, Lease, LeaseError};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
-use skein_connectors::store::s3_from_env;
+use skein_sinks::store::s3_from_env;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -44,7 +44,6 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::Serialize;
 use serde_json::Value;
 use skein_connectors::kinesis::parse_kinesis_event;
-use skein_connectors::store::s3_from_env;
 use skein_engine::EngineError;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
@@ -55,6 +54,7 @@ use skein_lambda::bench_scope::{BenchScope, ScopeError};
 use skein_lambda::exchange::{self, ExchangeEnv, ExchangeRequest};
 use skein_lambda::standing::{self, DRIVER_ENV, TickReport};
 use skein_lambda::{LambdaInvoker, STORE_ENV};
+use skein_sinks::store::s3_from_env;
 use tokio::sync::OnceCell;
 
 /// Variables a Lambda runtime must provide; `lambda_runtime` panics without them.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
-use skein_connectors::kafka::ensure_topic;
+use skein_sinks::kafka::ensure_topic;
 use skein_ysb::bench::{LatencyBench, fresh_topic, load_avg, raw_drain};
 use skein_ysb::check::{check_report, check_windows};
 use skein_ysb::latency::latencies;

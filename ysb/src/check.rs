@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use skein_connectors::epochs::parse_marker_field;
-use skein_connectors::redis::{epochs_key, offsets_key};
+use skein_sinks::epochs::parse_marker_field;
+use skein_sinks::redis::{epochs_key, offsets_key};
 
 use crate::error::{Context, Result, YsbError, fail};
 use crate::latency::latencies;

@@ -18,7 +18,7 @@ pub enum YsbError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
-    Connector(#[from] skein_connectors::error::ConnectorError),
+    Connector(#[from] skein_sinks::error::ConnectorError),
     #[error(transparent)]
     Generator(#[from] skein_generators::GeneratorError),
     #[error(transparent)]

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use skein_connectors::kafka::ensure_topic;
 use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::driver::committed_offsets;
 use skein_engine::planner::QueryPlan;
+use skein_sinks::kafka::ensure_topic;
 
 use crate::error::{Context, Result, YsbError};
 use crate::{Workload, checkpoint, redis_connection, run_key};

@@ -8,9 +8,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
-use skein_connectors::kafka::ensure_topic;
-use skein_connectors::redis::{epochs_key, offsets_key};
 use skein_generators::ysb::{WINDOW_MS, YsbConfig, YsbGenerator, YsbGroundTruth, malformed_record};
+use skein_sinks::kafka::ensure_topic;
+use skein_sinks::redis::{epochs_key, offsets_key};
 
 use crate::error::{Context, Result, YsbError, fail};
 use crate::{Workload, campaigns, checkpoint, now_ms, redis_connection, run_key};

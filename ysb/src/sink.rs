@@ -25,16 +25,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMillisecondType};
-use skein_connectors::error::{ConnectorError, Result};
-use skein_connectors::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
 use skein_engine::catalog::{Catalog, TableOptions};
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
+use skein_sinks::error::{ConnectorError, Result};
+use skein_sinks::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
 
 pub const KIND: &str = "YSB_REDIS";
 
 /// The options of a `STORED AS YSB_REDIS` table: the columns it reads, then
-/// the Redis sink's shared ones (`skein_connectors::redis::SHARED_OPTIONS`).
+/// the Redis sink's shared ones (`skein_sinks::redis::SHARED_OPTIONS`).
 pub const OPTIONS: &[&str] = &[
     "campaign.column",
     "window.column",
@@ -239,7 +239,7 @@ impl SinkFactory for YsbSinkFactory {
         config: &SinkConfig,
         source: &str,
     ) -> EngineResult<Option<BTreeMap<i32, i64>>> {
-        skein_connectors::redis::committed_offsets(config, source).await
+        skein_sinks::redis::committed_offsets(config, source).await
     }
 
     fn check(&self, config: &SinkConfig) -> EngineResult<()> {

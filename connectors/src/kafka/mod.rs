@@ -1,12 +1,8 @@
-//! Kafka, both directions: the source reads partitions per epoch with
-//! offsets it logs (`source`), the sink writes a message per row, in a
-//! transaction per epoch when exactly once (`sink`). One `STORED AS KAFKA`
-//! table may be read and written, so it takes the options of both.
+//! Kafka: the source reads partitions per epoch with offsets it logs
+//! (`source`). The sink is in skein-sinks; the client setup both sides
+//! share in skein-clients.
 
-pub mod changes;
-mod sink;
 mod source;
 
-pub use sink::*;
 pub use skein_clients::kafka::{FETCH_DEFAULTS, KIND, KafkaRole, client_config, client_properties};
 pub use source::*;

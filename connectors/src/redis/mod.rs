@@ -1,13 +1,9 @@
-//! Redis: the sink writes rows as keys, hashes or lists (or in a layout of
-//! another crate, such as YSB's campaign windows), exactly once per (run,
-//! epoch, member); a lookup table joins a stream with the values at its
-//! keys. Both share one connection that waits out outages.
+//! Redis: a lookup table joins a stream with the values at its keys,
+//! through the connection the Redis sink (skein-sinks) uses too, which
+//! waits out outages.
 
-pub mod layout;
 pub mod lookup;
-mod sink;
 
-pub use layout::{KeyedLayout, Layout, RedisLayout};
-pub use sink::*;
-/// The connection both share (skein-clients).
+/// The connection the lookup shares with the sink (skein-clients).
 pub use skein_clients::redis as conn;
+pub use skein_clients::redis::KIND;

@@ -60,7 +60,7 @@ fn options_are_checked_when_the_table_is_declared() {
 
 #[test]
 fn the_shared_options_are_the_redis_sinks() {
-    for shared in skein_connectors::redis::SHARED_OPTIONS {
+    for shared in skein_sinks::redis::SHARED_OPTIONS {
         assert!(OPTIONS.contains(shared), "{shared}");
     }
 }

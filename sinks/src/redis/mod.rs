@@ -2,12 +2,12 @@
 //! 'redis://host:port' OPTIONS (...)`, then `INSERT INTO t SELECT ...`.
 //!
 //! What a write's rows become is its [`RedisLayout`]'s business (see
-//! [`super::layout`]: `string`, `hash` and `list` here, YSB's campaign
+//! [`layout`]: `string`, `hash` and `list` here, YSB's campaign
 //! windows in `skein-ysb` as `STORED AS YSB_REDIS`); what makes it exactly
 //! once is this sink's, whatever the layout. The options every layout shares
 //! ([`SHARED_OPTIONS`]): `ttl.seconds` sets an expiry on every key written;
 //! `retry.timeout.ms` (default 2 minutes) is how long a write waits out a
-//! Redis outage, retrying (see [`super::conn`]); `checkpoint` names the
+//! Redis outage, retrying (see [`skein_clients::redis`]); `checkpoint` names the
 //! markers and offsets below.
 //!
 //! **Exactly once, at any group size.** Every write is one MULTI/EXEC holding
@@ -23,6 +23,8 @@
 //! a query with `'startup' 'checkpoint'` resumes ([`stored_offsets`]). They
 //! decide no replay.
 
+pub mod layout;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,12 +38,12 @@ use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use tracing::debug;
 
-pub use super::conn::{REDIS_WAIT, RETRY_OPTION};
-use super::conn::{RedisConnection, connection_config, retry_timeout, url_of};
-use super::layout::{KeyedLayout, RedisLayout};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
 use crate::error::{ConnectorError, Result};
+pub use layout::{KeyedLayout, Layout, RedisLayout};
 pub use skein_clients::redis::KIND;
+pub use skein_clients::redis::{REDIS_WAIT, RETRY_OPTION};
+use skein_clients::redis::{RedisConnection, connection_config, retry_timeout, url_of};
 
 /// The hash holding the epoch markers kept under `name`.
 pub fn epochs_key(name: &str) -> String {

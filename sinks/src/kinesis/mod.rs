@@ -31,6 +31,7 @@ use tokio::sync::OnceCell;
 
 use crate::encode::{ENCODER_OPTIONS, EncodedRow, RowEncoder};
 use crate::error::ConnectorError;
+pub use skein_clients::kinesis::KIND;
 
 /// PutRecords takes at most this many records per call.
 pub const MAX_RECORDS_PER_CALL: usize = 500;

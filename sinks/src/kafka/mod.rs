@@ -30,6 +30,7 @@
 //! reason, so the engine's retry (or the caller) sees it instead of losing
 //! rows quietly.
 
+pub mod changes;
 mod exactly_once;
 mod offsets_topic;
 
@@ -52,6 +53,7 @@ use crate::encode::{ENCODER_OPTIONS, RowEncoder};
 use crate::error::ConnectorError;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
+pub use skein_clients::kafka::KIND;
 use skein_clients::kafka::{KafkaRole, client_config};
 
 /// Where exactly-once writers keep their epoch markers (and source offsets)
@@ -129,7 +131,7 @@ impl SinkFactory for KafkaSinkFactory {
 
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
         let encoder = RowEncoder::from_options(&config.options).map_err(|e| e.to_string())?;
-        super::changes::takes_updates(&encoder)
+        changes::takes_updates(&encoder)
     }
 }
 
@@ -220,7 +222,7 @@ async fn enqueue_rows(
     batches: &[datafusion::arrow::record_batch::RecordBatch],
 ) -> Result<Vec<rdkafka::producer::DeliveryFuture>> {
     let mut pending = Vec::new();
-    let messages = super::changes::messages(encoder, batches).map_err(|e| sink_error(topic, e))?;
+    let messages = changes::messages(encoder, batches).map_err(|e| sink_error(topic, e))?;
     {
         for row in messages {
             let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
@@ -364,11 +366,28 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::datatypes::SchemaRef;
+    use skein_engine::source::{Source, SourceConfig, SourceFactory};
+
+    /// The source side of the table, as far as its options go (the real
+    /// one is in skein-connectors).
+    struct SourceSide;
+
+    impl SourceFactory for SourceSide {
+        fn options(&self) -> TableOptions {
+            TableOptions::only(&["format", "max.records.per.pull"])
+                .passing_dotted("librdkafka property")
+        }
+        fn create(&self, _: &SourceConfig, _: SchemaRef) -> Result<Arc<dyn Source>> {
+            unreachable!("only options are read")
+        }
+    }
 
     #[test]
     fn source_and_encoder_options_do_not_reach_the_producer() {
         let mut catalog = skein_engine::catalog::Catalog::default();
         crate::register(&mut catalog);
+        catalog.register_source(KIND, Arc::new(SourceSide));
         let table: BTreeMap<String, String> = [
             ("bootstrap.servers", "127.0.0.1:1"),
             ("max.records.per.pull", "10"),
@@ -380,7 +399,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let config = SinkConfig {
-            kind: super::super::KIND.into(),
+            kind: KIND.into(),
             location: "t".into(),
             options: table,
         };
