@@ -27,9 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
-use datafusion::arrow::error::ArrowError;
-use futures::TryStreamExt;
+use datafusion::arrow::datatypes::DataType;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::catalog::TableOptions;
@@ -37,12 +35,16 @@ use skein_engine::error::Cause;
 use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 use skein_engine::{EngineError, Result};
 
+mod changelog;
+mod commits;
+
+use changelog::with_op_text;
+pub use changelog::{OP_COLUMN_OPTION, OP_DELETE, OP_INSERT, consolidate_op_text, op_column};
+use commits::commit_marker;
+pub use commits::{clear, read};
+
 use crate::epochs::Runs;
 use crate::results::open;
-
-/// The folder (under the location) of the commit markers; Hive-style
-/// readers skip names starting with `_`.
-const COMMITS: &str = "_skein_commits";
 
 /// The sink kind, as registered.
 pub const KIND: &str = "FILES";
@@ -84,13 +86,6 @@ fn bad(location: &str, cause: impl Into<Cause>) -> EngineError {
 /// The options of a `STORED AS FILES` table: read by [`format_of`] and
 /// `partition_columns`.
 pub const OPTIONS: &[&str] = &["format", "partition.by", OP_COLUMN_OPTION];
-
-/// Names the column of each row's kind (see the module).
-pub const OP_COLUMN_OPTION: &str = "op.column";
-/// The kind of a row of the result.
-pub const OP_INSERT: &str = "insert";
-/// The kind of a row taken back from the result.
-pub const OP_DELETE: &str = "delete";
 
 pub struct FilesSinkFactory;
 
@@ -135,78 +130,6 @@ impl SinkFactory for FilesSinkFactory {
             )),
         }
     }
-}
-
-/// The column of each row's kind, if the table is a changelog.
-pub fn op_column(config: &SinkConfig) -> Option<String> {
-    config
-        .options
-        .get(OP_COLUMN_OPTION)
-        .map(|c| c.trim().to_string())
-        .filter(|c| !c.is_empty())
-}
-
-/// `batch` as written to a changelog table: the engine's op column (or,
-/// for rows that are all new, none) becomes `name` with `insert`/`delete`.
-fn with_op_text(batch: &RecordBatch, name: &str) -> Result<RecordBatch> {
-    use datafusion::arrow::array::StringArray;
-    use datafusion::arrow::datatypes::{Field, Schema};
-    use skein_engine::changelog;
-    let (plain, ops): (RecordBatch, Vec<&str>) = if changelog::is_changelog(&batch.schema()) {
-        let ops = changelog::ops(batch)?
-            .iter()
-            .map(|o| {
-                if o == Some(changelog::RETRACT) {
-                    OP_DELETE
-                } else {
-                    OP_INSERT
-                }
-            })
-            .collect();
-        (changelog::strip(batch)?, ops)
-    } else {
-        (batch.clone(), vec![OP_INSERT; batch.num_rows()])
-    };
-    let mut fields: Vec<_> = plain.schema().fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new(name, DataType::Utf8, false)));
-    let mut columns = plain.columns().to_vec();
-    columns.push(Arc::new(StringArray::from(ops)));
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
-}
-
-/// Rows read back from a changelog table (with its `name` column) as the
-/// table they add up to.
-pub fn consolidate_op_text(
-    batches: &[RecordBatch],
-    name: &str,
-    schema: &SchemaRef,
-) -> Result<RecordBatch> {
-    use datafusion::arrow::array::Int8Array;
-    use skein_engine::changelog;
-    let mut changes = vec![];
-    for b in batches {
-        let i = b.schema().index_of(name)?;
-        let kinds = cast(b.column(i), &DataType::Utf8)?;
-        let ops: Int8Array = kinds
-            .as_string::<i32>()
-            .iter()
-            .map(|k| match k {
-                Some(OP_DELETE) => Ok(changelog::RETRACT),
-                Some(OP_INSERT) => Ok(changelog::INSERT),
-                other => Err(bad(
-                    name,
-                    format!("a row's kind is {other:?}, not insert or delete"),
-                )),
-            })
-            .collect::<Result<Vec<_>>>()?
-            .into();
-        let keep: Vec<usize> = (0..b.num_columns()).filter(|c| *c != i).collect();
-        changes.push(changelog::tag_each(&b.project(&keep)?, ops)?);
-    }
-    skein_engine::updating::consolidate(&changelog::with_op(schema), &changes)
 }
 
 fn partition_columns(options: &BTreeMap<String, String>) -> Vec<String> {
@@ -369,113 +292,6 @@ impl Sink for FilesSink {
     }
 }
 
-fn under(prefix: &str, rest: String) -> Path {
-    if prefix.is_empty() {
-        Path::from(rest)
-    } else {
-        Path::from(format!("{prefix}/{rest}"))
-    }
-}
-
-/// Where the commit markers of `query` live.
-fn commits_dir(prefix: &str, query: &str) -> Path {
-    under(prefix, format!("{COMMITS}/{}", path_safe(query)))
-}
-
-/// The commit marker of one write.
-fn commit_marker(prefix: &str, query: &str, run: &str, epoch: u64, member: u32) -> Path {
-    under(
-        prefix,
-        format!(
-            "{COMMITS}/{}/{}-e{epoch:08}-m{member:04}",
-            path_safe(query),
-            path_safe(run)
-        ),
-    )
-}
-
-/// The commit markers of `query` under `location`.
-async fn markers(store: &dyn ObjectStore, prefix: &str, query: &str) -> Result<Vec<Path>> {
-    Ok(store
-        .list(Some(&commits_dir(prefix, query)))
-        .map_ok(|m| m.location)
-        .try_collect()
-        .await?)
-}
-
-/// The objects committed writes of `query` put under `location`, in key
-/// order: those some commit marker lists.
-async fn committed(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, Vec<Path>)> {
-    let (store, prefix) = open(location)?;
-    let mut keys = std::collections::BTreeSet::new();
-    for marker in markers(store.as_ref(), &prefix, query).await? {
-        let listed = store.get(&marker).await?.bytes().await?;
-        let listed = String::from_utf8_lossy(&listed);
-        keys.extend(listed.lines().filter(|l| !l.is_empty()).map(Path::from));
-    }
-    Ok((store, keys.into_iter().collect()))
-}
-
-/// The data objects `query` wrote under `location`, committed or not, in
-/// key order; with the store and the key prefix.
-async fn objects(location: &str, query: &str) -> Result<(Arc<dyn ObjectStore>, String, Vec<Path>)> {
-    let (store, prefix) = open(location)?;
-    let list_prefix = (!prefix.is_empty()).then(|| Path::from(prefix.as_str()));
-    let marker = format!("part-{query}-");
-    let mut keys: Vec<Path> = store
-        .list(list_prefix.as_ref())
-        .map_ok(|m| m.location)
-        .try_collect()
-        .await?;
-    keys.retain(|k| k.filename().is_some_and(|f| f.starts_with(&marker)));
-    keys.sort();
-    Ok((store, prefix, keys))
-}
-
-/// Every row of the committed writes of `query` under `location`, read back
-/// with `schema`.
-pub async fn read(
-    location: &str,
-    query: &str,
-    format: FileFormat,
-    schema: SchemaRef,
-) -> Result<Vec<RecordBatch>> {
-    let (store, keys) = committed(location, query).await?;
-    let mut out = vec![];
-    for key in keys {
-        let bytes = store.get(&key).await?.bytes().await?;
-        let cursor = std::io::Cursor::new(bytes);
-        let reading = |e: ArrowError| bad(location, e).doing(format_args!("reading {key}"));
-        match format {
-            FileFormat::Json => {
-                let reader = datafusion::arrow::json::ReaderBuilder::new(schema.clone())
-                    .build(cursor)
-                    .map_err(reading)?;
-                for b in reader {
-                    out.push(b.map_err(reading)?);
-                }
-            }
-            FileFormat::Csv => {
-                let reader = datafusion::arrow::csv::ReaderBuilder::new(schema.clone())
-                    .with_header(true)
-                    .build(cursor)
-                    .map_err(reading)?;
-                for b in reader {
-                    out.push(b.map_err(reading)?);
-                }
-            }
-            FileFormat::Arrow => {
-                let reader = datafusion::arrow::ipc::reader::StreamReader::try_new(cursor, None)
-                    .map_err(reading)?;
-                for b in reader {
-                    out.push(b.map_err(reading)?);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// The format a sink config writes.
 pub fn format_of(config: &SinkConfig) -> Result<FileFormat> {
     FileFormat::parse(
@@ -488,21 +304,9 @@ pub fn format_of(config: &SinkConfig) -> Result<FileFormat> {
     )
 }
 
-/// Removes what `query` wrote under `location`, commit markers included
-/// (before a run writes it anew); returns how many data objects went.
-pub async fn clear(location: &str, query: &str) -> Result<usize> {
-    let (store, prefix, keys) = objects(location, query).await?;
-    for k in keys
-        .iter()
-        .chain(&markers(store.as_ref(), &prefix, query).await?)
-    {
-        store.delete(k).await?;
-    }
-    Ok(keys.len())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::commits::COMMITS;
     use super::*;
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
     use datafusion::arrow::datatypes::{Field, Schema, TimeUnit};
