@@ -18,7 +18,7 @@ use skein_engine::payload::{
 use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_generators::nexmark::{EventRef, JsonLayout, NexmarkConfig, NexmarkGenerator};
 
-use crate::bench_state::{EpochSeries, plot_file, throughput};
+use crate::measure::{EpochSeries, median, plot_file, throughput};
 use crate::registry::registries;
 
 #[derive(Subcommand, Debug)]
@@ -93,11 +93,6 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Lambda(args) => crate::lambda_bench::bench(args).await,
         BenchCommand::State(args) => crate::bench_state::state(args).await,
     }
-}
-
-pub(crate) fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2]
 }
 
 /// Bids as Arrow batches and as the JSON records a publisher would send.
@@ -274,7 +269,7 @@ async fn nexmark_run_seconds(
     args: &NexmarkBenchArgs,
     series: Option<&mut EpochSeries>,
 ) -> Result<(f64, usize, skein_cost::Measured)> {
-    let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
+    let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, args.sources)?;
     let regs = registries();
     let ctx = session(&regs.catalog, args.group_size);
     let options = PlanOptions {

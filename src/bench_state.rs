@@ -14,7 +14,7 @@ use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 
-use crate::bench::median;
+use crate::measure::{EpochSeries, median, plot_file, throughput};
 use crate::registry::registries;
 
 #[derive(Args, Debug, Clone)]
@@ -55,7 +55,7 @@ struct Setup {
 }
 
 async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
-    let sql = crate::run::nexmark_sql(query, args.events, args.rate, 1)?;
+    let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, 1)?;
     let regs = registries();
     let ctx = session(&regs.catalog, args.group_size);
     let mut options = PlanOptions {
@@ -88,10 +88,6 @@ fn scratch_dir(query: u32, what: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
-
-/// Per epoch: seconds since the start, events so far, and bytes (here:
-/// checkpoint bytes so far).
-pub(crate) type EpochSeries = Vec<(f64, u64, u64)>;
 
 /// One run: seconds, bytes written to the checkpoint store, the series,
 /// and what the cost model takes.
@@ -132,20 +128,6 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     })
 }
 
-/// Events per second of each epoch of a series.
-pub(crate) fn throughput(series: &EpochSeries) -> Vec<(f64, f64)> {
-    let mut out = vec![];
-    let mut last = (0.0, 0);
-    for &(t, events, _) in series {
-        let dt = t - last.0;
-        if dt > 0.0 {
-            out.push((t, events.saturating_sub(last.1) as f64 / dt));
-        }
-        last = (t, events);
-    }
-    out
-}
-
 /// Throughput and checkpoint bytes of each epoch of one run, drawn.
 fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) -> Result<()> {
     let throughput = throughput(series);
@@ -174,15 +156,6 @@ fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) ->
         ],
     )?;
     Ok(())
-}
-
-/// `FILE.svg` for one query, `FILE-qN.svg` for each of several.
-pub(crate) fn plot_file(file: &Path, query: u32, queries: usize) -> PathBuf {
-    if queries == 1 {
-        return file.to_path_buf();
-    }
-    let stem = file.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
-    file.with_file_name(format!("{stem}-q{query}.svg"))
 }
 
 /// Recovery time: a run is killed midway (its own tokio runtime is shut

@@ -12,64 +12,12 @@ use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::context::CheckpointSpec;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan};
-use skein_engine::source::ReplayMode;
 
 /// Where checkpoints go unless `--checkpoint-dir` says: one directory per
 /// query under the working directory.
 pub const DEFAULT_ROOT: &str = ".skein/checkpoints";
 
-/// What the user asked for.
-#[derive(Debug, Clone)]
-pub struct Request {
-    pub dir: Option<PathBuf>,
-    pub off: bool,
-}
-
-/// Whether the query reads a live source (Kafka or Kinesis): one that has
-/// no end of its own.
-pub fn reads_live_source(catalog: &Catalog, plan: &QueryPlan) -> bool {
-    plan.stages
-        .iter()
-        .flat_map(|s| s.sources.iter())
-        .any(|l| catalog.is_live(&l.config))
-}
-
-/// Whether a query checkpoints by default: it reads a live source, a
-/// checkpoint can read every table again, and its sink is exactly once.
-fn default_on(catalog: &Catalog, plan: &QueryPlan) -> bool {
-    reads_live_source(catalog, plan)
-        && unreplayable(catalog, plan).is_empty()
-        && catalog.sink_exactly_once(&plan.sink)
-}
-
-/// The tables a checkpoint cannot read again, as `table (KIND)`.
-fn unreplayable(catalog: &Catalog, plan: &QueryPlan) -> Vec<String> {
-    plan.stages
-        .iter()
-        .flat_map(|s| s.sources.iter())
-        .filter(|l| catalog.replay_mode(&l.config) == ReplayMode::Unsupported)
-        .map(|l| format!("{} ({})", l.table, l.config.kind))
-        .collect()
-}
-
-/// Why a query that does not checkpoint is not exactly once across
-/// restarts, when it reads a live source into an exactly-once sink; said
-/// on stderr before it runs rather than left for the user to find out.
-fn at_least_once_reason(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Option<String> {
-    if !reads_live_source(catalog, plan) || !catalog.sink_exactly_once(&plan.sink) {
-        return None;
-    }
-    if request.off {
-        return Some("--no-checkpoint: a restart reads the source afresh".into());
-    }
-    let cannot = unreplayable(catalog, plan);
-    (!cannot.is_empty()).then(|| {
-        format!(
-            "{} cannot be read again from a checkpoint, so the query does not checkpoint",
-            cannot.join(", ")
-        )
-    })
-}
+pub use skein_engine::query::{CheckpointLocation as Location, CheckpointRequest as Request};
 
 /// A checkpoint directory this process holds; the lock goes with it.
 pub struct Held {
@@ -95,46 +43,10 @@ impl Drop for Held {
     }
 }
 
-/// Where a query checkpoints, when it does.
-pub enum Location {
-    /// `--checkpoint-dir`.
-    Given(PathBuf),
-    /// The backend's default place for this query.
-    Default,
-}
-
-/// Whether the query checkpoints: an explicit `--checkpoint-dir` (refused
-/// for a source a checkpoint cannot read again), or by default a query that
-/// reads Kafka or Kinesis and writes a sink that takes repeated writes.
-pub fn location(
-    catalog: &Catalog,
-    plan: &QueryPlan,
-    request: &Request,
-) -> Result<Option<Location>> {
-    if request.off {
-        return Ok(None);
-    }
-    match &request.dir {
-        Some(dir) => {
-            let cannot = unreplayable(catalog, plan);
-            if !cannot.is_empty() {
-                bail!(
-                    "--checkpoint-dir: a checkpoint cannot read these tables again: {} \
-                     (run with --no-checkpoint for at-least-once across restarts)",
-                    cannot.join(", ")
-                );
-            }
-            Ok(Some(Location::Given(dir.clone())))
-        }
-        None if default_on(catalog, plan) => Ok(Some(Location::Default)),
-        None => Ok(None),
-    }
-}
-
 /// Say on stderr, before the query runs, when a query that does not
 /// checkpoint is not exactly once across restarts.
 pub fn note_if_at_least_once(catalog: &Catalog, plan: &QueryPlan, request: &Request) {
-    if let Some(reason) = at_least_once_reason(catalog, plan, request) {
+    if let Some(reason) = skein_engine::query::at_least_once_reason(catalog, plan, request) {
         eprintln!("note: at least once across restarts, not exactly once: {reason}");
     }
 }
@@ -142,7 +54,7 @@ pub fn note_if_at_least_once(catalog: &Catalog, plan: &QueryPlan, request: &Requ
 /// Open the query's checkpoint directory if it checkpoints (see
 /// [`location`]). `None`: it does not checkpoint.
 pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
-    let dir = match location(catalog, plan, request)? {
+    let dir = match skein_engine::query::checkpoint_location(catalog, plan, request)? {
         Some(Location::Given(dir)) => dir,
         Some(Location::Default) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
         None => return Ok(None),

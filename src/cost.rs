@@ -1,57 +1,15 @@
-//! `skein cost FILE.sql --rate R`: what a standing query would cost, measured
-//! on generated input at that rate; and the cost section every run and
-//! benchmark report carries. The model and the prices are skein-cost's.
+//! The cost section every run and benchmark report carries: what a run
+//! measured, priced on Lambda, a VM and Managed Flink (the model and the
+//! prices are skein-cost's); `skein cost` itself is in `cost_cmd.rs`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use clap::Args;
-use object_store::memory::InMemory;
-use serde_json::{Value, json};
+use serde_json::Value;
 use skein_cost::{CostReport, Measured, ModelOptions, Prices, estimate};
-use skein_engine::driver::{RunReport, run_local};
-use skein_engine::local::LocalRuntime;
-use skein_engine::planner::{plan_query, session};
+use skein_engine::driver::RunReport;
 use skein_engine::usage::Usage;
-
-use crate::PlanArgs;
-use crate::lambda_cmd::{Backend, LambdaArgs};
-use crate::registry::registries;
-
-#[derive(Args, Debug)]
-pub struct CostArgs {
-    /// A SQL file whose tables are generators (STORED AS NEXMARK or YSB):
-    /// their 'events' and 'rate' options are set to what is measured.
-    #[arg(required_unless_present = "nexmark")]
-    pub file: Option<PathBuf>,
-    /// Instead of a file: NEXMark query N over the built-in generator.
-    #[arg(long, value_name = "N", conflicts_with = "file")]
-    pub nexmark: Option<u32>,
-    /// Events per second of the standing query.
-    #[arg(long, value_parser = positive_rate)]
-    pub rate: f64,
-    /// Seconds of event time to measure (one epoch per --interval of it).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-    pub seconds: u64,
-    /// The standing query's epoch interval: each measured epoch carries
-    /// rate × interval events.
-    #[arg(long, value_parser = crate::run::parse_duration, default_value = "1s")]
-    pub interval: Duration,
-    #[command(flatten)]
-    pub plan: PlanArgs,
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// --backend lambda measures on Lambda (the endpoint from the
-    /// environment, as `skein run --backend lambda`); --memory is then the
-    /// functions' memory as well as the priced one.
-    #[command(flatten)]
-    pub lambda: LambdaArgs,
-    /// One JSON object instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// What the cost model assumes; shared by every command that reports a cost.
 #[derive(Args, Debug, Clone)]
@@ -73,7 +31,7 @@ pub struct ModelArgs {
 }
 
 /// A Lambda function's memory with one full vCPU.
-const ONE_VCPU_MB: u32 = 1769;
+pub(crate) const ONE_VCPU_MB: u32 = 1769;
 
 impl Default for ModelArgs {
     fn default() -> Self {
@@ -86,7 +44,7 @@ impl Default for ModelArgs {
     }
 }
 
-fn positive_rate(s: &str) -> std::result::Result<f64, String> {
+pub(crate) fn positive_rate(s: &str) -> std::result::Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
         Ok(_) => Err("must be a positive number of events per second".into()),
@@ -102,7 +60,7 @@ impl ModelArgs {
         }
     }
 
-    fn options(&self, rate: Option<f64>) -> ModelOptions {
+    pub(crate) fn options(&self, rate: Option<f64>) -> ModelOptions {
         ModelOptions {
             rate,
             memory_mb: self.memory,
@@ -112,27 +70,7 @@ impl ModelArgs {
     }
 }
 
-/// CPU time this process has used, seconds (user + system, all threads).
-pub fn process_cpu_s() -> f64 {
-    // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second
-    // on Linux); the command name (field 2) may hold spaces, so count from
-    // its closing parenthesis.
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // After ")", field 3 is at index 0: utime (14) is index 11, stime index 12.
-    (ticks(11) + ticks(12)) / 100.0
-}
+pub use skein_engine::usage::process_cpu_s;
 
 /// What a run measured, for the model.
 pub fn measured(report: &RunReport, cpu_s: f64) -> Measured {
@@ -205,7 +143,7 @@ pub fn one_line(c: &CostReport) -> String {
 
 /// Dollars with the digits that matter: cents above $10, four significant
 /// figures below.
-fn dollars(x: f64) -> String {
+pub(crate) fn dollars(x: f64) -> String {
     if x >= 10.0 {
         let whole = format!("{:.2}", x);
         let (int, frac) = whole.split_once('.').unwrap_or((&whole, "00"));
@@ -218,7 +156,7 @@ fn dollars(x: f64) -> String {
     }
 }
 
-fn thousands(int: &str) -> String {
+pub(crate) fn thousands(int: &str) -> String {
     let mut out = String::new();
     for (i, c) in int.chars().enumerate() {
         if i > 0 && (int.len() - i) % 3 == 0 {
@@ -229,223 +167,9 @@ fn thousands(int: &str) -> String {
     out
 }
 
-/// The query with every generator table at `rate` for `events` events.
-fn at_rate(sql: &str, rate: f64, events: u64) -> String {
-    let rate = format!("{}", rate.round() as u64);
-    let events = events.to_string();
-    let sql = set_option(sql, "events", &events);
-    set_option(&sql, "rate", &rate)
-}
-
-/// Replace the value of every `'key' 'value'` option pair.
-fn set_option(sql: &str, key: &str, value: &str) -> String {
-    let needle = format!("'{key}'");
-    let mut out = String::with_capacity(sql.len());
-    let mut rest = sql;
-    while let Some(i) = rest.find(&needle) {
-        let after = &rest[i + needle.len()..];
-        let trimmed = after.trim_start();
-        let gap = after.len() - trimmed.len();
-        let value_end = trimmed
-            .strip_prefix('\'')
-            .and_then(|v| v.find('\''))
-            .map(|j| j + 2);
-        out.push_str(&rest[..i + needle.len()]);
-        match value_end {
-            Some(end) if gap > 0 => {
-                out.push_str(&after[..gap]);
-                out.push_str(&format!("'{value}'"));
-                rest = &trimmed[end..];
-            }
-            _ => rest = after,
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-pub async fn cost(mut args: CostArgs) -> Result<()> {
-    let (sql, name) = match (&args.file, args.nexmark) {
-        (Some(file), _) => (crate::run::read_sql(file)?, file.display().to_string()),
-        (None, Some(q)) => (
-            crate::run::nexmark_sql(q, 1, 1, 2)?,
-            format!("NEXMark q{q}"),
-        ),
-        (None, None) => bail!("give a SQL file or --nexmark N"),
-    };
-    let memory = args.lambda.memory.unwrap_or(ONE_VCPU_MB as i32);
-    args.lambda.memory = Some(memory);
-    args.model.memory = memory as u32;
-    let prices = args.model.prices()?;
-    let interval_s = args.interval.as_secs_f64();
-    if interval_s <= 0.0 {
-        bail!("--interval must be longer than zero");
-    }
-    let epochs = ((args.seconds as f64 / interval_s).round() as u64).max(1);
-    let events = (args.rate * args.seconds as f64).round().max(1.0) as u64;
-    let sql = at_rate(&sql, args.rate, events);
-
-    let regs = registries();
-    let ctx = session(&regs.catalog, args.plan.group_size);
-    let mut options = args.plan.options();
-    let plan = plan_query(&ctx, &sql, &options)
-        .await
-        .with_context(|| format!("planning {name}"))?;
-    check_generated(&regs.catalog, &plan, &events.to_string())?;
-    let (measured, functions, measured_on) = match args.lambda.backend {
-        Backend::Local => {
-            let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
-            // Checkpointed every epoch, as a standing query is by default.
-            let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&scratch);
-            crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options).await?;
-            let cpu_before = process_cpu_s();
-            let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
-            let cpu_s = process_cpu_s() - cpu_before;
-            let _ = std::fs::remove_dir_all(&scratch);
-            let report = report.context("running the query")?;
-            let _ = skein_sinks::blackhole::take(&plan.query_code);
-            (measured(&report, cpu_s), report.functions, None)
-        }
-        Backend::Lambda => {
-            let (m, functions) = crate::lambda_cost::measure(&sql, &args, epochs).await?;
-            (m, functions, Some(lambda_note(args.plan.invoke_async)))
-        }
-    };
-
-    // Per event of the whole stream the rate is of, also where the query
-    // reads only part of it (NEXMark q5 reads the bids).
-    let m = Measured { events, ..measured };
-    let mut c = estimate(&m, &prices, &args.model.options(Some(args.rate)));
-    c.measured_on = measured_on;
-    if args.json {
-        let mut v = to_json(&c);
-        v["query"] = json!(name);
-        v["epochs"] = json!(epochs);
-        v["interval_s"] = json!(interval_s);
-        v["functions"] = json!(functions);
-        v["query_code"] = json!(plan.query_code);
-        v["backend"] = json!(match args.lambda.backend {
-            Backend::Local => "local",
-            Backend::Lambda => "lambda",
-        });
-        println!("{v}");
-    } else {
-        print!("{}", table(&name, &c, epochs, functions));
-    }
-    Ok(())
-}
-
-/// Every source a generator (generated epoch by epoch, bounded) with the
-/// events set: the measurement must be on the input it was asked for.
-fn check_generated(
-    catalog: &skein_engine::catalog::Catalog,
-    plan: &skein_engine::planner::QueryPlan,
-    events: &str,
-) -> Result<()> {
-    for leaf in plan.stages.iter().flat_map(|s| s.sources.iter()) {
-        let generated = catalog.source_capabilities(&leaf.config.kind)
-            == skein_engine::source::SourceCapabilities {
-                replay: skein_engine::source::ReplayMode::ByEpoch,
-                live: false,
-            };
-        if !generated {
-            bail!(
-                "skein cost measures a query over generated input, and table {} is {}: \
-                 declare it STORED AS NEXMARK or YSB (queries/cost/ysb.sql is YSB's query that way)",
-                leaf.table,
-                leaf.config.kind.to_ascii_uppercase()
-            );
-        }
-        if leaf.config.option("events") != Some(events) {
-            bail!(
-                "table {} has no 'events' option for skein cost to set: add \
-                 'events' '1' and 'rate' '1' to its OPTIONS",
-                leaf.table
-            );
-        }
-    }
-    Ok(())
-}
-
-fn table(name: &str, c: &CostReport, epochs: u64, functions: usize) -> String {
-    let m = &c.measured;
-    let rate = c.rate.unwrap_or(0.0);
-    let mut out = format!(
-        "{name} at {} events/s (us-east-1 prices of {})\n\
-         measured {}: {} events in {epochs} epochs, {functions} functions, \
-         {} invocations, {} billed ms, {} checkpoint PUTs, {:.2} s CPU\n{}\n",
-        thousands(&format!("{}", rate.round() as u64)),
-        c.prices,
-        match &c.measured_on {
-            Some(_) => "on Lambda",
-            None => "in-process",
-        },
-        m.events,
-        m.invocations,
-        m.billed_ms,
-        m.checkpoint_puts,
-        m.cpu_s,
-        c.measured_on
-            .as_ref()
-            .map_or(String::new(), |on| format!("({on})\n")),
-    );
-    out.push_str(&format!(
-        "{:<34} {:>14} {:>14}\n",
-        "where", "$/M events", "$/month"
-    ));
-    let row = |what: String, pm: f64, month: Option<f64>| {
-        format!(
-            "{what:<34} {:>14} {:>14}\n",
-            dollars(pm),
-            month.map_or("-".into(), dollars)
-        )
-    };
-    for l in &c.lambda {
-        out.push_str(&row(
-            format!("Lambda {:?} {} MB", l.arch, l.memory_mb)
-                .replace("X86_64", "x86_64")
-                .replace("Arm64", "arm64"),
-            l.usd_per_million_events,
-            l.usd_per_month,
-        ));
-    }
-    out.push_str(&row(
-        format!("{} × {}", c.vm.unit, c.vm.units.unwrap_or(1)),
-        c.vm.usd_per_million_events,
-        c.vm.usd_per_month,
-    ));
-    out.push_str(&row(
-        format!(
-            "Managed Flink {} KPU ({:.0} ev/s/KPU)",
-            c.flink.units.unwrap_or(1),
-            c.flink.events_per_vcpu_s
-        ),
-        c.flink.usd_per_million_events,
-        c.flink.usd_per_month,
-    ));
-    if let Some(shards) = c.kinesis_shards {
-        out.push_str(&format!(
-            "(each includes the Kinesis input: {shards} shards, ${} per million events)\n",
-            dollars(c.kinesis_usd_per_million_events)
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn generator_options_are_set() {
-        let sql = "CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
-                   OPTIONS ('events' '1000', 'rate'  '10', 'partitions' '2');";
-        let out = at_rate(sql, 50_000.0, 1_000_000);
-        assert!(out.contains("'events' '1000000'"), "{out}");
-        assert!(out.contains("'rate'  '50000'"), "{out}");
-        assert!(out.contains("'partitions' '2'"), "{out}");
-    }
 
     #[test]
     fn dollars_keep_their_digits() {

@@ -16,7 +16,9 @@ use skein_lambda::epochs::LambdaEpochs;
 use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
 
 use crate::PlanArgs;
-use crate::lambda_cmd::{LambdaArgs, code, connect, deploy_plan, plan, run_id};
+use skein_lambda::deployment::{Deployment, run_id};
+
+use crate::lambda_cmd::LambdaArgs;
 
 #[derive(Args, Debug)]
 pub struct BenchLambdaArgs {
@@ -60,24 +62,25 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
     if args.exchange {
         return exchange_bench(args).await;
     }
-    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
-    let b = connect(&args.lambda.store).await?;
+    let sql = crate::nexmark::nexmark_sql(args.query, 10_000, 1_000, 2)?;
+    let b = args.lambda.connect().await?;
     let p = PlanArgs {
         group_size: args.group_size,
         encoding: Default::default(),
         invoke_async: false,
-    };
-    let (plan, _) = plan(&b, &sql, &p).await?;
+    }
+    .options();
+    let (plan, _) = b.plan(&sql, &p).await?;
     let lister = LambdaFunctionService::new(&b.sdk, None);
     destroy_functions(&plan.query_code, &lister).await?;
-    code(&b, &args.lambda).await?; // upload once, outside the timings
+    b.code().await?; // upload once, outside the timings
 
     let t = Instant::now();
-    let deployed = deploy_plan(&b, &args.lambda, &plan, &p, None).await?;
+    let deployed = b.deploy_plan(&plan, &p, None).await?;
     let deploy_cold_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     // Sources cut their input into the epochs of the run below.
-    deploy_plan(&b, &args.lambda, &plan, &p, Some(args.epochs)).await?;
+    b.deploy_plan(&plan, &p, Some(args.epochs)).await?;
     let deploy_warm_s = t.elapsed().as_secs_f64();
 
     let invoker = LambdaInvoker::new(&b.sdk);
@@ -127,7 +130,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
 async fn priced_run(
     plan: &skein_engine::planner::QueryPlan,
     invoker: &LambdaInvoker,
-    b: &crate::lambda_cmd::Connection,
+    b: &Deployment,
     epochs: u64,
 ) -> Result<(u64, skein_cost::CostReport)> {
     let metered = MeteredInvoker::new(invoker);
@@ -159,8 +162,8 @@ const EXCHANGE_RECEIVER: &str = "skein-bench-exchange-recv";
 async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
     use skein_lambda::exchange::{ExchangeReport, ExchangeRequest, Method};
 
-    let b = connect(&args.lambda.store).await?;
-    let (code, code_sha256) = code(&b, &args.lambda).await?;
+    let b = args.lambda.connect().await?;
+    let (code, code_sha256) = b.code().await?;
     let memory_mb = args.lambda.memory_mb().max(1024);
     let options = ServiceOptions {
         code,

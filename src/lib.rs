@@ -3,16 +3,17 @@
 //! that run a query locally, on Lambda and as YSB, and the reports they print.
 //! `src/main.rs` only parses the command line and calls in here.
 
+pub mod args;
 pub mod bench;
 pub mod bench_state;
-pub mod checkpoint;
 pub mod checkpoint_dir;
 pub mod cost;
+pub mod cost_cmd;
 pub mod lambda_bench;
 pub mod lambda_cmd;
-mod lambda_cost;
 pub mod lambda_run;
-pub mod lambda_standing;
+pub mod measure;
+pub mod nexmark;
 pub mod publish;
 pub mod registry;
 pub mod report;

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{
-    PlanArgs, bench, cost, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd, ysb,
-};
+use skein::{PlanArgs, bench, cost_cmd, lambda_cmd, lambda_run, publish, run, status_cmd, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -44,9 +42,9 @@ enum Command {
     /// Delete every Lambda function of a query (a SQL file or its query code).
     Destroy(lambda_cmd::DestroyArgs),
     /// Pause a standing query on Lambda: its schedule is disabled, its state kept.
-    Stop(lambda_standing::QueryArgs),
+    Stop(lambda_cmd::QueryArgs),
     /// Resume a stopped standing query on Lambda.
-    Start(lambda_standing::QueryArgs),
+    Start(lambda_cmd::QueryArgs),
     /// A query's progress (lag, watermark, epochs, state), locally or on
     /// Lambda; without a query, the queries deployed on Lambda.
     Status(status_cmd::StatusArgs),
@@ -58,7 +56,7 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
-    Cost(cost::CostArgs),
+    Cost(cost_cmd::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
     Gen(publish::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
@@ -92,14 +90,14 @@ async fn cli() -> Result<()> {
         },
         Command::Deploy(args) => lambda_cmd::deploy(args).await,
         Command::Destroy(args) => lambda_cmd::destroy(args).await,
-        Command::Stop(args) => lambda_standing::set_running(args, false).await,
-        Command::Start(args) => lambda_standing::set_running(args, true).await,
+        Command::Stop(args) => lambda_cmd::set_running(args, false).await,
+        Command::Start(args) => lambda_cmd::set_running(args, true).await,
         Command::Status(args) => status_cmd::status(args).await,
         Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
-        Command::Cost(args) => cost::cost(args).await,
+        Command::Cost(args) => cost_cmd::cost(args).await,
         Command::Gen(args) => publish::gen_command(args).await,
     }
 }

@@ -37,7 +37,7 @@ use skein_sinks::kafka::KafkaSink;
 use skein_sinks::kinesis::{KinesisSink, ensure_stream};
 use tokio::task::JoinSet;
 
-use crate::run::parse_duration;
+use crate::args::parse_duration;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Benchmark {

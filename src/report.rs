@@ -12,8 +12,6 @@ use skein_cost::CostReport;
 use skein_engine::epochs::Stopped;
 use skein_sinks::blackhole::Discarded;
 
-use crate::run::limit_rows;
-
 #[derive(Debug, Serialize)]
 pub struct Report {
     /// The NEXMark query number, for `skein nexmark`.
@@ -128,4 +126,19 @@ impl Report {
         }
         Ok(out)
     }
+}
+
+/// The first `n` rows of `batches`.
+pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
+    let mut out = vec![];
+    let mut left = n;
+    for b in batches {
+        if left == 0 {
+            break;
+        }
+        let take = b.num_rows().min(left);
+        out.push(b.slice(0, take));
+        left -= take;
+    }
+    out
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::SessionContext;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::memory::InMemory;
 use skein_engine::checkpoint::fresh_run;
@@ -15,9 +14,16 @@ use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::epochs::Stopped;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{QueryPlan, plan_query, session};
+use skein_engine::query::{Prepared, prepare};
 use skein_engine::verify::{Comparison, compare, single_process};
 
 use crate::PlanArgs;
+use crate::args::read_sql;
+use crate::nexmark::nexmark_sql_to;
+
+// What a caller of `run_report` needs beside it.
+pub use crate::args::CommonRunArgs;
+pub use crate::nexmark::nexmark_sql;
 use crate::registry::{Registries, registries};
 use crate::report::Report;
 
@@ -27,113 +33,6 @@ pub struct RunArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub common: CommonRunArgs,
-}
-
-#[derive(Args, Debug)]
-pub struct CommonRunArgs {
-    /// Number of epochs (micro-batches) to split a bounded input into
-    /// [default: 10]. In-process, a query that reads Kafka or Kinesis given
-    /// no --epochs, --duration or --until-drained is a standing query: one
-    /// epoch per --interval until SIGINT or SIGTERM.
-    #[arg(long, conflicts_with_all = ["duration", "until_drained"])]
-    pub epochs: Option<u64>,
-    /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
-    #[arg(long, value_parser = parse_duration, conflicts_with = "until_drained")]
-    pub duration: Option<Duration>,
-    /// Run until every source partition (Kafka partition, Kinesis shard) has
-    /// reached the end it had when the run started, one epoch per --interval.
-    #[arg(long)]
-    pub until_drained: bool,
-    /// Time between epochs of a --duration, --until-drained or standing run
-    /// [default: the shortest 'epoch.interval' option of the query's source
-    /// tables, else 1s].
-    #[arg(long, value_parser = parse_duration)]
-    pub interval: Option<Duration>,
-    #[command(flatten)]
-    pub plan: PlanArgs,
-    /// Also run the query in one process with plain DataFusion and compare.
-    #[arg(long)]
-    pub verify: bool,
-    /// Serve Prometheus metrics at http://ADDR/metrics while the query runs
-    /// (e.g. 127.0.0.1:9898); docs/metrics.md lists them.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<std::net::SocketAddr>,
-    /// Keep the query's durable state (offsets log, member state, commits)
-    /// here; a restart resumes from it. Default: .skein/checkpoints/<query>
-    /// for a query that reads Kafka or Kinesis and writes Kafka, Redis or files.
-    /// On Lambda: s3://bucket/prefix (default <store>/skein/checkpoints/<query>).
-    #[arg(long, value_name = "DIR", conflicts_with = "no_checkpoint")]
-    pub checkpoint_dir: Option<PathBuf>,
-    /// Do not checkpoint: a restart starts afresh (at least once).
-    #[arg(long)]
-    pub no_checkpoint: bool,
-    /// Commit every N epochs (a restart re-runs at most N-1 epochs).
-    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
-    pub checkpoint_interval: usize,
-    /// Print one JSON summary line instead of tables.
-    #[arg(long)]
-    pub json: bool,
-    /// Result rows to print (text mode).
-    #[arg(long, default_value_t = 20)]
-    pub show: usize,
-}
-
-/// Epochs of a bounded run given no bound.
-const DEFAULT_EPOCHS: u64 = 10;
-
-/// [`CommonRunArgs`] parsed alone, for [`CommonRunArgs::from_flags`].
-#[derive(clap::Parser)]
-struct FlagsOnly {
-    #[command(flatten)]
-    common: CommonRunArgs,
-}
-
-impl CommonRunArgs {
-    /// The arguments `skein run` would take from `flags` (e.g.
-    /// `["--epochs", "5", "--verify"]`), for callers of [`run_report`].
-    pub fn from_flags<I, T>(flags: I) -> Result<Self>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        use clap::Parser;
-        let argv = std::iter::once(std::ffi::OsString::from("skein-run"))
-            .chain(flags.into_iter().map(Into::into));
-        Ok(FlagsOnly::try_parse_from(argv)
-            .map_err(|e| anyhow::anyhow!("{}", e.render().to_string().trim()))?
-            .common)
-    }
-
-    /// No --epochs, --duration or --until-drained.
-    pub fn unbounded(&self) -> bool {
-        self.epochs.is_none() && self.duration.is_none() && !self.until_drained
-    }
-
-    /// Time between epochs: --interval, the tables' 'epoch.interval' or 1 s.
-    pub fn interval(&self, plan: &QueryPlan) -> Result<Duration> {
-        Ok(skein_engine::interval::effective_interval(
-            self.interval,
-            plan.source_tables(),
-        )?)
-    }
-
-    /// When a bounded run stops.
-    pub fn stop(&self, plan: &QueryPlan) -> Result<StopAfter> {
-        let interval = self.interval(plan)?;
-        Ok(match (self.duration, self.until_drained) {
-            (_, true) => StopAfter::Drained { interval },
-            (Some(duration), false) => StopAfter::Duration { duration, interval },
-            (None, false) => StopAfter::Epochs(self.epochs.unwrap_or(DEFAULT_EPOCHS)),
-        })
-    }
-
-    /// What the user asked of checkpoints.
-    pub fn checkpoint_request(&self) -> crate::checkpoint_dir::Request {
-        crate::checkpoint_dir::Request {
-            dir: self.checkpoint_dir.clone(),
-            off: self.no_checkpoint,
-        }
-    }
 }
 
 #[derive(Args, Debug)]
@@ -159,10 +58,6 @@ pub struct NexmarkArgs {
     pub output: Option<String>,
     #[command(flatten)]
     pub common: CommonRunArgs,
-}
-
-pub fn read_sql(file: &Path) -> Result<String> {
-    std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
 }
 
 pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
@@ -204,60 +99,6 @@ pub async fn nexmark(args: NexmarkArgs) -> Result<()> {
     Ok(())
 }
 
-/// The NEXMark tables over the built-in generator, then query N; q10's
-/// files go to the default output.
-pub fn nexmark_sql(query: u32, events: u64, rate: u64, sources: usize) -> Result<String> {
-    let output = format!(
-        "file://{}",
-        std::env::temp_dir().join("skein-nexmark-q10").display()
-    );
-    nexmark_sql_to(query, events, rate, sources, &output)
-}
-
-/// The NEXMark queries, built into the binary so that an installed `skein`
-/// runs them anywhere.
-const NEXMARK_QUERIES: [&str; 23] = [
-    include_str!("../queries/nexmark/q0.sql"),
-    include_str!("../queries/nexmark/q1.sql"),
-    include_str!("../queries/nexmark/q2.sql"),
-    include_str!("../queries/nexmark/q3.sql"),
-    include_str!("../queries/nexmark/q4.sql"),
-    include_str!("../queries/nexmark/q5.sql"),
-    include_str!("../queries/nexmark/q6.sql"),
-    include_str!("../queries/nexmark/q7.sql"),
-    include_str!("../queries/nexmark/q8.sql"),
-    include_str!("../queries/nexmark/q9.sql"),
-    include_str!("../queries/nexmark/q10.sql"),
-    include_str!("../queries/nexmark/q11.sql"),
-    include_str!("../queries/nexmark/q12.sql"),
-    include_str!("../queries/nexmark/q13.sql"),
-    include_str!("../queries/nexmark/q14.sql"),
-    include_str!("../queries/nexmark/q15.sql"),
-    include_str!("../queries/nexmark/q16.sql"),
-    include_str!("../queries/nexmark/q17.sql"),
-    include_str!("../queries/nexmark/q18.sql"),
-    include_str!("../queries/nexmark/q19.sql"),
-    include_str!("../queries/nexmark/q20.sql"),
-    include_str!("../queries/nexmark/q21.sql"),
-    include_str!("../queries/nexmark/q22.sql"),
-];
-
-/// [`nexmark_sql`] with the location a query writing files (q10) writes to.
-pub fn nexmark_sql_to(
-    query: u32,
-    events: u64,
-    rate: u64,
-    sources: usize,
-    output: &str,
-) -> Result<String> {
-    let body = NEXMARK_QUERIES
-        .get(query as usize)
-        .with_context(|| format!("NEXMark query {query}: there are q0 to q22"))?
-        .replace("{{output}}", output);
-    let tables = skein_generators::table::nexmark_ddl(events, rate, sources);
-    Ok(format!("{tables}\n{body}"))
-}
-
 /// Plan, run on the in-process runtime, optionally verify; returns the text
 /// to print (a JSON line with `--json`).
 pub async fn run_sql(
@@ -292,14 +133,10 @@ pub async fn run_report(
         serve_metrics(addr)?;
     }
     let Registries { catalog, collect } = registries();
-    let ctx: SessionContext = session(&catalog, args.plan.group_size);
     let opts = args.plan.options();
-    let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
+    let Prepared { plan, ctx, .. } = prepare(&catalog, sql, &opts)
         .await
         .context("planning the query")?;
-    for (table, offsets) in crate::checkpoint::resume_from_sink(&catalog, &mut plan).await? {
-        tracing::info!(%table, %offsets, "resuming from the sink's checkpoint");
-    }
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
@@ -331,7 +168,7 @@ pub async fn run_report(
 
     // A live source and no bound: a standing query, stopped by a signal.
     let (stop, signal) =
-        if args.unbounded() && crate::checkpoint_dir::reads_live_source(&catalog, &plan) {
+        if args.unbounded() && skein_engine::query::reads_live_source(&catalog, &plan) {
             if args.verify {
                 bail!(
                     "--verify compares a whole input with its result: give a standing query a \
@@ -447,22 +284,6 @@ pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<()> {
         .install()
         .with_context(|| format!("serving metrics on {addr}"))
 }
-
-pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
-    let mut out = vec![];
-    let mut left = n;
-    for b in batches {
-        if left == 0 {
-            break;
-        }
-        let take = b.num_rows().min(left);
-        out.push(b.slice(0, take));
-        left -= take;
-    }
-    out
-}
-
-pub use skein_engine::interval::parse_duration;
 
 /// The rows a query wrote to files, read back: for a changelog table, the
 /// table its rows add up to.

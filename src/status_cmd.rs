@@ -19,9 +19,9 @@ use skein_lambda::schedule::{Schedules, schedule_name};
 use skein_lambda::standing;
 
 use crate::PlanArgs;
+use crate::args::read_sql;
 use crate::lambda_cmd::{Backend, query_code_arg};
 use crate::registry::registries;
-use crate::run::read_sql;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {

@@ -47,7 +47,7 @@ async fn skein_function_on_ministack_lambda() {
 
     // Packaged as `skein deploy` does: a debug build is past Lambda's
     // unzipped limit until stripped.
-    let binary = skein::lambda_cmd::stripped(std::path::Path::new(FUNCTION_BINARY))
+    let binary = skein_lambda::package::stripped(std::path::Path::new(FUNCTION_BINARY))
         .unwrap_or_else(|e| panic!("reading {FUNCTION_BINARY}: {e:#}"));
     let zip = package(&binary);
 

@@ -23,8 +23,9 @@ use crate::window::{SessionSpec, WindowColumn};
 pub const CONTEXT_ENV: &str = "SKEIN_CONTEXT";
 /// Lambda's limit on the total size of a function's environment variables.
 pub const LAMBDA_ENV_LIMIT: usize = 4096;
-/// Prefix of a context reference: `store:<key>`.
-const STORE_REF: &str = "store:";
+/// Prefix of a context reference, `store:<key>`: the environment value of
+/// a context spilled to the object store.
+pub const STORE_REF: &str = "store:";
 
 /// How a stage runs its epochs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,10 +233,11 @@ impl CloudContext {
     }
 
     /// The value for [`CONTEXT_ENV`]: the context itself, or a reference to
-    /// it in `store` when it would not fit Lambda's environment limit.
-    pub async fn to_env(&self, store: &Arc<dyn ObjectStore>) -> Result<String> {
+    /// it in `store` when it would not fit Lambda's environment limit
+    /// beside `other_env` bytes of other variables.
+    pub async fn to_env(&self, store: &Arc<dyn ObjectStore>, other_env: usize) -> Result<String> {
         let encoded = self.encode();
-        if encoded.len() + CONTEXT_ENV.len() < LAMBDA_ENV_LIMIT {
+        if encoded.len() + CONTEXT_ENV.len() + other_env < LAMBDA_ENV_LIMIT {
             return Ok(encoded);
         }
         let key = format!(
@@ -321,8 +323,13 @@ mod tests {
     async fn small_context_stays_inline() {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let ctx = context(vec![1, 2, 3]);
-        let env = ctx.to_env(&store).await.unwrap();
+        let env = ctx.to_env(&store, 0).await.unwrap();
         assert!(!env.starts_with(STORE_REF));
+        let beside = ctx.to_env(&store, LAMBDA_ENV_LIMIT).await.unwrap();
+        assert!(
+            beside.starts_with(STORE_REF),
+            "spilled beside a large environment"
+        );
         assert!(env.len() < LAMBDA_ENV_LIMIT);
         assert_eq!(CloudContext::from_env(&env, None).await.unwrap(), ctx);
         assert_eq!(ctx.function_name(), "abc123-02-05");
@@ -334,7 +341,7 @@ mod tests {
         let mut plan = vec![0u8; 16 * 1024];
         rand::rng().fill_bytes(&mut plan);
         let ctx = context(plan);
-        let env = ctx.to_env(&store).await.unwrap();
+        let env = ctx.to_env(&store, 0).await.unwrap();
         assert!(env.starts_with(STORE_REF), "{}", &env[..40]);
         assert!(env.len() < 200);
         assert_eq!(

@@ -2,6 +2,7 @@
 //! Locally the driver is the source trigger (a timer in spirit); there is no
 //! coordinator beyond it: data moves function to function.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -23,28 +24,49 @@ use crate::planner::{PlanOptions, QueryPlan};
 
 pub use crate::epochs::{DrainCheck, EpochOutcome, StopAfter};
 
-/// Create (or refresh) every function of the query. Returns their names.
+/// One deployed function.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// Its name.
+    pub name: String,
+    /// Its reserved concurrency.
+    pub concurrency: usize,
+    /// Whether its context was spilled to the object store.
+    pub spilled: bool,
+}
+
+/// Create (or refresh) every function of the query, in-process or on
+/// Lambda. `other_env` is what the service adds to each function's
+/// environment: it counts toward the limit past which a context is spilled
+/// to `store`.
 pub async fn deploy(
     plan: &QueryPlan,
     service: &dyn FunctionService,
     store: &Arc<dyn ObjectStore>,
     options: &PlanOptions,
     epochs: Option<u64>,
-) -> Result<Vec<String>> {
-    let mut names = vec![];
+    other_env: &BTreeMap<String, String>,
+) -> Result<Vec<Deployed>> {
+    let other: usize = other_env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let mut out = vec![];
     for (ctx, concurrency) in plan.contexts(options, epochs)? {
         let name = ctx.function_name();
-        let env = ctx.to_env(store).await?;
+        let value = ctx.to_env(store, other).await?;
+        let spilled = value.starts_with(crate::context::STORE_REF);
         service
             .create(FunctionSpec {
                 name: name.clone(),
-                environment: environment(env),
+                environment: environment(value),
                 concurrency,
             })
             .await?;
-        names.push(name);
+        out.push(Deployed {
+            name,
+            concurrency,
+            spilled,
+        });
     }
-    Ok(names)
+    Ok(out)
 }
 
 /// Delete every function of the query.
@@ -194,7 +216,15 @@ pub async fn run_local_drained_by<'a>(
     drain: Option<&'a mut (dyn DrainCheck + 'a)>,
 ) -> Result<RunReport> {
     let store = runtime.store();
-    let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
+    let names = deploy(
+        plan,
+        runtime.as_ref(),
+        &store,
+        options,
+        stop.bounded(),
+        &BTreeMap::new(),
+    )
+    .await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
     let before_billed = runtime.stats().billed_ms.load(Ordering::Relaxed);

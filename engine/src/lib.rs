@@ -37,6 +37,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod payload;
 pub mod planner;
+pub mod query;
 pub mod request;
 pub mod ring;
 pub mod session;

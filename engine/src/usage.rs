@@ -16,6 +16,28 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::invoke::{InvocationType, Invoker};
 
+/// CPU time this process has used, seconds (user + system, all threads).
+pub fn process_cpu_s() -> f64 {
+    // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second
+    // on Linux); the command name (field 2) may hold spaces, so count from
+    // its closing parenthesis.
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // After ")", field 3 is at index 0: utime (14) is index 11, stime index 12.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Counts of one or more invocations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

@@ -1,12 +1,19 @@
-//! skein-lambda: the AWS Lambda backend of the engine's two traits.
+//! skein-lambda: the AWS Lambda backend, the engine's two traits and the
+//! product around them.
 //!
+//! * [`deployment`]: a [`deployment::Deployment`] (connection, code upload,
+//!   service options, the dead-letter function, deploying stages, what a
+//!   pushed table allows); [`run`]: one run of a query on Lambda;
+//!   [`deploy`]: a query deployed to stay, paused, resumed, destroyed;
+//! * [`handler`]: what the `skein-function` bootstrap serves;
 //! * [`invoker`]: [`LambdaInvoker`], Invoke (RequestResponse or Event);
 //! * [`service`]: [`LambdaFunctionService`], create / configure / list / delete;
 //! * [`store`]: the object store (S3 or a directory) from a URL and `AWS_*`;
 //! * [`package`]: the `bootstrap.zip` Lambda expects;
 //! * [`exchange`]: the payload-vs-S3 exchange benchmark (Flock's Table 2);
 //! * [`bench_scope`]: which bench and probe requests a function serves;
-//! * [`esm`]: Kinesis event-source mappings for pushed source stages;
+//! * [`esm`]: Kinesis event-source mappings for pushed source stages, and
+//!   [`pushed`]: the batches they push;
 //! * [`checkpoints`]: a query's checkpoint store on S3;
 //! * [`epochs`]: Lambda under the engine's epoch loop (commits, recovery);
 //! * [`standing`]: a standing query's driver ticks, under a [`lease`],
@@ -19,13 +26,18 @@ pub mod bench_scope;
 pub mod checkpoints;
 pub mod dead_letter;
 pub mod deploy;
+pub mod deployment;
 pub mod emf;
 pub mod epochs;
+pub mod error;
 pub mod esm;
 pub mod exchange;
+pub mod handler;
 pub mod invoker;
 pub mod lease;
 pub mod package;
+pub mod pushed;
+pub mod run;
 pub mod schedule;
 pub mod service;
 pub mod standing;

@@ -2,10 +2,13 @@
 //! layout of runtime `provided.al2023`, as cargo-lambda builds it).
 
 use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use zip::write::SimpleFileOptions;
+
+use crate::error::{LambdaError, Result};
 
 /// Zip `binary` as `bootstrap`. `deflate` compresses; storing is much faster
 /// for the big debug binaries tests use.
@@ -29,6 +32,68 @@ pub fn bootstrap_zip(binary: &[u8], deflate: bool) -> std::io::Result<Vec<u8>> {
 /// Lambda's `CodeSha256`: base64 of the zip's SHA-256.
 pub fn code_sha256(zip: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(Sha256::digest(zip))
+}
+
+/// The skein-function binary to package: `given`, or the one next to the
+/// running binary.
+pub fn function_binary(given: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let me = std::env::current_exe().map_err(|source| LambdaError::File {
+        path: "the running binary".into(),
+        source,
+    })?;
+    let sibling = me.with_file_name("skein-function");
+    if !sibling.exists() {
+        return Err(LambdaError::refused(format!(
+            "{} not found: build it (cargo build --bin skein-function) or pass --function-binary",
+            sibling.display()
+        )));
+    }
+    Ok(sibling)
+}
+
+/// The binary stripped of symbols and debug info (a debug build is past
+/// Lambda's 250 MB unzipped limit, stripped well under it); as is when
+/// `strip` is missing.
+pub fn stripped(binary: &Path) -> Result<Vec<u8>> {
+    let out = std::env::temp_dir().join(format!("skein-bootstrap-{}", std::process::id()));
+    let ok = std::process::Command::new("strip")
+        .arg("--strip-all")
+        .arg("-o")
+        .arg(&out)
+        .arg(binary)
+        .status()
+        .is_ok_and(|s| s.success());
+    let bytes = if ok {
+        std::fs::read(&out)
+    } else {
+        std::fs::read(binary)
+    };
+    let _ = std::fs::remove_file(&out);
+    bytes.map_err(|source| LambdaError::File {
+        path: binary.display().to_string(),
+        source,
+    })
+}
+
+/// The zip to deploy: `zip` as it is, or the stripped `binary` stored
+/// (deflating a debug build takes minutes).
+pub fn deployable_zip(zip: Option<&Path>, binary: Option<&Path>) -> Result<Vec<u8>> {
+    match zip {
+        Some(p) => std::fs::read(p).map_err(|source| LambdaError::File {
+            path: p.display().to_string(),
+            source,
+        }),
+        None => {
+            let binary = function_binary(binary)?;
+            bootstrap_zip(&stripped(&binary)?, false).map_err(|source| LambdaError::File {
+                path: binary.display().to_string(),
+                source,
+            })
+        }
+    }
 }
 
 #[cfg(test)]

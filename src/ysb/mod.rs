@@ -35,7 +35,7 @@ use clap::{Args, Subcommand};
 use skein_generators::ysb::DEFAULT_SEED;
 use skein_ysb::Workload;
 
-use crate::run::parse_duration;
+use crate::args::parse_duration;
 
 #[derive(Subcommand, Debug)]
 pub enum YsbCommand {

@@ -10,11 +10,11 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result};
 use object_store::memory::InMemory;
 use serde_json::json;
-use skein_connectors::kafka::DEAD_LETTERS;
 use skein_engine::driver::{RunReport, StopAfter, run_local_drained_by};
 use skein_engine::local::LocalRuntime;
 use skein_engine::lookup::LOOKUP_MISSES_SET_ASIDE as UNKNOWN_AD_VIEWS;
-use skein_engine::planner::{PlanOptions, plan_query, session};
+use skein_engine::planner::PlanOptions;
+use skein_engine::query::prepare;
 use skein_ysb::default_dead_letter_topic;
 use skein_ysb::drained::DrainedTest;
 use skein_ysb::query::{
@@ -100,10 +100,10 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let sql = ysb_sql(&workload, &params);
     let Registries { catalog, .. } = registries();
     let mut options = PlanOptions::default();
-    let ctx = session(&catalog, options.group_size);
-    let plan = plan_query(&ctx, &sql, &options)
+    let plan = prepare(&catalog, &sql, &options)
         .await
-        .context("planning queries/ysb.sql")?;
+        .context("planning queries/ysb.sql")?
+        .plan;
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let request = crate::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),
@@ -127,7 +127,9 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
             interval: a.interval,
         },
     };
-    let dead_before = DEAD_LETTERS.load(Ordering::Relaxed);
+    // The members' tally in the checkpoint store counts dead letters since
+    // the query started: this run's are the difference.
+    let dead_before = held.store.tally().await?.dead_letters;
     let unknown_before = UNKNOWN_AD_VIEWS.load(Ordering::Relaxed);
     let mut drained = DrainedTest::new(
         &c.brokers,
@@ -148,10 +150,11 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     .await
     .context("running queries/ysb.sql")?;
     let cpu_s = crate::cost::process_cpu_s() - cpu_before;
+    let dead_letters = held.store.tally().await?.dead_letters - dead_before;
     Ok(RunOutcome {
         measured: crate::cost::measured(&report, cpu_s),
         report,
-        dead_letters: DEAD_LETTERS.load(Ordering::Relaxed) - dead_before,
+        dead_letters,
         unknown_ad_views: UNKNOWN_AD_VIEWS.load(Ordering::Relaxed) - unknown_before,
         resumed,
     })

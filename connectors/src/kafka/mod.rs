@@ -1,8 +1,17 @@
 //! Kafka: the source reads partitions per epoch with offsets it logs
-//! (`source`). The sink is in skein-sinks; the client setup both sides
-//! share in skein-clients.
+//! (`source.rs` the table and its options, `reader.rs` the pull engine,
+//! `consumer.rs` the batch consumer, `offsets.rs` the offsets text,
+//! `dead_letters.rs` the dead-letter topic). The sink is in skein-sinks;
+//! the client setup both sides share in skein-clients.
 
+mod consumer;
+mod dead_letters;
+mod offsets;
+mod reader;
 mod source;
 
+pub use consumer::{BatchConsumer, Fetched};
+pub use dead_letters::{DeadLetter, KafkaDeadLetters};
+pub use offsets::{format_offsets, parse_offsets};
 pub use skein_clients::kafka::{FETCH_DEFAULTS, KIND, KafkaRole, client_config, client_properties};
 pub use source::*;

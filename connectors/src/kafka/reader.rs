@@ -1,0 +1,423 @@
+//! The pull engine of one Kafka source instance: its consumer over the
+//! partitions it owns, where each stands, a pull up to the partitions'
+//! ends (or exactly to a replay's targets) within the pull's budget, and
+//! the undecodable records it sends to the dead-letter topic.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::BaseProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use skein_clients::kafka::KafkaRole;
+use skein_engine::payload::SourceOffset;
+use skein_engine::source::{EpochSpec, MicroBatch, PartitionProgress};
+use tracing::{debug, warn};
+
+use super::consumer::{BatchConsumer, Fetched};
+use super::dead_letters::{DeadLetter, publish_letters};
+use super::source::{KafkaSourceConfig, Startup};
+use crate::decode::RecordDecoder;
+use crate::error::{ConnectorError, Result};
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pull waits for an unreachable broker before it fails.
+const BROKER_WAIT: Duration = Duration::from_secs(120);
+
+/// The consumer of one source instance and where it stands.
+pub(super) struct PartitionReader {
+    consumer: BatchConsumer,
+    /// Next offset to read, per owned partition.
+    positions: Mutex<BTreeMap<i32, i64>>,
+    /// Each owned partition's end offset when the reader was opened: what
+    /// `--until-drained` reads up to.
+    ends_at_open: BTreeMap<i32, i64>,
+    /// Polled by `flush` when dead letters are sent (no thread of its own).
+    dead_letter_producer: Option<BaseProducer>,
+}
+
+/// An undecodable record, kept until it is sent to the dead-letter topic.
+struct Undecodable {
+    partition: i32,
+    offset: i64,
+    reason: String,
+    payload: Vec<u8>,
+}
+
+/// The high watermark of every partition of the topic.
+pub(super) fn latest_offsets(config: &KafkaSourceConfig) -> Result<Vec<SourceOffset>> {
+    let consumer: BaseConsumer = config.client_config(KafkaRole::Consumer).create()?;
+    let metadata = consumer.fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)?;
+    let mut out = vec![];
+    for topic in metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == config.topic)
+    {
+        for p in topic.partitions() {
+            let (_, high) = consumer.fetch_watermarks(&config.topic, p.id(), METADATA_TIMEOUT)?;
+            out.push(SourceOffset {
+                source: config.topic.clone(),
+                partition: p.id(),
+                offset: high,
+                position: None,
+            });
+        }
+    }
+    out.sort_by_key(|o| o.partition);
+    Ok(out)
+}
+
+impl PartitionReader {
+    pub(super) fn open(config: &KafkaSourceConfig, spec: EpochSpec) -> Result<Self> {
+        // Larger fetches than librdkafka's defaults (FETCH_DEFAULTS): a
+        // pull drains a backlog.
+        let mut client = config.client_config(KafkaRole::Consumer);
+        client.set("enable.auto.commit", "false");
+        client.set("enable.auto.offset.store", "false");
+        if !config.client.contains_key("group.id") {
+            client.set("group.id", format!("skein-{}", config.topic));
+        }
+        let consumer: BaseConsumer = client.create()?;
+        let metadata = consumer.fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)?;
+        let topic = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == config.topic)
+            .ok_or_else(|| ConnectorError::Other(format!("topic {} not found", config.topic)))?;
+        if let Some(e) = topic.error() {
+            return Err(ConnectorError::Other(format!(
+                "topic {}: {e:?}",
+                config.topic
+            )));
+        }
+        let mut all: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
+        all.sort_unstable();
+        let instances = spec.instances.max(1);
+        let owned: Vec<i32> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % instances == spec.instance)
+            .map(|(_, p)| *p)
+            .collect();
+        let committed = if config.startup == Startup::Committed {
+            let mut tpl = TopicPartitionList::new();
+            for p in &owned {
+                tpl.add_partition(&config.topic, *p);
+            }
+            Some(consumer.committed_offsets(tpl, METADATA_TIMEOUT)?)
+        } else {
+            None
+        };
+        if config.startup == Startup::Checkpoint {
+            return Err(ConnectorError::Config(format!(
+                "topic {}: 'startup' 'checkpoint' was not resolved to the offsets the sink \
+                 committed; run the query with `skein run`, which reads them",
+                config.topic
+            )));
+        }
+        let mut positions = BTreeMap::new();
+        let mut ends_at_open = BTreeMap::new();
+        let mut assignment = TopicPartitionList::new();
+        for &p in &owned {
+            let (low, high) = consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT)?;
+            ends_at_open.insert(p, high);
+            let start = match &config.startup {
+                Startup::Earliest => low,
+                Startup::Latest => high,
+                Startup::Offsets(map) => map.get(&p).copied().unwrap_or(low),
+                // Refused above, before any partition is assigned.
+                Startup::Checkpoint => low,
+                Startup::Committed => committed
+                    .as_ref()
+                    .and_then(|c| c.find_partition(&config.topic, p))
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(n) => Some(n),
+                        _ => None,
+                    })
+                    .unwrap_or(low),
+            };
+            positions.insert(p, start);
+            assignment.add_partition_offset(&config.topic, p, Offset::Offset(start))?;
+        }
+        consumer.assign(&assignment)?;
+        debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source assigned");
+        let dead_letter_producer = match &config.dead_letter_topic {
+            Some(_) => Some(config.client_config(KafkaRole::Producer).create()?),
+            None => None,
+        };
+        Ok(PartitionReader {
+            consumer: BatchConsumer::new(consumer),
+            positions: Mutex::new(positions),
+            ends_at_open,
+            dead_letter_producer,
+        })
+    }
+
+    /// Where the reader stands, as source offsets.
+    pub(super) fn offsets(&self, topic: &str) -> Vec<SourceOffset> {
+        self.positions
+            .lock()
+            .expect("positions")
+            .iter()
+            .map(|(p, o)| SourceOffset {
+                source: topic.to_string(),
+                partition: *p,
+                offset: *o,
+                position: None,
+            })
+            .collect()
+    }
+
+    /// Stand at `at` for the partitions it names (a restart from the
+    /// offsets log); the others stay where they are.
+    pub(super) fn seek(&self, topic: &str, at: &BTreeMap<i32, i64>) -> Result<()> {
+        let mut positions = self.positions.lock().expect("positions");
+        if at.iter().all(|(p, o)| positions.get(p) == Some(o)) {
+            return Ok(());
+        }
+        let mut assignment = TopicPartitionList::new();
+        for (p, pos) in positions.iter_mut() {
+            if let Some(o) = at.get(p) {
+                *pos = *o;
+            }
+            assignment.add_partition_offset(topic, *p, Offset::Offset(*pos))?;
+        }
+        self.consumer.consumer().assign(&assignment)?;
+        debug!(%topic, ?positions, "kafka source moved to the checkpoint's offsets");
+        Ok(())
+    }
+
+    pub(super) fn pull(
+        &self,
+        config: &KafkaSourceConfig,
+        decoder: &RecordDecoder,
+        targets: Option<&BTreeMap<i32, i64>>,
+    ) -> Result<MicroBatch> {
+        let mut positions = self.positions.lock().expect("positions");
+        let consumer = self.consumer.consumer();
+        // Read up to where each partition ended when the pull began, so that
+        // a pull ends even while producers keep writing.
+        // While the broker is away, wait for it (up to BROKER_WAIT): an
+        // empty pull would otherwise look like a drained topic.
+        // The high watermark of the last fetch response is used when it
+        // shows records to read (it never exceeds the true end); otherwise
+        // the broker is asked, which is slower: the request waits behind any
+        // fetch the broker is holding for `fetch.wait.max.ms`.
+        // Per owned partition: (partition, next offset, target).
+        let started = Instant::now();
+        let mut parts: Vec<(i32, i64, i64)> = Vec::with_capacity(positions.len());
+        let waiting_since = Instant::now();
+        for (&p, &pos) in positions.iter() {
+            if let Some(targets) = targets {
+                // A replay reads exactly what the logged pull read.
+                parts.push((p, pos, targets.get(&p).copied().unwrap_or(pos)));
+                continue;
+            }
+            if let Some((_, high)) = self.consumer.cached_watermarks(&config.topic, p)
+                && high > pos
+            {
+                parts.push((p, pos, high));
+                continue;
+            }
+            loop {
+                match consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT) {
+                    Ok((_, high)) => {
+                        parts.push((p, pos, high));
+                        break;
+                    }
+                    Err(e) if waiting_since.elapsed() < BROKER_WAIT => {
+                        warn!(topic = %config.topic, partition = p, "high watermark unknown, retrying: {e}");
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        let mut lagging = parts.iter().filter(|(_, pos, high)| pos < high).count();
+        // One builder per partition, so event time is tracked per partition.
+        let mut builders: Vec<_> = parts
+            .iter()
+            .map(|(_, pos, high)| {
+                decoder.builder(((high - pos).max(0) as usize).min(config.max_records_per_pull))
+            })
+            .collect();
+        let targets_known = started.elapsed();
+        let mut undecodable: Vec<Undecodable> = Vec::new();
+        let (mut records, mut bytes) = (0usize, 0usize);
+        // A replay has no budget: it must read all it read before.
+        let (max_records, max_bytes, deadline) = match targets {
+            Some(_) => (usize::MAX, usize::MAX, Instant::now() + BROKER_WAIT),
+            None => (
+                config.max_records_per_pull,
+                config.max_bytes_per_pull,
+                Instant::now() + config.pull_timeout,
+            ),
+        };
+        // Records are decoded straight from librdkafka's buffers, a batch at
+        // a time; the byte budget is checked between batches.
+        while lagging > 0 && records < max_records && bytes < max_bytes {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            let budget = (max_records - records).min(config.max_records_per_pull);
+            let seen = self.consumer.read(wait, budget, |fetched| match fetched {
+                Fetched::Error(e) => warn!(topic = %config.topic, "kafka consumer: {e}"),
+                Fetched::Record {
+                    partition,
+                    offset,
+                    payload,
+                } => {
+                    let Some(i) = parts.iter().position(|(p, _, _)| *p == partition) else {
+                        return;
+                    };
+                    let part = &mut parts[i];
+                    if offset < part.1 {
+                        return; // already read (a refetch after a reconnect)
+                    }
+                    if targets.is_some() && offset >= part.2 {
+                        return; // past what the replayed pull read
+                    }
+                    let was_behind = part.1 < part.2;
+                    part.1 = offset + 1;
+                    if was_behind && part.1 >= part.2 {
+                        lagging -= 1;
+                    }
+                    records += 1;
+                    bytes += payload.len();
+                    if let Some(reason) = builders[i].push(payload) {
+                        undecodable.push(Undecodable {
+                            partition,
+                            offset,
+                            reason: reason.to_string(),
+                            payload: payload.to_vec(),
+                        });
+                    }
+                }
+            });
+            if seen == 0 {
+                lagging = self.step_over_markers(config, &mut parts);
+            }
+        }
+        for (p, pos, _) in &parts {
+            positions.insert(*p, *pos);
+        }
+        if targets.is_some() {
+            if let Some((p, pos, target)) = parts.iter().find(|(_, pos, target)| pos < target) {
+                return Err(ConnectorError::Other(format!(
+                    "replaying an epoch from the checkpoint: partition {p} of {} gave offsets \
+                     up to {pos} only, not {target} (deleted by retention?)",
+                    config.topic
+                )));
+            }
+            // Records past the targets were taken from librdkafka's queue
+            // and skipped: fetch them again from where the replay ends.
+            let mut assignment = TopicPartitionList::new();
+            for (p, pos) in positions.iter() {
+                assignment.add_partition_offset(&config.topic, *p, Offset::Offset(*pos))?;
+            }
+            consumer.assign(&assignment)?;
+        }
+        let mut batches: Vec<RecordBatch> = vec![];
+        let mut partitions = Vec::with_capacity(parts.len());
+        for ((p, pos, high), builder) in parts.iter().zip(builders) {
+            let (batch, _) = builder.finish()?;
+            let mut progress = PartitionProgress {
+                partition: p.to_string(),
+                lag: Some((high - pos).max(0) as u64),
+                caught_up: pos >= high,
+                drained: self.ends_at_open.get(p).is_none_or(|end| pos >= end),
+                ..Default::default()
+            };
+            if batch.num_rows() > 0 {
+                progress.batches.push(batches.len());
+                batches.push(batch);
+            }
+            partitions.push(progress);
+        }
+        debug!(
+            topic = %config.topic,
+            records,
+            bytes,
+            rejected = undecodable.len(),
+            watermarks_ms = targets_known.as_millis() as u64,
+            pull_ms = started.elapsed().as_millis() as u64,
+            "kafka pull"
+        );
+        if !undecodable.is_empty() {
+            skein_engine::metrics::dead_letters(&config.topic, undecodable.len() as u64);
+            self.send_dead_letters(config, &undecodable)?;
+        }
+        let offsets = positions
+            .iter()
+            .map(|(p, o)| SourceOffset {
+                source: config.topic.clone(),
+                partition: *p,
+                offset: *o,
+                position: None,
+            })
+            .collect();
+        Ok(MicroBatch {
+            batches,
+            offsets,
+            partitions,
+            dead_letters: undecodable.len() as u64,
+            ..Default::default()
+        })
+    }
+
+    /// A partition written by a transactional producer ends in a commit
+    /// marker, a record the consumer never hands out: its position cannot
+    /// reach the end offset by reading. librdkafka's position does step
+    /// over markers, so a partition that gave nothing takes its position
+    /// from there. Returns how many partitions still lag.
+    fn step_over_markers(
+        &self,
+        config: &KafkaSourceConfig,
+        parts: &mut [(i32, i64, i64)],
+    ) -> usize {
+        if let Ok(tpl) = self.consumer.consumer().position() {
+            for part in parts.iter_mut().filter(|(_, pos, high)| pos < high) {
+                if let Some(Offset::Offset(n)) = tpl
+                    .find_partition(&config.topic, part.0)
+                    .map(|e| e.offset())
+                    && n > part.1
+                {
+                    part.1 = n.min(part.2);
+                }
+            }
+        }
+        parts.iter().filter(|(_, pos, high)| pos < high).count()
+    }
+
+    /// Publish the rejected records and wait until the broker has them: the
+    /// offsets that pass them must not be committed before.
+    fn send_dead_letters(
+        &self,
+        config: &KafkaSourceConfig,
+        rejected: &[Undecodable],
+    ) -> Result<()> {
+        let (Some(producer), Some(dlt)) = (&self.dead_letter_producer, &config.dead_letter_topic)
+        else {
+            for r in rejected {
+                warn!(topic = %config.topic, partition = r.partition, offset = r.offset, reason = %r.reason, "undecodable record dropped (no dead.letter.topic)");
+            }
+            return Ok(());
+        };
+        publish_letters(
+            producer,
+            dlt,
+            rejected.iter().map(|r| {
+                let (partition, offset) = (r.partition, r.offset);
+                let letter =
+                    DeadLetter::new(&config.topic, partition, offset, &r.reason, &r.payload);
+                let value = serde_json::to_vec(&letter).expect("dead letter serializes");
+                (format!("{}/{partition}/{offset}", config.topic), value)
+            }),
+        )
+    }
+}
