@@ -267,10 +267,18 @@ impl StageFunction {
                 (*edge, wire)
             })
             .collect();
-        let compactors = if matches!(ctx.mode, StageMode::Stream | StageMode::Updating) {
-            BTreeMap::new()
-        } else {
-            Compactor::for_plan(&outputs[0].plan)
+        let compactors = match ctx.mode {
+            StageMode::Stream => BTreeMap::new(),
+            // Partial rows that a retraction may name must stay as they came.
+            StageMode::Updating => Compactor::for_plan(&outputs[0].plan)
+                .into_iter()
+                .filter(|(edge, _)| {
+                    !ctx.inputs
+                        .iter()
+                        .any(|e| e.shuffle_id == *edge && e.updating)
+                })
+                .collect(),
+            StageMode::Accumulate | StageMode::Complete => Compactor::for_plan(&outputs[0].plan),
         };
         let (updating, updating_state) = if ctx.mode == StageMode::Updating {
             let plan =
@@ -282,7 +290,14 @@ impl StageFunction {
                 tail = plan.tail.is_some(),
                 "updating stage"
             );
-            let state = crate::updating::UpdatingState::new(&plan, &input_schemas)?;
+            let mut state = crate::updating::UpdatingState::new(&plan, &input_schemas)?;
+            if let Some(spec) = &ctx.updating {
+                for (edge, ttl) in ctx.inputs.iter().zip(&spec.ttl_epochs) {
+                    if let Some(epochs) = ttl {
+                        state.set_ttl(edge.shuffle_id, *epochs);
+                    }
+                }
+            }
             (Some(Arc::new(plan)), Some(state))
         } else {
             (None, None)
