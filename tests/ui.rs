@@ -106,6 +106,11 @@ fn planned_stages(sql: &Path, group_size: &str) -> Vec<String> {
 const GRAPH_STAGES: &str = "const ids = [...document.querySelectorAll('#graph g.node')]\
     .map(n => n.dataset.stage); return ids.length ? ids : null;";
 
+/// Every edge of the graph is labelled with a rate above zero rows/s.
+const EDGES_FLOWING: &str = "const rates = [...document.querySelectorAll('#graph g.edge text.rate')]\
+    .filter(t => t.textContent.endsWith('rows/s')); \
+    return rates.length > 0 && rates.every(t => !t.textContent.startsWith('0 '));";
+
 /// The number in an element's text (`1,234`, `12.5k`), or null.
 fn number_of(id: &str) -> String {
     format!(
@@ -216,7 +221,6 @@ fn the_page_shows_a_running_local_query_and_then_that_it_stopped() {
         "a checkpoint in the table",
         "return document.querySelector('#checkpoints-table tbody tr') !== null",
     );
-    browser.screenshot(&screenshot_dir().join("query-local.png"));
     let started = Instant::now();
     loop {
         browser.goto(&page);
@@ -232,6 +236,20 @@ fn the_page_shows_a_running_local_query_and_then_that_it_stopped() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // Rows flow on every edge, stages know their watermark, and the
+    // charts have a few points: then the page is worth a picture.
+    browser.wait_for(120, "rows per second on every edge", EDGES_FLOWING);
+    browser.wait_for(
+        60,
+        "a stage's watermark",
+        "return [...document.querySelectorAll('#graph g.node text')].some(t => /behind$/.test(t.textContent))",
+    );
+    browser.wait_for(
+        120,
+        "three points of history",
+        "return document.querySelector('#chart-events polyline')?.points.numberOfItems >= 3",
+    );
+    browser.screenshot(&screenshot_dir().join("query-local.png"));
     browser.goto(&format!("http://127.0.0.1:{port}/#/"));
     browser.wait_for(
         60,
@@ -372,6 +390,12 @@ fn the_page_shows_a_standing_query_on_lambda_and_stops_and_starts_it() {
         120,
         "invocation times of a stage",
         "return [...document.querySelectorAll('#graph g.node text')].some(t => /p50 [0-9]/.test(t.textContent))",
+    );
+    browser.wait_for(120, "rows per second on every edge", EDGES_FLOWING);
+    browser.wait_for(
+        120,
+        "two points of history",
+        "return document.querySelector('#chart-events polyline')?.points.numberOfItems >= 2",
     );
     browser.screenshot(&screenshot_dir().join("query-lambda.png"));
 

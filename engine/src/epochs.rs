@@ -593,6 +593,16 @@ mod tests {
         assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3, 4, 3, 4, 5]);
         assert_eq!((run.epochs, run.events, run.recoveries), (6, 60, 1));
         assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 5);
+        // The commit carries the progress: every epoch run (retries too),
+        // and a checkpoint per commit; the failure is recorded apart.
+        let progress = cs.commit_record().await.unwrap().unwrap().progress;
+        assert_eq!((progress.totals.epochs, progress.totals.events), (8, 80));
+        let committed: Vec<u64> = progress.checkpoints.iter().map(|c| c.epoch).collect();
+        assert_eq!(committed, vec![0, 2, 4, 5]);
+        assert!(progress.checkpoints.iter().all(|c| c.requests > 0));
+        let failure = cs.failure().await.unwrap().unwrap();
+        assert_eq!(failure.epoch, 4);
+        assert!(failure.message.contains("a member waits"), "{failure:?}");
         // A second run of the same bounded query has nothing to do.
         let again = run_epochs(&rt, &log, StopAfter::Epochs(6), |_, _| {})
             .await

@@ -28,22 +28,52 @@ pub fn http(port: u16, method: &str, path: &str, body: Option<&Value>) -> (u16, 
         body.len()
     )
     .unwrap();
+    // Read the head, then as much body as it announces: chromedriver keeps
+    // the connection open whatever the request says.
     let mut raw = vec![];
-    s.read_to_end(&mut raw)
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {path}: not an HTTP answer: {text}"));
+    let mut buf = [0u8; 65536];
+    let head_end = loop {
+        if let Some(i) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s
+            .read(&mut buf)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert!(
+            n > 0,
+            "{method} {path}: the connection closed before an answer"
+        );
+        raw.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&raw[..head_end]).to_ascii_lowercase();
+    let length: Option<usize> = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok());
+    let chunked = head.contains("transfer-encoding: chunked");
+    loop {
+        let body = &raw[head_end..];
+        let complete = match length {
+            Some(n) => body.len() >= n,
+            None if chunked => body.ends_with(b"0\r\n\r\n"),
+            None => false,
+        };
+        if complete {
+            break;
+        }
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(rest) } else { rest.into() };
+    let rest = String::from_utf8_lossy(&raw[head_end..]).to_string();
+    let body = if chunked { dechunk(&rest) } else { rest };
     (status, body)
 }
 

@@ -27,6 +27,8 @@ function bytes(v) {
 }
 function ms(v) {
   if (v === null || v === undefined) return "–";
+  if (Math.abs(v) >= 86400000) return (v / 86400000).toFixed(1) + " d";
+  if (Math.abs(v) >= 3600000) return (v / 3600000).toFixed(1) + " h";
   if (Math.abs(v) >= 60000) return (v / 60000).toFixed(1) + " min";
   if (Math.abs(v) >= 1000) return (v / 1000).toFixed(1) + " s";
   return v.toFixed(1) + " ms";
@@ -257,7 +259,8 @@ function drawGraph(svg, g) {
     const group = el("g", { class: "edge", "data-from": e.from, "data-to": e.to }, svg);
     el("path", { d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }, group);
     el("polygon", { points: `${x2},${y2} ${x2 - 7},${y2 - 4} ${x2 - 7},${y2 + 4}`, fill: "#7a8699" }, group);
-    const lines = [e.exchange, `${num(e.rows_per_s, 1)} rows/s`, `${bytes(e.bytes_per_s)}/s`];
+    const lines = [e.exchange, `${num(e.rows_per_s, 1)} rows/s`];
+    if (e.bytes_per_s !== null) lines.push(`${bytes(e.bytes_per_s)}/s`);
     const ly = (y1 + y2) / 2 - 18;
     el("rect", { x: mx - 55, y: ly - 11, width: 110, height: 44, rx: 4 }, group);
     lines.forEach((t, i) => {

@@ -53,7 +53,9 @@ pub struct Edge {
     /// `hash(N)`, `single` or `sink`.
     pub exchange: String,
     pub rows_per_s: f64,
-    pub bytes_per_s: f64,
+    /// Payload bytes per second; none into the sink (its writes are not
+    /// payloads).
+    pub bytes_per_s: Option<f64>,
 }
 
 fn exchange_name(e: &Exchange) -> String {
@@ -93,12 +95,13 @@ pub fn graph(plan: &QueryPlan, members: &[((u32, u32), MemberRecord)], now_ms: i
         let rows: f64 = fresh.iter().map(|f| f.rows_per_s).sum();
         let bytes: f64 = fresh.iter().map(|f| f.bytes_per_s).sum();
         let target = |consumer: Option<u32>| consumer.map_or("sink".to_string(), |c| c.to_string());
+        let payload_bytes = |e: &Exchange| (*e != Exchange::Sink).then_some(bytes);
         edges.push(Edge {
             from: s.id.to_string(),
             to: target(s.consumer),
             exchange: exchange_name(&s.output),
             rows_per_s: rows,
-            bytes_per_s: bytes,
+            bytes_per_s: payload_bytes(&s.output),
         });
         // A merged read's further outputs: its members count their rows
         // together, so each edge shows the stage's total.
@@ -108,7 +111,7 @@ pub fn graph(plan: &QueryPlan, members: &[((u32, u32), MemberRecord)], now_ms: i
                 to: target(o.consumer),
                 exchange: exchange_name(&o.output),
                 rows_per_s: rows,
-                bytes_per_s: bytes,
+                bytes_per_s: payload_bytes(&o.output),
             });
         }
     }

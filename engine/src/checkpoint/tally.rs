@@ -343,4 +343,54 @@ mod tests {
             }
         );
     }
+
+    #[tokio::test]
+    async fn figures_ride_with_counts_or_alone_at_most_every_few_seconds() {
+        let cs = CheckpointStore::open(Arc::new(InMemory::new()), Path::from("q"), "code")
+            .await
+            .unwrap();
+        let first = MemberTally::default();
+        first.measure(|l| {
+            l.invocation(std::time::Duration::from_micros(3_040));
+            l.rows_out += 5;
+            l.bytes_out += 100;
+            l.state_bytes = 7;
+            l.watermark_ms = Some(9);
+            l.reason("late", "bids", "1 row");
+        });
+        first.save(&cs, 1, 0).await.unwrap();
+        let puts = cs.puts();
+        first.measure(|l| l.rows_out += 5);
+        first.save(&cs, 1, 0).await.unwrap();
+        assert_eq!(cs.puts(), puts, "figures alone wait for FIGURES_EVERY");
+        first.count(|t| t.late_rows += 1);
+        first.save(&cs, 1, 0).await.unwrap();
+        assert_eq!(
+            cs.puts(),
+            puts + 1,
+            "a count is written at once, figures with it"
+        );
+        let records = cs.member_records().await.unwrap();
+        let (key, record) = &records[0];
+        assert_eq!(*key, (1, 0));
+        assert_eq!(record.counts.late_rows, 1);
+        let f = record.figures.as_ref().unwrap();
+        assert_eq!((f.invocations, f.rows_out, f.bytes_out), (1, 10, 100));
+        assert_eq!((f.state_bytes, f.watermark_ms), (7, Some(9)));
+        assert_eq!(f.durations_ms, vec![3.0]);
+        assert_eq!(f.reasons.len(), 1);
+
+        // A recycled instance goes on from the totals in the store.
+        let second = MemberTally::default();
+        second.measure(|l| {
+            l.invocation(std::time::Duration::from_millis(1));
+            l.rows_out += 1;
+        });
+        second.save(&cs, 1, 0).await.unwrap();
+        let records = cs.member_records().await.unwrap();
+        let f = records[0].1.figures.clone().unwrap();
+        assert_eq!((f.invocations, f.rows_out), (2, 11));
+        assert_eq!(f.reasons.len(), 1, "earlier reasons are kept");
+        assert_eq!(cs.tally().await.unwrap().late_rows, 1);
+    }
 }
