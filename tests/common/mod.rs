@@ -24,6 +24,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 pub mod browser;
 pub mod kafka;
 pub mod kills;
+pub mod nexmark_reference;
 pub mod pushed;
 pub mod rows;
 pub mod sellers;
