@@ -432,6 +432,18 @@ fn the_page_shows_a_standing_query_on_lambda_and_stops_and_starts_it() {
         "ENABLED"
     );
 
+    // The same through the API, as a script would.
+    for (action, state) in [("stop", "DISABLED"), ("start", "ENABLED")] {
+        let (status, body) = http(port, "POST", &format!("/api/queries/{id}/{action}"), None);
+        assert_eq!(status, 200, "POST {action}: {body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["state"], state, "{answer}");
+        assert_eq!(
+            get_json(port, &format!("/api/queries/{id}"))["schedule"],
+            state
+        );
+    }
+
     stop_producing.store(true, Ordering::Relaxed);
     producer.join().unwrap();
     skein_aws(&store, &["destroy", &code, "--purge"]);

@@ -270,6 +270,61 @@ mod tests {
         assert_eq!(title(sql), "INSERT INTO out SELECT count(*) FROM bid");
     }
 
+    fn found(backend: Backend, pid: Option<u32>) -> Found {
+        Found {
+            backend,
+            code: "q1".into(),
+            store: None,
+            location: String::new(),
+            sql: None,
+            pid,
+            spec: None,
+            functions: vec![],
+        }
+    }
+
+    #[test]
+    fn states_from_the_process_the_schedule_and_the_last_failure() {
+        use skein_engine::checkpoint::{Commit, CommitRecord, Failure};
+        let committed_at = |at_ms| {
+            let mut progress = Progress::default();
+            progress.at_ms = at_ms;
+            CommitRecord {
+                commit: Commit {
+                    epoch: 3,
+                    last: false,
+                },
+                progress,
+            }
+        };
+        let mut records = Records {
+            commit: Some(committed_at(1_000)),
+            failure: Some(Failure {
+                at_ms: 2_000,
+                epoch: 4,
+                message: "kafka topic t: broker down".into(),
+            }),
+            ..Default::default()
+        };
+        let local = found(Backend::Local, None);
+        assert_eq!(
+            state(&local, &records, None),
+            (
+                "failing".to_string(),
+                Some("epoch 4: kafka topic t: broker down".into())
+            )
+        );
+        let running = found(Backend::Local, Some(42));
+        assert_eq!(state(&running, &records, None).0, "running");
+        // Committed since: the failure is history.
+        records.commit = Some(committed_at(3_000));
+        assert_eq!(state(&local, &records, None), ("stopped".into(), None));
+        let lambda = found(Backend::Lambda, None);
+        assert_eq!(state(&lambda, &records, Some("ENABLED")).0, "running");
+        assert_eq!(state(&lambda, &records, Some("DISABLED")).0, "stopped");
+        assert_eq!(state(&lambda, &records, None).0, "deployed");
+    }
+
     #[test]
     fn a_query_is_priced_from_what_it_used() {
         let mut totals = Totals::default();
