@@ -19,6 +19,7 @@ pub mod report;
 pub mod run;
 pub mod standing;
 pub mod status_cmd;
+pub mod ui_cmd;
 pub mod ysb;
 
 use clap::Args;
