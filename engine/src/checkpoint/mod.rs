@@ -11,6 +11,7 @@
 //! offsets/<stage>-<member>/<e>.json  what a source member read in epoch e
 //! state/<stage>-<member>/<e>.bin     a stateful member's whole state as of the end of e
 //! state/<stage>-<member>/<e>.changes.bin  or its changes since an earlier state
+//! sinks/<stage>-<member>.json        a sink member's health, once it has failed
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
@@ -18,6 +19,7 @@
 //! epochs from the offsets log (same records, same watermarks), and sinks
 //! skip what they already hold by (run, epoch, member).
 
+mod sink_health;
 mod snapshot;
 mod summary;
 mod tally;
