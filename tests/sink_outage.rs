@@ -354,7 +354,7 @@ fn a_standing_run_shows_a_failing_redis_and_recovers_exactly_once() {
     let sink = windowed::redis_list_sink(&redis.url(), &prefix);
     let standing = Standing::new(&sink);
     let reference = standing.through_outage(&mut redis, "redis");
-    windowed::assert_lists_exact(&redis.url(), &prefix, &reference);
+    windowed::assert_lists_exact(&redis.url(), &prefix, &reference, &[]);
 }
 
 impl Outage for PrivateBroker {
