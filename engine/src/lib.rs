@@ -42,6 +42,7 @@ pub mod sink;
 pub mod sink_health;
 pub mod source;
 pub mod status;
+pub mod updating;
 pub mod usage;
 pub mod verify;
 pub mod watermark;
