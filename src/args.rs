@@ -19,7 +19,7 @@ pub struct CommonRunArgs {
     /// [default: 10]. In-process, a query that reads Kafka or Kinesis given
     /// no --epochs, --duration or --until-drained is a standing query: one
     /// epoch per --interval until SIGINT or SIGTERM.
-    #[arg(long, conflicts_with_all = ["duration", "until_drained"])]
+    #[arg(long, conflicts_with_all = ["duration", "until_drained"], value_parser = positive_epochs)]
     pub epochs: Option<u64>,
     /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
     #[arg(long, value_parser = parse_duration, conflicts_with = "until_drained")]
@@ -121,4 +121,9 @@ impl CommonRunArgs {
 
 pub fn read_sql(file: &Path) -> Result<String> {
     std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))
+}
+
+/// `--epochs`: zero epochs would run nothing (and ran one before).
+fn positive_epochs(s: &str) -> std::result::Result<u64, String> {
+    crate::positive(s).map(|n| n as u64)
 }

@@ -68,6 +68,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         group_size: args.group_size,
         encoding: Default::default(),
         invoke_async: false,
+        state_ttl: None,
     }
     .options();
     let (plan, _) = b.plan(&sql, &p).await?;

@@ -133,7 +133,8 @@ pub async fn run_report(
         serve_metrics(addr)?;
     }
     let Registries { catalog, collect } = registries();
-    let opts = args.plan.options();
+    let mut opts = args.plan.options();
+    opts.interval = args.interval;
     let Prepared { plan, ctx, .. } = prepare(&catalog, sql, &opts)
         .await
         .context("planning the query")?;

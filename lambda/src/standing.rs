@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use skein_engine::epochs::{EpochLog, StopAfter, run_epochs, stop_signal};
 use skein_engine::payload::Encoding;
 use skein_engine::planner::QueryPlan;
+use skein_engine::usage::MeteredInvoker;
 use skein_sinks::results;
 
 use crate::epochs::{LambdaEpochs, Redeploy};
@@ -279,7 +280,9 @@ pub async fn tick(
             stop.stop();
         })
     };
-    let runtime = LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh));
+    let metered = MeteredInvoker::new(&invoker);
+    let runtime =
+        LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh)).metered(&metered);
     let log = EpochLog::new(Some(checkpoints), spec.checkpoint_interval);
     let stop_after = StopAfter::Signalled {
         interval: Duration::from_millis(spec.interval_ms),
