@@ -9,9 +9,9 @@ use datafusion::arrow::array::{
     StringBuilder, StringViewBuilder, TimestampMicrosecondBuilder, TimestampMillisecondBuilder,
     TimestampNanosecondBuilder, TimestampSecondBuilder,
 };
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Schema, TimeUnit};
 
-use super::{Format, Raw, Scanned};
+use super::text::{Raw, Scanned, TextFormat};
 
 /// A value checked against its column type, ready to append.
 #[derive(Debug)]
@@ -40,13 +40,13 @@ fn span(record: &[u8], start: u32, end: u32) -> &[u8] {
 pub(crate) fn typed_value(
     data_type: &DataType,
     raw: Raw,
-    format: Format,
+    format: TextFormat,
     record: &[u8],
     scanned: Scanned,
 ) -> std::result::Result<Typed, String> {
     // A JSON string is a number only for a timestamp (YSB, for one, writes
     // its event times as strings of ms); a number column wants a number.
-    if format == Format::Json
+    if format == TextFormat::Json
         && matches!(raw, Raw::Str { .. })
         && matches!(
             data_type,
@@ -67,7 +67,7 @@ pub(crate) fn typed_value(
                 .map_err(|e| e.to_string()),
             Raw::Bool(b) => Ok(Cow::Borrowed(if b { "true" } else { "false" })),
             Raw::Null => Ok(Cow::Borrowed("")),
-            Raw::Nested => Err("expected a scalar, got an object or array".into()),
+            Raw::Nested { .. } => Err("expected a scalar, got an object or array".into()),
         }
     };
     Ok(match data_type {
@@ -89,11 +89,11 @@ pub(crate) fn typed_value(
             }
             Raw::Str { .. } => Typed::Owned(text(raw)?.into_owned()),
             // CSV fields are all text; JSON must match.
-            Raw::Num { start, end } if format != Format::Json => {
+            Raw::Num { start, end } if format != TextFormat::Json => {
                 text(raw)?;
                 Typed::Str { start, end }
             }
-            Raw::Bool(_) if format != Format::Json => Typed::Owned(text(raw)?.into_owned()),
+            Raw::Bool(_) if format != TextFormat::Json => Typed::Owned(text(raw)?.into_owned()),
             _ => return Err("expected a string".into()),
         },
         DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, None) => {
@@ -211,6 +211,15 @@ pub(crate) enum ColumnBuilder {
 }
 
 impl ColumnBuilder {
+    /// A builder per column of `schema`, each with room for `rows`.
+    pub(crate) fn for_schema(schema: &Schema, rows: usize) -> Vec<Self> {
+        schema
+            .fields()
+            .iter()
+            .map(|f| ColumnBuilder::new(f.data_type(), rows))
+            .collect()
+    }
+
     pub(crate) fn new(data_type: &DataType, rows: usize) -> Self {
         match data_type {
             DataType::Utf8 => ColumnBuilder::Utf8(StringBuilder::with_capacity(rows, rows * 16)),

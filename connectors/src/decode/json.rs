@@ -1,7 +1,7 @@
 //! The JSON scanner: the raw value of each declared field of one flat
 //! object, with a vectorised fast path for the common case.
 
-use super::{Raw, Scanned};
+use super::text::{Raw, Scanned};
 
 /// The positions of every `"` of `record` into `quotes`, 16 bytes at a time.
 /// Returns `None` if the record holds a backslash (its quotes may be
@@ -292,8 +292,12 @@ impl Scanner<'_> {
             Some(b'f') => self.literal(b"false", Raw::Bool(false)),
             Some(b'n') => self.literal(b"null", Raw::Null),
             Some(b'{' | b'[') => {
+                let start = self.i;
                 self.skip_nested()?;
-                Ok(Raw::Nested)
+                Ok(Raw::Nested {
+                    start: start as u32,
+                    end: self.i as u32,
+                })
             }
             Some(c) => Err(self.error(&format!("unexpected {:?}", c as char))),
             None => Err(self.error("truncated value")),

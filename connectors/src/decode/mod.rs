@@ -1,35 +1,39 @@
-//! Record decoders: JSON, CSV and raw bytes straight into Arrow columns of a
-//! declared schema.
+//! Record decoders: records of a table's format straight into Arrow
+//! columns of its declared schema.
 //!
-//! Only the declared fields are decoded; other JSON keys are skipped without
-//! being parsed into values. A record that does not fit the schema (bad
-//! syntax, a missing non-nullable field, a value of the wrong type, too many
-//! bytes) is rejected with its reason and adds no row: the caller sends it to
-//! the dead-letter destination.
-
+//! The formats: JSON, CSV and raw bytes (`text.rs`, with the scanners in
+//! `json.rs` and `csv.rs` and the column builders in `columns.rs`); Avro and
+//! Protobuf, plain or in the Confluent wire format with a schema registry,
+//! and Debezium change events, which make an updating table (all in
+//! [`crate::formats`]).
 //!
-//! The files: this one is the API (formats, the decoder and its batch
-//! builder, dead-letter records); `columns.rs` checks values against column
-//! types and builds the Arrow columns; `json.rs` and `csv.rs` are the
-//! scanners that find each declared field's raw value in a record.
+//! Only the declared fields are decoded; other fields are skipped. A record
+//! that does not fit the schema (bad syntax, a missing non-nullable field, a
+//! value of the wrong type, too many bytes, a schema id the registry does
+//! not know, a writer schema the columns cannot be read from) is rejected
+//! with its reason and adds no row: the caller sends it to the dead-letter
+//! destination.
 
-mod columns;
+pub(crate) mod columns;
 mod csv;
-mod json;
+pub(crate) mod json;
+pub(crate) mod text;
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use datafusion::arrow::array::ArrayRef;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::{ConnectorError, Result};
-use columns::{ColumnBuilder, Typed, typed_value};
-use csv::scan_csv;
-use json::{fast_scan_json, scan_json};
+use crate::formats::avro::{AvroBuilder, AvroDecoder, AvroFormat};
+use crate::formats::debezium::{DebeziumBuilder, DebeziumDecoder};
+use crate::formats::protobuf::{ProtobufBuilder, ProtobufDecoder, ProtobufFormat};
+use text::{TextBuilder, TextDecoder, TextFormat};
 
-/// How record bytes are laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How record bytes are laid out: a table's `'format'` and the options
+/// that go with it.
+#[derive(Debug, Clone)]
 pub enum Format {
     /// One flat JSON object per record.
     Json,
@@ -37,19 +41,62 @@ pub enum Format {
     Csv { delimiter: u8 },
     /// The whole record in the first declared column (Utf8 or Binary).
     Raw,
+    /// Avro records, plain or in the Confluent wire format.
+    Avro(AvroFormat),
+    /// Protobuf messages, plain or in the Confluent wire format.
+    Protobuf(ProtobufFormat),
+    /// Debezium change events as JSON: an updating table.
+    DebeziumJson,
+    /// Debezium change events as Confluent Avro: an updating table.
+    DebeziumAvro(AvroFormat),
 }
+
+/// The names `'format'` takes.
+pub const FORMAT_NAMES: &str = "json, csv, raw, avro, avro-confluent, protobuf, \
+                                protobuf-confluent, debezium-json, debezium-avro-confluent";
 
 impl FromStr for Format {
     type Err = ConnectorError;
+    /// The formats that need no other option.
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "json" => Ok(Format::Json),
             "csv" => Ok(Format::Csv { delimiter: b',' }),
             "raw" => Ok(Format::Raw),
+            "debezium-json" => Ok(Format::DebeziumJson),
             other => Err(ConnectorError::Config(format!(
-                "unknown format {other:?}; known: json, csv, raw"
+                "unknown format {other:?}; known: {FORMAT_NAMES}"
             ))),
         }
+    }
+}
+
+impl Format {
+    /// The format a table's options declare (`'format'`, default `json`,
+    /// with the options of Avro, Protobuf and the registry). `location`
+    /// (the topic or stream) names the registry subject by default.
+    pub fn from_options(options: &BTreeMap<String, String>, location: &str) -> Result<Self> {
+        let name = options
+            .get("format")
+            .map(|f| f.trim().to_ascii_lowercase())
+            .unwrap_or_else(|| "json".into());
+        Ok(match name.as_str() {
+            "avro" => Format::Avro(AvroFormat::from_options(options, location, false)?),
+            "avro-confluent" => Format::Avro(AvroFormat::from_options(options, location, true)?),
+            "protobuf" => Format::Protobuf(ProtobufFormat::from_options(options, location, false)?),
+            "protobuf-confluent" => {
+                Format::Protobuf(ProtobufFormat::from_options(options, location, true)?)
+            }
+            "debezium-avro-confluent" => {
+                Format::DebeziumAvro(AvroFormat::from_options(options, location, true)?)
+            }
+            other => other.parse()?,
+        })
+    }
+
+    /// Whether records of this format are changes to a table (Debezium).
+    pub fn is_changelog(&self) -> bool {
+        matches!(self, Format::DebeziumJson | Format::DebeziumAvro(_))
     }
 }
 
@@ -61,33 +108,161 @@ pub struct Rejected {
 }
 
 /// Decodes records of one format into batches of one schema.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RecordDecoder {
     schema: SchemaRef,
-    format: Format,
-    names: Vec<Vec<u8>>,
     max_record_bytes: usize,
+    inner: Inner,
 }
 
-/// One value as found in a record, before it is checked against its type.
-/// Positions are byte offsets into the record, so that the scratch space
-/// holding them can outlive any one record.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Raw {
-    Null,
-    /// String contents without quotes; `escaped` if they hold a backslash.
-    Str {
-        start: u32,
-        end: u32,
-        escaped: bool,
-    },
-    Num {
-        start: u32,
-        end: u32,
-    },
-    Bool(bool),
-    /// An object or array: no declared type takes one.
-    Nested,
+#[derive(Debug)]
+enum Inner {
+    Text(TextDecoder),
+    Avro(AvroDecoder),
+    Protobuf(ProtobufDecoder),
+    Debezium(DebeziumDecoder),
+}
+
+impl RecordDecoder {
+    /// A decoder into `schema`; a table declared without columns takes
+    /// them from its format's schema where it has one (Avro, Protobuf).
+    pub fn new(schema: SchemaRef, format: Format, max_record_bytes: usize) -> Result<Self> {
+        let inner = match format {
+            Format::Json => Inner::Text(TextDecoder::new(schema, TextFormat::Json)?),
+            Format::Csv { delimiter } => {
+                Inner::Text(TextDecoder::new(schema, TextFormat::Csv { delimiter })?)
+            }
+            Format::Raw => Inner::Text(TextDecoder::new(schema, TextFormat::Raw)?),
+            Format::Avro(f) => Inner::Avro(AvroDecoder::new(schema, f)?),
+            Format::Protobuf(f) => Inner::Protobuf(ProtobufDecoder::new(schema, f)?),
+            Format::DebeziumJson => Inner::Debezium(DebeziumDecoder::json(schema)?),
+            Format::DebeziumAvro(f) => Inner::Debezium(DebeziumDecoder::avro(schema, f)?),
+        };
+        Ok(RecordDecoder {
+            schema: match &inner {
+                Inner::Text(d) => d.schema().clone(),
+                Inner::Avro(d) => d.schema().clone(),
+                Inner::Protobuf(d) => d.schema().clone(),
+                Inner::Debezium(d) => d.schema().clone(),
+            },
+            // Text positions are kept as u32.
+            max_record_bytes: max_record_bytes.min(u32::MAX as usize),
+            inner,
+        })
+    }
+
+    /// The table's columns. A changelog's batches carry one more, last,
+    /// column: [`skein_engine::changelog::OP_COLUMN`].
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Whether the records are changes to a table (Debezium).
+    pub fn changelog(&self) -> bool {
+        matches!(self.inner, Inner::Debezium(_))
+    }
+
+    /// What is wrong with the schema registry the decoder uses, if it has
+    /// one and it does not answer (for `skein status`).
+    pub fn registry_problem(&self) -> Option<String> {
+        match &self.inner {
+            Inner::Avro(d) => d.registry_problem(),
+            Inner::Protobuf(d) => d.registry_problem(),
+            Inner::Debezium(d) => d.registry_problem(),
+            Inner::Text(_) => None,
+        }
+    }
+
+    /// A builder that decodes records one at a time into one batch; room
+    /// for `capacity` rows is reserved up front.
+    pub fn builder(&self, capacity: usize) -> BatchBuilder<'_> {
+        BatchBuilder {
+            max_record_bytes: self.max_record_bytes,
+            records: 0,
+            rejected: vec![],
+            rows: match &self.inner {
+                Inner::Text(d) => Rows::Text(d.builder(capacity)),
+                Inner::Avro(d) => Rows::Avro(d.builder()),
+                Inner::Protobuf(d) => Rows::Protobuf(d.builder(capacity)),
+                Inner::Debezium(d) => Rows::Debezium(d.builder(capacity)),
+            },
+        }
+    }
+
+    /// Decode every record; rejected ones add no row.
+    pub fn decode<'a>(
+        &self,
+        records: impl ExactSizeIterator<Item = &'a [u8]>,
+    ) -> Result<(RecordBatch, Vec<Rejected>)> {
+        let mut builder = self.builder(records.len());
+        for record in records {
+            builder.push(record);
+        }
+        builder.finish()
+    }
+}
+
+/// Decodes records one at a time into one batch.
+pub struct BatchBuilder<'d> {
+    max_record_bytes: usize,
+    /// Records pushed so far, rejected ones included.
+    records: usize,
+    rejected: Vec<Rejected>,
+    rows: Rows<'d>,
+}
+
+enum Rows<'d> {
+    Text(TextBuilder<'d>),
+    Avro(AvroBuilder<'d>),
+    Protobuf(ProtobufBuilder<'d>),
+    Debezium(DebeziumBuilder<'d>),
+}
+
+impl BatchBuilder<'_> {
+    /// Decode one record into a row (a changelog: into the rows it
+    /// changes), or reject it; returns the reason of a rejection (the
+    /// record is also listed in what `finish` returns).
+    pub fn push(&mut self, record: &[u8]) -> Option<&str> {
+        let index = self.records;
+        self.records += 1;
+        let outcome = if record.len() > self.max_record_bytes {
+            Err(format!(
+                "record of {} bytes exceeds the limit of {} bytes",
+                record.len(),
+                self.max_record_bytes
+            ))
+        } else {
+            match &mut self.rows {
+                Rows::Text(b) => b.push(record),
+                Rows::Avro(b) => b.push(record),
+                Rows::Protobuf(b) => b.push(record),
+                Rows::Debezium(b) => b.push(record),
+            }
+        };
+        match outcome {
+            Ok(()) => None,
+            Err(reason) => {
+                self.rejected.push(Rejected { index, reason });
+                self.rejected.last().map(|r| r.reason.as_str())
+            }
+        }
+    }
+
+    /// Records pushed so far, rejected ones included.
+    pub fn records(&self) -> usize {
+        self.records
+    }
+
+    /// The batch of every accepted record, and the rejected ones.
+    pub fn finish(self) -> Result<(RecordBatch, Vec<Rejected>)> {
+        let batch = match self.rows {
+            Rows::Text(b) => b.finish()?,
+            Rows::Avro(b) => b.finish()?,
+            Rows::Protobuf(b) => b.finish()?,
+            Rows::Debezium(b) => b.finish()?,
+        };
+        Ok((batch, self.rejected))
+    }
 }
 
 /// The most of a rejected record a dead letter carries. A letter must fit
@@ -120,219 +295,13 @@ impl LetterRecord {
     }
 }
 
-/// What the scanner found about a record as a whole.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Scanned {
-    /// The whole record is known to be UTF-8 (all ASCII, or checked), so
-    /// every slice of it between quotes is too.
-    pub(crate) utf8: bool,
-}
-
-impl RecordDecoder {
-    pub fn new(schema: SchemaRef, format: Format, max_record_bytes: usize) -> Result<Self> {
-        for f in schema.fields() {
-            let supported = matches!(
-                f.data_type(),
-                DataType::Utf8
-                    | DataType::Utf8View
-                    | DataType::Int32
-                    | DataType::Int64
-                    | DataType::Float64
-                    | DataType::Boolean
-                    | DataType::Timestamp(_, None)
-            ) || (format == Format::Raw && *f.data_type() == DataType::Binary);
-            if !supported {
-                return Err(ConnectorError::Config(format!(
-                    "column {} has type {}, which the {format:?} decoder does not produce",
-                    f.name(),
-                    f.data_type()
-                )));
-            }
-        }
-        if format == Format::Raw && schema.fields().is_empty() {
-            return Err(ConnectorError::Config(
-                "the raw format needs one column".into(),
-            ));
-        }
-        Ok(RecordDecoder {
-            names: schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_bytes().to_vec())
-                .collect(),
-            schema,
-            format,
-            // Positions are kept as u32.
-            max_record_bytes: max_record_bytes.min(u32::MAX as usize),
-        })
-    }
-
-    pub fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    /// A builder that decodes records one at a time into one batch; room
-    /// for `capacity` rows is reserved up front.
-    pub fn builder(&self, capacity: usize) -> BatchBuilder<'_> {
-        BatchBuilder {
-            decoder: self,
-            columns: self
-                .schema
-                .fields()
-                .iter()
-                .map(|f| ColumnBuilder::new(f.data_type(), capacity))
-                .collect(),
-            rejected: vec![],
-            records: 0,
-            raw: vec![None; self.names.len()],
-            typed: Vec::with_capacity(self.names.len()),
-            quotes: Vec::with_capacity(64),
-            keys: vec![],
-        }
-    }
-
-    /// Decode every record; rejected ones add no row.
-    pub fn decode<'a>(
-        &self,
-        records: impl ExactSizeIterator<Item = &'a [u8]>,
-    ) -> Result<(RecordBatch, Vec<Rejected>)> {
-        let mut builder = self.builder(records.len());
-        for record in records {
-            builder.push(record);
-        }
-        builder.finish()
-    }
-
-    fn check(
-        &self,
-        record: &[u8],
-        scanned: Scanned,
-        raw: &[Option<Raw>],
-        typed: &mut Vec<Typed>,
-    ) -> std::result::Result<(), String> {
-        for (field, value) in self.schema.fields().iter().zip(raw) {
-            let name = field.name();
-            let v = match value {
-                None | Some(Raw::Null) if field.is_nullable() => Typed::Null,
-                None => return Err(format!("missing field {name:?}")),
-                Some(Raw::Null) => return Err(format!("field {name:?} is null")),
-                Some(v) => typed_value(field.data_type(), *v, self.format, record, scanned)
-                    .map_err(|why| format!("field {name:?}: {why}"))?,
-            };
-            typed.push(v);
-        }
-        Ok(())
-    }
-}
-
-/// Decodes records one at a time into the columns of one batch.
-pub struct BatchBuilder<'d> {
-    decoder: &'d RecordDecoder,
-    columns: Vec<ColumnBuilder>,
-    rejected: Vec<Rejected>,
-    /// Records pushed so far, rejected ones included.
-    records: usize,
-    raw: Vec<Option<Raw>>,
-    typed: Vec<Typed>,
-    /// Positions of the quotes of the record being scanned.
-    quotes: Vec<u32>,
-    /// The keys of the last record the fast scanner read, in order, with
-    /// their columns: records of one stream mostly repeat their keys.
-    keys: Vec<(Vec<u8>, Option<usize>)>,
-}
-
-impl BatchBuilder<'_> {
-    /// Decode one record into a row, or reject it; returns the reason of a
-    /// rejection (the record is also listed in what `finish` returns).
-    pub fn push(&mut self, record: &[u8]) -> Option<&str> {
-        let d = self.decoder;
-        let index = self.records;
-        self.records += 1;
-        self.raw.iter_mut().for_each(|r| *r = None);
-        self.typed.clear();
-        let outcome = if record.len() > d.max_record_bytes {
-            Err(format!(
-                "record of {} bytes exceeds the limit of {} bytes",
-                record.len(),
-                d.max_record_bytes
-            ))
-        } else {
-            match d.format {
-                Format::Json => {
-                    match fast_scan_json(
-                        record,
-                        &d.names,
-                        &mut self.raw,
-                        &mut self.quotes,
-                        &mut self.keys,
-                    ) {
-                        Some(scanned) => Ok(scanned),
-                        None => {
-                            // Anything unusual (escapes, nesting, bad syntax):
-                            // the careful scanner decides, and says why.
-                            self.raw.iter_mut().for_each(|r| *r = None);
-                            scan_json(record, &d.names, &mut self.raw)
-                                .map(|()| Scanned { utf8: false })
-                        }
-                    }
-                    // JSON is UTF-8 throughout, undeclared fields included.
-                    .and_then(|scanned| match scanned.utf8 {
-                        true => Ok(scanned),
-                        false => std::str::from_utf8(record)
-                            .map(|_| Scanned { utf8: true })
-                            .map_err(|e| format!("invalid UTF-8: {e}")),
-                    })
-                }
-                Format::Csv { delimiter } => {
-                    scan_csv(record, delimiter, &mut self.raw).map(|()| Scanned { utf8: false })
-                }
-                Format::Raw => {
-                    self.raw[0] = Some(Raw::Str {
-                        start: 0,
-                        end: record.len() as u32,
-                        escaped: false,
-                    });
-                    Ok(Scanned { utf8: false })
-                }
-            }
-            .and_then(|scanned| d.check(record, scanned, &self.raw, &mut self.typed))
-        };
-        match outcome {
-            Ok(()) => {
-                for (col, value) in self.columns.iter_mut().zip(self.typed.drain(..)) {
-                    col.append(value, record);
-                }
-                None
-            }
-            Err(reason) => {
-                self.rejected.push(Rejected { index, reason });
-                self.rejected.last().map(|r| r.reason.as_str())
-            }
-        }
-    }
-
-    /// Records pushed so far, rejected ones included.
-    pub fn records(&self) -> usize {
-        self.records
-    }
-
-    /// The batch of every accepted record, and the rejected ones.
-    pub fn finish(self) -> Result<(RecordBatch, Vec<Rejected>)> {
-        let arrays: Vec<ArrayRef> = self
-            .columns
-            .into_iter()
-            .map(ColumnBuilder::finish)
-            .collect();
-        let batch = RecordBatch::try_new(self.decoder.schema.clone(), arrays)?;
-        Ok((batch, self.rejected))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::{Array, AsArray, Int64Array};
-    use datafusion::arrow::datatypes::{Field, Schema, TimeUnit, TimestampNanosecondType};
+    use datafusion::arrow::datatypes::{
+        DataType, Field, Schema, TimeUnit, TimestampNanosecondType,
+    };
     use std::sync::Arc;
 
     fn schema() -> SchemaRef {

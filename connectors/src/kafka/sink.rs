@@ -120,7 +120,7 @@ impl KafkaSink {
         if !options.contains_key("bootstrap.servers") {
             return Err(sink_error(topic, "option 'bootstrap.servers' is required"));
         }
-        let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(topic, e))?;
+        let encoder = RowEncoder::from_options(options, topic).map_err(|e| sink_error(topic, e))?;
         let checkpoint = options.get("checkpoint").filter(|c| !c.is_empty());
         let delivery = match options.get("delivery").map(String::as_str) {
             // The transactional producers are opened on each member's first write.

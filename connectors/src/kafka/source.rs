@@ -14,7 +14,7 @@
 //!
 //! | option                 | meaning                                               |
 //! |------------------------|-------------------------------------------------------|
-//! | `format`               | `json` (default), `csv` or `raw`                      |
+//! | `format`               | `json` (default), `csv`, `raw`, `avro`, `avro-confluent`, `protobuf`, `protobuf-confluent`, `debezium-json`, `debezium-avro-confluent` (docs/formats.md, with their options) |
 //! | `parallelism`          | source instances (default 1)                          |
 //! | `startup`              | `earliest` (default), `latest`, `committed`, `offsets`, `checkpoint` (the offsets the query's sink committed; see `skein run`) |
 //! | `offsets`              | `partition:offset,...` for `startup = offsets`; partitions not listed start at the earliest |
@@ -33,7 +33,6 @@
 //! librdkafka fetching while a backlog is drained.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -272,7 +271,7 @@ impl KafkaSourceConfig {
         let parallelism = options::parallelism(config)?;
         Ok(KafkaSourceConfig {
             topic: config.location.clone(),
-            format: Format::from_str(config.option("format").unwrap_or("json"))?,
+            format: Format::from_options(&config.options, &config.location)?,
             parallelism,
             startup,
             max_records_per_pull: number("max.records.per.pull", 200_000)?.max(1),
@@ -383,7 +382,7 @@ impl std::fmt::Debug for KafkaSource {
 
 impl KafkaSource {
     pub fn new(config: KafkaSourceConfig, schema: SchemaRef) -> Result<Self> {
-        let decoder = RecordDecoder::new(schema, config.format, config.max_record_bytes)?;
+        let decoder = RecordDecoder::new(schema, config.format.clone(), config.max_record_bytes)?;
         Ok(KafkaSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
@@ -420,6 +419,10 @@ impl Source for KafkaSource {
 
     fn parallelism(&self) -> usize {
         self.config.parallelism
+    }
+
+    fn changelog(&self) -> bool {
+        self.decoder.changelog()
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
