@@ -390,7 +390,8 @@ pub async fn run_report(
         .await
         .context("reading back the files the query wrote")?
     } else {
-        collect.sink(&plan.query_code).batches()
+        let batches = collect.sink(&plan.query_code).batches();
+        skein_engine::updating::in_query_order(&plan, batches).await?
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     // A blackhole keeps no rows, only their count.

@@ -134,8 +134,27 @@ pub struct CollectSink {
 }
 
 impl CollectSink {
-    /// The batches collected so far.
+    /// The result collected so far: the rows written, or, for a query
+    /// whose result updates, the table its changelog adds up to.
     pub fn batches(&self) -> Vec<RecordBatch> {
+        let written = self.changes();
+        match written.first() {
+            Some(b) if crate::changelog::is_changelog(&b.schema()) => {
+                match crate::updating::consolidate(&b.schema(), &written) {
+                    Ok(table) => vec![table],
+                    Err(e) => {
+                        tracing::error!(error = %e, "consolidating the collected changelog");
+                        written
+                    }
+                }
+            }
+            _ => written,
+        }
+    }
+
+    /// Every batch written, in epoch and member order (a changelog as it
+    /// came, for a query whose result updates).
+    pub fn changes(&self) -> Vec<RecordBatch> {
         self.writes
             .lock()
             .expect("collect sink")

@@ -147,10 +147,30 @@ impl StageFunction {
         }
         crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
         let mut rows_out = 0;
+        // A changelog table's rows run through the plan by kind.
+        let by_kind = self
+            .readers
+            .iter()
+            .any(|r| r.source.changelog())
+            .then(|| split_by_kind(&bound, &self.readers))
+            .transpose()?;
         for output in &self.outputs {
-            let plan = bind_sources(&output.plan, &bound)?;
             let header = self.header(output, &t.qid, t.epoch, watermark, t.last, offsets.clone());
-            rows_out += self.run_and_route(output, plan, header).await?;
+            rows_out += match &by_kind {
+                None => {
+                    let plan = bind_sources(&output.plan, &bound)?;
+                    self.run_and_route(output, plan, header).await?
+                }
+                Some((retracts, inserts)) => {
+                    let r = bind_sources(&output.plan, retracts)?;
+                    let i = bind_sources(&output.plan, inserts)?;
+                    let parts = self.tagged(&r, &i).await?;
+                    let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
+                    self.route_changes(output, header, Some((output.plan.schema(), parts)))
+                        .await?;
+                    rows
+                }
+            };
         }
         Ok(Response {
             status: "ran".into(),
@@ -271,6 +291,37 @@ impl StageFunction {
 }
 
 /// `plan` with its source leaves bound to `bound` (per table).
+/// Each table's rows split by kind, `(retractions, inserts)`: a changelog
+/// table's by its op column, another's all inserts.
+fn split_by_kind(
+    bound: &BTreeMap<String, Vec<RecordBatch>>,
+    readers: &[super::SourceReader],
+) -> Result<(
+    BTreeMap<String, Vec<RecordBatch>>,
+    BTreeMap<String, Vec<RecordBatch>>,
+)> {
+    let (mut retracts, mut inserts) = (BTreeMap::new(), BTreeMap::new());
+    for (table, batches) in bound {
+        let changelog = readers
+            .iter()
+            .any(|r| r.table == *table && r.source.changelog());
+        let (r, i): (&mut Vec<RecordBatch>, &mut Vec<RecordBatch>) = (
+            retracts.entry(table.clone()).or_default(),
+            inserts.entry(table.clone()).or_default(),
+        );
+        for b in batches {
+            if changelog {
+                let (rb, ib) = crate::changelog::split(b)?;
+                r.push(rb);
+                i.push(ib);
+            } else {
+                i.push(b.clone());
+            }
+        }
+    }
+    Ok((retracts, inserts))
+}
+
 pub(super) fn bind_sources(
     plan: &Arc<dyn ExecutionPlan>,
     bound: &BTreeMap<String, Vec<RecordBatch>>,

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::codec::{plan_to_bytes, schema_to_bytes};
 use crate::context::{
     CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding,
-    StageMode,
+    StageMode, UpdatingSpec,
 };
 use crate::error::{EngineError, Result};
 use crate::exec::SourceTable;
@@ -42,6 +42,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+mod updating;
 mod window_edges;
 
 use classify::is_ordered;
@@ -89,6 +90,8 @@ pub struct SourceLeaf {
     pub schema: SchemaRef,
     /// How many instances read it (its source's partitioning).
     pub parallelism: usize,
+    /// Its rows are a changelog (a change-data-capture source).
+    pub changelog: bool,
 }
 
 /// A piece of the plan one function (or group of them) runs.
@@ -114,6 +117,9 @@ pub struct Stage {
     pub stateful: bool,
     /// When it runs.
     pub mode: StageMode,
+    /// Its output is a changelog: it updates (see [`StageMode::Updating`]),
+    /// or passes on the changes of an input that does.
+    pub updating: bool,
     /// How many instances of each function may run at once.
     pub concurrency: usize,
     /// The window column of each input edge, in input order.
@@ -173,6 +179,12 @@ pub struct PlanOptions {
     pub run: String,
     /// Checkpointing, if the query checkpoints.
     pub checkpoint: Option<CheckpointSpec>,
+    /// The run's `--interval`, if given: updating stages turn the sink's
+    /// `'emit.interval'` into a number of epochs with it.
+    pub interval: Option<std::time::Duration>,
+    /// `--state-ttl`: how long an updating stage keeps rows of a key nothing
+    /// touched, for tables that do not set `'state.ttl'`.
+    pub state_ttl: Option<std::time::Duration>,
 }
 
 impl Default for PlanOptions {
@@ -185,6 +197,8 @@ impl Default for PlanOptions {
             // says which one it continues.
             run: crate::checkpoint::fresh_run("run"),
             checkpoint: None,
+            interval: None,
+            state_ttl: None,
         }
     }
 }
@@ -232,6 +246,29 @@ pub fn split_statements(sql: &str) -> Vec<String> {
         out.push(cur.trim().to_string());
     }
     out
+}
+
+/// Sink option: how often an updating query emits its changes
+/// (`'emit.interval' '10s'`; default every epoch).
+pub const EMIT_INTERVAL_OPTION: &str = "emit.interval";
+/// Table option: how long an updating stage keeps the rows of a key of
+/// this table that nothing touched (`'state.ttl' '1h'`; default forever).
+pub const STATE_TTL_OPTION: &str = "state.ttl";
+
+/// A table's `'state.ttl'`, if it sets one.
+pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Duration>> {
+    let Some(text) = config.option(STATE_TTL_OPTION) else {
+        return Ok(None);
+    };
+    match crate::interval::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        Ok(_) => Err(EngineError::plan(format!(
+            "option '{STATE_TTL_OPTION}' = {text:?} must be longer than zero"
+        ))),
+        Err(e) => Err(EngineError::plan(format!(
+            "option '{STATE_TTL_OPTION}' = {text:?}: {e}"
+        ))),
+    }
 }
 
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
@@ -300,6 +337,7 @@ pub async fn plan_query(
     {
         for s in &mut stages {
             s.mode = StageMode::Stream;
+            s.updating = false;
         }
     }
     Ok(QueryPlan {
@@ -396,9 +434,15 @@ impl QueryPlan {
                         window: s.windows.get(i).cloned().flatten(),
                         tables: tables.into_iter().map(|t| t.table).collect(),
                         late_letters,
+                        updating: self.sender(*up).updating,
+                        key: updating::edge_key(self.output_plan(*up)),
                     }
                 })
                 .collect();
+            let updating = match s.mode {
+                StageMode::Updating => Some(self.updating_spec(s, options)?),
+                _ => None,
+            };
             let sources = s
                 .sources
                 .iter()
@@ -428,12 +472,59 @@ impl QueryPlan {
                         epochs,
                         run: options.run.clone(),
                         checkpoint: options.checkpoint.clone(),
+                        updating: updating.clone(),
                     },
                     s.concurrency,
                 ));
             }
         }
         Ok(out)
+    }
+
+    /// The sub-plan that sends on edge `shuffle_id`.
+    fn output_plan(&self, shuffle_id: u32) -> &Arc<dyn ExecutionPlan> {
+        let s = self.sender(shuffle_id);
+        if s.id == shuffle_id {
+            return &s.plan;
+        }
+        &s.extra_outputs
+            .iter()
+            .find(|o| o.shuffle_id == shuffle_id)
+            .expect("edge id from this plan")
+            .plan
+    }
+
+    /// Whether the query's result is a changelog: its last stage updates.
+    pub fn updates(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.output == Exchange::Sink && s.updating)
+    }
+
+    fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {
+        let emit_every = match self.sink.options.get(EMIT_INTERVAL_OPTION) {
+            None => 1,
+            Some(text) => {
+                let emit = crate::interval::parse_duration(text).map_err(|e| {
+                    EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
+                })?;
+                let epoch = crate::interval::effective_interval(options.interval, self)?;
+                (emit.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
+                    .ceil()
+                    .max(1.0) as u64
+            }
+        };
+        let mut ttl_ms = vec![];
+        for tables in &s.input_tables {
+            let mut ttl: Option<std::time::Duration> = None;
+            for t in tables {
+                if let Some(d) = state_ttl_option(&t.config)? {
+                    ttl = Some(ttl.map_or(d, |x| x.min(d)));
+                }
+            }
+            ttl_ms.push(ttl.or(options.state_ttl).map(|d| d.as_millis() as u64));
+        }
+        Ok(UpdatingSpec { emit_every, ttl_ms })
     }
 
     fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {
