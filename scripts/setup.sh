@@ -130,9 +130,33 @@ install_ministack() {
         || die "pip could not install ministack==$MINISTACK_VERSION"
 }
 
+# --- the Confluent serializers from PyPI ----------------------------------------
+
+# tests/formats writes its topics with confluent-kafka's Avro and Protobuf
+# serializers, as real producers do (tests/formats/confluent_produce.py).
+install_formats_venv() {
+    local want="confluent-kafka==$CONFLUENT_KAFKA_VERSION" have=""
+    if [[ -x "$FORMATS_VENV/bin/python" ]]; then
+        have="$("$FORMATS_VENV/bin/python" -m pip show confluent-kafka 2>/dev/null \
+                | sed -n 's/^Version: //p')" || true
+    fi
+    if [[ "$have" == "$CONFLUENT_KAFKA_VERSION" ]]; then
+        log "confluent-kafka $CONFLUENT_KAFKA_VERSION: present in $FORMATS_VENV"
+        return
+    fi
+    log "confluent-kafka $CONFLUENT_KAFKA_VERSION: installing into $FORMATS_VENV"
+    local py=/usr/bin/python3
+    [[ -x $py ]] || py="$(command -v python3)"
+    rm -rf "$FORMATS_VENV"
+    "$py" -m venv "$FORMATS_VENV"
+    "$FORMATS_VENV/bin/python" -m pip install -q "confluent-kafka[avro,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION" \
+        || die "pip could not install $want"
+}
+
 start=$SECONDS
 install_debian_packages
 check_rust
 fetch_kafka
 install_ministack
+install_formats_venv
 log "setup done in $((SECONDS - start)) s"

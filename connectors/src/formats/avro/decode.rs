@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow_avro::reader::Decoder;
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::compute::concat_batches;
-use datafusion::arrow::datatypes::{Field, SchemaRef};
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::reader::{Plan, columns_of};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{
-    DataType, Int64Type, Schema, TimeUnit, TimestampNanosecondType,
+    DataType, Field, Int64Type, Schema, TimeUnit, TimestampNanosecondType,
 };
 
 use super::*;

@@ -14,9 +14,13 @@
 mod avro;
 mod json;
 
-use datafusion::arrow::array::Int8Array;
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{BooleanArray, Int8Array};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::row::{RowConverter, SortField};
 use skein_engine::changelog::{INSERT, RETRACT};
 
 pub use avro::DebeziumAvroBuilder;
@@ -155,8 +159,52 @@ impl Change {
     }
 }
 
-/// `batch` tagged with `ops`.
+/// `batch` tagged with `ops`, netted: a row inserted and taken back
+/// within the batch (created, then updated or deleted, in one pull) leaves
+/// neither. What is left retracts only rows of earlier pulls and inserts
+/// only rows that stay, so the batch means the same whatever order its
+/// retractions and inserts are applied in (a stage applies them by kind).
 fn tagged(batch: &RecordBatch, ops: Vec<i8>) -> Result<RecordBatch> {
-    skein_engine::changelog::tag_each(batch, Int8Array::from(ops))
+    let keep = netted(batch, &ops)?;
+    let (batch, ops) = match keep {
+        Some(keep) => {
+            let mask = BooleanArray::from(keep.clone());
+            let ops = ops
+                .into_iter()
+                .zip(keep)
+                .filter_map(|(op, k)| k.then_some(op))
+                .collect();
+            (filter_record_batch(batch, &mask)?, ops)
+        }
+        None => (batch.clone(), ops),
+    };
+    skein_engine::changelog::tag_each(&batch, Int8Array::from(ops))
         .map_err(|e| ConnectorError::Decode(e.to_string()))
+}
+
+/// Which rows stay once each retraction cancels the latest earlier insert
+/// of the same row; None when nothing cancels.
+fn netted(batch: &RecordBatch, ops: &[i8]) -> Result<Option<Vec<bool>>> {
+    if !ops.contains(&RETRACT) || !ops.contains(&INSERT) {
+        return Ok(None);
+    }
+    let fields = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| SortField::new(f.data_type().clone()))
+        .collect();
+    let rows = RowConverter::new(fields)?.convert_columns(batch.columns())?;
+    let mut inserted: HashMap<&[u8], Vec<usize>> = HashMap::new();
+    let mut keep = vec![true; ops.len()];
+    for (i, op) in ops.iter().enumerate() {
+        let row = rows.row(i).data();
+        if *op == INSERT {
+            inserted.entry(row).or_default().push(i);
+        } else if let Some(j) = inserted.get_mut(row).and_then(Vec::pop) {
+            keep[i] = false;
+            keep[j] = false;
+        }
+    }
+    Ok(keep.contains(&false).then_some(keep))
 }
