@@ -162,6 +162,9 @@ fn render(s: &QueryStatus, platform: &Value) {
         "  since start: {} dead letters, {} late rows, {} sink errors",
         s.since_start.dead_letters, s.since_start.late_rows, s.since_start.sink_errors
     );
+    for p in &s.problems {
+        println!("  problem: {p}");
+    }
     if let Some(state) = platform.get("schedule").and_then(Value::as_str) {
         println!("  schedule {state}");
     }

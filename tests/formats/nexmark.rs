@@ -20,6 +20,24 @@ struct Topics {
     schemas: PathBuf,
 }
 
+/// `skein gen nexmark` of 20,000 events over 20 s of event time (several
+/// windows) to `to`.
+fn gen_nexmark(to: &str, extra: &[&str]) {
+    let mut args = vec![
+        "gen",
+        "nexmark",
+        "--to",
+        to,
+        "--events",
+        "20000",
+        "--event-rate",
+        "1000",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, stderr) = common::skein(&args);
+    assert!(ok, "skein {args:?} failed:\n{stderr}");
+}
+
 /// Generated once for every test of this file.
 fn topics() -> &'static Topics {
     static TOPICS: OnceLock<Topics> = OnceLock::new();
@@ -27,18 +45,7 @@ fn topics() -> &'static Topics {
         let brokers = common::require_kafka();
         let prefix = common::unique_name("formats-nx");
         let to = format!("kafka://{brokers}/{prefix}-json");
-        // 20,000 events over 20 s of event time: several windows.
-        let (ok, _, stderr) = common::skein(&[
-            "gen",
-            "nexmark",
-            "--to",
-            &to,
-            "--events",
-            "20000",
-            "--event-rate",
-            "1000",
-        ]);
-        assert!(ok, "skein gen failed:\n{stderr}");
+        gen_nexmark(&to, &[]);
         let schemas = temp_dir("formats-schemas");
         let dir = schemas.to_str().unwrap();
         for (format, tag) in [("avro", "avro"), ("protobuf", "pb")] {
@@ -174,4 +181,105 @@ fn explain_shows_the_columns_an_avro_table_takes_from_its_schema() {
         "{stdout}"
     );
     let _ = t;
+}
+
+/// q5's rows computed here from bids (auction, time in ms): the auctions
+/// with the most bids in each 10 s window sliding by 5 s.
+fn hot_items(bids: &[(i64, i64)]) -> Vec<(i64, i64, i64)> {
+    let mut counts: std::collections::BTreeMap<(i64, i64), i64> = Default::default();
+    for &(auction, t) in bids {
+        let last = t - t.rem_euclid(5_000);
+        for start in [last - 5_000, last] {
+            *counts.entry((start, auction)).or_default() += 1;
+        }
+    }
+    let mut best: std::collections::BTreeMap<i64, i64> = Default::default();
+    for (&(start, _), &n) in &counts {
+        let b = best.entry(start).or_default();
+        *b = (*b).max(n);
+    }
+    counts
+        .into_iter()
+        .filter(|((start, _), n)| best[start] == *n)
+        .map(|((start, auction), n)| (auction, n, start))
+        .collect()
+}
+
+#[test]
+fn gen_writes_avro_that_q5_reads() {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::{Int64Type, TimeUnit, TimestampMillisecondType};
+    let brokers = common::require_kafka();
+    let prefix = common::unique_name("formats-gen");
+    let to = format!("kafka://{brokers}/{prefix}");
+    gen_nexmark(&to, &["--format", "avro", "--table", "bid"]);
+    let schema = skein_connectors::formats::avro::encode::schema_for(&bid_schema()).unwrap();
+    let table = |query: &str| {
+        format!(
+            "CREATE EXTERNAL TABLE bid STORED AS KAFKA LOCATION '{prefix}' OPTIONS (
+               'bootstrap.servers' '{brokers}', 'format' 'avro', 'avro.schema' '{schema}',
+               'event_time' 'date_time');
+             {query}"
+        )
+    };
+    // The bids as read back, and q5 over them.
+    let args = skein::run::CommonRunArgs::from_flags(["--until-drained", "--json"]).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (report, _) = rt
+        .block_on(skein::run::run_report(
+            &table("SELECT auction, date_time FROM bid"),
+            &args,
+            None,
+        ))
+        .unwrap();
+    let millis = |c: &datafusion::arrow::array::ArrayRef| -> Vec<i64> {
+        let t =
+            datafusion::arrow::compute::cast(c, &DataType::Timestamp(TimeUnit::Millisecond, None));
+        t.unwrap()
+            .as_primitive::<TimestampMillisecondType>()
+            .values()
+            .to_vec()
+    };
+    let ints = |c: &datafusion::arrow::array::ArrayRef| -> Vec<i64> {
+        c.as_primitive::<Int64Type>().values().to_vec()
+    };
+    let mut bids = vec![];
+    for b in &report.rows {
+        bids.extend(ints(b.column(0)).into_iter().zip(millis(b.column(1))));
+    }
+    assert_eq!(
+        bids.len(),
+        20_000,
+        "--table bid: every event published is a bid"
+    );
+    let q5 = skein::run::nexmark_sql(5, 1, 1, 1).unwrap();
+    let q5: Vec<&str> = q5.lines().filter(|l| !l.starts_with("CREATE")).collect();
+    let (report, _) = rt
+        .block_on(skein::run::run_report(&table(&q5.join("\n")), &args, None))
+        .unwrap();
+    let mut rows = vec![];
+    for b in &report.rows {
+        let (a, n, t) = (ints(b.column(0)), ints(b.column(1)), millis(b.column(2)));
+        rows.extend((0..b.num_rows()).map(|i| (a[i], n[i], t[i])));
+    }
+    rows.sort();
+    let mut expected = hot_items(&bids);
+    expected.sort();
+    assert!(!expected.is_empty());
+    assert_eq!(rows, expected);
+
+    // The Confluent format needs a registry to register its schema in.
+    let (ok, _, stderr) = common::skein(&[
+        "gen",
+        "nexmark",
+        "--to",
+        &to,
+        "--events",
+        "10",
+        "--format",
+        "avro-confluent",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("schema.registry.url"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }

@@ -173,6 +173,18 @@ impl RecordDecoder {
         }
     }
 
+    /// [`Self::registry_problem`] asked off the async threads (the
+    /// registry call blocks), as a source's `problems`.
+    pub async fn problems(decoder: &std::sync::Arc<Self>) -> Vec<String> {
+        let decoder = decoder.clone();
+        tokio::task::spawn_blocking(move || decoder.registry_problem())
+            .await
+            .ok()
+            .flatten()
+            .into_iter()
+            .collect()
+    }
+
     /// A builder that decodes records one at a time into one batch; room
     /// for `capacity` rows is reserved up front.
     pub fn builder(&self, capacity: usize) -> BatchBuilder<'_> {

@@ -457,6 +457,10 @@ impl Source for KinesisSource {
         self.decoder.changelog()
     }
 
+    async fn problems(&self) -> Vec<String> {
+        RecordDecoder::problems(&self.decoder).await
+    }
+
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
         self.pull_to(spec, None).await
     }

@@ -197,3 +197,58 @@ fn a_table_without_columns_takes_the_subjects_latest_schema() {
         DataType::Timestamp(TimeUnit::Millisecond, None)
     ));
 }
+
+#[test]
+fn a_sink_registers_value_and_key_schemas_and_its_records_read_back() {
+    use crate::encode::RowEncoder;
+    use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
+    let server = Recorded::start(&[
+        ("POST /subjects/out-value/versions", 200, r#"{"id":21}"#),
+        ("POST /subjects/out-key/versions", 200, r#"{"id":22}"#),
+    ]);
+    let mut opts = registry(&server.url);
+    opts.insert("key".into(), "name".into());
+    let encoder = RowEncoder::from_options(&opts, "out").unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(vec![7, -1])),
+            Arc::new(StringArray::from(vec![Some("k"), None])),
+            Arc::new(TimestampMillisecondArray::from(vec![1_000, 2_000])),
+        ],
+    )
+    .unwrap();
+    let rows = encoder.encode(&batch).unwrap();
+    assert_eq!(&rows[0].value[..5], &confluent_prefix(21));
+    assert_eq!(rows[0].key.as_deref(), Some(&[0, 0, 0, 0, 22, 2, b'k'][..]));
+    assert_eq!(rows[1].key, None);
+    // Registered once, under TopicNameStrategy subjects.
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let post = requests
+        .iter()
+        .find(|r| r.path == "/subjects/out-value/versions")
+        .unwrap();
+    let registered: serde_json::Value = serde_json::from_str(&post.body).unwrap();
+    let value_schema = registered["schema"].as_str().unwrap();
+    assert!(value_schema.contains("timestamp-millis"), "{value_schema}");
+    encoder.encode(&batch).unwrap();
+    assert_eq!(server.requests.lock().unwrap().len(), 2);
+
+    // What the sink wrote, read by a source whose registry has that schema.
+    let reader = Recorded::start(&[("GET /schemas/ids/21", 200, &quoted(value_schema))]);
+    let f = Format::from_options(&registry(&reader.url), "out").unwrap();
+    let d = RecordDecoder::new(schema.clone(), f, 1 << 20).unwrap();
+    let (back, rejected) = d.decode(rows.iter().map(|r| r.value.as_slice())).unwrap();
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(back, batch);
+}

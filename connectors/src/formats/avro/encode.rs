@@ -55,13 +55,7 @@ impl AvroEncoder {
     pub(crate) fn values(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         let batch = writable(batch, self.format.schema.as_deref())?;
         let schema = batch.schema();
-        let json = schema
-            .metadata()
-            .get(SCHEMA_METADATA_KEY)
-            .cloned()
-            .map(Ok)
-            .unwrap_or_else(|| AvroSchema::try_from(schema.as_ref()).map(|s| s.json_string))
-            .map_err(|e| avro_error("the rows' Avro schema", e))?;
+        let json = schema_json(&schema)?;
         let prefix = self.prefix(&self.format.subject, &json)?;
         let mut encoder = WriterBuilder::new(schema.as_ref().clone())
             .build_encoder::<AvroBinaryFormat>()
@@ -113,6 +107,23 @@ impl AvroEncoder {
         self.ids.lock().expect("ids").insert(key, id);
         Ok(Some(confluent_prefix(id)))
     }
+}
+
+/// The Avro schema rows of `schema` are written with: timestamps as
+/// `timestamp-millis`, strings as `string` (what [`AvroEncoder`] writes).
+pub fn schema_for(schema: &Schema) -> Result<String> {
+    let empty = RecordBatch::new_empty(Arc::new(schema.clone()));
+    schema_json(&writable(&empty, None)?.schema())
+}
+
+fn schema_json(schema: &Schema) -> Result<String> {
+    schema
+        .metadata()
+        .get(SCHEMA_METADATA_KEY)
+        .cloned()
+        .map(Ok)
+        .unwrap_or_else(|| AvroSchema::try_from(schema).map(|s| s.json_string))
+        .map_err(|e| avro_error("the rows' Avro schema", e))
 }
 
 fn framed(prefix: Option<&[u8; 5]>, body: &[u8]) -> Vec<u8> {

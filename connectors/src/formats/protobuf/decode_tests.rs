@@ -308,3 +308,44 @@ fn confluent_framing_checks_the_message_indexes() {
     assert!(why[1].contains("name no message"), "{why:?}");
     assert!(why[2].contains("truncated varint"), "{why:?}");
 }
+
+#[test]
+fn rows_written_as_messages_of_a_generated_descriptor_read_back() {
+    use crate::encode::RowEncoder;
+    use crate::formats::protobuf::descriptor_set_for;
+    use datafusion::arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
+    use datafusion::arrow::record_batch::RecordBatch;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("score", DataType::Float64, false),
+        Field::new("ok", DataType::Boolean, false),
+    ]));
+    let desc = tempfile_path::Path::with(&descriptor_set_for(&schema, "Row").unwrap());
+    let opts: BTreeMap<String, String> = [
+        ("format", "protobuf"),
+        ("protobuf.descriptor", desc.as_str()),
+        ("protobuf.message", "skein.Row"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(vec![1, -2, 0])),
+            Arc::new(StringArray::from(vec![Some("a"), None, Some("")])),
+            Arc::new(Float64Array::from(vec![0.5, -1.0, 0.0])),
+            Arc::new(BooleanArray::from(vec![true, false, false])),
+        ],
+    )
+    .unwrap();
+    let rows = RowEncoder::from_options(&opts, "t")
+        .unwrap()
+        .encode(&batch)
+        .unwrap();
+    let d = RecordDecoder::new(schema, Format::from_options(&opts, "t").unwrap(), 1 << 20).unwrap();
+    let (back, rejected) = d.decode(rows.iter().map(|r| r.value.as_slice())).unwrap();
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(back, batch);
+}

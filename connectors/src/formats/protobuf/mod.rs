@@ -89,6 +89,63 @@ impl ProtobufFormat {
     }
 }
 
+/// A descriptor set (as `protoc --descriptor_set_out` writes one) of one
+/// proto3 message `skein.<message>` with a field per column of `schema`:
+/// integers, doubles, booleans, strings and bytes as themselves, timestamps
+/// as int64 milliseconds; nullable columns as `optional` fields.
+pub fn descriptor_set_for(schema: &Schema, message: &str) -> Result<Vec<u8>> {
+    use prost_reflect::prost::Message;
+    use prost_reflect::prost_types::field_descriptor_proto::{Label, Type};
+    use prost_reflect::prost_types::{
+        DescriptorProto, FieldDescriptorProto, FileDescriptorProto, FileDescriptorSet,
+        OneofDescriptorProto,
+    };
+    let mut m = DescriptorProto {
+        name: Some(message.to_string()),
+        ..Default::default()
+    };
+    for (i, f) in schema.fields().iter().enumerate() {
+        let t = match f.data_type() {
+            DataType::Int64 | DataType::Timestamp(..) => Type::Int64,
+            DataType::Int32 => Type::Int32,
+            DataType::Float64 => Type::Double,
+            DataType::Boolean => Type::Bool,
+            DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => Type::String,
+            DataType::Binary | DataType::LargeBinary => Type::Bytes,
+            other => {
+                return Err(ConnectorError::Config(format!(
+                    "column {} is {other}, which has no protobuf field type here",
+                    f.name()
+                )));
+            }
+        };
+        let optional = f.is_nullable();
+        if optional {
+            m.oneof_decl.push(OneofDescriptorProto {
+                name: Some(format!("_{}", f.name())),
+                ..Default::default()
+            });
+        }
+        m.field.push(FieldDescriptorProto {
+            name: Some(f.name().to_string()),
+            number: Some(i as i32 + 1),
+            label: Some(Label::Optional as i32),
+            r#type: Some(t as i32),
+            proto3_optional: optional.then_some(true),
+            oneof_index: optional.then(|| m.oneof_decl.len() as i32 - 1),
+            ..Default::default()
+        });
+    }
+    let file = FileDescriptorProto {
+        name: Some(format!("{}.proto", message.to_ascii_lowercase())),
+        package: Some("skein".into()),
+        message_type: vec![m],
+        syntax: Some("proto3".into()),
+        ..Default::default()
+    };
+    Ok(FileDescriptorSet { file: vec![file] }.encode_to_vec())
+}
+
 /// The full name of the well-known timestamp message.
 const TIMESTAMP: &str = "google.protobuf.Timestamp";
 
