@@ -11,6 +11,10 @@
 //! - `'format' 'avro' | 'avro-confluent' | 'protobuf' | 'protobuf-confluent'`:
 //!   the row as an Avro record or a Protobuf message, with the same options
 //!   as the sources take ([`crate::formats`], docs/formats.md).
+//! - `'format' 'debezium-json'`: the value is a Debezium change event,
+//!   `{"before": <row or null>, "after": <row or null>, "op": "c"|"u"|"d"}`,
+//!   rows as in `json`: what an updating query's changelog becomes on a
+//!   Kafka topic (an append-only query writes only creations).
 //! - `'key' '<column>'`: the message key (Kafka) or partition key (Kinesis),
 //!   the column's value as text (with `avro-confluent`, as an Avro primitive
 //!   registered under `<topic>-key`). Without it Kafka messages have no key.
@@ -35,6 +39,7 @@ pub enum ValueFormat {
     Raw { column: String },
     Avro(Arc<AvroEncoder>),
     Protobuf(Arc<ProtobufEncoder>),
+    DebeziumJson,
 }
 
 /// One row, encoded.
@@ -64,6 +69,7 @@ impl RowEncoder {
     pub fn from_options(options: &BTreeMap<String, String>, location: &str) -> Result<Self> {
         let format = match options.get("format").map(String::as_str).unwrap_or("json") {
             "json" => ValueFormat::Json,
+            "debezium-json" => ValueFormat::DebeziumJson,
             "raw" => ValueFormat::Raw {
                 column: options
                     .get("value")
@@ -82,8 +88,8 @@ impl RowEncoder {
                 }
                 _ => {
                     return Err(ConnectorError::Config(format!(
-                        "format {other:?}: a message sink writes 'json', 'raw', 'avro', \
-                         'avro-confluent', 'protobuf' or 'protobuf-confluent'"
+                        "format {other:?}: a message sink writes 'json', 'raw', 'debezium-json', \
+                         'avro', 'avro-confluent', 'protobuf' or 'protobuf-confluent'"
                     )));
                 }
             },
@@ -94,6 +100,19 @@ impl RowEncoder {
 
     pub fn key_column(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+
+    /// How values are laid out.
+    pub fn format(&self) -> &ValueFormat {
+        &self.format
+    }
+
+    /// Each row's key (`None` without a key column, or for a null value).
+    pub fn keys(&self, batch: &RecordBatch) -> Result<Vec<Option<Vec<u8>>>> {
+        match &self.key {
+            Some(name) => text_column(batch, name, "key"),
+            None => Ok(vec![None; batch.num_rows()]),
+        }
     }
 
     /// The messages of `batch`, one per row, in row order.
@@ -111,6 +130,10 @@ impl RowEncoder {
             ValueFormat::Raw { column } => bytes_column(batch, column)?,
             ValueFormat::Avro(avro) => avro.values(batch)?,
             ValueFormat::Protobuf(protobuf) => protobuf.values(batch)?,
+            ValueFormat::DebeziumJson => json_rows(batch)?
+                .iter()
+                .map(|after| debezium_event(None, Some(after), "c"))
+                .collect(),
         };
         debug_assert_eq!(values.len(), rows);
         Ok(values
@@ -179,8 +202,24 @@ fn bytes_column(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
+/// A Debezium change event of rows encoded by [`json_rows`]: `op` is `c`
+/// (created: `after` only), `u` (updated: both) or `d` (deleted: `before`
+/// only).
+pub fn debezium_event(before: Option<&[u8]>, after: Option<&[u8]>, op: &str) -> Vec<u8> {
+    let mut out =
+        Vec::with_capacity(before.map_or(4, <[u8]>::len) + after.map_or(4, <[u8]>::len) + 40);
+    out.extend_from_slice(b"{\"before\":");
+    out.extend_from_slice(before.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"after\":");
+    out.extend_from_slice(after.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"op\":\"");
+    out.extend_from_slice(op.as_bytes());
+    out.extend_from_slice(b"\"}");
+    out
+}
+
 /// Each row as one JSON object, timestamps as integer milliseconds.
-fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
     let batch = timestamps_as_millis(batch)?;
     let mut buf = Vec::with_capacity(batch.num_rows() * 64);
     {

@@ -248,27 +248,11 @@ pub fn split_statements(sql: &str) -> Vec<String> {
     out
 }
 
-/// Sink option: how often an updating query emits its changes
-/// (`'emit.interval' '10s'`; default every epoch).
-pub const EMIT_INTERVAL_OPTION: &str = "emit.interval";
-/// Table option: how long an updating stage keeps the rows of a key of
-/// this table that nothing touched (`'state.ttl' '1h'`; default forever).
-pub const STATE_TTL_OPTION: &str = "state.ttl";
+pub use crate::source::{EMIT_INTERVAL_OPTION, STATE_TTL_OPTION};
 
 /// A table's `'state.ttl'`, if it sets one.
 pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Duration>> {
-    let Some(text) = config.option(STATE_TTL_OPTION) else {
-        return Ok(None);
-    };
-    match crate::interval::parse_duration(text) {
-        Ok(d) if !d.is_zero() => Ok(Some(d)),
-        Ok(_) => Err(EngineError::plan(format!(
-            "option '{STATE_TTL_OPTION}' = {text:?} must be longer than zero"
-        ))),
-        Err(e) => Err(EngineError::plan(format!(
-            "option '{STATE_TTL_OPTION}' = {text:?}: {e}"
-        ))),
-    }
+    crate::source::duration_option(config, STATE_TTL_OPTION)
 }
 
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
@@ -293,6 +277,7 @@ pub async fn plan_query(
         ctx.sql(stmt).await?.collect().await?;
     }
     let logical = ctx.state().create_logical_plan(query).await?;
+    let mut sink_table = None;
     let (logical, sink) = match logical {
         LogicalPlan::Dml(DmlStatement {
             table_name,
@@ -301,6 +286,7 @@ pub async fn plan_query(
             ..
         }) => {
             let sink = sink_config_for(ctx, &table_name.to_string()).await?;
+            sink_table = Some(table_name.to_string());
             (Arc::unwrap_or_clone(input), sink)
         }
         LogicalPlan::Dml(_) => {
@@ -340,7 +326,7 @@ pub async fn plan_query(
             s.updating = false;
         }
     }
-    Ok(QueryPlan {
+    let plan = QueryPlan {
         sql: sql.to_string(),
         query_code: query_code(sql),
         group_size: options.group_size,
@@ -349,7 +335,22 @@ pub async fn plan_query(
         output_schema,
         logical,
         ordered,
-    })
+    };
+    if let (Some(table), true) = (&sink_table, plan.updates()) {
+        let registry = ctx
+            .state()
+            .config()
+            .get_extension::<crate::source::SourceRegistry>();
+        if let Some(Err(reason)) = registry.and_then(|r| r.sink_takes_updates(&plan.sink)) {
+            return Err(EngineError::plan(format!(
+                "table {table} (STORED AS {}) cannot take this query's result, which updates: \
+                 {reason}; it updates because of {}",
+                plan.sink.kind.to_ascii_uppercase(),
+                plan.updating_cause()
+            )));
+        }
+    }
+    Ok(plan)
 }
 
 /// A sink table is declared like a source (`CREATE EXTERNAL TABLE ... STORED

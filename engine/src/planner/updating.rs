@@ -261,3 +261,79 @@ pub(super) fn edge_key(plan: &Arc<dyn ExecutionPlan>) -> Option<Vec<usize>> {
         .map(|e| e.downcast_ref::<Column>().map(Column::index))
         .collect()
 }
+
+impl QueryPlan {
+    /// What makes the result update, in words: the first updating stage's
+    /// stateful operator, or the changelog table it reads.
+    pub fn updating_cause(&self) -> String {
+        let mut stages: Vec<&Stage> = self.stages.iter().filter(|s| s.updating).collect();
+        stages.sort_by_key(|s| s.id);
+        for s in &stages {
+            if s.mode == StageMode::Updating {
+                return format!("{} (stage {})", stateful_operator(&s.plan), s.id);
+            }
+            if let Some(src) = s.sources.iter().find(|x| x.changelog) {
+                return format!("the changelog table {}", src.table);
+            }
+        }
+        "an updating input".into()
+    }
+}
+
+/// The topmost operator of `plan` that keeps state, described.
+fn stateful_operator(plan: &Arc<dyn ExecutionPlan>) -> String {
+    use datafusion::physical_plan::displayable;
+    use datafusion::physical_plan::joins::HashJoinExec;
+    use datafusion::physical_plan::sorts::sort::SortExec;
+    use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
+    if let Some(a) = plan.downcast_ref::<AggregateExec>()
+        && *a.mode() != AggregateMode::Partial
+    {
+        let groups: Vec<&str> = a
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(_, name)| name.as_str())
+            .collect();
+        return if groups.is_empty() {
+            "an aggregate of the whole stream without a window".into()
+        } else {
+            format!(
+                "an aggregate without a window (GROUP BY {})",
+                groups.join(", ")
+            )
+        };
+    }
+    if let Some(j) = plan.downcast_ref::<HashJoinExec>() {
+        let on: Vec<String> = j.on().iter().map(|(l, r)| format!("{l} = {r}")).collect();
+        return format!(
+            "a {} join of two streams without a window (ON {})",
+            j.join_type(),
+            on.join(" AND ")
+        );
+    }
+    if plan.downcast_ref::<BoundedWindowAggExec>().is_some()
+        || plan.downcast_ref::<WindowAggExec>().is_some()
+    {
+        let line = displayable(plan.as_ref()).one_line().to_string();
+        return format!("a window function over a partition ({})", line.trim());
+    }
+    if let Some(sort) = plan.downcast_ref::<SortExec>() {
+        return match sort.fetch() {
+            Some(n) => format!("a top {n} (ORDER BY ... LIMIT {n}) over the whole stream"),
+            None => "an ORDER BY over the whole stream".into(),
+        };
+    }
+    if super::is_stateful(plan) && !plan.children().into_iter().any(super::is_stateful) {
+        return displayable(plan.as_ref())
+            .one_line()
+            .to_string()
+            .trim()
+            .to_string();
+    }
+    plan.children()
+        .into_iter()
+        .find(|c| super::is_stateful(c))
+        .map(stateful_operator)
+        .unwrap_or_else(|| "a stateful operator".into())
+}

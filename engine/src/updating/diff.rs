@@ -7,7 +7,7 @@ use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::keyed::{KeyedRows, RowEncoder};
+use super::keyed::RowEncoder;
 use crate::changelog;
 use crate::error::Result;
 
@@ -39,34 +39,63 @@ pub fn diff(
     ))
 }
 
-/// The table a changelog adds up to: its inserts less its retractions, in
-/// the order they came. Where a retraction names no row (a changelog that
-/// began before the consolidation did), it is ignored.
+/// The table a changelog adds up to: each row counted up by its inserts
+/// and down by its retractions, whatever order they came in (a reader of
+/// files or topics may see epochs out of order); rows counted above zero
+/// remain, as often as counted.
 #[derive(Debug)]
 pub struct Consolidated {
-    rows: KeyedRows,
+    schema: SchemaRef,
+    encoder: RowEncoder,
+    batches: Vec<RecordBatch>,
+    counts: HashMap<Box<[u8]>, (i64, usize, usize)>,
 }
 
 impl Consolidated {
     /// An empty table of `schema` (without the op column).
     pub fn new(schema: SchemaRef) -> Result<Self> {
         Ok(Consolidated {
-            rows: KeyedRows::new(schema, None)?,
+            encoder: RowEncoder::whole(&schema)?,
+            schema,
+            batches: vec![],
+            counts: HashMap::new(),
         })
     }
 
     /// Apply one changelog batch (with [`changelog::OP_COLUMN`]).
     pub fn apply(&mut self, batch: &RecordBatch) -> Result<()> {
-        let (retract, insert) = changelog::split(batch)?;
-        // Within one batch a retraction takes back a row emitted before it:
-        // retractions first.
-        self.rows.retract(&retract)?;
-        self.rows.insert(insert)
+        let ops = changelog::ops(batch)?.clone();
+        let plain = changelog::strip(batch)?;
+        let rows = self.encoder.encode(&plain)?;
+        let b = self.batches.len();
+        for (i, row) in rows.iter().enumerate() {
+            let weight = i64::from(ops.value(i));
+            let entry = self
+                .counts
+                .entry(Box::from(row.as_ref()))
+                .or_insert((0, b, i));
+            entry.0 += weight;
+        }
+        self.batches.push(plain);
+        Ok(())
     }
 
     /// The table now.
     pub fn rows(&self) -> Result<RecordBatch> {
-        self.rows.all()
+        let mut slots: Vec<(usize, usize)> = vec![];
+        for (count, b, r) in self.counts.values() {
+            for _ in 0..(*count).max(0) {
+                slots.push((*b, *r));
+            }
+        }
+        if slots.is_empty() {
+            return Ok(RecordBatch::new_empty(self.schema.clone()));
+        }
+        slots.sort_unstable();
+        let batches: Vec<&RecordBatch> = self.batches.iter().collect();
+        Ok(datafusion::arrow::compute::interleave_record_batch(
+            &batches, &slots,
+        )?)
     }
 }
 
