@@ -107,24 +107,20 @@ impl RowEncoder {
         &self.format
     }
 
-    /// Each row's key (`None` without a key column, or for a null value).
+    /// Each row's key (`None` without a key column, or for a null value):
+    /// its text, or with a registry an Avro primitive.
     pub fn keys(&self, batch: &RecordBatch) -> Result<Vec<Option<Vec<u8>>>> {
-        match &self.key {
-            Some(name) => text_column(batch, name, "key"),
-            None => Ok(vec![None; batch.num_rows()]),
+        match (&self.key, &self.format) {
+            (Some(name), ValueFormat::Avro(avro)) if avro.registered() => avro.keys(batch, name),
+            (Some(name), _) => text_column(batch, name, "key"),
+            (None, _) => Ok(vec![None; batch.num_rows()]),
         }
     }
 
     /// The messages of `batch`, one per row, in row order.
     pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<EncodedRow>> {
         let rows = batch.num_rows();
-        let keys = match (&self.key, &self.format) {
-            (Some(name), ValueFormat::Avro(avro)) if avro.registered() => {
-                Some(avro.keys(batch, name)?)
-            }
-            (Some(name), _) => Some(text_column(batch, name, "key")?),
-            (None, _) => None,
-        };
+        let keys = self.keys(batch)?;
         let values: Vec<Vec<u8>> = match &self.format {
             ValueFormat::Json => json_rows(batch)?,
             ValueFormat::Raw { column } => bytes_column(batch, column)?,
@@ -140,7 +136,7 @@ impl RowEncoder {
             .into_iter()
             .enumerate()
             .map(|(i, value)| EncodedRow {
-                key: keys.as_ref().and_then(|k| k[i].clone()),
+                key: keys[i].clone(),
                 value,
             })
             .collect())

@@ -165,7 +165,7 @@ mod tests {
         if let Some(k) = key {
             o.insert("key".to_string(), k.to_string());
         }
-        RowEncoder::from_options(&o).unwrap()
+        RowEncoder::from_options(&o, "t").unwrap()
     }
 
     #[test]

@@ -95,7 +95,8 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
-        let encoder = RowEncoder::from_options(&config.options).map_err(|e| e.to_string())?;
+        let encoder = RowEncoder::from_options(&config.options, &config.location)
+            .map_err(|e| e.to_string())?;
         super::changes::takes_updates(&encoder)
     }
 }
