@@ -92,7 +92,7 @@ pub(crate) fn record_formats(batches: &[RecordBatch], repeat: usize) -> Result<s
         let baseline = *json_rate.get_or_insert(rate);
         out.push(json!({
             "format": name,
-            "records_per_s": rate.round(),
+            "records_per_s": rate.round() as u64,
             "bytes_per_record": (bytes as f64 / rows as f64 * 100.0).round() / 100.0,
             "vs_json": (rate / baseline * 100.0).round() / 100.0,
         }));

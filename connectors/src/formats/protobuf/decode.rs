@@ -17,14 +17,19 @@ use crate::error::Result;
 use crate::formats::confluent_header;
 use crate::formats::registry::{ById, SchemaType};
 
+/// Field numbers below this are looked up in a table.
+const NEAR: usize = 4096;
+
 /// Decodes Protobuf messages into batches of the table's columns.
 #[derive(Debug)]
 pub struct ProtobufDecoder {
     schema: SchemaRef,
     format: ProtobufFormat,
     columns: Vec<Option<ColumnField>>,
-    /// The column reading each field number.
-    by_number: HashMap<u32, usize>,
+    /// The column reading each field number: a table for the usual small
+    /// numbers, a map for the others.
+    by_number: Vec<Option<usize>>,
+    far: HashMap<u32, usize>,
     /// Schema ids checked against the registry.
     ids: Mutex<HashMap<u32, std::result::Result<(), String>>>,
 }
@@ -38,16 +43,29 @@ impl ProtobufDecoder {
         };
         let fields: Vec<&Field> = schema.fields().iter().map(|f| f.as_ref()).collect();
         let columns = column_fields(&format.message, &fields)?;
-        let by_number = columns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| c.as_ref().map(|c| (c.field.number(), i)))
-            .collect();
+        let (mut by_number, mut far) = (vec![], HashMap::new());
+        for (i, c) in columns.iter().enumerate() {
+            let Some(n) = c.as_ref().map(|c| c.field.number()) else {
+                continue;
+            };
+            match n as usize {
+                n if n < NEAR => {
+                    if by_number.len() <= n {
+                        by_number.resize(n + 1, None);
+                    }
+                    by_number[n] = Some(i);
+                }
+                _ => {
+                    far.insert(n, i);
+                }
+            }
+        }
         Ok(ProtobufDecoder {
             schema,
             format,
             columns,
             by_number,
+            far,
             ids: Mutex::new(HashMap::new()),
         })
     }
@@ -149,7 +167,11 @@ impl ProtobufBuilder<'_> {
         r.i = start;
         while !r.done() {
             let (number, wire) = r.tag()?;
-            let Some(&col) = d.by_number.get(&number) else {
+            let col = match d.by_number.get(number as usize) {
+                Some(c) => *c,
+                None => d.far.get(&number).copied(),
+            };
+            let Some(col) = col else {
                 r.skip(wire)?;
                 continue;
             };
@@ -188,7 +210,7 @@ impl ProtobufBuilder<'_> {
 /// field with presence (or no field), else the field's default.
 fn absent(column: &Field, cf: Option<&ColumnField>) -> std::result::Result<Typed, String> {
     let default = match cf {
-        Some(cf) if !cf.field.supports_presence() => match cf.field.kind() {
+        Some(cf) if !cf.presence => match &cf.kind {
             Kind::String => Some(Typed::Owned(String::new())),
             Kind::Bytes => Some(Typed::Bytes { start: 0, end: 0 }),
             Kind::Bool => Some(Typed::Bool(false)),
@@ -214,7 +236,7 @@ fn value(
     cf: &ColumnField,
     to: &DataType,
 ) -> std::result::Result<Typed, String> {
-    let kind = cf.field.kind();
+    let kind = &cf.kind;
     let expected = match &kind {
         Kind::Double | Kind::Fixed64 | Kind::Sfixed64 => I64,
         Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => I32,

@@ -153,6 +153,10 @@ const TIMESTAMP: &str = "google.protobuf.Timestamp";
 #[derive(Debug, Clone)]
 pub(crate) struct ColumnField {
     pub(crate) field: FieldDescriptor,
+    /// The field's kind and presence, looked up once (the descriptor
+    /// computes them on every call).
+    pub(crate) kind: Kind,
+    pub(crate) presence: bool,
 }
 
 /// The field of `message` each of `columns` reads (None: the message has
@@ -197,7 +201,11 @@ pub(crate) fn column_fields(
                     kind_name(&field.kind())
                 )));
             }
-            Ok(Some(ColumnField { field }))
+            Ok(Some(ColumnField {
+                kind: field.kind(),
+                presence: field.supports_presence(),
+                field,
+            }))
         })
         .collect()
 }
