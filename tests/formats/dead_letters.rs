@@ -1,7 +1,7 @@
 //! Records a format cannot decode go to the table's dead-letter topic with
 //! their reason, and the others are read: Confluent-framed Avro written by
 //! the serializer, with garbage, a foreign framing, a truncated record and
-//! an empty one among them.
+//! an empty one and one with a string that is not UTF-8 among them.
 
 use super::{common, final_rows, produce, temp_dir};
 
@@ -21,6 +21,9 @@ fn undecodable_avro_records_are_dead_letters_with_reasons() {
         r#"{"raw_hex": "00000000010861"}"#,
         r#"{"raw_hex": ""}"#,
         r#"{"sensor": "c", "value": -3}"#,
+        // A string that is not UTF-8: found only when the batch is built.
+        r#"{"raw_hex": "000000000102ff02"}"#,
+        r#"{"sensor": "d", "value": 4}"#,
     ];
     produce(
         &["records", &brokers, &topic, schema.to_str().unwrap()],
@@ -32,7 +35,7 @@ fn undecodable_avro_records_are_dead_letters_with_reasons() {
            'dead.letter.topic' '{dlt}');
          SELECT sensor, value FROM readings"
     );
-    assert_eq!(final_rows(&sql, &[]), ["a | 1", "b | 2", "c | -3"]);
+    assert_eq!(final_rows(&sql, &[]), ["a | 1", "b | 2", "c | -3", "d | 4"]);
     let letters: Vec<serde_json::Value> = common::kafka::committed_records(&brokers, &dlt)
         .into_iter()
         .map(|(_, _, v)| serde_json::from_slice(&v).unwrap())
@@ -46,7 +49,7 @@ fn undecodable_avro_records_are_dead_letters_with_reasons() {
             )
         })
         .collect();
-    assert_eq!(reasons.len(), 3, "{letters:?}");
+    assert_eq!(reasons.len(), 4, "{letters:?}");
     assert_eq!(reasons[0].0, 1);
     assert!(
         reasons[0].1.contains("not in the Confluent wire format"),
@@ -56,5 +59,7 @@ fn undecodable_avro_records_are_dead_letters_with_reasons() {
     assert!(reasons[1].1.contains("undecodable Avro"), "{reasons:?}");
     assert_eq!(reasons[2].0, 4);
     assert!(reasons[2].1.contains("empty record"), "{reasons:?}");
+    assert_eq!(reasons[3].0, 6);
+    assert!(reasons[3].1.contains("UTF-8"), "{reasons:?}");
     assert!(letters.iter().all(|l| l["topic"] == topic.as_str()));
 }

@@ -105,6 +105,9 @@ impl Format {
 pub struct Rejected {
     pub index: usize,
     pub reason: String,
+    /// The record, for a rejection found only when the batch was built
+    /// (its caller no longer holds it); None when `push` said so.
+    pub record: Option<Vec<u8>>,
 }
 
 /// Decodes records of one format into batches of one schema.
@@ -155,6 +158,13 @@ impl RecordDecoder {
     /// column: [`skein_engine::changelog::OP_COLUMN`].
     pub fn schema(&self) -> &SchemaRef {
         &self.schema
+    }
+
+    /// Whether a record may be rejected only when its batch is built
+    /// ([`BatchBuilder::finish`] then lists it with its bytes): Avro, whose
+    /// strings are checked then.
+    pub fn rejects_late(&self) -> bool {
+        matches!(self.inner, Inner::Avro(_))
     }
 
     /// Whether the records are changes to a table (Debezium).
@@ -246,7 +256,7 @@ impl BatchBuilder<'_> {
         } else {
             match &mut self.rows {
                 Rows::Text(b) => b.push(record),
-                Rows::Avro(b) => b.push(record),
+                Rows::Avro(b) => b.push(index, record),
                 Rows::Protobuf(b) => b.push(record),
                 Rows::Debezium(b) => b.push(record),
             }
@@ -254,7 +264,11 @@ impl BatchBuilder<'_> {
         match outcome {
             Ok(()) => None,
             Err(reason) => {
-                self.rejected.push(Rejected { index, reason });
+                self.rejected.push(Rejected {
+                    index,
+                    reason,
+                    record: None,
+                });
                 self.rejected.last().map(|r| r.reason.as_str())
             }
         }
@@ -265,15 +279,22 @@ impl BatchBuilder<'_> {
         self.records
     }
 
-    /// The batch of every accepted record, and the rejected ones.
+    /// The batch of every accepted record, and the rejected ones (by
+    /// index; those rejected only now carry their bytes).
     pub fn finish(self) -> Result<(RecordBatch, Vec<Rejected>)> {
+        let mut rejected = self.rejected;
         let batch = match self.rows {
             Rows::Text(b) => b.finish()?,
-            Rows::Avro(b) => b.finish()?,
+            Rows::Avro(b) => {
+                let (batch, late) = b.finish()?;
+                rejected.extend(late);
+                rejected.sort_by_key(|r| r.index);
+                batch
+            }
             Rows::Protobuf(b) => b.finish()?,
             Rows::Debezium(b) => b.finish()?,
         };
-        Ok((batch, self.rejected))
+        Ok((batch, rejected))
     }
 }
 

@@ -12,6 +12,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use super::reader::{Plan, columns_of};
 use super::{AvroFormat, Plans};
+use crate::decode::Rejected;
 use crate::error::{ConnectorError, Result};
 use crate::formats::conform::{apply, nulls};
 use crate::formats::{confluent_header, confluent_prefix};
@@ -71,7 +72,7 @@ pub struct AvroBuilder<'d> {
 }
 
 impl AvroBuilder<'_> {
-    pub(crate) fn push(&mut self, record: &[u8]) -> std::result::Result<(), String> {
+    pub(crate) fn push(&mut self, index: usize, record: &[u8]) -> std::result::Result<(), String> {
         let d = self.decoder;
         let (id, body) = match d.format.confluent {
             true => confluent_header(record)?,
@@ -87,16 +88,17 @@ impl AvroBuilder<'_> {
                 }
             }
         };
-        self.rows
-            .push(plan, body, |plan, batch| conform(plan, &d.schema, batch))
+        let skip = record.len() - body.len();
+        let output = |plan: &Plan, batch| conform(plan, &d.schema, batch);
+        self.rows.push(plan, index, record, skip, &output)
     }
 
-    pub(crate) fn finish(self) -> Result<RecordBatch> {
+    /// The batch, and the records rejected only when it was built.
+    pub(crate) fn finish(self) -> Result<(RecordBatch, Vec<Rejected>)> {
         let d = self.decoder;
-        let batches = self
-            .rows
-            .finish(|plan, batch| conform(plan, &d.schema, batch))?;
-        Ok(concat_batches(&d.schema, &batches)?)
+        let output = |plan: &Plan, batch| conform(plan, &d.schema, batch);
+        let (batches, late) = self.rows.finish(&output);
+        Ok((concat_batches(&d.schema, &batches)?, late))
     }
 }
 
@@ -132,21 +134,37 @@ impl Resolved for Plan {
     }
 }
 
-/// Record bodies into arrow-avro decoders, one per run of records with the
-/// same writer schema, with the per-record rejection arrow-avro does not
-/// have: a record that fails leaves the decoder's columns half-filled, so
-/// the decoder is rebuilt and the records of its batch decoded again (their
-/// bodies are kept until the batch is flushed).
+/// Records into arrow-avro decoders, one per run of records with the same
+/// writer schema, with the per-record rejection arrow-avro does not have:
+/// a record that fails leaves the decoder's columns half-filled, so the
+/// decoder is rebuilt and the records of its batch decoded again; and a
+/// batch that fails only when it is built (a string that is not UTF-8 is
+/// found then) is decoded again record by record, the ones that fail
+/// rejected late, with their bytes. So the records of the batch are kept
+/// until it is built.
 pub(crate) struct AvroRows<R> {
     active: Option<Active<R>>,
     done: Vec<RecordBatch>,
+    late: Vec<Rejected>,
 }
 
 struct Active<R> {
     plan: Arc<std::result::Result<R, String>>,
     decoder: Decoder,
-    bodies: Vec<u8>,
+    /// The records (headers included) of the unbuilt batch, end to end.
+    records: Vec<u8>,
     ends: Vec<usize>,
+    /// Each record's index among those pushed to the builder.
+    indexes: Vec<usize>,
+    /// The length of a record's header (the Confluent prefix, or 0).
+    skip: usize,
+}
+
+impl<R> Active<R> {
+    fn record(&self, k: usize) -> &[u8] {
+        let start = if k == 0 { 0 } else { self.ends[k - 1] };
+        &self.records[start..self.ends[k]]
+    }
 }
 
 impl<R> Default for AvroRows<R> {
@@ -154,6 +172,7 @@ impl<R> Default for AvroRows<R> {
         AvroRows {
             active: None,
             done: vec![],
+            late: vec![],
         }
     }
 }
@@ -167,13 +186,16 @@ impl<R: Resolved> AvroRows<R> {
             .map(|a| a.plan.clone())
     }
 
-    /// Decode one record body of `plan`'s writer schema (an `Ok` plan);
-    /// batches that are done go through `output`.
+    /// Decode `record` (the `index`-th pushed), whose Avro body follows a
+    /// header of `skip` bytes, with `plan` (an `Ok` plan); batches that are
+    /// built go through `output`.
     pub(crate) fn push(
         &mut self,
         plan: Arc<std::result::Result<R, String>>,
-        body: &[u8],
-        output: impl Fn(&R, RecordBatch) -> Result<RecordBatch>,
+        index: usize,
+        record: &[u8],
+        skip: usize,
+        output: &impl Fn(&R, RecordBatch) -> Result<RecordBatch>,
     ) -> std::result::Result<(), String> {
         let resolved = plan.as_ref().as_ref().map_err(Clone::clone)?;
         let id = resolved.id();
@@ -187,58 +209,89 @@ impl<R: Resolved> AvroRows<R> {
                 .as_ref()
                 .is_some_and(|a| a.decoder.batch_is_full())
         {
-            self.flush(&output).map_err(|e| e.to_string())?;
+            self.flush(output);
         }
         if self.active.is_none() {
             self.active = Some(Active {
                 decoder: resolved.decoder()?,
                 plan: plan.clone(),
-                bodies: vec![],
+                records: vec![],
                 ends: vec![],
+                indexes: vec![],
+                skip,
             });
         }
         let active = self.active.as_mut().expect("set above");
-        match feed(&mut active.decoder, id, body) {
+        match feed(&mut active.decoder, id, &record[skip..]) {
             Ok(()) => {
-                active.bodies.extend_from_slice(body);
-                active.ends.push(active.bodies.len());
+                active.records.extend_from_slice(record);
+                active.ends.push(active.records.len());
+                active.indexes.push(index);
                 Ok(())
             }
             Err(why) => {
                 // Start the batch again without the record.
-                active.decoder = resolved.decoder()?;
-                let mut start = 0;
-                for &end in &active.ends {
-                    feed(&mut active.decoder, id, &active.bodies[start..end])
+                let mut decoder = resolved.decoder()?;
+                for k in 0..active.ends.len() {
+                    let body = &active.record(k)[active.skip..];
+                    feed(&mut decoder, id, body)
                         .map_err(|e| format!("decoding a record again failed: {e}"))?;
-                    start = end;
                 }
+                active.decoder = decoder;
                 Err(format!("undecodable Avro (writer schema id {id}): {why}"))
             }
         }
     }
 
-    /// Move the decoded rows of the active decoder to the done batches.
-    fn flush(&mut self, output: &impl Fn(&R, RecordBatch) -> Result<RecordBatch>) -> Result<()> {
-        if let Some(mut a) = self.active.take() {
-            let decoded = a
-                .decoder
-                .flush()
-                .map_err(|e| ConnectorError::Decode(format!("avro: {e}")))?;
-            if let (Some(batch), Ok(plan)) = (decoded, a.plan.as_ref()) {
-                self.done.push(output(plan, batch)?);
-            }
+    /// Build the active decoder's batch into the done ones.
+    fn flush(&mut self, output: &impl Fn(&R, RecordBatch) -> Result<RecordBatch>) {
+        let Some(mut a) = self.active.take() else {
+            return;
+        };
+        let Ok(plan) = a.plan.as_ref() else { return };
+        let built = a.decoder.flush().map_err(|e| e.to_string()).and_then(|b| {
+            b.map(|b| output(plan, b).map_err(|e| e.to_string()))
+                .transpose()
+        });
+        match built {
+            Ok(batch) => self.done.extend(batch),
+            Err(_) => self.salvage(&a, plan, output),
         }
-        Ok(())
     }
 
-    /// Every batch decoded.
+    /// A batch that did not build: each record on its own.
+    fn salvage(
+        &mut self,
+        a: &Active<R>,
+        plan: &R,
+        output: &impl Fn(&R, RecordBatch) -> Result<RecordBatch>,
+    ) {
+        for k in 0..a.ends.len() {
+            let record = a.record(k);
+            let one = plan.decoder().and_then(|mut d| {
+                feed(&mut d, plan.id(), &record[a.skip..])?;
+                let b = d.flush().map_err(|e| e.to_string())?;
+                let b = b.ok_or("no row decoded")?;
+                output(plan, b).map_err(|e| e.to_string())
+            });
+            match one {
+                Ok(b) => self.done.push(b),
+                Err(why) => self.late.push(Rejected {
+                    index: a.indexes[k],
+                    reason: format!("undecodable Avro (writer schema id {}): {why}", plan.id()),
+                    record: Some(record.to_vec()),
+                }),
+            }
+        }
+    }
+
+    /// Every batch built, and the records rejected when their batch was.
     pub(crate) fn finish(
         mut self,
-        output: impl Fn(&R, RecordBatch) -> Result<RecordBatch>,
-    ) -> Result<Vec<RecordBatch>> {
-        self.flush(&output)?;
-        Ok(self.done)
+        output: &impl Fn(&R, RecordBatch) -> Result<RecordBatch>,
+    ) -> (Vec<RecordBatch>, Vec<Rejected>) {
+        self.flush(output);
+        (self.done, self.late)
     }
 }
 

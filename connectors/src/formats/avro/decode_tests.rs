@@ -252,3 +252,36 @@ fn a_sink_registers_value_and_key_schemas_and_its_records_read_back() {
     assert!(rejected.is_empty(), "{rejected:?}");
     assert_eq!(back, batch);
 }
+
+#[test]
+fn random_bytes_are_rejected_never_a_panic() {
+    let f =
+        Format::from_options(&options(&[("format", "avro"), ("avro.schema", V2)]), "b").unwrap();
+    let d = RecordDecoder::new(table(true), f, 1 << 20).unwrap();
+    let good = [long(3), string("app"), long(0), long(3_000)].concat();
+    // A fixed linear congruential sequence: the same bytes every run.
+    let mut x: u64 = 0x2545F4914F6CDD1D;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as u8
+    };
+    let mut records = vec![];
+    for i in 0..3000 {
+        let mut r = match i % 3 {
+            0 => good.clone(),
+            _ => (0..(next() % 40)).map(|_| next()).collect(),
+        };
+        if i % 3 == 2 && !r.is_empty() {
+            // Mostly valid, one byte changed.
+            r = good.clone();
+            let at = next() as usize % r.len();
+            r[at] = next();
+        }
+        records.push(r);
+    }
+    let (batch, rejected) = d.decode(records.iter().map(Vec::as_slice)).unwrap();
+    assert_eq!(batch.num_rows() + rejected.len(), records.len());
+    assert!(batch.num_rows() >= 1000, "every good record is read");
+}

@@ -349,3 +349,27 @@ fn rows_written_as_messages_of_a_generated_descriptor_read_back() {
     assert!(rejected.is_empty(), "{rejected:?}");
     assert_eq!(back, batch);
 }
+
+#[test]
+fn random_bytes_are_rejected_never_a_panic() {
+    let desc = descriptor_file();
+    let f = Format::from_options(&options(desc.as_str(), "protobuf-confluent"), "b").unwrap();
+    let d = RecordDecoder::new(Arc::new(Schema::empty()), f, 1 << 20).unwrap();
+    let mut x: u64 = 0x9E3779B97F4A7C15;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as u8
+    };
+    let records: Vec<Vec<u8>> = (0..3000)
+        .map(|i| {
+            let mut r = vec![0, 0, 0, 0, 1, 2, 2];
+            let body = bid(i, -i, "web", 1, i, None);
+            r.extend((0..body.len()).map(|j| if next() % 8 == 0 { next() } else { body[j] }));
+            r
+        })
+        .collect();
+    let (batch, rejected) = d.decode(records.iter().map(Vec::as_slice)).unwrap();
+    assert_eq!(batch.num_rows() + rejected.len(), records.len());
+}
