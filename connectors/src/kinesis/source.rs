@@ -9,7 +9,8 @@
 //! by the same decoders as Kafka's.
 //!
 //! Options:
-//! - `format` (`json`, `csv`, `raw`), `parallelism` (source instances),
+//! - `format` (`json`, `csv`, `raw`, and Avro, Protobuf and Debezium with
+//!   their options: docs/formats.md), `parallelism` (source instances),
 //!   `max.records.per.pull` (default 100,000), `max.record.bytes`,
 //!   `pull.timeout.ms` (default 2,000);
 //! - `startup`: `trim_horizon` (or `earliest`, the default), `latest`, or
