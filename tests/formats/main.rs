@@ -6,6 +6,8 @@
 //!   they give from the JSON topics the events came from (`nexmark.rs`);
 //! * undecodable records go to the dead-letter topic with their reasons
 //!   (`dead_letters.rs`);
+//! * the Avro records on a Kinesis stream add up to the JSON ones
+//!   (`kinesis.rs`);
 //! * a Debezium topic joined with a stream and aggregated gives the final
 //!   table computed here from the same events (`debezium.rs`).
 //!
@@ -19,6 +21,7 @@ mod common;
 
 mod dead_letters;
 mod debezium;
+mod kinesis;
 mod nexmark;
 
 use std::path::PathBuf;

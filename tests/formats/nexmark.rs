@@ -61,8 +61,25 @@ fn topics() -> &'static Topics {
     })
 }
 
+/// The brokers and the topic of `table` in `format` (`json`, `avro`, `pb`).
+pub(crate) fn topic(format: &str, table: &str) -> (String, String) {
+    let t = topics();
+    (t.brokers.clone(), format!("{}-{format}-{table}", t.prefix))
+}
+
+/// Where the Avro schemas and the descriptor set of the topics are.
+pub(crate) fn schemas_dir() -> PathBuf {
+    topics().schemas.clone()
+}
+
+/// A query over `bid` with one row that every bid counts in.
+pub(crate) fn totals_sql() -> &'static str {
+    "SELECT count(*) AS bids, sum(price) AS price, min(auction) AS first, max(bidder) AS last \
+     FROM bid"
+}
+
 /// The declared columns of a NEXMark table.
-fn columns(table: &str) -> String {
+pub(crate) fn columns(table: &str) -> String {
     let schema = match table {
         "person" => person_schema(),
         "auction" => auction_schema(),
