@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
-use skein_engine::checkpoint::CheckpointStore;
+use skein_engine::checkpoint::{CheckpointStore, Description};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan};
@@ -164,12 +164,22 @@ pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
     let fs = LocalFileSystem::new_with_prefix(&dir)
         .with_context(|| format!("opening the checkpoint directory {}", dir.display()))?;
     let fs: Arc<dyn ObjectStore> = Arc::new(fs);
-    let store = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
-        .await
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&lock);
-            anyhow::Error::msg(e.to_string())
-        })?;
+    let opened = async {
+        let mut store =
+            CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code).await?;
+        // `skein ui` plans the query from its store.
+        store
+            .describe(Description {
+                sql: plan.sql.clone(),
+                group_size: plan.group_size,
+            })
+            .await?;
+        Ok::<_, skein_engine::EngineError>(store)
+    };
+    let store = opened.await.map_err(|e| {
+        let _ = std::fs::remove_file(&lock);
+        anyhow::Error::msg(e.to_string())
+    })?;
     Ok(Some(Held {
         store: Arc::new(store),
         dir,

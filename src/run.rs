@@ -297,7 +297,8 @@ pub async fn run_report(
         collect,
     } = registries();
     let ctx: SessionContext = session(&sources, args.plan.group_size);
-    let opts = args.plan.options();
+    let mut opts = args.plan.options();
+    opts.interval = args.interval;
     let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
         .context("planning the query")?;

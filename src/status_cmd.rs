@@ -107,6 +107,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
         group_size: spec.group_size,
         encoding: spec.encoding,
         invoke_async: false,
+        state_ttl: None,
     };
     let mut plan = plan_sql(&spec.sql, &plan_args).await?;
     standing::route_collect(&mut plan, &spec.store);

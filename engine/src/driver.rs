@@ -108,10 +108,13 @@ pub async fn fire_epoch(
         .await
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
+    let lags: Vec<u64> = answers.iter().filter_map(|r| r.lag).collect();
     Ok(EpochOutcome {
         events: answers.iter().map(|r| r.events).sum(),
         drained: answers.iter().all(|r| r.drained || r.finished),
         finished: answers.iter().all(|r| r.finished),
+        lag: (!lags.is_empty()).then(|| lags.iter().sum()),
+        watermark_ms: answers.iter().filter_map(|r| r.watermark_ms).min(),
     })
 }
 
@@ -291,6 +294,18 @@ impl EpochRuntime for LocalEpochs<'_> {
             return Err(not_committed(epoch, pending.join("; ")));
         }
         Ok(())
+    }
+
+    async fn usage(&self) -> crate::usage::Usage {
+        // Checkpoint writes are counted by the store handle the driver
+        // shares with the functions here.
+        let stats = self.runtime.stats();
+        crate::usage::Usage {
+            invocations: stats.invocations.load(Ordering::Relaxed),
+            billed_ms: stats.billed_ms.load(Ordering::Relaxed),
+            payload_bytes: stats.payload_bytes.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 
     async fn committed(&self, epoch: u64) {

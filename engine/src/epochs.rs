@@ -12,8 +12,11 @@ use async_trait::async_trait;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::checkpoint::{CheckpointStore, Commit, EpochPlan};
+use crate::checkpoint::{
+    CheckpointFigures, CheckpointStore, Commit, EpochFigures, EpochPlan, Failure, Progress,
+};
 use crate::error::{EngineError, Result};
+use crate::usage::Usage;
 
 /// What the source instances said about one epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,6 +27,11 @@ pub struct EpochOutcome {
     pub drained: bool,
     /// Every source is exhausted for good (bounded sources).
     pub finished: bool,
+    /// Records the sources are behind their partitions' ends, where they
+    /// can tell.
+    pub lag: Option<u64>,
+    /// The lowest watermark the sources sent, Unix ms.
+    pub watermark_ms: Option<i64>,
 }
 
 /// When a run stops.
@@ -165,6 +173,12 @@ pub trait EpochRuntime: Send + Sync {
         Ok(outcome.drained)
     }
 
+    /// What the functions used so far (running totals), as far as this
+    /// runtime can see: recorded per epoch with the commits.
+    async fn usage(&self) -> Usage {
+        Usage::default()
+    }
+
     /// After a failed epoch: replace every function instance, so that all
     /// start again from the last commit. `false`: this runtime cannot, and
     /// the run fails (a restart resumes after the last commit).
@@ -182,6 +196,27 @@ pub struct EpochLog {
     /// The highest epoch with a decision in the store, once listed: later
     /// ones are new, and their decision is written without a read first.
     planned: tokio::sync::Mutex<Option<Option<u64>>>,
+    /// What is recorded with the next commit.
+    tracking: tokio::sync::Mutex<Tracking>,
+}
+
+/// The driver's progress between commits.
+#[derive(Default)]
+struct Tracking {
+    progress: Progress,
+    /// The runtime's usage when last looked at.
+    usage: Usage,
+    /// Objects and bytes written to the store (this handle and the
+    /// functions) at the last commit.
+    written_at_commit: (u64, u64),
+    /// When the first epoch since the last commit was fired.
+    fired: Option<Instant>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl EpochLog {
@@ -191,6 +226,7 @@ impl EpochLog {
             store,
             interval: interval.max(1),
             planned: Default::default(),
+            tracking: Default::default(),
         }
     }
 
@@ -200,6 +236,60 @@ impl EpochLog {
             Some(cs) => cs.committed().await,
             None => Ok(None),
         }
+    }
+
+    /// The last committed epoch, taking the progress recorded with it to
+    /// go on from.
+    async fn resume(&self, runtime: &dyn EpochRuntime) -> Result<Option<Commit>> {
+        let Some(cs) = &self.store else {
+            return Ok(None);
+        };
+        let record = cs.commit_record().await?;
+        let mut t = self.tracking.lock().await;
+        t.usage = runtime.usage().await;
+        t.written_at_commit = written(cs, &t.usage);
+        if let Some(r) = &record {
+            t.progress = r.progress.clone();
+        }
+        Ok(record.map(|r| r.commit))
+    }
+
+    /// Take what one epoch did into the progress.
+    async fn ran(&self, runtime: &dyn EpochRuntime, outcome: &EpochOutcome, fired: Instant) {
+        if self.store.is_none() {
+            return;
+        }
+        let usage = runtime.usage().await;
+        let mut t = self.tracking.lock().await;
+        let used = usage.since(&t.usage);
+        t.usage = usage;
+        t.fired.get_or_insert(fired);
+        t.progress.epoch(
+            now_ms(),
+            EpochFigures {
+                events: outcome.events,
+                took_ms: fired.elapsed().as_secs_f64() * 1000.0,
+                lag: outcome.lag,
+                watermark_ms: outcome.watermark_ms,
+                usage: used,
+            },
+        );
+    }
+
+    /// Record a failed epoch (a failure to record it only costs the record).
+    async fn failed(&self, epoch: u64, error: &EngineError) {
+        let Some(cs) = &self.store else {
+            return;
+        };
+        let failure = Failure {
+            at_ms: now_ms(),
+            epoch,
+            message: crate::error::one_line(error),
+        };
+        if let Err(e) = cs.put_failure(&failure).await {
+            tracing::warn!(error = %e, "recording a failed epoch");
+        }
+        self.tracking.lock().await.fired = None;
     }
 
     /// Whether `epoch` is the last: as decided the first time it fired.
@@ -243,12 +333,35 @@ impl EpochLog {
         // here: a member left waiting earlier is still waiting now.
         let started = std::time::Instant::now();
         runtime.check_complete(epoch).await?;
-        cs.commit(Commit { epoch, last }).await?;
+        {
+            let mut t = self.tracking.lock().await;
+            let now = written(cs, &t.usage);
+            let fired = t.fired.take().unwrap_or(started);
+            let figures = CheckpointFigures {
+                epoch,
+                at_ms: now_ms(),
+                duration_ms: fired.elapsed().as_secs_f64() * 1000.0,
+                bytes: now.1.saturating_sub(t.written_at_commit.1),
+                requests: now.0.saturating_sub(t.written_at_commit.0),
+            };
+            t.progress.checkpoint(figures);
+            t.written_at_commit = now;
+            cs.commit_with(Commit { epoch, last }, &t.progress).await?;
+        }
         cs.forget_before(epoch).await?;
         crate::metrics::commit(started.elapsed());
         runtime.committed(epoch).await;
         Ok(())
     }
+}
+
+/// Objects and bytes written to the store so far: through this handle
+/// and, as the functions report them, through theirs.
+fn written(cs: &CheckpointStore, usage: &Usage) -> (u64, u64) {
+    (
+        cs.puts() + usage.checkpoint_puts,
+        cs.bytes_written() + usage.checkpoint_bytes,
+    )
 }
 
 /// How often one epoch may fail and be run again (after replacing every
@@ -284,7 +397,7 @@ pub async fn run_epochs(
     mut on_epoch: impl FnMut(u64, u64),
 ) -> Result<EpochsRun> {
     let start = Instant::now();
-    let resumed = log.committed().await?;
+    let resumed = log.resume(runtime).await?;
     let first_epoch = resumed.map_or(0, |c| c.epoch + 1);
     if let Some(c) = resumed {
         tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
@@ -319,6 +432,7 @@ pub async fn run_epochs(
         let (outcome, stopping) = match run_and_commit(runtime, log, epoch, last, signal).await {
             Ok(done) => done,
             Err(e) => {
+                log.failed(epoch, &e).await;
                 let tries = failures.entry(epoch).or_default();
                 *tries += 1;
                 if log.store.is_none()
@@ -388,7 +502,9 @@ async fn run_and_commit(
     last: bool,
     signal: Option<&StopSignal>,
 ) -> Result<(EpochOutcome, bool)> {
+    let fired = Instant::now();
     let outcome = runtime.run_epoch(epoch, last).await?;
+    log.ran(runtime, &outcome, fired).await;
     let stopping = signal.is_some_and(StopSignal::is_raised);
     log.commit(runtime, epoch, last, stopping).await?;
     Ok((outcome, stopping))
@@ -477,6 +593,16 @@ mod tests {
         assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3, 4, 3, 4, 5]);
         assert_eq!((run.epochs, run.events, run.recoveries), (6, 60, 1));
         assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 5);
+        // The commit carries the progress: every epoch run (retries too),
+        // and a checkpoint per commit; the failure is recorded apart.
+        let progress = cs.commit_record().await.unwrap().unwrap().progress;
+        assert_eq!((progress.totals.epochs, progress.totals.events), (8, 80));
+        let committed: Vec<u64> = progress.checkpoints.iter().map(|c| c.epoch).collect();
+        assert_eq!(committed, vec![0, 2, 4, 5]);
+        assert!(progress.checkpoints.iter().all(|c| c.requests > 0));
+        let failure = cs.failure().await.unwrap().unwrap();
+        assert_eq!(failure.epoch, 4);
+        assert!(failure.message.contains("a member waits"), "{failure:?}");
         // A second run of the same bounded query has nothing to do.
         let again = run_epochs(&rt, &log, StopAfter::Epochs(6), |_, _| {})
             .await

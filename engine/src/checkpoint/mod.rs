@@ -5,12 +5,15 @@
 //! Layout under the store's root (one root per query):
 //!
 //! ```text
-//! manifest.json                      the query it belongs to and the run lineage
-//! commit.json                        the last epoch every member finished
+//! manifest.json                      the query it belongs to (its text) and the run lineage
+//! commit.json                        the last epoch every member finished, and the
+//!                                    driver's progress up to it (progress.rs)
 //! epochs/<e>.json                    the driver's decisions for epoch e (is it the last?)
 //! offsets/<stage>-<member>/<e>.json  what a source member read in epoch e
 //! state/<stage>-<member>/<e>.bin     a stateful member's whole state as of the end of e
 //! state/<stage>-<member>/<e>.changes.bin  or its changes since an earlier state
+//! tally/<stage>-<member>.json        a member's counts and figures (tally.rs)
+//! failure.json                       the last epoch that failed, and why
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
@@ -18,6 +21,7 @@
 //! epochs from the offsets log (same records, same watermarks), and sinks
 //! skip what they already hold by (run, epoch, member).
 
+mod progress;
 mod snapshot;
 mod summary;
 mod tally;
@@ -33,11 +37,14 @@ use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 use crate::watermark::ClockState;
 
+pub use progress::{
+    BUCKET_MS, CheckpointFigures, CommitRecord, EpochFigures, Failure, Point, Progress, Totals,
+};
 pub use snapshot::{
     MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
 };
 pub use summary::StoreSummary;
-pub use tally::{MemberTally, Tally};
+pub use tally::{FIGURES_EVERY, Live, MemberFigures, MemberRecord, MemberTally, Reason, Tally};
 
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +53,19 @@ pub struct Manifest {
     pub query_code: String,
     /// The run lineage every restart from this store keeps.
     pub run: String,
+    /// The query as it was planned, for readers that have only the store
+    /// (`skein ui`); none in a store written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub described: Option<Description>,
+}
+
+/// What it takes to plan a store's query again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// The query text.
+    pub sql: String,
+    /// Members of each function group.
+    pub group_size: usize,
 }
 
 /// The last committed epoch.
@@ -160,6 +180,7 @@ impl CheckpointStore {
                 let m = Manifest {
                     query_code: query_code.to_string(),
                     run: fresh_run(query_code),
+                    described: None,
                 };
                 put_json(&store, &key, &m).await?;
                 m
@@ -184,6 +205,7 @@ impl CheckpointStore {
             manifest: Manifest {
                 query_code: query_code.to_string(),
                 run: run.to_string(),
+                described: None,
             },
             written: Default::default(),
             puts: Default::default(),
@@ -194,6 +216,22 @@ impl CheckpointStore {
     /// The store's manifest: the query and run lineage it belongs to.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Record the query's text and group size in the manifest, if it does
+    /// not hold them already (one write per run at most).
+    pub async fn describe(&mut self, described: Description) -> Result<()> {
+        if self.manifest.described.as_ref() == Some(&described) {
+            return Ok(());
+        }
+        self.manifest.described = Some(described);
+        let key = self.key(&["manifest.json"]);
+        put_json(&self.store, &key, &self.manifest).await
+    }
+
+    /// The manifest as the store holds it, if there is one.
+    pub async fn read_manifest(&self) -> Result<Option<Manifest>> {
+        get_json(&self.store, &self.key(&["manifest.json"])).await
     }
 
     /// The store's root path in its object store.
@@ -246,7 +284,32 @@ impl CheckpointStore {
 
     /// Record `commit` as the last committed epoch.
     pub async fn commit(&self, commit: Commit) -> Result<()> {
-        self.put_json(&self.key(&["commit.json"]), &commit).await
+        self.commit_with(commit, &Progress::default()).await
+    }
+
+    /// Record `commit` as the last committed epoch, with the driver's
+    /// progress up to it.
+    pub async fn commit_with(&self, commit: Commit, progress: &Progress) -> Result<()> {
+        let record = CommitRecord {
+            commit,
+            progress: progress.clone(),
+        };
+        self.put_json(&self.key(&["commit.json"]), &record).await
+    }
+
+    /// Record a failed epoch (the last one is kept).
+    pub async fn put_failure(&self, failure: &Failure) -> Result<()> {
+        self.put_json(&self.key(&["failure.json"]), failure).await
+    }
+
+    /// The last failed epoch, if one failed.
+    pub async fn failure(&self) -> Result<Option<Failure>> {
+        get_json(&self.store, &self.key(&["failure.json"])).await
+    }
+
+    /// The last commit with the progress recorded with it, if any.
+    pub async fn commit_record(&self) -> Result<Option<CommitRecord>> {
+        get_json(&self.store, &self.key(&["commit.json"])).await
     }
 
     /// The plan the driver wrote for `epoch`, if it wrote one.

@@ -117,6 +117,7 @@ impl StageFunction {
             u.restore(
                 whole.buffered,
                 chain.into_iter().rev().map(|c| c.changes).collect(),
+                commit.epoch,
             )?;
         } else {
             state

@@ -132,6 +132,10 @@ impl StageFunction {
             .await
             .map_err(|e| e.at_source(&reader.table, &self.name))?;
         self.tally.count(|t| t.dead_letters += mb.dead_letters);
+        if let Some(reason) = &mb.dead_letter_reason {
+            self.tally
+                .measure(|l| l.reason("dead letter", &reader.table, reason.clone()));
+        }
         Ok(mb)
     }
 

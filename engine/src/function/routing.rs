@@ -11,7 +11,7 @@ use futures::future::try_join_all;
 use super::{StageFunction, StageOutput};
 use crate::context::{NextHop, function_name};
 use crate::error::Result;
-use crate::invoke::{InvocationType, invoke_with_retry};
+use crate::invoke::{InvocationType, invoke_counting_retries};
 use crate::payload::{ASYNC_PAYLOAD_LIMIT, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads};
 use crate::sink::SinkWrite;
 
@@ -72,8 +72,11 @@ impl StageFunction {
                     })
                     .await;
                 crate::metrics::sink_write(&config.kind, rows, written.is_ok());
-                if written.is_err() {
+                if let Err(e) = &written {
                     self.tally.count(|t| t.sink_errors += 1);
+                    let text = crate::error::one_line(e);
+                    self.tally
+                        .measure(|l| l.reason("sink error", &config.kind, text));
                 }
                 written
             }
@@ -122,7 +125,7 @@ impl StageFunction {
             let bytes = p.to_json();
             let sent = bytes.len();
             crate::metrics::invocation(stage, sent);
-            let answer = invoke_with_retry(
+            let (answer, retries) = invoke_counting_retries(
                 self.env.invoker.as_ref(),
                 &target,
                 bytes,
@@ -132,6 +135,10 @@ impl StageFunction {
             )
             .await?;
             crate::usage::count_callee(sent, &answer);
+            self.tally.measure(|l| {
+                l.bytes_out += sent as u64;
+                l.retries += u64::from(retries);
+            });
         }
         Ok(())
     }

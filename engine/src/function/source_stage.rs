@@ -39,6 +39,7 @@ impl StageFunction {
         let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
         let mut offsets = vec![];
         let mut events = 0u64;
+        let mut lag: Option<u64> = None;
         let mut watermark = WatermarkMin::default();
         let (mut drained, mut finished) = (true, true);
         let spec = EpochSpec {
@@ -80,7 +81,14 @@ impl StageFunction {
             .map_err(|e| source_err(&r.table, e))?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
             self.tally.count(|t| t.dead_letters += mb.dead_letters);
+            if let Some(reason) = &mb.dead_letter_reason {
+                self.tally
+                    .measure(|l| l.reason("dead letter", &r.table, reason.clone()));
+            }
             let progress = mb.progress();
+            for l in progress.iter().filter_map(|p| p.lag) {
+                *lag.get_or_insert(0) += l;
+            }
             crate::metrics::source_pull(&r.table, &progress, |p| {
                 p.batches
                     .iter()
@@ -146,6 +154,11 @@ impl StageFunction {
             (None, None) => {}
         }
         crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
+        let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
+        self.tally.measure(|l| {
+            l.watermark_ms = watermark_ms.or(l.watermark_ms);
+            l.epoch = Some(t.epoch);
+        });
         let mut rows_out = 0;
         // A changelog table's rows run through the plan by kind.
         let by_kind = self
@@ -178,6 +191,8 @@ impl StageFunction {
             rows_out,
             drained,
             finished,
+            lag,
+            watermark_ms,
             ..Default::default()
         })
     }
