@@ -166,6 +166,24 @@ fn render(s: &QueryStatus, platform: &Value) {
     for p in &s.problems {
         println!("  problem: {p}");
     }
+    for sink in &s.sinks {
+        let ago = |ms: i64| {
+            let s = (skein_lambda::lease::now_ms() as i64 - ms).max(0) / 1000;
+            format!("{s} s ago")
+        };
+        if sink.failing() {
+            println!(
+                "  sink {} FAILING: {} failures in a row{}; last error: {}",
+                sink.sink,
+                sink.consecutive_failures,
+                sink.failing_since_ms
+                    .map_or(String::new(), |ms| format!(" since {}", ago(ms))),
+                sink.last_error.as_deref().unwrap_or("-")
+            );
+        } else if let Some(ms) = sink.last_success_ms {
+            println!("  sink {} writing again since {}", sink.sink, ago(ms));
+        }
+    }
     if let Some(state) = platform.get("schedule").and_then(Value::as_str) {
         println!("  schedule {state}");
     }

@@ -6,6 +6,11 @@ use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 /// S3 from the `AWS_*` variables. Empty values are skipped: emulators set
 /// e.g. `AWS_SESSION_TOKEN=""`, which is no token.
 pub fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
+    s3_builder_from_env(bucket).build()
+}
+
+/// [`s3_from_env`] before it is built, for a caller that sets more.
+pub fn s3_builder_from_env(bucket: &str) -> AmazonS3Builder {
     let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
     for (key, value) in std::env::vars() {
         if value.is_empty() || !key.starts_with("AWS_") {
@@ -28,5 +33,5 @@ pub fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::Amaz
     if endpoint.starts_with("http://") {
         builder = builder.with_allow_http(true);
     }
-    builder.build()
+    builder
 }

@@ -20,6 +20,7 @@ use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invo
 use crate::local::{LocalRuntime, environment};
 use crate::payload::SourceOffset;
 use crate::planner::{PlanOptions, QueryPlan};
+use crate::sink_health::BoundNow;
 
 pub use crate::epochs::{DrainCheck, EpochOutcome, StopAfter};
 
@@ -197,6 +198,13 @@ pub async fn run_local_drained_by<'a>(
     drain: Option<&'a mut (dyn DrainCheck + 'a)>,
 ) -> Result<RunReport> {
     let store = runtime.store();
+    runtime.set_bound(BoundNow {
+        deadline: match &stop {
+            StopAfter::Duration { duration, .. } => Some(Instant::now() + *duration),
+            _ => None,
+        },
+        retry_writes: !matches!(stop, StopAfter::Epochs(_)),
+    });
     let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);

@@ -435,7 +435,11 @@ pub async fn run_epochs(
                 log.failed(epoch, &e).await;
                 let tries = failures.entry(epoch).or_default();
                 *tries += 1;
+                // A run past its time bound ends with the failure.
+                let past_bound = matches!(&stop,
+                    StopAfter::Duration { duration, .. } if start.elapsed() >= *duration);
                 if log.store.is_none()
+                    || past_bound
                     || *tries >= TRIES_PER_EPOCH
                     || !runtime.replace_instances().await?
                 {

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::checkpoint::{CheckpointStore, StoreSummary, Tally};
 use crate::error::Result;
 use crate::planner::QueryPlan;
+use crate::sink_health::SinkHealthReport;
 use crate::source::SourceRegistry;
 
 /// Where one source partition stands.
@@ -58,6 +59,9 @@ pub struct QueryStatus {
     /// not answer), one line each.
     #[serde(default)]
     pub problems: Vec<String>,
+    /// Each sink member that has ever failed, as it last reported: failing
+    /// now (`consecutive_failures` > 0) or written again since.
+    pub sinks: Vec<SinkHealthReport>,
 }
 
 fn now_ms() -> i64 {
@@ -76,6 +80,7 @@ pub async fn query_status(
 ) -> Result<QueryStatus> {
     let summary = store.summary().await?;
     let since_start = store.tally().await?;
+    let sinks = store.sink_health().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
     let mut committed_at: Vec<crate::payload::SourceOffset> = vec![];
@@ -142,5 +147,6 @@ pub async fn query_status(
         store: summary,
         since_start,
         problems,
+        sinks,
     })
 }

@@ -357,6 +357,8 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         max_backoff: Duration::from_secs(2),
         late: Default::default(),
         checkpoints,
+        // A Lambda run's bound is kept by its driver, not its functions.
+        bound: Default::default(),
     };
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");

@@ -14,6 +14,7 @@
 //! state/<stage>-<member>/<e>.changes.bin  or its changes since an earlier state
 //! tally/<stage>-<member>.json        a member's counts and figures (tally.rs)
 //! failure.json                       the last epoch that failed, and why
+//! sinks/<stage>-<member>.json        a sink member's health, once it has failed
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
@@ -22,6 +23,7 @@
 //! skip what they already hold by (run, epoch, member).
 
 mod progress;
+mod sink_health;
 mod snapshot;
 mod summary;
 mod tally;

@@ -33,7 +33,7 @@ use crate::invoke::Invoker;
 use crate::payload::{Payload, PayloadHeader, SourceOffset};
 use crate::ring::HashRing;
 use crate::session::session;
-use crate::sink::{Sink, SinkRegistry};
+use crate::sink::SinkRegistry;
 use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
 use crate::usage::Usage;
 use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
@@ -42,6 +42,7 @@ use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 mod member_state;
 mod pushed;
 mod routing;
+mod sink_write;
 mod source_stage;
 mod updating;
 
@@ -63,6 +64,9 @@ pub struct FunctionEnv {
     /// Where members keep durable state, when the query checkpoints (its
     /// context says so too).
     pub checkpoints: Option<Arc<CheckpointStore>>,
+    /// What the run's bound means for sink writes (see
+    /// [`crate::sink_health`]).
+    pub bound: crate::sink_health::RunBound,
 }
 
 /// The function's answer.
@@ -180,7 +184,7 @@ pub struct StageFunction {
     outputs: Vec<StageOutput>,
     task_ctx: Arc<TaskContext>,
     readers: Vec<SourceReader>,
-    sink: Option<Arc<dyn Sink>>,
+    sink: Option<sink_write::SinkOutput>,
     input_schemas: BTreeMap<u32, SchemaRef>,
     /// Per input edge: the schema its payloads carry (the leaf's, with the
     /// op column on an edge that carries a changelog).
@@ -254,7 +258,7 @@ impl StageFunction {
             });
         }
         let sink = match &ctx.next {
-            NextHop::Sink(cfg) => Some(env.sinks.create(cfg)?),
+            NextHop::Sink(cfg) => Some(sink_write::SinkOutput::new(env.sinks.create(cfg)?, cfg)),
             _ => None,
         };
         let mut input_schemas = BTreeMap::new();

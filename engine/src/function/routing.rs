@@ -56,19 +56,21 @@ impl StageFunction {
         };
         match &output.next {
             NextHop::Sink(config) => {
-                let sink = self.sink.as_ref().expect("sink stage has a sink");
+                let out = self.sink.as_ref().expect("sink stage has a sink");
                 let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
                 let rows = batches.iter().map(|b| b.num_rows()).sum();
-                let written = sink
-                    .write(SinkWrite {
-                        query: &self.ctx.query_code,
-                        run: &self.ctx.run,
-                        epoch: header.epoch,
-                        member: self.ctx.member,
-                        schema,
-                        batches,
-                        offsets: header.offsets.clone(),
-                        last: header.last,
+                let written = self
+                    .watched_sink_write(out, || {
+                        out.sink.write(SinkWrite {
+                            query: &self.ctx.query_code,
+                            run: &self.ctx.run,
+                            epoch: header.epoch,
+                            member: self.ctx.member,
+                            schema: schema.clone(),
+                            batches: batches.clone(),
+                            offsets: header.offsets.clone(),
+                            last: header.last,
+                        })
                     })
                     .await;
                 crate::metrics::sink_write(&config.kind, rows, written.is_ok());
