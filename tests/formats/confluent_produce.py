@@ -8,10 +8,13 @@ tests/formats.rs. Run with the venv scripts/setup.sh makes.
         (avro or protobuf). Writes the schemas it used to SCHEMA_DIR:
         {table}.avsc, or nexmark.desc (a descriptor set, as protoc writes one).
 
-    confluent_produce.py records BROKERS TOPIC SCHEMA_FILE
+    confluent_produce.py records BROKERS TOPIC SCHEMA_FILE [REGISTRY_OUT]
         Writes JSON lines from stdin to TOPIC as Avro with the schema in
         SCHEMA_FILE; a line {"raw_hex": "..."} is written as those bytes, a line
-        {"tombstone": true} as a record without a value.
+        {"tombstone": true} as a record without a value, a line
+        {"schema": "FILE"} makes FILE the schema of the lines after it (the
+        subject's next version). With REGISTRY_OUT, writes there what the
+        registry holds for the ids written: {"ID": "SCHEMA", ...}.
 
 The serializers' registry is confluent-kafka's in-memory one (mock://): no
 registry server is installed here (see docs/formats.md). The bytes are the
@@ -164,11 +167,17 @@ def nexmark(brokers, source, dest, fmt, schema_dir):
         print(f"{dest}-{table}: {len(values)} records", file=sys.stderr)
 
 
-def records(brokers, topic, schema_file):
-    with open(schema_file) as f:
-        serialize = AvroSerializer(registry(), f.read())
+def records(brokers, topic, schema_file, registry_out=None):
+    client = registry()
+
+    def serializer(path):
+        with open(path) as f:
+            return AvroSerializer(client, f.read())
+
+    serialize = serializer(schema_file)
     ctx = SerializationContext(topic, MessageField.VALUE)
     values = []
+    ids = set()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -177,15 +186,22 @@ def records(brokers, topic, schema_file):
             values.append((0, bytes.fromhex(r["raw_hex"])))
         elif r.get("tombstone"):
             values.append((0, None))
+        elif "schema" in r:
+            serialize = serializer(r["schema"])
         else:
-            values.append((0, serialize(r, ctx)))
+            value = serialize(r, ctx)
+            ids.add(int.from_bytes(value[1:5], "big"))
+            values.append((0, value))
     produce(brokers, topic, values)
+    if registry_out:
+        with open(registry_out, "w") as f:
+            json.dump({str(i): client.get_schema(i).schema_str for i in sorted(ids)}, f)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["nexmark"] and len(sys.argv) == 7:
         nexmark(*sys.argv[2:])
-    elif sys.argv[1:2] == ["records"] and len(sys.argv) == 5:
+    elif sys.argv[1:2] == ["records"] and len(sys.argv) in (5, 6):
         records(*sys.argv[2:])
     else:
         raise SystemExit(__doc__)

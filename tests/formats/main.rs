@@ -6,6 +6,8 @@
 //!   they give from the JSON topics the events came from (`nexmark.rs`);
 //! * undecodable records go to the dead-letter topic with their reasons
 //!   (`dead_letters.rs`);
+//! * a schema that evolves mid-topic loses nothing, each record read by the
+//!   id it carries; an unknown id is a dead letter (`evolution.rs`);
 //! * the Avro records on a Kinesis stream add up to the JSON ones
 //!   (`kinesis.rs`);
 //! * a Debezium topic joined with a stream and aggregated gives the final
@@ -13,14 +15,17 @@
 //!
 //! No schema registry server could be installed here (docs/formats.md): the
 //! serializers use confluent-kafka's in-memory registry, the tables read the
-//! wire format with their schema inline, and the registry client is tested
-//! against recorded answers (connectors/src/formats/registry_tests.rs).
+//! wire format with their schema inline (or, in `evolution.rs`, from the
+//! schemas that registry assigned, served over HTTP by the test), and the
+//! registry client is tested against recorded answers
+//! (connectors/src/formats/registry_tests.rs).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod dead_letters;
 mod debezium;
+mod evolution;
 mod kinesis;
 mod nexmark;
 
