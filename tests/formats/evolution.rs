@@ -3,6 +3,7 @@
 //! `int`), then version 2 (`value` a `long`, a new field `unit` with a
 //! default), and a record with an id the registry does not know. The table
 //! reads each record by the id it carries, resolved against its columns.
+//! Then the registry goes away, and `skein status` of the query says so.
 //!
 //! No registry server can be installed here (docs/formats.md), so the test
 //! serves, over HTTP, the Confluent REST answer for exactly the schemas the
@@ -11,7 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{common, final_rows, produce, temp_dir};
 
@@ -19,12 +22,34 @@ const V1: &str = r#"{"type":"record","name":"Reading","namespace":"skein.tests",
 const V2: &str = r#"{"type":"record","name":"Reading","namespace":"skein.tests","fields":[{"name":"sensor","type":"string"},{"name":"value","type":"long"},{"name":"unit","type":["null","string"],"default":null}]}"#;
 
 /// Serves `schemas` (id -> schema text) as a schema registry's
-/// `GET /schemas/ids/<id>` on a port of 127.0.0.1; returns its URL.
-fn serve_schemas(schemas: BTreeMap<String, String>) -> String {
+/// `GET /schemas/ids/<id>` on a port of 127.0.0.1 until dropped.
+struct Schemas {
+    url: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Schemas {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept; the port is closed once the thread ends.
+        let _ = TcpStream::connect(self.url.trim_start_matches("http://"));
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+fn serve_schemas(schemas: BTreeMap<String, String>) -> Schemas {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
         for mut stream in listener.incoming().flatten() {
+            if stopped.load(Ordering::SeqCst) {
+                return;
+            }
             let mut reader = BufReader::new(stream.try_clone().unwrap());
             let mut first = String::new();
             reader.read_line(&mut first).unwrap_or_default();
@@ -53,7 +78,11 @@ fn serve_schemas(schemas: BTreeMap<String, String>) -> String {
             );
         }
     });
-    url
+    Schemas {
+        url,
+        stop,
+        thread: Some(thread),
+    }
 }
 
 #[test]
@@ -93,15 +122,18 @@ fn a_schema_evolving_mid_topic_loses_nothing() {
         serde_json::from_slice(&std::fs::read(&ids).unwrap()).unwrap();
     assert_eq!(schemas.len(), 2, "two versions, two ids: {schemas:?}");
     let registry = serve_schemas(schemas);
+    let url = registry.url.clone();
     let sql = format!(
         "CREATE EXTERNAL TABLE readings (sensor VARCHAR NOT NULL, value BIGINT NOT NULL, unit VARCHAR)
          STORED AS KAFKA LOCATION '{topic}' OPTIONS ('bootstrap.servers' '{brokers}',
-           'format' 'avro-confluent', 'schema.registry.url' '{registry}',
+           'format' 'avro-confluent', 'schema.registry.url' '{url}',
            'dead.letter.topic' '{dlt}');
          SELECT sensor, value, coalesce(unit, '-') FROM readings"
     );
+    let checkpoints = dir.join("checkpoints");
+    let checkpoints = checkpoints.to_str().unwrap();
     assert_eq!(
-        final_rows(&sql, &[]),
+        final_rows(&sql, &["--checkpoint-dir", checkpoints]),
         [
             "a | 1 | -",
             "b | 2 | -",
@@ -119,5 +151,28 @@ fn a_schema_evolving_mid_topic_loses_nothing() {
     assert!(
         reason.contains("schema id 99") && reason.contains("404"),
         "{reason}"
+    );
+
+    // The registry goes away: `skein status` of the query names it.
+    drop(registry);
+    let query = dir.join("q.sql");
+    std::fs::write(&query, &sql).unwrap();
+    let (ok, stdout, stderr) = common::skein(&[
+        "status",
+        query.to_str().unwrap(),
+        "--checkpoint-dir",
+        checkpoints,
+        "--json",
+    ]);
+    assert!(ok, "skein status: {stderr}");
+    let status: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let problems = status["problems"]
+        .as_array()
+        .expect("status lists problems");
+    assert_eq!(problems.len(), 1, "{status}");
+    let problem = problems[0].as_str().unwrap();
+    assert!(
+        problem.starts_with("readings: ") && problem.contains(&format!("schema registry {url}")),
+        "{problem}"
     );
 }
