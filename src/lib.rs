@@ -5,6 +5,7 @@
 
 pub mod args;
 pub mod bench;
+mod bench_formats;
 pub mod bench_state;
 pub mod checkpoint_dir;
 pub mod cost;
@@ -15,6 +16,7 @@ pub mod lambda_run;
 pub mod measure;
 pub mod nexmark;
 pub mod publish;
+mod publish_format;
 pub mod registry;
 pub mod report;
 pub mod run;

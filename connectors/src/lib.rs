@@ -9,6 +9,8 @@
 //! Redis connection, the Kinesis client, the one error) in skein-clients.
 
 pub mod decode;
+// Avro, Protobuf, the schema registry, Debezium.
+pub mod formats;
 pub mod kafka;
 pub mod kinesis;
 mod options;

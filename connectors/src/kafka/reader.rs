@@ -244,6 +244,10 @@ impl PartitionReader {
                 decoder.builder(((high - pos).max(0) as usize).min(config.max_records_per_pull))
             })
             .collect();
+        // The offset of each record pushed, per partition, where the
+        // decoder may reject a record only when it builds the batch (Avro).
+        let late = decoder.rejects_late();
+        let mut pushed: Vec<Vec<i64>> = vec![vec![]; parts.len()];
         let targets_known = started.elapsed();
         let mut undecodable: Vec<Undecodable> = Vec::new();
         let (mut records, mut bytes) = (0usize, 0usize);
@@ -289,6 +293,9 @@ impl PartitionReader {
                     }
                     records += 1;
                     bytes += payload.len();
+                    if late {
+                        pushed[i].push(offset);
+                    }
                     if let Some(reason) = builders[i].push(payload) {
                         undecodable.push(Undecodable {
                             partition,
@@ -324,8 +331,18 @@ impl PartitionReader {
         }
         let mut batches: Vec<RecordBatch> = vec![];
         let mut partitions = Vec::with_capacity(parts.len());
-        for ((p, pos, high), builder) in parts.iter().zip(builders) {
-            let (batch, _) = builder.finish()?;
+        for (((p, pos, high), builder), offsets) in parts.iter().zip(builders).zip(&pushed) {
+            let (batch, rejected) = builder.finish()?;
+            for r in rejected {
+                if let (Some(payload), Some(&offset)) = (r.record, offsets.get(r.index)) {
+                    undecodable.push(Undecodable {
+                        partition: *p,
+                        offset,
+                        reason: r.reason,
+                        payload,
+                    });
+                }
+            }
             let mut progress = PartitionProgress {
                 partition: p.to_string(),
                 lag: Some((high - pos).max(0) as u64),

@@ -14,7 +14,7 @@
 //!
 //! | option                 | meaning                                               |
 //! |------------------------|-------------------------------------------------------|
-//! | `format`               | `json` (default), `csv` or `raw`                      |
+//! | `format`               | `json` (default), `csv`, `raw`, `avro`, `avro-confluent`, `protobuf`, `protobuf-confluent`, `debezium-json`, `debezium-avro-confluent` (docs/formats.md, with their options) |
 //! | `parallelism`          | source instances (default 1)                          |
 //! | `startup`              | `earliest` (default), `latest`, `committed`, `offsets`, `checkpoint` (the offsets the query's sink committed; see `skein run`) |
 //! | `offsets`              | `partition:offset,...` for `startup = offsets`; partitions not listed start at the earliest |
@@ -35,7 +35,6 @@
 //! librdkafka fetching while a backlog is drained.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +68,14 @@ pub const SOURCE_OPTIONS: &[&str] = &[
     "pull.timeout.ms",
     "dead.letter.topic",
 ];
+
+/// The options a Kafka source takes: its own, its format's (Avro,
+/// Protobuf, the schema registry) and any librdkafka property.
+fn source_options() -> TableOptions {
+    TableOptions::only(SOURCE_OPTIONS)
+        .and(&crate::formats::all_options())
+        .passing_dotted("librdkafka property")
+}
 
 /// Where a partition starts when the source first reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +111,7 @@ impl KafkaSourceConfig {
     pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
         let number = |k: &str, default: usize| options::number(config, k, default);
         options::require_location(config, "topic")?;
-        let client = client_properties(&config.options, SOURCE_OPTIONS);
+        let client = client_properties(&config.options, &source_options().names);
         if !client.contains_key("bootstrap.servers") {
             return Err(ConnectorError::Config(
                 "option 'bootstrap.servers' is required".into(),
@@ -121,7 +128,7 @@ impl KafkaSourceConfig {
         let parallelism = options::parallelism(config)?;
         Ok(KafkaSourceConfig {
             topic: config.location.clone(),
-            format: Format::from_str(config.option("format").unwrap_or("json"))?,
+            format: Format::from_options(&config.options, &config.location)?,
             parallelism,
             startup,
             max_records_per_pull: number("max.records.per.pull", 200_000)?.max(1),
@@ -157,7 +164,7 @@ impl std::fmt::Debug for KafkaSource {
 
 impl KafkaSource {
     pub fn new(config: KafkaSourceConfig, schema: SchemaRef) -> Result<Self> {
-        let decoder = RecordDecoder::new(schema, config.format, config.max_record_bytes)?;
+        let decoder = RecordDecoder::new(schema, config.format.clone(), config.max_record_bytes)?;
         Ok(KafkaSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
@@ -188,6 +195,14 @@ impl Source for KafkaSource {
 
     fn parallelism(&self) -> usize {
         self.config.parallelism
+    }
+
+    fn changelog(&self) -> bool {
+        self.decoder.changelog()
+    }
+
+    async fn problems(&self) -> Vec<String> {
+        RecordDecoder::problems(&self.decoder).await
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
@@ -274,7 +289,7 @@ pub struct KafkaSourceFactory;
 
 impl SourceFactory for KafkaSourceFactory {
     fn options(&self) -> TableOptions {
-        TableOptions::only(SOURCE_OPTIONS).passing_dotted("librdkafka property")
+        source_options()
     }
 
     fn capabilities(&self) -> SourceCapabilities {

@@ -86,11 +86,12 @@ pub fn producer_config(options: &BTreeMap<String, String>) -> ClientConfig {
 
 pub struct KafkaSinkFactory;
 
-/// The options a Kafka sink takes: its own, the row encoder's and any
-/// librdkafka property.
+/// The options a Kafka sink takes: its own, the row encoder's (with its
+/// format's) and any librdkafka property.
 fn sink_options() -> TableOptions {
     TableOptions::only(SINK_OPTIONS)
         .and(ENCODER_OPTIONS)
+        .and(&skein_connectors::formats::all_options())
         .passing_dotted("librdkafka property")
 }
 
@@ -140,7 +141,8 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
-        let encoder = RowEncoder::from_options(&config.options).map_err(|e| e.to_string())?;
+        let encoder = RowEncoder::from_options(&config.options, &config.location)
+            .map_err(|e| e.to_string())?;
         changes::takes_updates(&encoder)
     }
 }
@@ -170,7 +172,7 @@ impl KafkaSink {
         if !options.contains_key("bootstrap.servers") {
             return Err(sink_error(topic, "option 'bootstrap.servers' is required"));
         }
-        let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(topic, e))?;
+        let encoder = RowEncoder::from_options(options, topic).map_err(|e| sink_error(topic, e))?;
         let checkpoint = options.get("checkpoint").filter(|c| !c.is_empty());
         let delivery = match options.get("delivery").map(String::as_str) {
             // The transactional producers are opened on each member's first write.

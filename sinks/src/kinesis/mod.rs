@@ -52,7 +52,9 @@ pub struct KinesisSinkFactory;
 impl SinkFactory for KinesisSinkFactory {
     /// Its own options and the row encoder's.
     fn options(&self) -> TableOptions {
-        TableOptions::only(SINK_OPTIONS).and(ENCODER_OPTIONS)
+        TableOptions::only(SINK_OPTIONS)
+            .and(ENCODER_OPTIONS)
+            .and(&skein_connectors::formats::all_options())
     }
 
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
@@ -92,7 +94,8 @@ impl KinesisSink {
         if stream.is_empty() {
             return Err(sink_error(stream, "LOCATION must name the stream"));
         }
-        let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(stream, e))?;
+        let encoder =
+            RowEncoder::from_options(options, stream).map_err(|e| sink_error(stream, e))?;
         let max_attempts = match options.get("max.attempts") {
             Some(v) => v
                 .parse::<u32>()
