@@ -10,6 +10,7 @@ pub mod bench_state;
 pub mod checkpoint_dir;
 pub mod cost;
 pub mod cost_cmd;
+pub mod gen_args;
 pub mod lambda_bench;
 pub mod lambda_cmd;
 pub mod lambda_run;

@@ -17,7 +17,7 @@ use skein_connectors::formats::avro::encode::schema_for;
 use skein_generators::nexmark::{auction_schema, bid_schema, person_schema};
 use skein_generators::ysb::ysb_schema;
 
-use crate::publish::{Benchmark, GenArgs, NexmarkTable};
+use crate::gen_args::{Benchmark, GenArgs, NexmarkTable};
 
 /// The record format of a `skein gen` run other than JSON.
 #[derive(Debug, Clone)]

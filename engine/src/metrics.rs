@@ -94,10 +94,10 @@ pub fn sink_write(sink: &str, rows: usize, ok: bool) {
 
 /// Where a sink stands: failed attempts in a row (0 while it writes) and
 /// when a write last succeeded.
-pub fn sink_health(sink: &str, report: &crate::sink_health::SinkHealthReport) {
+pub fn sink_health(sink: &str, consecutive_failures: u64, last_success_ms: Option<i64>) {
     gauge!("skein_sink_consecutive_failures", "sink" => sink.to_string())
-        .set(report.consecutive_failures as f64);
-    if let Some(ms) = report.last_success_ms {
+        .set(consecutive_failures as f64);
+    if let Some(ms) = last_success_ms {
         gauge!("skein_sink_last_success_timestamp_seconds", "sink" => sink.to_string())
             .set(ms as f64 / 1000.0);
     }

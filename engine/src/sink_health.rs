@@ -114,7 +114,11 @@ impl SinkHealth {
             *version += 1;
             (report.clone(), report.consecutive_failures)
         };
-        crate::metrics::sink_health(&self.kind, &report);
+        crate::metrics::sink_health(
+            &self.kind,
+            report.consecutive_failures,
+            report.last_success_ms,
+        );
         if failures.is_power_of_two() {
             let since = report
                 .failing_since_ms
@@ -150,7 +154,11 @@ impl SinkHealth {
             report.last_success_ms = Some(now_ms());
             report.clone()
         };
-        crate::metrics::sink_health(&self.kind, &report);
+        crate::metrics::sink_health(
+            &self.kind,
+            report.consecutive_failures,
+            report.last_success_ms,
+        );
     }
 
     /// What it says now.
