@@ -25,6 +25,10 @@ use serde_json::{Map, Value};
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 const EVENTS: u64 = 40_000;
+/// Events per second of event time: 40,000 events span 200 s, so tumbling
+/// windows close 20 times, sliding ones 40 times, and bidders' sessions
+/// end and start again.
+const EVENT_RATE: u64 = 200;
 
 /// Topics `<prefix>-person|auction|bid` written by `skein gen`, and the
 /// same events generated here.
@@ -45,6 +49,8 @@ fn topics() -> &'static Topics {
             &format!("kafka://{brokers}/{prefix}"),
             "--events",
             &EVENTS.to_string(),
+            "--event-rate",
+            &EVENT_RATE.to_string(),
             "--partitions",
             "4",
             "--json",
@@ -61,6 +67,7 @@ fn topics() -> &'static Topics {
         let events: Vec<Event> = NexmarkGenerator::new(NexmarkConfig {
             base_time_ms,
             max_events: Some(EVENTS),
+            first_event_rate: EVENT_RATE,
             ..NexmarkConfig::default()
         })
         .expect("a NEXMark generator")

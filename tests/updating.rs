@@ -308,9 +308,10 @@ fn a_kafka_upsert_topic_read_committed_keeps_each_keys_latest_row() {
     assert_eq!(latest, reference(end));
 }
 
-#[test]
-fn debezium_change_events_rebuild_the_table() {
-    let live = Live::new("updating-debezium");
+/// A standing count and sum per key into a Kafka topic of Debezium change
+/// events, over 5,000 records already in the source topic; returns the
+/// query file and the output topic.
+fn debezium_query(live: &Live) -> (PathBuf, String) {
     let out = common::unique_name("updating-debezium-out");
     create_topic(&common::kafka_brokers(), &out, 1);
     produce(&live.writer, 0..5_000);
@@ -331,10 +332,20 @@ fn debezium_change_events_rebuild_the_table() {
         ),
     )
     .unwrap();
-    drain_through_kills(&live, &sql, 2);
+    (sql, out)
+}
+
+/// Replays the change events committed to `out` in order: each create is of
+/// a new key, each update's and delete's `before` is the key's row then (a
+/// doubled or lost event breaks the chain), and the table they leave is the
+/// reference over the 5,000 records.
+fn assert_debezium_table(out: &str) {
     let mut table: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut ops: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, _, value) in committed_records(&common::kafka_brokers(), &out) {
+    for (i, (_, _, value)) in committed_records(&common::kafka_brokers(), out)
+        .into_iter()
+        .enumerate()
+    {
         let e: Value = serde_json::from_slice(&value).unwrap();
         let op = e["op"].as_str().expect("op").to_string();
         *ops.entry(op.clone()).or_default() += 1;
@@ -350,7 +361,7 @@ fn debezium_change_events_rebuild_the_table() {
                 let (k, v) = row("after");
                 assert!(
                     table.insert(k, v).is_none(),
-                    "a create of a key that exists"
+                    "event {i}: a create of a key that exists: {e}"
                 );
             }
             "u" => {
@@ -358,7 +369,7 @@ fn debezium_change_events_rebuild_the_table() {
                 assert_eq!(
                     table.get(&k),
                     Some(&before),
-                    "an update's before is the row"
+                    "event {i}: an update's before is the row: {e}"
                 );
                 let (k, after) = row("after");
                 table.insert(k, after);
@@ -368,7 +379,7 @@ fn debezium_change_events_rebuild_the_table() {
                 assert_eq!(
                     table.remove(&k),
                     Some(before),
-                    "a delete's before is the row"
+                    "event {i}: a delete's before is the row: {e}"
                 );
             }
             other => panic!("op {other:?}"),
@@ -380,6 +391,45 @@ fn debezium_change_events_rebuild_the_table() {
         "updates every epoch: {ops:?}"
     );
     assert_eq!(table, reference(5_000));
+}
+
+#[test]
+fn debezium_change_events_rebuild_the_table() {
+    let live = Live::new("updating-debezium");
+    let (sql, out) = debezium_query(&live);
+    drain_through_kills(&live, &sql, 2);
+    assert_debezium_table(&out);
+}
+
+/// Crashed right after a sink wrote an epoch's changes and before the epoch
+/// committed, the restart computes that epoch again: its changes must not
+/// reach the topic twice.
+#[test]
+fn debezium_change_events_survive_a_crash_between_a_write_and_its_commit() {
+    use std::os::unix::process::ExitStatusExt;
+    let live = Live::new("updating-debezium-crash");
+    let (sql, out) = debezium_query(&live);
+    let crashed = live
+        .command(&sql, &["--until-drained", "--interval", "10ms"])
+        .env(skein_engine::crash_point::CRASH_AFTER_SINK_WRITE, "5")
+        .output()
+        .expect("running skein");
+    assert_eq!(
+        crashed.status.signal(),
+        Some(6),
+        "the armed run aborts after a sink write: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
+    let resumed = live
+        .command(&sql, &["--until-drained", "--interval", "10ms"])
+        .output()
+        .expect("running skein");
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_debezium_table(&out);
 }
 
 #[test]
