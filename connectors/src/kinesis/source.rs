@@ -24,33 +24,31 @@
 //! its children start, and the offsets log marks a finished shard with
 //! [`SHARD_END`] so a replay or a resume does not read it again.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::primitives::{Blob, DateTime};
+use aws_sdk_kinesis::primitives::Blob;
 use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
 use datafusion::arrow::datatypes::SchemaRef;
 use skein_engine::backoff::Backoff;
 use skein_engine::error::{Cause, EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    EpochSpec, MicroBatch, PartitionProgress, PushedRecord, ReplayMode, Source, SourceCapabilities,
-    SourceConfig, SourceFactory, TableOptions,
+    EpochSpec, MicroBatch, PushedRecord, ReplayMode, Source, SourceCapabilities, SourceConfig,
+    SourceFactory, TableOptions,
 };
 use tokio::sync::{Mutex, OnceCell};
 use tracing::warn;
 
-use super::shards::{ListedShard, SHARD_END, list_shards, owner, ready, shard_id};
+use super::reader::*;
+use super::shards::{SHARD_END, shard_id};
 use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
-
-/// GetRecords returns at most this many records per call.
-const MAX_RECORDS_PER_GET: i32 = 10_000;
+use skein_engine::source::partition_number as shard_number;
 
 /// Where a shard is first read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,12 +123,12 @@ impl KinesisSourceConfig {
 
 /// Reads one Kinesis stream for one source instance.
 pub struct KinesisSource {
-    config: Arc<KinesisSourceConfig>,
-    decoder: Arc<RecordDecoder>,
+    pub(super) config: Arc<KinesisSourceConfig>,
+    pub(super) decoder: Arc<RecordDecoder>,
     /// Opened on the first pull: planning must not need AWS.
-    reader: Mutex<Option<ShardReader>>,
-    client: OnceCell<Client>,
-    dead_letters: Arc<AtomicU64>,
+    pub(super) reader: Mutex<Option<ShardReader>>,
+    pub(super) client: OnceCell<Client>,
+    pub(super) dead_letters: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for KinesisSource {
@@ -139,50 +137,8 @@ impl std::fmt::Debug for KinesisSource {
     }
 }
 
-/// One owned shard and where its reader stands.
-struct Shard {
-    id: String,
-    parents: Vec<String>,
-    /// Where a shard with nothing read yet starts: the configured startup
-    /// for shards of the first listing, the trim horizon for children
-    /// that appeared later (all their records come after their parents').
-    from_startup: bool,
-    /// `None` until needed (or after a seek): fetched before the next read.
-    iterator: Option<String>,
-    /// The last sequence number read, where a renewed iterator starts.
-    last_sequence: Option<String>,
-    /// Read to its end (or gone from the stream): never read again.
-    finished: bool,
-}
-
-#[derive(Default)]
-struct ShardReader {
-    /// The owned shards in shard-id order; append-only, so indexes hold.
-    shards: Vec<Shard>,
-    /// The stream's shards as last listed.
-    listed: BTreeMap<String, ListedShard>,
-    listed_once: bool,
-}
-
-impl ShardReader {
-    fn is_ready(&self, shard: &Shard) -> bool {
-        !shard.finished
-            && ready(&shard.parents, &self.listed, |p| {
-                self.shards.iter().find(|s| s.id == p).map(|s| s.finished)
-            })
-    }
-}
-
-/// A record that failed to decode, kept until it is dead-lettered.
-struct Undecodable {
-    shard: String,
-    sequence_number: String,
-    reason: String,
-    data: Vec<u8>,
-}
-
 /// How errors name a Kinesis source: by kind and stream.
-fn source_name(stream: &str) -> String {
+pub(super) fn source_name(stream: &str) -> String {
     format!("kinesis stream {stream}")
 }
 
@@ -198,7 +154,7 @@ impl KinesisSource {
         })
     }
 
-    async fn client(&self) -> &Client {
+    pub(super) async fn client(&self) -> &Client {
         self.client
             .get_or_init(skein_clients::kinesis::client)
             .await
@@ -208,7 +164,7 @@ impl KinesisSource {
     /// the rejected ones are counted and dead-lettered, or, with `hold`
     /// and no dead-letter stream, handed back in `rejected` (pushed
     /// records: the function reports them to the platform).
-    async fn decode_records(
+    pub(super) async fn decode_records(
         &self,
         records: &[(&str, &str, &[u8])],
         hold: bool,
@@ -268,107 +224,11 @@ impl KinesisSource {
         self.dead_letters.load(Ordering::Relaxed)
     }
 
-    fn error(&self, cause: impl Into<Cause>) -> EngineError {
+    pub(super) fn error(&self, cause: impl Into<Cause>) -> EngineError {
         EngineError::source_failed(source_name(&self.config.stream), cause)
     }
 
-    /// Lists the stream's shards and takes the owned ones not yet known.
-    /// A known shard gone from the listing (expired, or deleted by an
-    /// emulator that drops closed parents) is finished: nothing of it can
-    /// be read any more.
-    async fn refresh(&self, reader: &mut ShardReader, spec: &EpochSpec) -> EngineResult<()> {
-        let client = self.client().await;
-        let listed = list_shards(client, &self.config.stream)
-            .await
-            .map_err(|e| self.error(e))?;
-        let first = !reader.listed_once;
-        for l in &listed {
-            if owner(&l.id, spec.instances) != spec.instance
-                || reader.shards.iter().any(|s| s.id == l.id)
-            {
-                continue;
-            }
-            // Starting at `latest`, a shard already closed has nothing new.
-            let skipped = first && l.closed && self.config.startup == KinesisStartup::Latest;
-            reader.shards.push(Shard {
-                id: l.id.clone(),
-                parents: l.parents.clone(),
-                from_startup: first,
-                iterator: None,
-                last_sequence: None,
-                finished: skipped,
-            });
-        }
-        reader.listed = listed.into_iter().map(|l| (l.id.clone(), l)).collect();
-        reader.listed_once = true;
-        for shard in reader.shards.iter_mut() {
-            if !shard.finished && !reader.listed.contains_key(&shard.id) {
-                self.gone(shard);
-            }
-        }
-        Ok(())
-    }
-
-    fn gone(&self, shard: &mut Shard) {
-        warn!(stream = %self.config.stream, shard = %shard.id, last = ?shard.last_sequence,
-            "shard is gone from the stream; reading it ends here");
-        shard.finished = true;
-        shard.iterator = None;
-    }
-
-    /// The reader, opened (listed) on first use: planning must not need AWS.
-    async fn reader<'a>(
-        &self,
-        slot: &'a mut Option<ShardReader>,
-        spec: &EpochSpec,
-    ) -> EngineResult<&'a mut ShardReader> {
-        if slot.is_none() {
-            let mut reader = ShardReader::default();
-            self.refresh(&mut reader, spec).await?;
-            *slot = Some(reader);
-        }
-        Ok(slot.as_mut().expect("opened above"))
-    }
-
-    /// An iterator just after the last record read of `shard`, or where
-    /// it starts if nothing was read; `None` if the shard is gone.
-    async fn renew(&self, client: &Client, shard: &Shard) -> EngineResult<Option<String>> {
-        let mut req = client
-            .get_shard_iterator()
-            .stream_name(&self.config.stream)
-            .shard_id(&shard.id);
-        req = match (
-            &shard.last_sequence,
-            shard.from_startup,
-            &self.config.startup,
-        ) {
-            (Some(seq), _, _) => req
-                .shard_iterator_type(ShardIteratorType::AfterSequenceNumber)
-                .starting_sequence_number(seq),
-            (None, true, KinesisStartup::Latest) => {
-                req.shard_iterator_type(ShardIteratorType::Latest)
-            }
-            (None, true, KinesisStartup::AtTimestamp { ms }) => req
-                .shard_iterator_type(ShardIteratorType::AtTimestamp)
-                .timestamp(DateTime::from_millis(*ms)),
-            _ => req.shard_iterator_type(ShardIteratorType::TrimHorizon),
-        };
-        match req.send().await {
-            Ok(out) => Ok(out.shard_iterator),
-            Err(e)
-                if e.as_service_error()
-                    .is_some_and(|s| s.is_resource_not_found_exception()) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(self.error(ConnectorError::kinesis(
-                format!("GetShardIterator {}", shard.id),
-                e,
-            ))),
-        }
-    }
-
-    async fn send_dead_letters(&self, bad: Vec<Undecodable>) -> EngineResult<()> {
+    pub(super) async fn send_dead_letters(&self, bad: Vec<Undecodable>) -> EngineResult<()> {
         let Some(stream) = &self.config.dead_letter_stream else {
             return Ok(());
         };
@@ -579,236 +439,6 @@ impl Source for KinesisSource {
             })
             .collect();
         self.pull_to(spec, Some(targets)).await
-    }
-}
-
-/// Where a replay stops in a shard: the last sequence number the logged
-/// pull read, and whether it read the shard to its end.
-#[derive(Debug, Clone)]
-struct Target {
-    last: Option<String>,
-    end: bool,
-}
-
-use skein_engine::source::{partition_number as shard_number, position_after as sequence_after};
-
-impl KinesisSource {
-    /// The logged offset of shard `id` among `at`.
-    fn logged<'a>(&self, at: &'a [SourceOffset], id: &str) -> Option<&'a SourceOffset> {
-        at.iter()
-            .find(|o| o.source == self.config.stream && o.partition == shard_number(id))
-    }
-
-    /// A pull, or with `targets` (shard number -> where the logged pull
-    /// stopped) a replay that reads exactly up to them. A pull lists the
-    /// shards first and again after a shard ends, so children of a shard
-    /// finished in this pull are read in it too.
-    async fn pull_to(
-        &self,
-        spec: EpochSpec,
-        targets: Option<BTreeMap<i32, Target>>,
-    ) -> EngineResult<MicroBatch> {
-        let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
-        let client = self.client().await;
-        let started = Instant::now();
-        let (budget, time) = match &targets {
-            Some(_) => (usize::MAX, Duration::from_secs(60)),
-            None => (self.config.max_records_per_pull, self.config.pull_timeout),
-        };
-        let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
-        let mut backoff = Backoff::new(Duration::from_secs(1));
-        let mut caught_up = vec![];
-        let mut list = true;
-        while list {
-            list = false;
-            self.refresh(reader, &spec).await?;
-            caught_up.resize(reader.shards.len(), false);
-            for index in 0..reader.shards.len() {
-                let target = targets
-                    .as_ref()
-                    .map(|t| t.get(&shard_number(&reader.shards[index].id)).cloned());
-                // A replay reads what the log says; a pull what is ready.
-                let readable = match &target {
-                    Some(None) => false,
-                    Some(Some(t)) => t.end || t.last.is_some(),
-                    None => reader.is_ready(&reader.shards[index]),
-                };
-                if !readable {
-                    continue;
-                }
-                let shard = &mut reader.shards[index];
-                let target = target.flatten();
-                let was_finished = shard.finished;
-                let stop_at = target
-                    .as_ref()
-                    .filter(|t| !t.end)
-                    .and_then(|t| t.last.clone());
-                loop {
-                    if data.len() >= budget || started.elapsed() >= time || shard.finished {
-                        break;
-                    }
-                    // A replay stops where the logged pull stopped.
-                    if stop_at.is_some() && shard.last_sequence == stop_at {
-                        break;
-                    }
-                    let iterator = match shard.iterator.clone() {
-                        Some(i) => i,
-                        None => match self.renew(client, shard).await? {
-                            Some(i) => i,
-                            None => {
-                                self.gone(shard);
-                                break;
-                            }
-                        },
-                    };
-                    let limit = ((budget - data.len()) as i32).clamp(1, MAX_RECORDS_PER_GET);
-                    let resp = client
-                        .get_records()
-                        .shard_iterator(iterator)
-                        .limit(limit)
-                        .send()
-                        .await;
-                    let page = match resp {
-                        Ok(page) => page,
-                        Err(e) => {
-                            let service = e.as_service_error();
-                            if service.is_some_and(|s| s.is_expired_iterator_exception()) {
-                                shard.iterator = None;
-                                continue;
-                            }
-                            if service.is_some_and(|s| s.is_resource_not_found_exception()) {
-                                self.gone(shard);
-                                break;
-                            }
-                            if service.is_some_and(|s| {
-                                s.is_provisioned_throughput_exceeded_exception()
-                                    || s.is_kms_throttling_exception()
-                            }) {
-                                tokio::time::sleep(backoff.next_delay()).await;
-                                continue;
-                            }
-                            return Err(self.error(ConnectorError::kinesis(
-                                format!("GetRecords {}", shard.id),
-                                e,
-                            )));
-                        }
-                    };
-                    backoff.reset();
-                    shard.iterator = page.next_shard_iterator().map(str::to_string);
-                    let n = page.records().len();
-                    let mut past_target = false;
-                    for r in page.records() {
-                        if let Some(t) = &stop_at
-                            && sequence_after(r.sequence_number(), t)
-                        {
-                            past_target = true;
-                            break;
-                        }
-                        shard.last_sequence = Some(r.sequence_number().to_string());
-                        data.push((
-                            index,
-                            r.sequence_number().to_string(),
-                            r.data().as_ref().to_vec(),
-                        ));
-                    }
-                    if past_target {
-                        // Records after the target come again in the next pull.
-                        shard.iterator = None;
-                        break;
-                    }
-                    // No next iterator: the shard is closed and read to its
-                    // end (its children are in the answer's ChildShards).
-                    if shard.iterator.is_none() {
-                        shard.finished = true;
-                        break;
-                    }
-                    if target.is_none() && (n == 0 || page.millis_behind_latest() == Some(0)) {
-                        caught_up[index] = true;
-                        break;
-                    }
-                }
-                if let Some(t) = &target {
-                    self.check_replayed(shard, t)?;
-                }
-                list |= targets.is_none() && shard.finished && !was_finished;
-            }
-            if data.len() >= budget || started.elapsed() >= time {
-                break;
-            }
-        }
-        // Decoded per shard, so event time is tracked per shard.
-        let mut out = MicroBatch::default();
-        for (index, shard) in reader.shards.iter().enumerate() {
-            let records: Vec<(&str, &str, &[u8])> = data
-                .iter()
-                .filter(|(i, _, _)| *i == index)
-                .map(|(_, seq, d)| (shard.id.as_str(), seq.as_str(), d.as_slice()))
-                .collect();
-            // A finished shard no longer holds the watermark back.
-            let done = caught_up[index] || shard.finished;
-            let mut progress = PartitionProgress {
-                partition: shard.id.clone(),
-                caught_up: done,
-                // No end offset is known at open; caught up stands for it.
-                drained: done,
-                finished: shard.finished,
-                ..Default::default()
-            };
-            if !records.is_empty() {
-                let mb = self.decode_records(&records, false).await?;
-                for b in mb.batches {
-                    progress.batches.push(out.batches.len());
-                    out.batches.push(b);
-                }
-            }
-            out.partitions.push(progress);
-        }
-        Ok(out)
-    }
-
-    /// A shard the logged pull read from must still be there to read again.
-    async fn replayable(
-        &self,
-        spec: EpochSpec,
-        from: &[SourceOffset],
-        to: &[SourceOffset],
-    ) -> EngineResult<()> {
-        let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
-        for o in to.iter().filter(|o| o.source == self.config.stream) {
-            let known = reader
-                .shards
-                .iter()
-                .any(|s| shard_number(&s.id) == o.partition);
-            let before = from
-                .iter()
-                .find(|f| f.source == o.source && f.partition == o.partition)
-                .and_then(|f| f.position.as_ref());
-            if !known && o.position.as_ref() != before {
-                return Err(self.error(format!(
-                    "replaying an epoch from the checkpoint: shard {} it read is gone from \
-                     the stream (expired?)",
-                    o.partition
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// A replay must end exactly where the logged pull ended.
-    fn check_replayed(&self, shard: &Shard, t: &Target) -> EngineResult<()> {
-        if shard.last_sequence != t.last && t.last.is_some() || (t.end && !shard.finished) {
-            return Err(self.error(format!(
-                "replaying an epoch from the checkpoint: shard {} gave records up to {:?} \
-                 only, not {:?}{} (trimmed by retention?)",
-                shard.id,
-                shard.last_sequence,
-                t.last,
-                if t.end { " and its end" } else { "" }
-            )));
-        }
-        Ok(())
     }
 }
 
