@@ -68,7 +68,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let runtime = LocalRuntime::new(regs.sources, regs.sinks, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
-            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options).await?)
+            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
         }
         None => None,
     };

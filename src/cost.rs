@@ -39,6 +39,10 @@ pub struct CostArgs {
     /// rate × interval events.
     #[arg(long, value_parser = crate::run::parse_duration, default_value = "1s")]
     pub interval: Duration,
+    /// Commit every N epochs, as the standing query would [default: 10 s
+    /// of epochs, a standing query's default].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
@@ -51,6 +55,17 @@ pub struct CostArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+impl CostArgs {
+    /// Epochs between commits: --checkpoint-interval, else a standing
+    /// query's default at --interval.
+    pub fn checkpoint_interval(&self) -> u64 {
+        match self.checkpoint_interval {
+            Some(n) => n as u64,
+            None => skein_engine::epochs::default_checkpoint_interval(true, self.interval),
+        }
+    }
 }
 
 /// What the cost model assumes; shared by every command that reports a cost.
@@ -141,6 +156,7 @@ pub fn measured(report: &RunReport, cpu_s: f64) -> Measured {
         invocations: report.invocations,
         billed_ms: report.billed_ms,
         checkpoint_puts: report.checkpoint_puts,
+        checkpoint_bytes: report.checkpoint_bytes,
         checkpoint_gets: 0,
         cpu_s,
     }
@@ -165,6 +181,7 @@ pub fn measured_on_lambda(events: u64, usage: &Usage, driver_puts: u64) -> Measu
         invocations: usage.invocations,
         billed_ms: usage.billed_ms,
         checkpoint_puts: usage.checkpoint_puts + driver_puts,
+        checkpoint_bytes: 0,
         checkpoint_gets: 0,
         cpu_s: usage.cpu_ms as f64 / 1000.0,
     }
@@ -298,7 +315,8 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
             // Checkpointed every epoch, as a standing query is by default.
             let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&scratch);
-            crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options).await?;
+            let k = args.checkpoint_interval();
+            crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
             let cpu_before = process_cpu_s();
             let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
             let cpu_s = process_cpu_s() - cpu_before;

@@ -27,7 +27,7 @@ pub(crate) async fn measure(sql: &str, args: &CostArgs, epochs: u64) -> Result<(
         metrics: None,
         checkpoint_dir: Some(scratch.clone().into()),
         no_checkpoint: false,
-        checkpoint_interval: 1,
+        checkpoint_interval: Some(args.checkpoint_interval() as usize),
         json: true,
         show: 0,
     };

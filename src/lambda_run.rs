@@ -198,7 +198,7 @@ pub(crate) async fn run_sql(
         Some(c) => {
             options.run = c.store.manifest().run.clone();
             options.checkpoint = Some(CheckpointSpec {
-                interval: common.checkpoint_interval as u64,
+                interval: common.checkpoint_interval(&stop),
             });
             env.insert(CHECKPOINTS_ENV.to_string(), c.url.clone());
         }
@@ -212,7 +212,7 @@ pub(crate) async fn run_sql(
     };
     let log = EpochLog::new(
         checkpoints.as_ref().map(|c| c.store.clone()),
-        common.checkpoint_interval as u64,
+        common.checkpoint_interval(&stop),
     );
     let resuming = log.committed().await?.is_some();
 

@@ -33,9 +33,9 @@ pub struct StandingArgs {
     /// 'epoch.interval' option of its source tables, else 1s].
     #[arg(long, value_parser = parse_duration)]
     pub interval: Option<Duration>,
-    /// Epochs between commits.
-    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
-    pub checkpoint_interval: usize,
+    /// Epochs between commits [default: 10 s of epochs].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
     /// Checkpoint location (default <store>/skein/checkpoints/<query-code>).
     #[arg(long, value_name = "s3://bucket/prefix")]
     pub checkpoint_dir: Option<std::path::PathBuf>,
@@ -73,10 +73,15 @@ pub async fn deploy(
     let Some(cp) = open_checkpoints(b, plan, &request, options.invoke_async).await? else {
         return Ok(None);
     };
+    let interval = skein_engine::interval::effective_interval(args.interval, plan)?;
+    let checkpoint_interval = match args.checkpoint_interval {
+        Some(n) => n as u64,
+        None => skein_engine::epochs::default_checkpoint_interval(true, interval),
+    };
     let mut options = options.clone();
     options.run = cp.store.manifest().run.clone();
     options.checkpoint = Some(CheckpointSpec {
-        interval: args.checkpoint_interval as u64,
+        interval: checkpoint_interval,
     });
     let env = BTreeMap::from([(CHECKPOINTS_ENV.to_string(), cp.url.clone())]);
     let functions = deploy_stages(b, service, plan, &options, None, &env).await?;
@@ -86,9 +91,8 @@ pub async fn deploy(
         sql: sql.to_string(),
         group_size: options.group_size,
         encoding: options.encoding,
-        interval_ms: skein_engine::interval::effective_interval(args.interval, plan)?.as_millis()
-            as u64,
-        checkpoint_interval: args.checkpoint_interval as u64,
+        interval_ms: interval.as_millis() as u64,
+        checkpoint_interval,
         checkpoints: cp.url.clone(),
         store: b.store_url.clone(),
         run_for_ms: StandingSpec::run_for(service.timeout_s).as_millis() as u64,

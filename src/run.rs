@@ -67,9 +67,10 @@ pub struct CommonRunArgs {
     /// Do not checkpoint: a restart starts afresh (at least once).
     #[arg(long)]
     pub no_checkpoint: bool,
-    /// Commit every N epochs (a restart re-runs at most N-1 epochs).
-    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
-    pub checkpoint_interval: usize,
+    /// Commit every N epochs (a restart re-runs at most N-1 epochs)
+    /// [default: every epoch; a standing query: 10 s of epochs].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
     /// Print one JSON summary line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -125,6 +126,15 @@ impl CommonRunArgs {
             (Some(duration), false) => StopAfter::Duration { duration, interval },
             (None, false) => StopAfter::Epochs(self.epochs.unwrap_or(DEFAULT_EPOCHS)),
         })
+    }
+
+    /// Epochs between commits of a run that stops as `stop` says:
+    /// --checkpoint-interval, else the engine's default for it.
+    pub fn checkpoint_interval(&self, stop: &StopAfter) -> u64 {
+        match self.checkpoint_interval {
+            Some(n) => n as u64,
+            None => stop.default_checkpoint_interval(),
+        }
     }
 
     /// What the user asked of checkpoints.
@@ -311,10 +321,6 @@ pub async fn run_report(
     if held.is_none() {
         crate::checkpoint_dir::note_if_at_least_once(&plan, &request);
     }
-    match &held {
-        Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval as u64),
-        None => opts.run = fresh_run(&plan.query_code),
-    }
     let files_sink = plan
         .sink
         .kind
@@ -346,6 +352,10 @@ pub async fn run_report(
     } else {
         (args.stop(&plan)?, None)
     };
+    match &held {
+        Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval(&stop)),
+        None => opts.run = fresh_run(&plan.query_code),
+    }
     let expected_epochs = match &stop {
         StopAfter::Epochs(n) => Some(*n),
         StopAfter::Duration { duration, interval } => {

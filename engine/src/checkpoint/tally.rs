@@ -1,16 +1,19 @@
 //! What went wrong since a query started, kept across instances for `skein
 //! status`: records sent to dead letters, late rows set aside, failed sink
-//! writes. Each member keeps its own counts and writes them as
+//! writes. Each member keeps its own counts (its whole life, every
+//! instance). A member that writes an object per epoch it checkpoints (a
+//! source member's log entry, a stateful member's state) carries them in
+//! that object, at no extra request; any other member writes them alone as
 //! `tally/<stage>-<member>.json` once they change, so an epoch that counts
 //! nothing costs no request. A replayed epoch counts again: these are
 //! counts of events seen, not of results.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::{CheckpointStore, get_json};
+use super::{CheckpointStore, Kind, StateKind};
 use crate::error::Result;
 
 /// Counts of one member, or summed over a query's members.
@@ -30,6 +33,13 @@ impl Tally {
         self.late_rows += other.late_rows;
         self.sink_errors += other.sink_errors;
     }
+
+    /// Each count the larger of the two.
+    fn max(&mut self, other: &Tally) {
+        self.dead_letters = self.dead_letters.max(other.dead_letters);
+        self.late_rows = self.late_rows.max(other.late_rows);
+        self.sink_errors = self.sink_errors.max(other.sink_errors);
+    }
 }
 
 impl CheckpointStore {
@@ -38,21 +48,50 @@ impl CheckpointStore {
         self.key(&["tally", &name])
     }
 
-    /// The sum of every member's counts.
+    /// The sum of every member's counts: per member the newest of its
+    /// objects that carries them, or its counts written alone (the larger
+    /// of each where a member has both: both are totals).
     pub async fn tally(&self) -> Result<Tally> {
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&self.key(&["tally"])))
-            .try_collect()
-            .await?;
-        let mut sum = Tally::default();
-        for o in objects {
-            if let Some(t) = get_json::<Tally>(&self.store, &o.location).await? {
-                sum.add(&t);
+        let mut by_member: BTreeMap<String, Tally> = BTreeMap::new();
+        for o in self.backend.list(&self.key(&["tally"])).await? {
+            let member = o.key.filename().unwrap_or_default().to_string();
+            let member = member.trim_end_matches(".json").to_string();
+            if let Some(t) = self.get_json::<Tally>(&o.key).await? {
+                by_member.entry(member).or_default().max(&t);
             }
+        }
+        // The newest object of each member directory.
+        let mut newest: BTreeMap<String, (u64, object_store::path::Path)> = BTreeMap::new();
+        for (key, epoch, _) in self.list_epochs(&["members"]).await? {
+            let name = key.filename().unwrap_or_default();
+            let (Some(_), Some(member)) = (StateKind::of_name(name), member_of(&key)) else {
+                continue;
+            };
+            if newest.get(&member).is_none_or(|(e, _)| epoch > *e) {
+                newest.insert(member, (epoch, key));
+            }
+        }
+        for (member, (_, key)) in newest {
+            let Some(bytes) = self.backend.get(&key).await? else {
+                continue;
+            };
+            if let Some(t) = super::member::decode(&key, bytes)?.tally {
+                by_member.entry(member).or_default().max(&t);
+            }
+        }
+        let mut sum = Tally::default();
+        for t in by_member.values() {
+            sum.add(t);
         }
         Ok(sum)
     }
+}
+
+/// The `<stage>-<member>` directory of a member object's key.
+fn member_of(key: &object_store::path::Path) -> Option<String> {
+    let parts: Vec<_> = key.parts().collect();
+    let dir = parts.len().checked_sub(2).and_then(|i| parts.get(i))?;
+    Some(dir.as_ref().to_string())
 }
 
 /// One instance's counts of its member, added to what earlier instances of
@@ -78,7 +117,28 @@ impl MemberTally {
         f(&mut self.counts.lock().expect("tally").here);
     }
 
-    /// Write the member's counts if they changed since the last write.
+    /// What earlier instances of the member counted, as a cold instance
+    /// read it from the object it started from; ignored once set.
+    pub fn counted_before(&self, before: Option<Tally>) {
+        let mut c = self.counts.lock().expect("tally");
+        if c.before.is_none() {
+            c.before = Some(before.unwrap_or_default());
+        }
+    }
+
+    /// The member's totals to carry in the object it is about to write
+    /// (every object carries them, so the newest holds them all); none
+    /// while nothing was ever counted.
+    pub fn carry(&self) -> Option<Tally> {
+        let mut c = self.counts.lock().expect("tally");
+        let mut total = c.before.unwrap_or_default();
+        total.add(&c.here);
+        c.written = c.here;
+        (total != Tally::default()).then_some(total)
+    }
+
+    /// Write the member's counts alone if they changed since the last
+    /// write (a member that writes no objects of its own).
     pub async fn save(&self, store: &CheckpointStore, stage: u32, member: u32) -> Result<()> {
         let (here, before) = {
             let c = self.counts.lock().expect("tally");
@@ -90,13 +150,11 @@ impl MemberTally {
         let key = store.tally_key(stage, member);
         let before = match before {
             Some(b) => b,
-            None => get_json::<Tally>(&store.store, &key)
-                .await?
-                .unwrap_or_default(),
+            None => store.get_json::<Tally>(&key).await?.unwrap_or_default(),
         };
         let mut total = before;
         total.add(&here);
-        store.put_json(&key, &total).await?;
+        store.put_json(Kind::Other, &key, &total).await?;
         let mut c = self.counts.lock().expect("tally");
         c.before = Some(before);
         c.written = here;
@@ -143,5 +201,30 @@ mod tests {
                 sink_errors: 1
             }
         );
+
+        // A member that writes objects carries its totals in them: its
+        // newest one counts, on top of what a cold instance read.
+        let source = MemberTally::default();
+        source.counted_before(Some(Tally {
+            dead_letters: 5,
+            ..Default::default()
+        }));
+        source.count(|t| t.dead_letters += 1);
+        let puts = cs.puts();
+        for epoch in [7, 8] {
+            let object = crate::checkpoint::MemberObject {
+                tally: source.carry(),
+                ..Default::default()
+            };
+            cs.put_member(1, 1, epoch, object).await.unwrap();
+            source.count(|t| t.dead_letters += 1);
+        }
+        assert_eq!(
+            cs.puts(),
+            puts + 2,
+            "the counts cost no request of their own"
+        );
+        assert_eq!(source.carry().map(|t| t.dead_letters), Some(8));
+        assert_eq!(cs.tally().await.unwrap().dead_letters, 2 + 7);
     }
 }
