@@ -8,6 +8,7 @@ pub mod bench_state;
 pub mod checkpoint;
 pub mod checkpoint_dir;
 pub mod cost;
+mod cost_sweep;
 pub mod lambda_bench;
 pub mod lambda_cmd;
 mod lambda_cost;
