@@ -284,7 +284,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
     let report = json!({
         "events": args.events, "rate": args.rate, "epochs": args.epochs,
         "group_size": args.group_size, "repeat": args.repeat,
-        "peak_rss_mb": peak_rss_mb(), "queries": rows,
+        "peak_rss_mb": peak_rss_mb(), "allocator": crate::ALLOCATOR_NAME, "queries": rows,
     });
     if args.json {
         println!("{report}");
@@ -310,7 +310,10 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
         println!("q{query} checkpointed, {}", crate::cost::one_line(c));
     }
     if let Some(mb) = report["peak_rss_mb"].as_f64() {
-        println!("peak RSS of the whole process: {mb:.0} MB");
+        println!(
+            "peak RSS of the whole process: {mb:.0} MB ({} allocator)",
+            crate::ALLOCATOR_NAME
+        );
     }
     Ok(())
 }
