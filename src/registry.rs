@@ -32,6 +32,7 @@ pub fn registries() -> Registries {
         skein_connectors::results::KIND,
         Arc::new(skein_connectors::results::ResultsSinkFactory),
     );
+    sources.know_sinks(&sinks);
     Registries {
         sources,
         sinks,

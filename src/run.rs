@@ -391,16 +391,10 @@ pub async fn run_report(
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.
     let results: Vec<RecordBatch> = if files_sink {
-        skein_connectors::files::read(
-            &plan.sink.location,
-            &plan.query_code,
-            skein_connectors::files::format_of(&plan.sink)?,
-            plan.output_schema.clone(),
-        )
-        .await
-        .context("reading back the files the query wrote")?
+        read_files(&plan).await?
     } else {
-        collect.sink(&plan.query_code).batches()
+        let batches = collect.sink(&plan.query_code).batches();
+        skein_engine::updating::in_query_order(&plan, batches).await?
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     // A blackhole keeps no rows, only their count.
@@ -482,3 +476,38 @@ pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
 }
 
 pub use skein_engine::interval::parse_duration;
+
+/// The rows a query wrote to files, read back: for a changelog table, the
+/// table its rows add up to.
+async fn read_files(plan: &QueryPlan) -> Result<Vec<RecordBatch>> {
+    use skein_connectors::files;
+    let op = files::op_column(&plan.sink);
+    let schema = match &op {
+        Some(name) => {
+            let mut fields: Vec<_> = plan.output_schema.fields().iter().cloned().collect();
+            fields.push(Arc::new(datafusion::arrow::datatypes::Field::new(
+                name,
+                datafusion::arrow::datatypes::DataType::Utf8,
+                false,
+            )));
+            Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
+        }
+        None => plan.output_schema.clone(),
+    };
+    let rows = files::read(
+        &plan.sink.location,
+        &plan.query_code,
+        files::format_of(&plan.sink)?,
+        schema,
+    )
+    .await
+    .context("reading back the files the query wrote")?;
+    match op {
+        Some(name) => Ok(vec![files::consolidate_op_text(
+            &rows,
+            &name,
+            &plan.output_schema,
+        )?]),
+        None => Ok(rows),
+    }
+}

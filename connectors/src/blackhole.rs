@@ -88,6 +88,11 @@ impl SinkFactory for BlackholeSinkFactory {
         check_options(&config.location, &config.options)?;
         Ok(Arc::new(BlackholeSink))
     }
+
+    /// It counts whatever comes, changes included.
+    fn takes_updates(&self, _config: &SinkConfig) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 struct BlackholeSink;

@@ -8,6 +8,10 @@
 //!   Skein can read.
 //! - `'format' 'raw'`: the value is the bytes of one string or binary column,
 //!   `'value' '<column>'` (default `value`), sent as they are.
+//! - `'format' 'debezium-json'`: the value is a Debezium change event,
+//!   `{"before": <row or null>, "after": <row or null>, "op": "c"|"u"|"d"}`,
+//!   rows as in `json`: what an updating query's changelog becomes on a
+//!   Kafka topic (an append-only query writes only creations).
 //! - `'key' '<column>'`: the message key (Kafka) or partition key (Kinesis),
 //!   the column's value as text. Without it Kafka messages have no key.
 
@@ -26,6 +30,7 @@ use crate::error::{ConnectorError, Result};
 pub enum ValueFormat {
     Json,
     Raw { column: String },
+    DebeziumJson,
 }
 
 /// One row, encoded.
@@ -53,6 +58,7 @@ impl RowEncoder {
     pub fn from_options(options: &BTreeMap<String, String>) -> Result<Self> {
         let format = match options.get("format").map(String::as_str).unwrap_or("json") {
             "json" => ValueFormat::Json,
+            "debezium-json" => ValueFormat::DebeziumJson,
             "raw" => ValueFormat::Raw {
                 column: options
                     .get("value")
@@ -61,7 +67,7 @@ impl RowEncoder {
             },
             other => {
                 return Err(ConnectorError::Config(format!(
-                    "format {other:?}: a message sink writes 'json' or 'raw'"
+                    "format {other:?}: a message sink writes 'json', 'raw' or 'debezium-json'"
                 )));
             }
         };
@@ -71,6 +77,19 @@ impl RowEncoder {
 
     pub fn key_column(&self) -> Option<&str> {
         self.key.as_deref()
+    }
+
+    /// How values are laid out.
+    pub fn format(&self) -> &ValueFormat {
+        &self.format
+    }
+
+    /// Each row's key (`None` without a key column, or for a null value).
+    pub fn keys(&self, batch: &RecordBatch) -> Result<Vec<Option<Vec<u8>>>> {
+        match &self.key {
+            Some(name) => text_column(batch, name, "key"),
+            None => Ok(vec![None; batch.num_rows()]),
+        }
     }
 
     /// The messages of `batch`, one per row, in row order.
@@ -83,6 +102,10 @@ impl RowEncoder {
         let values: Vec<Vec<u8>> = match &self.format {
             ValueFormat::Json => json_rows(batch)?,
             ValueFormat::Raw { column } => bytes_column(batch, column)?,
+            ValueFormat::DebeziumJson => json_rows(batch)?
+                .iter()
+                .map(|after| debezium_event(None, Some(after), "c"))
+                .collect(),
         };
         debug_assert_eq!(values.len(), rows);
         Ok(values
@@ -151,8 +174,24 @@ fn bytes_column(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<u8>>> {
         .collect()
 }
 
+/// A Debezium change event of rows encoded by [`json_rows`]: `op` is `c`
+/// (created: `after` only), `u` (updated: both) or `d` (deleted: `before`
+/// only).
+pub fn debezium_event(before: Option<&[u8]>, after: Option<&[u8]>, op: &str) -> Vec<u8> {
+    let mut out =
+        Vec::with_capacity(before.map_or(4, <[u8]>::len) + after.map_or(4, <[u8]>::len) + 40);
+    out.extend_from_slice(b"{\"before\":");
+    out.extend_from_slice(before.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"after\":");
+    out.extend_from_slice(after.unwrap_or(b"null"));
+    out.extend_from_slice(b",\"op\":\"");
+    out.extend_from_slice(op.as_bytes());
+    out.extend_from_slice(b"\"}");
+    out
+}
+
 /// Each row as one JSON object, timestamps as integer milliseconds.
-fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+pub(crate) fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
     let batch = timestamps_as_millis(batch)?;
     let mut buf = Vec::with_capacity(batch.num_rows() * 64);
     {

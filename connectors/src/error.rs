@@ -57,6 +57,10 @@ pub enum ConnectorError {
     /// (a topic missing, a key of the wrong type, offsets gone).
     #[error("{0}")]
     Other(String),
+    /// A batch the engine hands over is not what it says (a changelog
+    /// without its op column).
+    #[error("{0}")]
+    Engine(#[from] skein_engine::EngineError),
 }
 
 /// The connectors' result type.

@@ -7,6 +7,10 @@
 //!   header) or `arrow` (an Arrow IPC stream).
 //! - `'partition.by' 'a,b'`: rows go under Hive-style directories
 //!   `a=<value>/b=<value>/` by those columns' values (kept in the rows too).
+//! - `'op.column' '<name>'`: each row gets one more column, so named, with
+//!   its kind, `insert` or `delete`: the table is a changelog, and takes
+//!   an updating query's result (replaying the rows in epoch order gives
+//!   the table). Without it the sink only appends.
 //!
 //! Each write puts one object per partition, named by (query, epoch,
 //! member): `part-<query>-e<epoch>-m<member>.<ext>`, then a commit marker
@@ -78,7 +82,14 @@ fn bad(location: &str, cause: impl Into<Cause>) -> EngineError {
 
 /// The options of a `STORED AS FILES` table: read by [`format_of`] and
 /// `partition_columns`.
-pub const OPTIONS: &[&str] = &["format", "partition.by"];
+pub const OPTIONS: &[&str] = &["format", "partition.by", OP_COLUMN_OPTION];
+
+/// Names the column of each row's kind (see the module).
+pub const OP_COLUMN_OPTION: &str = "op.column";
+/// The kind of a row of the result.
+pub const OP_INSERT: &str = "insert";
+/// The kind of a row taken back from the result.
+pub const OP_DELETE: &str = "delete";
 
 pub struct FilesSinkFactory;
 
@@ -93,9 +104,92 @@ impl SinkFactory for FilesSinkFactory {
             prefix,
             format,
             partition_by,
+            op_column: op_column(config),
             runs: Runs::new(),
         }))
     }
+
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        match op_column(config) {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "a FILES table only appends unless '{OP_COLUMN_OPTION}' names a column for \
+                 each row's kind ({OP_INSERT} or {OP_DELETE})"
+            )),
+        }
+    }
+}
+
+/// The column of each row's kind, if the table is a changelog.
+pub fn op_column(config: &SinkConfig) -> Option<String> {
+    config
+        .options
+        .get(OP_COLUMN_OPTION)
+        .map(|c| c.trim().to_string())
+        .filter(|c| !c.is_empty())
+}
+
+/// `batch` as written to a changelog table: the engine's op column (or,
+/// for rows that are all new, none) becomes `name` with `insert`/`delete`.
+fn with_op_text(batch: &RecordBatch, name: &str) -> Result<RecordBatch> {
+    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use skein_engine::changelog;
+    let (plain, ops): (RecordBatch, Vec<&str>) = if changelog::is_changelog(&batch.schema()) {
+        let ops = changelog::ops(batch)?
+            .iter()
+            .map(|o| {
+                if o == Some(changelog::RETRACT) {
+                    OP_DELETE
+                } else {
+                    OP_INSERT
+                }
+            })
+            .collect();
+        (changelog::strip(batch)?, ops)
+    } else {
+        (batch.clone(), vec![OP_INSERT; batch.num_rows()])
+    };
+    let mut fields: Vec<_> = plain.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(name, DataType::Utf8, false)));
+    let mut columns = plain.columns().to_vec();
+    columns.push(Arc::new(StringArray::from(ops)));
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}
+
+/// Rows read back from a changelog table (with its `name` column) as the
+/// table they add up to.
+pub fn consolidate_op_text(
+    batches: &[RecordBatch],
+    name: &str,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    use datafusion::arrow::array::Int8Array;
+    use skein_engine::changelog;
+    let mut changes = vec![];
+    for b in batches {
+        let i = b.schema().index_of(name)?;
+        let kinds = cast(b.column(i), &DataType::Utf8)?;
+        let ops: Int8Array = kinds
+            .as_string::<i32>()
+            .iter()
+            .map(|k| match k {
+                Some(OP_DELETE) => Ok(changelog::RETRACT),
+                Some(OP_INSERT) => Ok(changelog::INSERT),
+                other => Err(bad(
+                    name,
+                    format!("a row's kind is {other:?}, not insert or delete"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into();
+        let keep: Vec<usize> = (0..b.num_columns()).filter(|c| *c != i).collect();
+        changes.push(changelog::tag_each(&b.project(&keep)?, ops)?);
+    }
+    skein_engine::updating::consolidate(&changelog::with_op(schema), &changes)
 }
 
 fn partition_columns(options: &BTreeMap<String, String>) -> Vec<String> {
@@ -117,6 +211,7 @@ struct FilesSink {
     prefix: String,
     format: FileFormat,
     partition_by: Vec<String>,
+    op_column: Option<String>,
     runs: Runs,
 }
 
@@ -208,7 +303,17 @@ impl Sink for FilesSink {
         if batches.is_empty() {
             return Ok(());
         }
-        let all = concat_batches(&write.schema, batches)?;
+        let mut all = concat_batches(&write.schema, batches)?;
+        match &self.op_column {
+            Some(name) => all = with_op_text(&all, name)?,
+            None if skein_engine::changelog::is_changelog(&write.schema) => {
+                return Err(bad(
+                    &self.location,
+                    format!("an updating result needs '{OP_COLUMN_OPTION}' on a FILES table"),
+                ));
+            }
+            None => {}
+        }
         let mut written = vec![];
         for (dir, part) in self.partitions(&all)? {
             let name = format!(

@@ -43,6 +43,11 @@ impl SinkFactory for ResultsSinkFactory {
         let (store, prefix) = open(&config.location)?;
         Ok(Arc::new(ResultsSink { store, prefix }))
     }
+
+    /// Results are read back whole; a changelog is consolidated then.
+    fn takes_updates(&self, _config: &SinkConfig) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 struct ResultsSink {
@@ -124,7 +129,16 @@ pub async fn read(location: &str, query: &str) -> Result<Vec<RecordBatch>> {
             out.push(b?);
         }
     }
-    Ok(out)
+    // An updating query's results are its changelog: the table it adds up to.
+    match out.first() {
+        Some(b) if skein_engine::changelog::is_changelog(&b.schema()) => {
+            Ok(vec![skein_engine::updating::consolidate(
+                &b.schema(),
+                &out,
+            )?])
+        }
+        _ => Ok(out),
+    }
 }
 
 /// Remove the results of `query` (before a new run writes them again).

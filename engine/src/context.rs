@@ -37,6 +37,12 @@ pub enum StageMode {
     Accumulate,
     /// Stateful, fed by an accumulating stage that hands over whole windows.
     Complete,
+    /// Stateful, but no watermark closes its state (an aggregate without a
+    /// window, a join of two streams, a top-N) or its input updates: keeps
+    /// its input across epochs and emits, each epoch, the changes of its
+    /// result as a changelog (see [`crate::changelog`] and
+    /// [`crate::updating`]).
+    Updating,
 }
 
 /// Where a stage's output goes.
@@ -87,6 +93,15 @@ pub struct InputEdge {
     /// when it declares `'late' 'dead-letter'`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_letters: Option<SourceConfig>,
+    /// Its rows are a changelog: each carries its kind in
+    /// [`crate::changelog::OP_COLUMN`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub updating: bool,
+    /// The columns the sender hash-partitioned its rows by (the key every
+    /// row of one member's share has in common with the rows it meets), when
+    /// they are plain columns; `None` for a gathering edge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Vec<usize>>,
 }
 
 /// A further output of a source stage: one read of a table feeds several
@@ -156,6 +171,22 @@ pub struct CloudContext {
     /// checkpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
+    /// An updating stage: how it emits and how long it keeps state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updating: Option<UpdatingSpec>,
+}
+
+/// How an updating stage emits its changelog and keeps its state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdatingSpec {
+    /// Emit the changes every this many epochs (and at the end of a
+    /// bounded run): 1 emits every epoch; more gathers several epochs'
+    /// changes into one (the sink's `'emit.interval'`).
+    pub emit_every: u64,
+    /// Per input edge, in input order: rows of a key not touched for this
+    /// long are dropped from the state (`'state.ttl'`), if set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ttl_ms: Vec<Option<u64>>,
 }
 
 /// How a query checkpoints (see `crate::checkpoint`).
@@ -271,6 +302,8 @@ mod tests {
                 window: None,
                 tables: vec![],
                 late_letters: None,
+                updating: false,
+                key: None,
             }],
             sources: vec![],
             next: NextHop::Single { stage: 3 },
@@ -280,6 +313,7 @@ mod tests {
             epochs: Some(4),
             run: "r1".into(),
             checkpoint: None,
+            updating: None,
         }
     }
 

@@ -41,6 +41,7 @@ pub mod session;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod updating;
 pub mod usage;
 pub mod verify;
 pub mod watermark;

@@ -52,6 +52,12 @@ pub fn state_bytes(function: &str, bytes: usize) {
     gauge!("skein_state_bytes", "function" => function.to_string()).set(bytes as f64);
 }
 
+/// Rows an updating stage's member keeps (its inputs, by key).
+pub fn state_rows(stage: &str, member: u32, rows: usize) {
+    gauge!("skein_state_rows", "stage" => stage.to_string(), "member" => member.to_string())
+        .set(rows as f64);
+}
+
 /// Bytes of the last state a member wrote to the checkpoint store.
 pub fn checkpoint_bytes(function: &str, bytes: usize) {
     gauge!("skein_checkpoint_bytes", "function" => function.to_string()).set(bytes as f64);

@@ -15,7 +15,9 @@ use crate::window::{hop_udf, session_udwf, tumble_udf};
 pub fn session(registry: &SourceRegistry, group_size: usize) -> SessionContext {
     let mut config = SessionConfig::new()
         .with_target_partitions(group_size.max(1))
-        .with_information_schema(false);
+        .with_information_schema(false)
+        // The planner asks it what the table a query writes can take.
+        .with_extension(Arc::new(registry.clone()));
     let opts = config.options_mut();
     // Joins must shuffle both sides: a broadcast build side has no place to live.
     opts.optimizer.hash_join_single_partition_threshold = 0;

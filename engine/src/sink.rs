@@ -71,6 +71,15 @@ pub trait Sink: Send + Sync {
 pub trait SinkFactory: Send + Sync {
     /// A sink for `config`.
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>>;
+
+    /// Whether a sink so configured takes a changelog (an updating query's
+    /// result, see [`crate::changelog`]): its batches then end with the op
+    /// column, and a retraction must take back the row it names. `Err`
+    /// says in one line why not, and what would.
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        let _ = config;
+        Err("it only appends rows".into())
+    }
 }
 
 /// The sink kinds a binary knows, by kind name.
@@ -100,6 +109,15 @@ impl SinkRegistry {
             })?;
         factory.create(config)
     }
+
+    /// Whether the sink `config` declares takes a changelog (see
+    /// [`SinkFactory::takes_updates`]); an unknown kind takes nothing.
+    pub fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        match self.factories.get(&config.kind.to_ascii_uppercase()) {
+            Some(f) => f.takes_updates(config),
+            None => Err(format!("no sink kind {:?} is known", config.kind)),
+        }
+    }
 }
 
 /// Collects results in memory, by name: the in-process run reads them back.
@@ -124,6 +142,11 @@ impl SinkFactory for CollectSinkFactory {
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(self.sink(&config.location))
     }
+
+    /// The collected result is consolidated into the table it adds up to.
+    fn takes_updates(&self, _config: &SinkConfig) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Collects results in memory.
@@ -134,8 +157,27 @@ pub struct CollectSink {
 }
 
 impl CollectSink {
-    /// The batches collected so far.
+    /// The result collected so far: the rows written, or, for a query
+    /// whose result updates, the table its changelog adds up to.
     pub fn batches(&self) -> Vec<RecordBatch> {
+        let written = self.changes();
+        match written.first() {
+            Some(b) if crate::changelog::is_changelog(&b.schema()) => {
+                match crate::updating::consolidate(&b.schema(), &written) {
+                    Ok(table) => vec![table],
+                    Err(e) => {
+                        tracing::error!(error = %e, "consolidating the collected changelog");
+                        written
+                    }
+                }
+            }
+            _ => written,
+        }
+    }
+
+    /// Every batch written, in epoch and member order (a changelog as it
+    /// came, for a query whose result updates).
+    pub fn changes(&self) -> Vec<RecordBatch> {
         self.writes
             .lock()
             .expect("collect sink")

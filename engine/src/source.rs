@@ -282,6 +282,37 @@ pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
     async fn send(&self, letters: &[DeadLetter]) -> Result<()>;
 }
 
+/// Table option: how long an updating stage keeps the rows of a key of
+/// this table that nothing touched (`'state.ttl' '1h'`; default forever).
+pub const STATE_TTL_OPTION: &str = "state.ttl";
+/// Sink table option: how often an updating query emits its changes
+/// (`'emit.interval' '10s'`; default every epoch).
+pub const EMIT_INTERVAL_OPTION: &str = "emit.interval";
+/// Options every table kind takes, read by the engine and never handed to
+/// a factory.
+pub const ENGINE_OPTIONS: [&str; 3] = [
+    EPOCH_INTERVAL_OPTION,
+    STATE_TTL_OPTION,
+    EMIT_INTERVAL_OPTION,
+];
+
+/// A duration option of the engine's, if the table sets it; zero or a
+/// malformed value is an error naming the option.
+pub fn duration_option(config: &SourceConfig, name: &str) -> Result<Option<std::time::Duration>> {
+    let Some(text) = config.option(name) else {
+        return Ok(None);
+    };
+    match crate::interval::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(Some(d)),
+        Ok(_) => Err(EngineError::plan(format!(
+            "option '{name}' = {text:?} must be longer than zero"
+        ))),
+        Err(e) => Err(EngineError::plan(format!(
+            "option '{name}' = {text:?}: {e}"
+        ))),
+    }
+}
+
 /// The options a table kind takes, declared once next to where they are
 /// parsed. The event-time options ([`EVENT_TIME_OPTIONS`]) are taken by every
 /// kind and need not be listed.
@@ -329,12 +360,30 @@ pub struct SourceRegistry {
     extra_options: HashMap<String, Vec<&'static str>>,
     /// Kinds whose tables may be lookup tables (see [`crate::lookup`]).
     pub(crate) lookups: HashMap<String, Arc<dyn crate::lookup::LookupFactory>>,
+    /// The sink kinds, for what the planner asks of the table a query
+    /// writes (whether it takes updates).
+    sinks: Option<crate::sink::SinkRegistry>,
 }
 
 impl SourceRegistry {
     /// Register `factory` for `kind`.
     pub fn register(&mut self, kind: &str, factory: Arc<dyn SourceFactory>) {
         self.factories.insert(kind.to_ascii_uppercase(), factory);
+    }
+
+    /// Know the sink kinds too, so planning can ask what the table a query
+    /// writes can take.
+    pub fn know_sinks(&mut self, sinks: &crate::sink::SinkRegistry) {
+        self.sinks = Some(sinks.clone());
+    }
+
+    /// Whether the sink `config` declares takes a changelog; `None` when
+    /// no sink kinds are known here.
+    pub fn sink_takes_updates(
+        &self,
+        config: &crate::sink::SinkConfig,
+    ) -> Option<std::result::Result<(), String>> {
+        self.sinks.as_ref().map(|s| s.takes_updates(config))
     }
 
     /// Let tables of `kind` take `names` too, for a reader other than the
@@ -361,17 +410,19 @@ impl SourceRegistry {
             own.names.contains(&k)
                 || extra.contains(&k)
                 || EVENT_TIME_OPTIONS.contains(&k)
-                || k == EPOCH_INTERVAL_OPTION
+                || ENGINE_OPTIONS.contains(&k)
                 || (own.dotted_passthrough.is_some() && k.contains('.'))
         };
         let Some(unknown) = config.options.keys().find(|k| !known(k)) else {
+            duration_option(config, STATE_TTL_OPTION)?;
+            duration_option(config, EMIT_INTERVAL_OPTION)?;
             return table_interval(config).map(drop);
         };
         let mut allowed: Vec<&str> = own.names.iter().chain(extra).copied().collect();
         allowed.sort_unstable();
         allowed.dedup();
         allowed.extend(EVENT_TIME_OPTIONS);
-        allowed.push(EPOCH_INTERVAL_OPTION);
+        allowed.extend(ENGINE_OPTIONS);
         let mut list = allowed.join(", ");
         if let Some(what) = own.dotted_passthrough {
             list.push_str(&format!(", and any {what} (a name with a dot)"));
@@ -398,9 +449,10 @@ impl SourceRegistry {
             .get(&config.kind.to_ascii_uppercase())
             .map(|f| f.options().names)
             .unwrap_or_default();
-        // The epoch interval is the driver's, never the source's.
+        // The epoch interval, state TTL and emit interval are the engine's,
+        // never the source's.
         let foreign = |k: &str| {
-            k == EPOCH_INTERVAL_OPTION || (self.extras(config).contains(&k) && !own.contains(&k))
+            ENGINE_OPTIONS.contains(&k) || (self.extras(config).contains(&k) && !own.contains(&k))
         };
         if !config.options.keys().any(|k| foreign(k)) {
             return Cow::Borrowed(config);

@@ -155,7 +155,10 @@ async fn run_and_verify(h: &Harness, sql: &str, epochs: u64) -> QueryPlan {
     run_local(&plan, &h.runtime, &h.options, epochs, |_, _| {})
         .await
         .unwrap_or_else(|e| panic!("run {sql}: {e}\n{}", plan.explain()));
-    let got = h.results.sink(&plan.query_code).batches();
+    let got =
+        skein_engine::updating::in_query_order(&plan, h.results.sink(&plan.query_code).batches())
+            .await
+            .unwrap();
     let expected = single_process(&h.ctx, &plan).await.unwrap();
     let cmp = compare(&expected, &got, plan.ordered).unwrap();
     assert!(
@@ -606,7 +609,10 @@ async fn partial_aggregates_held_for_open_windows_are_merged() {
     run_local(&plan, &h.runtime, &h.options, 80, |_, _| {})
         .await
         .unwrap();
-    let got = h.results.sink(&plan.query_code).batches();
+    let got =
+        skein_engine::updating::in_query_order(&plan, h.results.sink(&plan.query_code).batches())
+            .await
+            .unwrap();
     let expected = single_process(&h.ctx, &plan).await.unwrap();
     let cmp = compare(&expected, &got, plan.ordered).unwrap();
     assert!(cmp.equal, "{cmp:#?}\n{}", plan.explain());

@@ -107,6 +107,7 @@ mod tests {
             epochs: None,
             run: String::new(),
             checkpoint: None,
+            updating: None,
         };
         let inline = context_value(&ctx, &store, 10).await.unwrap();
         assert!(!inline.starts_with("store:"));

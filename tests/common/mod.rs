@@ -23,6 +23,7 @@ use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod kafka;
 pub mod kills;
+pub mod nexmark_reference;
 pub mod pushed;
 pub mod rows;
 pub mod sellers;

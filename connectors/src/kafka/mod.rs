@@ -3,6 +3,7 @@
 //! transaction per epoch when exactly once (`sink`). One `STORED AS KAFKA`
 //! table may be read and written, so it takes the options of both.
 
+pub mod changes;
 mod options;
 mod sink;
 mod source;

@@ -93,6 +93,11 @@ impl SinkFactory for KafkaSinkFactory {
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {
         Ok(Arc::new(KafkaSink::new(&config.location, &config.options)?))
     }
+
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        let encoder = RowEncoder::from_options(&config.options).map_err(|e| e.to_string())?;
+        super::changes::takes_updates(&encoder)
+    }
 }
 
 /// Writes rows to one topic.
@@ -182,11 +187,13 @@ async fn enqueue_rows(
     batches: &[datafusion::arrow::record_batch::RecordBatch],
 ) -> Result<Vec<rdkafka::producer::DeliveryFuture>> {
     let mut pending = Vec::new();
-    for batch in batches.iter().filter(|b| b.num_rows() > 0) {
-        let rows = encoder.encode(batch).map_err(|e| sink_error(topic, e))?;
-        for row in rows {
-            let mut record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(topic).payload(&row.value);
+    let messages = super::changes::messages(encoder, batches).map_err(|e| sink_error(topic, e))?;
+    {
+        for row in messages {
+            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
+            if let Some(v) = row.value.as_deref() {
+                record = record.payload(v);
+            }
             if let Some(k) = row.key.as_deref() {
                 record = record.key(k);
             }

@@ -5,7 +5,9 @@
 //! [`KeyedLayout`] is `STORED AS REDIS`'s: `string`, `hash` and `list`.
 
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use skein_engine::changelog;
 use skein_engine::sink::{SinkConfig, SinkWrite};
 
 use crate::error::{ConnectorError, Result};
@@ -91,6 +93,21 @@ impl KeyedLayout {
     }
 }
 
+impl KeyedLayout {
+    /// Whether this layout takes a changelog: `string` and `hash` upsert
+    /// by key and delete a retracted row's key; `list` only appends.
+    pub fn takes_updates(&self) -> std::result::Result<(), String> {
+        match self.layout {
+            Layout::String { .. } | Layout::Hash => Ok(()),
+            Layout::List { .. } => Err(
+                "layout 'list' only appends; layouts 'hash' and 'string' upsert by key and \
+                 delete on retraction"
+                    .into(),
+            ),
+        }
+    }
+}
+
 impl RedisLayout for KeyedLayout {
     fn add_commands(
         &self,
@@ -98,9 +115,52 @@ impl RedisLayout for KeyedLayout {
         ttl_seconds: Option<i64>,
         pipe: &mut redis::Pipeline,
     ) -> Result<()> {
-        let template = KeyTemplate::parse(&self.key_template, &write.schema)?;
+        if changelog::is_changelog(&write.schema) {
+            return self.add_changes(write, ttl_seconds, pipe);
+        }
+        self.add_rows(&write.schema, &write.batches, ttl_seconds, pipe)
+    }
+}
+
+impl KeyedLayout {
+    /// A changelog: every retracted row's key is deleted, then every new
+    /// row is written, so an update (a retraction and its new row) leaves
+    /// the new row and a deletion leaves nothing.
+    fn add_changes(
+        &self,
+        write: &SinkWrite<'_>,
+        ttl_seconds: Option<i64>,
+        pipe: &mut redis::Pipeline,
+    ) -> Result<()> {
+        let schema = changelog::without_op(&write.schema);
+        let template = KeyTemplate::parse(&self.key_template, &schema)?;
+        let mut inserts = vec![];
+        let options = FormatOptions::default();
+        for batch in &write.batches {
+            let (retract, insert) = changelog::split(batch)?;
+            let formatters: Vec<ArrayFormatter<'_>> = retract
+                .columns()
+                .iter()
+                .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+                .collect::<std::result::Result<_, _>>()?;
+            for row in 0..retract.num_rows() {
+                pipe.del(template.render(&formatters, row)).ignore();
+            }
+            inserts.push(insert);
+        }
+        self.add_rows(&schema, &inserts, ttl_seconds, pipe)
+    }
+
+    fn add_rows(
+        &self,
+        schema: &SchemaRef,
+        batches: &[RecordBatch],
+        ttl_seconds: Option<i64>,
+        pipe: &mut redis::Pipeline,
+    ) -> Result<()> {
+        let template = KeyTemplate::parse(&self.key_template, schema)?;
         let column = |name: &str| -> Result<usize> {
-            write.schema.index_of(name).map_err(|_| {
+            schema.index_of(name).map_err(|_| {
                 ConnectorError::Config(format!("no column {name:?} in the query's output"))
             })
         };
@@ -109,7 +169,7 @@ impl RedisLayout for KeyedLayout {
             Layout::Hash => None,
         };
         let options = FormatOptions::default();
-        for batch in &write.batches {
+        for batch in batches {
             let formatters: Vec<ArrayFormatter<'_>> = batch
                 .columns()
                 .iter()
@@ -127,7 +187,7 @@ impl RedisLayout for KeyedLayout {
                             .ignore();
                     }
                     _ => {
-                        for (i, f) in write.schema.fields().iter().enumerate() {
+                        for (i, f) in schema.fields().iter().enumerate() {
                             if !template.columns.contains(&i) {
                                 pipe.hset(&key, f.name(), formatters[i].value(row).to_string())
                                     .ignore();

@@ -268,6 +268,12 @@ impl SinkFactory for RedisSinkFactory {
             RedisSink::new(options, Arc::new(layout)).map_err(err)?,
         ))
     }
+
+    fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
+        KeyedLayout::from_sink_config(config)
+            .map_err(|e| e.to_string())?
+            .takes_updates()
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::checkpoint::{
 };
 use crate::context::StageMode;
 use crate::error::{EngineError, Result};
+use crate::window_state::SavedWindows;
 
 /// Longest chain of changes before a whole state, whatever the sizes: it
 /// bounds how many objects a restore reads.
@@ -59,6 +60,9 @@ impl StageFunction {
         let commit = cs.committed().await?;
         if self.ctx.mode != StageMode::Stream {
             state.windows.keep_changes();
+            if let Some(u) = &mut state.updating {
+                u.keep_changes();
+            }
             cs.drop_states_after(self.ctx.stage, self.ctx.member, commit.map(|c| c.epoch))
                 .await?;
         }
@@ -69,6 +73,7 @@ impl StageFunction {
         if self.ctx.mode == StageMode::Stream {
             return Ok(());
         }
+        let schemas = self.checkpoint_schemas(state);
         let mut chain = vec![];
         let mut epoch = commit.epoch;
         let mut saved = SavedChain {
@@ -93,7 +98,7 @@ impl StageFunction {
             counted = counted.or(Some(read.tally));
             let bytes = read.state;
             let what = format!("{} epoch {epoch}", self.name);
-            match decode_state(&bytes, &self.input_schemas, &what)? {
+            match decode_state(&bytes, &schemas, &what)? {
                 Snapshot::Whole(w) => {
                     saved.whole_bytes = bytes.len();
                     break w;
@@ -113,12 +118,22 @@ impl StageFunction {
             }
         };
         state.watermark = whole.watermark;
-        state
-            .windows
-            .restore(whole.buffered, whole.released, whole.emitted_sessions);
-        for c in chain.into_iter().rev() {
-            state.watermark = c.watermark;
-            state.windows.apply(c.changes)?;
+        if let Some(u) = &mut state.updating {
+            if let Some(last) = chain.first() {
+                state.watermark = last.watermark;
+            }
+            u.restore(
+                whole.buffered,
+                chain.into_iter().rev().map(|c| c.changes).collect(),
+            )?;
+        } else {
+            state
+                .windows
+                .restore(whole.buffered, whole.released, whole.emitted_sessions);
+            for c in chain.into_iter().rev() {
+                state.watermark = c.watermark;
+                state.windows.apply(c.changes)?;
+            }
         }
         state.saved = saved;
         self.tally.counted_before(counted.flatten());
@@ -138,21 +153,31 @@ impl StageFunction {
         if self.checkpoints().is_none() || self.ctx.mode == StageMode::Stream || !checkpoint {
             return Ok(None);
         }
-        let changes = state.windows.take_changes();
+        let schemas = self.checkpoint_schemas(state);
+        let changes = match &mut state.updating {
+            Some(u) => u.take_changes(),
+            None => state.windows.take_changes(),
+        };
         let (bytes, whole) = match (changes, state.saved.base) {
             (Some(changes), Some(base)) if !state.saved.wants_whole() => (
-                encode_changes(epoch, base, state.watermark, &changes, &self.input_schemas)?,
+                encode_changes(epoch, base, state.watermark, &changes, &schemas)?,
                 false,
             ),
-            _ => (
-                encode_state(
-                    epoch,
-                    state.watermark,
-                    state.windows.saved(),
-                    &self.input_schemas,
-                )?,
-                true,
-            ),
+            _ => match &state.updating {
+                Some(u) => {
+                    let rows = u.whole()?;
+                    let saved = SavedWindows {
+                        buffered: &rows,
+                        released: None,
+                        emitted_sessions: &Default::default(),
+                    };
+                    (encode_state(epoch, state.watermark, saved, &schemas)?, true)
+                }
+                None => (
+                    encode_state(epoch, state.watermark, state.windows.saved(), &schemas)?,
+                    true,
+                ),
+            },
         };
         crate::metrics::checkpoint_bytes(&self.name, bytes.len());
         Ok(Some(StateWrite {
@@ -160,6 +185,17 @@ impl StageFunction {
             whole,
             bytes,
         }))
+    }
+
+    /// The schema of each edge's rows in this member's checkpoints.
+    fn checkpoint_schemas(
+        &self,
+        state: &StageState,
+    ) -> std::collections::BTreeMap<u32, datafusion::arrow::datatypes::SchemaRef> {
+        match &state.updating {
+            Some(u) => u.checkpoint_schemas(),
+            None => self.input_schemas.clone(),
+        }
     }
 
     /// Write what [`Self::state_to_save`] encoded, with the member's

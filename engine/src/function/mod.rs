@@ -43,6 +43,7 @@ mod member_state;
 mod pushed;
 mod routing;
 mod source_stage;
+mod updating;
 
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
@@ -159,6 +160,8 @@ struct StageState {
     /// A pushed source: where each shard's taken records end, and the
     /// next epoch a push takes.
     pushed: pushed::PushedLog,
+    /// An updating stage's rows by key, and what it emitted.
+    updating: Option<crate::updating::UpdatingState>,
 }
 
 /// The one generic function: built once per instance from its cloud
@@ -172,6 +175,11 @@ pub struct StageFunction {
     readers: Vec<SourceReader>,
     sink: Option<Arc<dyn Sink>>,
     input_schemas: BTreeMap<u32, SchemaRef>,
+    /// Per input edge: the schema its payloads carry (the leaf's, with the
+    /// op column on an edge that carries a changelog).
+    wire_schemas: BTreeMap<u32, SchemaRef>,
+    /// An updating stage's plan, split to compute changes.
+    updating: Option<Arc<crate::updating::UpdatingPlan>>,
     /// Per input edge of partial aggregate rows: how to merge them.
     compactors: BTreeMap<u32, Compactor>,
     late: BTreeMap<u32, LateHandling>,
@@ -244,10 +252,40 @@ impl StageFunction {
         };
         let mut input_schemas = BTreeMap::new();
         collect_leaf_schemas(&outputs[0].plan, &mut input_schemas);
-        let compactors = if ctx.mode == StageMode::Stream {
+        let wire_schemas = input_schemas
+            .iter()
+            .map(|(edge, schema)| {
+                let changes = ctx
+                    .inputs
+                    .iter()
+                    .any(|e| e.shuffle_id == *edge && e.updating);
+                let wire = if changes {
+                    crate::changelog::with_op(schema)
+                } else {
+                    schema.clone()
+                };
+                (*edge, wire)
+            })
+            .collect();
+        let compactors = if matches!(ctx.mode, StageMode::Stream | StageMode::Updating) {
             BTreeMap::new()
         } else {
             Compactor::for_plan(&outputs[0].plan)
+        };
+        let (updating, updating_state) = if ctx.mode == StageMode::Updating {
+            let plan =
+                crate::updating::UpdatingPlan::new(&outputs[0].plan, &ctx.inputs, &input_schemas)?;
+            tracing::debug!(
+                function = %name,
+                keys = ?plan.edge_keys,
+                out_key = ?plan.out_key,
+                tail = plan.tail.is_some(),
+                "updating stage"
+            );
+            let state = crate::updating::UpdatingState::new(&plan, &input_schemas)?;
+            (Some(Arc::new(plan)), Some(state))
+        } else {
+            (None, None)
         };
         let mut late = BTreeMap::new();
         for e in &ctx.inputs {
@@ -288,6 +326,7 @@ impl StageFunction {
             }),
             windows: WindowBuffer::new(windows),
             clocks,
+            updating: updating_state,
             ..Default::default()
         };
         Ok(StageFunction {
@@ -298,6 +337,8 @@ impl StageFunction {
             readers,
             sink,
             input_schemas,
+            wire_schemas,
+            updating,
             compactors,
             late,
             env,
@@ -367,7 +408,8 @@ impl StageFunction {
     /// Bytes of the rows this instance holds across epochs (its windows);
     /// none while an invocation holds them.
     pub fn state_bytes(&self) -> Option<usize> {
-        Some(self.state.try_lock().ok()?.windows.bytes())
+        let state = self.state.try_lock().ok()?;
+        Some(state.windows.bytes() + state.updating.as_ref().map_or(0, |u| u.bytes()))
     }
 
     /// What this instance still waits for (empty when nothing is pending).
@@ -386,7 +428,7 @@ impl StageFunction {
     async fn take_payload(&self, p: Payload) -> Result<Response> {
         admit(&p, &self.ctx, &self.name)?;
         let expected =
-            self.input_schemas
+            self.wire_schemas
                 .get(&p.shuffle_id)
                 .ok_or_else(|| EngineError::BadPayload {
                     uuid: p.uuid_string(),
@@ -462,6 +504,21 @@ impl StageFunction {
         };
         crate::metrics::watermark(&self.ctx.stage_name(), state.watermark.value);
         let output = &self.outputs[0];
+        let marks = EpochMarks {
+            last: input.last,
+            checkpoint: input.checkpoint,
+        };
+        if self.ctx.mode == StageMode::Updating {
+            let header = self.header(
+                output,
+                &qid,
+                epoch,
+                state.watermark,
+                marks,
+                input.offsets.clone(),
+            );
+            return self.run_updating(state, input, header).await;
+        }
         // A stateful stage without windows holds its rows until the end of
         // the run: its output must hold the watermark back too, or the rows
         // it emits then would be behind the watermark downstream (late).
@@ -474,10 +531,6 @@ impl StageFunction {
         } else {
             state.watermark
         };
-        let marks = EpochMarks {
-            last: input.last,
-            checkpoint: input.checkpoint,
-        };
         let header = self.header(
             output,
             &qid,
@@ -488,6 +541,8 @@ impl StageFunction {
         );
         let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
             StageMode::Stream => Some(input.edges),
+            // Handled above.
+            StageMode::Updating => None,
             StageMode::Complete | StageMode::Accumulate => {
                 for (edge, batches) in input.edges {
                     let late = state.windows.add(edge, batches)?;
@@ -525,6 +580,9 @@ impl StageFunction {
                 None => {
                     self.route(output, header, None).await?;
                     Ok(0)
+                }
+                Some(edges) if self.takes_changes() => {
+                    self.run_changes(output, edges, header).await
                 }
                 Some(mut edges) => {
                     let plan = bind_leaves(&output.plan, &mut |input| match input {

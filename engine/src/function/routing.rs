@@ -27,23 +27,6 @@ impl StageFunction {
         self.send_output(output, &plan, header, outputs).await
     }
 
-    /// Execute the bound plan: its output per output partition.
-    pub(super) async fn execute(
-        &self,
-        plan: &Arc<dyn ExecutionPlan>,
-    ) -> Result<Vec<Vec<RecordBatch>>> {
-        let partitions = plan.properties().output_partitioning().partition_count();
-        Ok(try_join_all((0..partitions).map(|i| {
-            let plan = plan.clone();
-            let ctx = self.task_ctx.clone();
-            async move {
-                let stream = plan.execute(i, ctx)?;
-                datafusion::physical_plan::common::collect(stream).await
-            }
-        }))
-        .await?)
-    }
-
     /// Send what [`Self::execute`] computed of `plan` on; the rows sent.
     pub(super) async fn send_output(
         &self,

@@ -151,14 +151,30 @@ impl StageFunction {
             last: t.last,
             checkpoint: t.checkpoint,
         };
+        // A changelog table's rows run through the plan by kind.
+        let by_kind = self
+            .readers
+            .iter()
+            .any(|r| r.source.changelog())
+            .then(|| split_by_kind(&bound, &self.readers))
+            .transpose()?;
         // The outputs are computed while the log entry is written; nothing
         // leaves before it is durable: a replay must read what this read.
         let computed = async {
             let mut out = vec![];
             for output in &self.outputs {
-                let plan = bind_sources(&output.plan, &bound)?;
-                let batches = self.execute(&plan).await?;
-                out.push((output, plan, batches));
+                out.push(match &by_kind {
+                    None => {
+                        let plan = bind_sources(&output.plan, &bound)?;
+                        let batches = self.execute(&plan).await?;
+                        (output, Computed::Rows(plan, batches))
+                    }
+                    Some((retracts, inserts)) => {
+                        let r = bind_sources(&output.plan, retracts)?;
+                        let i = bind_sources(&output.plan, inserts)?;
+                        (output, Computed::Changes(self.tagged(&r, &i).await?))
+                    }
+                });
             }
             Ok::<_, EngineError>(out)
         };
@@ -171,9 +187,19 @@ impl StageFunction {
         let (computed, logged) = tokio::join!(computed, logging);
         logged?;
         let mut rows_out = 0;
-        for (output, plan, batches) in computed? {
+        for (output, computed) in computed? {
             let header = self.header(output, &t.qid, t.epoch, watermark, marks, offsets.clone());
-            rows_out += self.send_output(output, &plan, header, batches).await?;
+            rows_out += match computed {
+                Computed::Rows(plan, batches) => {
+                    self.send_output(output, &plan, header, batches).await?
+                }
+                Computed::Changes(parts) => {
+                    let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
+                    self.route_changes(output, header, Some((output.plan.schema(), parts)))
+                        .await?;
+                    rows
+                }
+            };
         }
         Ok(Response {
             status: "ran".into(),
@@ -314,7 +340,46 @@ impl StageFunction {
     }
 }
 
+/// One output of a source stage, computed before it is sent.
+enum Computed {
+    /// The plan's rows, per output partition.
+    Rows(Arc<dyn ExecutionPlan>, Vec<Vec<RecordBatch>>),
+    /// A changelog's rows run by kind, tagged, per output partition.
+    Changes(Vec<Vec<RecordBatch>>),
+}
+
 /// `plan` with its source leaves bound to `bound` (per table).
+/// Each table's rows split by kind, `(retractions, inserts)`: a changelog
+/// table's by its op column, another's all inserts.
+fn split_by_kind(
+    bound: &BTreeMap<String, Vec<RecordBatch>>,
+    readers: &[super::SourceReader],
+) -> Result<(
+    BTreeMap<String, Vec<RecordBatch>>,
+    BTreeMap<String, Vec<RecordBatch>>,
+)> {
+    let (mut retracts, mut inserts) = (BTreeMap::new(), BTreeMap::new());
+    for (table, batches) in bound {
+        let changelog = readers
+            .iter()
+            .any(|r| r.table == *table && r.source.changelog());
+        let (r, i): (&mut Vec<RecordBatch>, &mut Vec<RecordBatch>) = (
+            retracts.entry(table.clone()).or_default(),
+            inserts.entry(table.clone()).or_default(),
+        );
+        for b in batches {
+            if changelog {
+                let (rb, ib) = crate::changelog::split(b)?;
+                r.push(rb);
+                i.push(ib);
+            } else {
+                i.push(b.clone());
+            }
+        }
+    }
+    Ok((retracts, inserts))
+}
+
 pub(super) fn bind_sources(
     plan: &Arc<dyn ExecutionPlan>,
     bound: &BTreeMap<String, Vec<RecordBatch>>,

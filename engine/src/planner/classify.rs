@@ -7,7 +7,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, displayable};
 
-use crate::context::{EdgeWindow, StageMode};
+use crate::context::EdgeWindow;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInputExec;
 use crate::exec::passes_batches_through;
@@ -131,27 +131,16 @@ impl Cutter {
             }
             s.windows = windows;
         }
-        // Modes: a stateful stage accumulates unless every input already
-        // arrives as whole windows, i.e. comes from a path through a stateful
-        // stage (which only emits windows the watermark has closed).
         for id in &ids {
-            let inputs = self.stages[id].inputs.clone();
-            let all_complete = !inputs.is_empty()
-                && inputs.iter().all(|(up, _)| {
-                    let s = &self.stages[up];
-                    s.mode != StageMode::Stream
-                        || self.any_upstream(*up, &|x| x.mode != StageMode::Stream)
-                });
-            let s = self.stages.get_mut(id).expect("stage");
-            s.mode = match (s.stateful, all_complete) {
-                (false, _) => StageMode::Stream,
-                (true, false) => StageMode::Accumulate,
-                (true, true) => StageMode::Complete,
-            };
-            if s.kind == StageKind::Source && s.stateful {
+            if let Some(s) = self.stages.get(id)
+                && s.kind == StageKind::Source
+                && s.stateful
+            {
                 return Err(EngineError::plan(format!("source stage {id} is stateful")));
             }
         }
+        self.assign_modes();
+        self.rewrite_aggregates_over_changes()?;
         for id in &ids {
             let tables = self.stages[id]
                 .inputs

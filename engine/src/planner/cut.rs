@@ -99,6 +99,7 @@ impl Cutter {
                 config: scan.config.clone(),
                 schema: scan.source.schema(),
                 parallelism: scan.source.parallelism(),
+                changelog: scan.source.changelog(),
             });
             return Ok(Arc::new(StageInputExec::new(
                 StageInput::Source {
@@ -264,6 +265,7 @@ impl Stage {
             consumer: None,
             stateful: false,
             mode: StageMode::Stream,
+            updating: false,
             concurrency: STATELESS_CONCURRENCY,
             windows: vec![],
             input_tables: vec![],

@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use crate::codec::{plan_to_bytes, schema_to_bytes};
 use crate::context::{
     CheckpointSpec, CloudContext, EdgeWindow, ExtraOutput, InputEdge, NextHop, SourceBinding,
-    StageMode,
+    StageMode, UpdatingSpec,
 };
 use crate::error::{EngineError, Result};
 use crate::exec::SourceTable;
@@ -42,6 +42,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+mod updating;
 mod window_edges;
 
 use classify::is_ordered;
@@ -89,6 +90,8 @@ pub struct SourceLeaf {
     pub schema: SchemaRef,
     /// How many instances read it (its source's partitioning).
     pub parallelism: usize,
+    /// Its rows are a changelog (a change-data-capture source).
+    pub changelog: bool,
 }
 
 /// A piece of the plan one function (or group of them) runs.
@@ -114,6 +117,9 @@ pub struct Stage {
     pub stateful: bool,
     /// When it runs.
     pub mode: StageMode,
+    /// Its output is a changelog: it updates (see [`StageMode::Updating`]),
+    /// or passes on the changes of an input that does.
+    pub updating: bool,
     /// How many instances of each function may run at once.
     pub concurrency: usize,
     /// The window column of each input edge, in input order.
@@ -173,6 +179,12 @@ pub struct PlanOptions {
     pub run: String,
     /// Checkpointing, if the query checkpoints.
     pub checkpoint: Option<CheckpointSpec>,
+    /// The run's `--interval`, if given: updating stages turn the sink's
+    /// `'emit.interval'` into a number of epochs with it.
+    pub interval: Option<std::time::Duration>,
+    /// `--state-ttl`: how long an updating stage keeps rows of a key nothing
+    /// touched, for tables that do not set `'state.ttl'`.
+    pub state_ttl: Option<std::time::Duration>,
 }
 
 impl Default for PlanOptions {
@@ -185,6 +197,8 @@ impl Default for PlanOptions {
             // says which one it continues.
             run: crate::checkpoint::fresh_run("run"),
             checkpoint: None,
+            interval: None,
+            state_ttl: None,
         }
     }
 }
@@ -234,6 +248,13 @@ pub fn split_statements(sql: &str) -> Vec<String> {
     out
 }
 
+pub use crate::source::{EMIT_INTERVAL_OPTION, STATE_TTL_OPTION};
+
+/// A table's `'state.ttl'`, if it sets one.
+pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Duration>> {
+    crate::source::duration_option(config, STATE_TTL_OPTION)
+}
+
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
 pub const EMIT_OPTION: &str = "emit";
 /// The `emit` value that asks for updates every epoch.
@@ -256,6 +277,7 @@ pub async fn plan_query(
         ctx.sql(stmt).await?.collect().await?;
     }
     let logical = ctx.state().create_logical_plan(query).await?;
+    let mut sink_table = None;
     let (logical, sink) = match logical {
         LogicalPlan::Dml(DmlStatement {
             table_name,
@@ -264,6 +286,7 @@ pub async fn plan_query(
             ..
         }) => {
             let sink = sink_config_for(ctx, &table_name.to_string()).await?;
+            sink_table = Some(table_name.to_string());
             (Arc::unwrap_or_clone(input), sink)
         }
         LogicalPlan::Dml(_) => {
@@ -300,9 +323,10 @@ pub async fn plan_query(
     {
         for s in &mut stages {
             s.mode = StageMode::Stream;
+            s.updating = false;
         }
     }
-    Ok(QueryPlan {
+    let plan = QueryPlan {
         sql: sql.to_string(),
         query_code: query_code(sql),
         group_size: options.group_size,
@@ -311,7 +335,22 @@ pub async fn plan_query(
         output_schema,
         logical,
         ordered,
-    })
+    };
+    if let (Some(table), true) = (&sink_table, plan.updates()) {
+        let registry = ctx
+            .state()
+            .config()
+            .get_extension::<crate::source::SourceRegistry>();
+        if let Some(Err(reason)) = registry.and_then(|r| r.sink_takes_updates(&plan.sink)) {
+            return Err(EngineError::plan(format!(
+                "table {table} (STORED AS {}) cannot take this query's result, which updates: \
+                 {reason}; it updates because of {}",
+                plan.sink.kind.to_ascii_uppercase(),
+                plan.updating_cause()
+            )));
+        }
+    }
+    Ok(plan)
 }
 
 /// A sink table is declared like a source (`CREATE EXTERNAL TABLE ... STORED
@@ -396,9 +435,15 @@ impl QueryPlan {
                         window: s.windows.get(i).cloned().flatten(),
                         tables: tables.into_iter().map(|t| t.table).collect(),
                         late_letters,
+                        updating: self.sender(*up).updating,
+                        key: updating::edge_key(self.output_plan(*up)),
                     }
                 })
                 .collect();
+            let updating = match s.mode {
+                StageMode::Updating => Some(self.updating_spec(s, options)?),
+                _ => None,
+            };
             let sources = s
                 .sources
                 .iter()
@@ -428,12 +473,59 @@ impl QueryPlan {
                         epochs,
                         run: options.run.clone(),
                         checkpoint: options.checkpoint.clone(),
+                        updating: updating.clone(),
                     },
                     s.concurrency,
                 ));
             }
         }
         Ok(out)
+    }
+
+    /// The sub-plan that sends on edge `shuffle_id`.
+    fn output_plan(&self, shuffle_id: u32) -> &Arc<dyn ExecutionPlan> {
+        let s = self.sender(shuffle_id);
+        if s.id == shuffle_id {
+            return &s.plan;
+        }
+        &s.extra_outputs
+            .iter()
+            .find(|o| o.shuffle_id == shuffle_id)
+            .expect("edge id from this plan")
+            .plan
+    }
+
+    /// Whether the query's result is a changelog: its last stage updates.
+    pub fn updates(&self) -> bool {
+        self.stages
+            .iter()
+            .any(|s| s.output == Exchange::Sink && s.updating)
+    }
+
+    fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {
+        let emit_every = match self.sink.options.get(EMIT_INTERVAL_OPTION) {
+            None => 1,
+            Some(text) => {
+                let emit = crate::interval::parse_duration(text).map_err(|e| {
+                    EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
+                })?;
+                let epoch = crate::interval::effective_interval(options.interval, self)?;
+                (emit.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
+                    .ceil()
+                    .max(1.0) as u64
+            }
+        };
+        let mut ttl_ms = vec![];
+        for tables in &s.input_tables {
+            let mut ttl: Option<std::time::Duration> = None;
+            for t in tables {
+                if let Some(d) = state_ttl_option(&t.config)? {
+                    ttl = Some(ttl.map_or(d, |x| x.min(d)));
+                }
+            }
+            ttl_ms.push(ttl.or(options.state_ttl).map(|d| d.as_millis() as u64));
+        }
+        Ok(UpdatingSpec { emit_every, ttl_ms })
     }
 
     fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {

@@ -1,0 +1,207 @@
+//! The messages of a write: one per row, or, for an updating query's
+//! changelog (see `skein_engine::changelog`), what a topic reader needs to
+//! rebuild the result:
+//!
+//! * upserts (`'key'` given, `json` or `raw` values): a new row is its
+//!   value under its key; a retracted row is a tombstone (a null value)
+//!   under its key, unless the same write has a new row for that key (an
+//!   update), so a compacted topic keeps the latest row per key;
+//! * `'format' 'debezium-json'`: a retraction and a new row of the same key
+//!   in one write are one update (`u`, before and after); a retraction
+//!   alone is a deletion (`d`), a new row alone a creation (`c`).
+
+use std::collections::{HashMap, HashSet};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use skein_engine::changelog;
+
+use crate::encode::{RowEncoder, ValueFormat, debezium_event, json_rows};
+use crate::error::{ConnectorError, Result};
+
+/// One message: its key, and its value (`None`: a tombstone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+}
+
+/// Whether a Kafka sink so configured takes a changelog.
+pub fn takes_updates(encoder: &RowEncoder) -> std::result::Result<(), String> {
+    match (encoder.format(), encoder.key_column()) {
+        (ValueFormat::DebeziumJson, _) | (_, Some(_)) => Ok(()),
+        _ => Err(
+            "a KAFKA table takes updates as upserts by 'key' (a tombstone on delete, \
+                  for a compacted topic) or as 'format' 'debezium-json'; it has neither"
+                .into(),
+        ),
+    }
+}
+
+/// The messages of `batches`, in order.
+pub fn messages(encoder: &RowEncoder, batches: &[RecordBatch]) -> Result<Vec<Message>> {
+    let mut out = vec![];
+    for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+        if !changelog::is_changelog(&batch.schema()) {
+            out.extend(encoder.encode(batch)?.into_iter().map(|r| Message {
+                key: r.key,
+                value: Some(r.value),
+            }));
+            continue;
+        }
+        let (retract, insert) = changelog::split(batch)?;
+        match encoder.format() {
+            ValueFormat::DebeziumJson => out.extend(debezium(encoder, &retract, &insert)?),
+            _ => out.extend(upserts(encoder, &retract, &insert)?),
+        }
+    }
+    Ok(out)
+}
+
+fn upserts(
+    encoder: &RowEncoder,
+    retract: &RecordBatch,
+    insert: &RecordBatch,
+) -> Result<Vec<Message>> {
+    if encoder.key_column().is_none() {
+        return Err(ConnectorError::Config(
+            "an updating result needs 'key' (or 'format' 'debezium-json') on a KAFKA table".into(),
+        ));
+    }
+    let rows = encoder.encode(insert)?;
+    let updated: HashSet<&Option<Vec<u8>>> = rows.iter().map(|r| &r.key).collect();
+    let mut out: Vec<Message> = encoder
+        .keys(retract)?
+        .into_iter()
+        .filter(|k| !updated.contains(k))
+        .map(|key| Message { key, value: None })
+        .collect();
+    out.extend(rows.into_iter().map(|r| Message {
+        key: r.key,
+        value: Some(r.value),
+    }));
+    Ok(out)
+}
+
+fn debezium(
+    encoder: &RowEncoder,
+    retract: &RecordBatch,
+    insert: &RecordBatch,
+) -> Result<Vec<Message>> {
+    let before = json_rows(retract)?;
+    let after = json_rows(insert)?;
+    let before_keys = encoder.keys(retract)?;
+    let after_keys = encoder.keys(insert)?;
+    // With a key, a retraction pairs with the new row of its key.
+    let mut paired: HashMap<&Vec<u8>, usize> = HashMap::new();
+    if encoder.key_column().is_some() {
+        for (i, k) in before_keys.iter().enumerate() {
+            if let Some(k) = k {
+                paired.insert(k, i);
+            }
+        }
+    }
+    let mut used = vec![false; before.len()];
+    let mut updates = vec![];
+    let mut creates = vec![];
+    for (j, (row, key)) in after.iter().zip(&after_keys).enumerate() {
+        match key.as_ref().and_then(|k| paired.remove(k)) {
+            Some(i) => {
+                used[i] = true;
+                updates.push(Message {
+                    key: key.clone(),
+                    value: Some(debezium_event(Some(&before[i]), Some(row), "u")),
+                });
+            }
+            None => creates.push((
+                j,
+                Message {
+                    key: key.clone(),
+                    value: Some(debezium_event(None, Some(row), "c")),
+                },
+            )),
+        }
+    }
+    let mut out: Vec<Message> = before
+        .iter()
+        .zip(before_keys)
+        .zip(&used)
+        .filter(|(_, used)| !**used)
+        .map(|((row, key), _)| Message {
+            key,
+            value: Some(debezium_event(Some(row), None, "d")),
+        })
+        .collect();
+    out.extend(updates);
+    out.extend(creates.into_iter().map(|(_, m)| m));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int8Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn changes(keys: &[&str], values: &[i64], ops: &[i8]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(keys.to_vec())),
+                Arc::new(Int64Array::from(values.to_vec())),
+            ],
+        )
+        .unwrap();
+        changelog::tag_each(&b, Int8Array::from(ops.to_vec())).unwrap()
+    }
+
+    fn encoder(format: &str, key: Option<&str>) -> RowEncoder {
+        let mut o = std::collections::BTreeMap::new();
+        o.insert("format".to_string(), format.to_string());
+        if let Some(k) = key {
+            o.insert("key".to_string(), k.to_string());
+        }
+        RowEncoder::from_options(&o).unwrap()
+    }
+
+    #[test]
+    fn upserts_write_the_new_row_and_a_tombstone_only_for_a_deleted_key() {
+        // a: 1 -> 2 (an update); b deleted; c created.
+        let batch = changes(&["a", "b", "a", "c"], &[1, 5, 2, 3], &[-1, -1, 1, 1]);
+        let m = messages(&encoder("json", Some("k")), &[batch]).unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(
+            m[0],
+            Message {
+                key: Some(b"b".to_vec()),
+                value: None
+            }
+        );
+        assert_eq!(m[1].key.as_deref(), Some(&b"a"[..]));
+        assert_eq!(m[1].value.as_deref(), Some(&br#"{"k":"a","n":2}"#[..]));
+        assert!(takes_updates(&encoder("json", None)).is_err());
+    }
+
+    #[test]
+    fn debezium_events_pair_an_update_by_key() {
+        let batch = changes(&["a", "b", "a", "c"], &[1, 5, 2, 3], &[-1, -1, 1, 1]);
+        let m = messages(&encoder("debezium-json", Some("k")), &[batch]).unwrap();
+        let ops: Vec<serde_json::Value> = m
+            .iter()
+            .map(|m| serde_json::from_slice(m.value.as_ref().unwrap()).unwrap())
+            .collect();
+        assert_eq!(ops[0]["op"], "d");
+        assert_eq!(ops[0]["before"]["k"], "b");
+        assert!(ops[0]["after"].is_null());
+        assert_eq!(ops[1]["op"], "u");
+        assert_eq!(ops[1]["before"]["n"], 1);
+        assert_eq!(ops[1]["after"]["n"], 2);
+        assert_eq!(ops[2]["op"], "c");
+        assert_eq!(ops[2]["after"]["k"], "c");
+        assert!(takes_updates(&encoder("debezium-json", None)).is_ok());
+    }
+}

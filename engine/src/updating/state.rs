@@ -1,0 +1,269 @@
+//! What an updating member keeps: every input row by key, and what it has
+//! emitted by key; the changes it made since its last checkpoint, so a
+//! checkpoint writes those rather than everything.
+
+use std::collections::{BTreeMap, HashSet};
+
+use datafusion::arrow::array::{Int8Array, RecordBatch};
+use datafusion::arrow::datatypes::SchemaRef;
+
+use super::diff::diff;
+use super::keyed::{Key, KeyedRows, RowEncoder, concat};
+use super::split::UpdatingPlan;
+use crate::changelog::{self, INSERT, RETRACT};
+use crate::error::{EngineError, Result};
+use crate::window_state::Change;
+
+/// The pseudo edge that the emitted rows travel under in a checkpoint.
+pub const EMITTED: u32 = u32::MAX;
+
+/// Rows per batch of a whole checkpoint.
+const CHECKPOINT_BATCH_ROWS: usize = 64 * 1024;
+
+/// The keys an emission computes.
+#[derive(Debug)]
+pub enum Due {
+    /// Nothing was touched.
+    Nothing,
+    /// These keys.
+    Keys(HashSet<Key>),
+    /// Every key (after a restore, whose untouched keys are not known).
+    All,
+}
+
+/// One updating member's state.
+#[derive(Debug)]
+pub struct UpdatingState {
+    edges: BTreeMap<u32, KeyedRows>,
+    emitted: KeyedRows,
+    whole_rows: RowEncoder,
+    /// Keys touched since the last emission.
+    pending: HashSet<Key>,
+    pending_all: bool,
+    /// Changes since the last checkpoint, when checkpoints want them.
+    journal: Option<Vec<Change>>,
+    /// Retractions that named no kept row, since the start.
+    unmatched: u64,
+}
+
+impl UpdatingState {
+    /// Empty state for `plan`, whose input edges have leaf schemas
+    /// `schemas` and whose core outputs `core_schema`.
+    pub fn new(plan: &UpdatingPlan, schemas: &BTreeMap<u32, SchemaRef>) -> Result<Self> {
+        let mut edges = BTreeMap::new();
+        for (edge, key) in &plan.edge_keys {
+            let schema = schemas.get(edge).ok_or_else(|| {
+                EngineError::Context(format!("updating stage: no schema for edge {edge}"))
+            })?;
+            edges.insert(*edge, KeyedRows::new(schema.clone(), key.clone())?);
+        }
+        let core_schema = plan.core.schema();
+        Ok(UpdatingState {
+            edges,
+            whole_rows: RowEncoder::whole(&core_schema)?,
+            emitted: KeyedRows::new(core_schema, plan.out_key.clone())?,
+            pending: HashSet::new(),
+            pending_all: false,
+            journal: None,
+            unmatched: 0,
+        })
+    }
+
+    /// Take an epoch's batch of one edge: a changelog, or (`updating`
+    /// false) rows that are all new.
+    pub fn take_input(&mut self, edge: u32, batch: RecordBatch, updating: bool) -> Result<()> {
+        let batch = if updating {
+            batch
+        } else {
+            changelog::tag(&batch, INSERT)?
+        };
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if let Some(j) = &mut self.journal {
+            j.push(Change::Rows {
+                edge,
+                batch: batch.clone(),
+            });
+        }
+        self.apply_input(edge, &batch, true)
+    }
+
+    fn apply_input(&mut self, edge: u32, batch: &RecordBatch, touch: bool) -> Result<()> {
+        let rows = self
+            .edges
+            .get_mut(&edge)
+            .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
+        let (retract, insert) = changelog::split(batch)?;
+        if touch {
+            self.pending.extend(rows.keys_of(&insert)?);
+            self.pending.extend(rows.keys_of(&retract)?);
+        }
+        // A retraction names a row sent before it, possibly in this batch.
+        rows.insert(insert)?;
+        let unmatched = rows.retract(&retract)?;
+        if unmatched > 0 {
+            self.unmatched += unmatched as u64;
+            tracing::warn!(
+                edge,
+                rows = unmatched,
+                "retractions named rows this stage does not hold; they were ignored"
+            );
+        }
+        rows.compact_if_sparse()
+    }
+
+    /// The keys to compute now; they are no longer pending.
+    pub fn take_due(&mut self) -> Due {
+        if std::mem::take(&mut self.pending_all) {
+            self.pending.clear();
+            return Due::All;
+        }
+        if self.pending.is_empty() {
+            return Due::Nothing;
+        }
+        Due::Keys(std::mem::take(&mut self.pending))
+    }
+
+    /// The input rows of `due` keys on `edge`.
+    pub fn input_rows(&self, edge: u32, due: &Due) -> Result<RecordBatch> {
+        let rows = &self.edges[&edge];
+        match due {
+            Due::Keys(keys) => rows.gather(keys),
+            Due::All | Due::Nothing => rows.all(),
+        }
+    }
+
+    /// `result` is the core's output for the `due` keys now: what changed
+    /// since it was last emitted, as `(retractions, inserts)`, which are
+    /// from now on what was emitted.
+    pub fn emit(&mut self, due: &Due, result: RecordBatch) -> Result<(RecordBatch, RecordBatch)> {
+        let old = match due {
+            Due::Keys(keys) => self.emitted.gather(keys)?,
+            Due::All | Due::Nothing => self.emitted.all()?,
+        };
+        let (retract, insert) = diff(&self.whole_rows, &old, &result)?;
+        match due {
+            Due::Keys(keys) => self.emitted.remove_keys(keys),
+            Due::All | Due::Nothing => self.emitted.clear(),
+        }
+        self.emitted.insert(result)?;
+        self.emitted.compact_if_sparse()?;
+        if let Some(j) = &mut self.journal
+            && (retract.num_rows() > 0 || insert.num_rows() > 0)
+        {
+            j.push(Change::Rows {
+                edge: EMITTED,
+                batch: changes(&retract, &insert)?,
+            });
+        }
+        Ok((retract, insert))
+    }
+
+    /// Rows kept over every input edge.
+    pub fn rows(&self) -> usize {
+        self.edges.values().map(KeyedRows::len).sum()
+    }
+
+    /// Bytes kept, inputs and emitted rows.
+    pub fn bytes(&self) -> usize {
+        self.edges.values().map(KeyedRows::bytes).sum::<usize>() + self.emitted.bytes()
+    }
+
+    /// Retractions that named no kept row.
+    pub fn unmatched(&self) -> u64 {
+        self.unmatched
+    }
+
+    /// Keep the changes from now on, for checkpoints that write only them.
+    pub fn keep_changes(&mut self) {
+        self.journal.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes since the last call.
+    pub fn take_changes(&mut self) -> Option<Vec<Change>> {
+        self.journal.as_mut().map(std::mem::take)
+    }
+
+    /// The schema of each edge's rows in a checkpoint (with the op column),
+    /// the emitted rows under [`EMITTED`].
+    pub fn checkpoint_schemas(&self) -> BTreeMap<u32, SchemaRef> {
+        let mut out: BTreeMap<u32, SchemaRef> = self
+            .edges
+            .iter()
+            .map(|(e, rows)| (*e, changelog::with_op(rows.schema())))
+            .collect();
+        out.insert(EMITTED, changelog::with_op(self.emitted.schema()));
+        out
+    }
+
+    /// Everything kept, per edge (and [`EMITTED`]), as inserts.
+    pub fn whole(&self) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
+        let mut out = BTreeMap::new();
+        for (edge, rows) in self.edges.iter().chain([(&EMITTED, &self.emitted)]) {
+            let chunks = rows
+                .chunks(CHECKPOINT_BATCH_ROWS)?
+                .iter()
+                .map(|b| changelog::tag(b, INSERT))
+                .collect::<Result<Vec<_>>>()?;
+            out.insert(*edge, chunks);
+        }
+        Ok(out)
+    }
+
+    /// Take back a whole state ([`UpdatingState::whole`]) and then the
+    /// changes written on it, in order. What was pending when it was saved
+    /// is not known: the next emission computes every key (keys that did
+    /// not change give no change).
+    pub fn restore(
+        &mut self,
+        whole: BTreeMap<u32, Vec<RecordBatch>>,
+        changes: Vec<Vec<Change>>,
+    ) -> Result<()> {
+        for rows in self.edges.values_mut() {
+            rows.clear();
+        }
+        self.emitted.clear();
+        for (edge, batches) in whole {
+            for b in batches {
+                self.apply_saved(edge, &b)?;
+            }
+        }
+        for change in changes.into_iter().flatten() {
+            match change {
+                Change::Rows { edge, batch } => self.apply_saved(edge, &batch)?,
+                Change::Released(_) => {
+                    return Err(EngineError::Context(
+                        "an updating stage's checkpoint holds a window release".into(),
+                    ));
+                }
+            }
+        }
+        self.pending.clear();
+        self.pending_all = true;
+        if let Some(j) = &mut self.journal {
+            j.clear();
+        }
+        Ok(())
+    }
+
+    fn apply_saved(&mut self, edge: u32, batch: &RecordBatch) -> Result<()> {
+        if edge != EMITTED {
+            return self.apply_input(edge, batch, false);
+        }
+        let (retract, insert) = changelog::split(batch)?;
+        self.emitted.retract(&retract)?;
+        self.emitted.insert(insert)
+    }
+}
+
+/// Retractions then inserts, as one changelog batch.
+pub fn changes(retract: &RecordBatch, insert: &RecordBatch) -> Result<RecordBatch> {
+    let schema = retract.schema();
+    let rows = concat(&schema, &[retract.clone(), insert.clone()])?;
+    let ops: Int8Array = std::iter::repeat_n(RETRACT, retract.num_rows())
+        .chain(std::iter::repeat_n(INSERT, insert.num_rows()))
+        .map(Some)
+        .collect();
+    changelog::tag_each(&rows, ops)
+}

@@ -1,0 +1,491 @@
+//! NEXMark's updating queries (q3, q4, q6, q9, q14–q22) computed here, in
+//! plain Rust over the generated events: no engine, no DataFusion, none of
+//! our functions. Each reference gives the query's final table as rows of
+//! text, one string per column in the query's column order: integers in
+//! decimal, timestamps as epoch milliseconds, floats rounded to three
+//! decimals (see [`float`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use skein_generators::nexmark::{Auction, Bid, Event, Person};
+
+/// A row of a query's result, as text.
+pub type Row = Vec<String>;
+
+/// How a float column compares: three decimals (prices are integers, so
+/// their averages are exact to far more).
+pub fn float(x: f64) -> String {
+    format!("{:.3}", x)
+}
+
+fn persons(events: &[Event]) -> impl Iterator<Item = &Person> {
+    events.iter().filter_map(|e| match e {
+        Event::Person(p) => Some(p),
+        _ => None,
+    })
+}
+
+fn auctions(events: &[Event]) -> impl Iterator<Item = &Auction> {
+    events.iter().filter_map(|e| match e {
+        Event::Auction(a) => Some(a),
+        _ => None,
+    })
+}
+
+fn bids(events: &[Event]) -> impl Iterator<Item = &Bid> {
+    events.iter().filter_map(|e| match e {
+        Event::Bid(b) => Some(b),
+        _ => None,
+    })
+}
+
+/// The UTC calendar date of epoch milliseconds as `YYYY-MM-DD`
+/// (days-from-civil inverted, proleptic Gregorian).
+pub fn day(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// `HH:MM` (UTC) of epoch milliseconds.
+pub fn minute(ms: i64) -> String {
+    let of_day = ms.rem_euclid(86_400_000);
+    format!("{:02}:{:02}", of_day / 3_600_000, (of_day / 60_000) % 60)
+}
+
+/// q3: sellers in Oregon, Idaho or California with auctions in category 10.
+pub fn q3(events: &[Event]) -> Vec<Row> {
+    let people: BTreeMap<i64, &Person> = persons(events)
+        .filter(|p| ["OR", "ID", "CA"].contains(&p.state.as_str()))
+        .map(|p| (p.id, p))
+        .collect();
+    auctions(events)
+        .filter(|a| a.category == 10)
+        .filter_map(|a| {
+            let p = people.get(&a.seller)?;
+            Some(vec![
+                p.name.clone(),
+                p.city.clone(),
+                p.state.clone(),
+                a.id.to_string(),
+            ])
+        })
+        .collect()
+}
+
+/// The highest price bid on each auction during its lifetime (inclusive).
+fn winning_prices(events: &[Event]) -> BTreeMap<i64, i64> {
+    let lifetimes: BTreeMap<i64, (i64, i64)> = auctions(events)
+        .map(|a| (a.id, (a.date_time, a.expires)))
+        .collect();
+    let mut best: BTreeMap<i64, i64> = BTreeMap::new();
+    for b in bids(events) {
+        let Some((from, to)) = lifetimes.get(&b.auction) else {
+            continue;
+        };
+        if b.date_time >= *from && b.date_time <= *to {
+            let e = best.entry(b.auction).or_insert(b.price);
+            *e = (*e).max(b.price);
+        }
+    }
+    best
+}
+
+/// q4: the average winning price per category.
+pub fn q4(events: &[Event]) -> Vec<Row> {
+    let best = winning_prices(events);
+    let mut per: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    for a in auctions(events) {
+        if let Some(price) = best.get(&a.id) {
+            let e = per.entry(a.category).or_default();
+            e.0 += price;
+            e.1 += 1;
+        }
+    }
+    per.into_iter()
+        .map(|(c, (sum, n))| vec![c.to_string(), float(sum as f64 / n as f64)])
+        .collect()
+}
+
+/// q6: per seller, each winning price with the average of that seller's
+/// last (up to) 10 winning prices, auctions ordered by expiry then id.
+pub fn q6(events: &[Event]) -> Vec<Row> {
+    let best = winning_prices(events);
+    let mut per_seller: BTreeMap<i64, Vec<(i64, i64, i64)>> = BTreeMap::new();
+    for a in auctions(events) {
+        if let Some(price) = best.get(&a.id) {
+            per_seller
+                .entry(a.seller)
+                .or_default()
+                .push((a.expires, a.id, *price));
+        }
+    }
+    let mut out = vec![];
+    for (seller, mut list) in per_seller {
+        list.sort();
+        for i in 0..list.len() {
+            let window = &list[i.saturating_sub(9)..=i];
+            let avg = window.iter().map(|x| x.2).sum::<i64>() as f64 / window.len() as f64;
+            out.push(vec![
+                seller.to_string(),
+                list[i].1.to_string(),
+                list[i].2.to_string(),
+                float(avg),
+            ]);
+        }
+    }
+    out
+}
+
+/// q9: each auction with its winning bid (highest price; then earliest,
+/// then bidder, channel and url).
+pub fn q9(events: &[Event]) -> Vec<Row> {
+    let mut winner: BTreeMap<i64, &Bid> = BTreeMap::new();
+    let lifetimes: BTreeMap<i64, &Auction> = auctions(events).map(|a| (a.id, a)).collect();
+    let rank = |b: &Bid| {
+        (
+            std::cmp::Reverse(b.price),
+            b.date_time,
+            b.bidder,
+            b.channel.clone(),
+            b.url.clone(),
+        )
+    };
+    for b in bids(events) {
+        let Some(a) = lifetimes.get(&b.auction) else {
+            continue;
+        };
+        if b.date_time < a.date_time || b.date_time > a.expires {
+            continue;
+        }
+        match winner.get(&a.id) {
+            Some(w) if rank(w) <= rank(b) => {}
+            _ => {
+                winner.insert(a.id, b);
+            }
+        }
+    }
+    winner
+        .into_iter()
+        .map(|(id, b)| {
+            let a = lifetimes[&id];
+            vec![
+                a.id.to_string(),
+                a.item_name.clone(),
+                a.description.clone(),
+                a.initial_bid.to_string(),
+                a.reserve.to_string(),
+                a.date_time.to_string(),
+                a.expires.to_string(),
+                a.seller.to_string(),
+                a.category.to_string(),
+                a.extra.clone(),
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                b.price.to_string(),
+                b.date_time.to_string(),
+                b.extra.clone(),
+            ]
+        })
+        .collect()
+}
+
+/// q14: bids priced between 1 M and 50 M once scaled by 0.908, with the
+/// part of the day they were made in and the count of 'c' in `extra`.
+pub fn q14(events: &[Event]) -> Vec<Row> {
+    bids(events)
+        .filter_map(|b| {
+            let price = 0.908 * b.price as f64;
+            if !(price > 1_000_000.0 && price < 50_000_000.0) {
+                return None;
+            }
+            let hour = b.date_time.rem_euclid(86_400_000) / 3_600_000;
+            let kind = if (8..=18).contains(&hour) {
+                "dayTime"
+            } else if hour <= 6 || hour >= 20 {
+                "nightTime"
+            } else {
+                "otherTime"
+            };
+            Some(vec![
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                float(price),
+                kind.to_string(),
+                b.date_time.to_string(),
+                b.extra.clone(),
+                b.extra.chars().filter(|c| *c == 'c').count().to_string(),
+            ])
+        })
+        .collect()
+}
+
+/// Bids, bidders and auctions at three price levels (q15, q16).
+#[derive(Default)]
+struct Levels {
+    bids: [i64; 4],
+    bidders: [BTreeSet<i64>; 4],
+    auctions: [BTreeSet<i64>; 4],
+}
+
+impl Levels {
+    fn add(&mut self, b: &Bid) {
+        let level = if b.price < 10_000 {
+            1
+        } else if b.price < 1_000_000 {
+            2
+        } else {
+            3
+        };
+        for i in [0, level] {
+            self.bids[i] += 1;
+            self.bidders[i].insert(b.bidder);
+            self.auctions[i].insert(b.auction);
+        }
+    }
+
+    fn columns(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.bids.iter().map(i64::to_string).collect();
+        out.extend(self.bidders.iter().map(|s| s.len().to_string()));
+        out.extend(self.auctions.iter().map(|s| s.len().to_string()));
+        out
+    }
+}
+
+/// q15: per day, bids, distinct bidders and distinct auctions at three
+/// price levels.
+pub fn q15(events: &[Event]) -> Vec<Row> {
+    let mut per: BTreeMap<String, Levels> = BTreeMap::new();
+    for b in bids(events) {
+        per.entry(day(b.date_time)).or_default().add(b);
+    }
+    per.into_iter()
+        .map(|(d, l)| {
+            let mut row = vec![d];
+            row.extend(l.columns());
+            row
+        })
+        .collect()
+}
+
+/// q16: q15 per channel and day, with the day's latest minute.
+pub fn q16(events: &[Event]) -> Vec<Row> {
+    let mut per: BTreeMap<(String, String), (String, Levels)> = BTreeMap::new();
+    for b in bids(events) {
+        let e = per
+            .entry((b.channel.clone(), day(b.date_time)))
+            .or_insert_with(|| (String::new(), Levels::default()));
+        e.0 = e.0.clone().max(minute(b.date_time));
+        e.1.add(b);
+    }
+    per.into_iter()
+        .map(|((channel, d), (m, l))| {
+            let mut row = vec![channel, d, m];
+            row.extend(l.columns());
+            row
+        })
+        .collect()
+}
+
+/// q17: per auction and day, bids at three price levels and the lowest,
+/// highest, average and total price.
+pub fn q17(events: &[Event]) -> Vec<Row> {
+    #[derive(Default)]
+    struct Stats {
+        n: [i64; 4],
+        min: Option<i64>,
+        max: Option<i64>,
+        sum: i64,
+    }
+    let mut per: BTreeMap<(i64, String), Stats> = BTreeMap::new();
+    for b in bids(events) {
+        let s = per.entry((b.auction, day(b.date_time))).or_default();
+        let level = if b.price < 10_000 {
+            1
+        } else if b.price < 1_000_000 {
+            2
+        } else {
+            3
+        };
+        s.n[0] += 1;
+        s.n[level] += 1;
+        s.min = Some(s.min.map_or(b.price, |m| m.min(b.price)));
+        s.max = Some(s.max.map_or(b.price, |m| m.max(b.price)));
+        s.sum += b.price;
+    }
+    per.into_iter()
+        .map(|((auction, d), s)| {
+            let mut row = vec![auction.to_string(), d];
+            row.extend(s.n.iter().map(i64::to_string));
+            row.push(s.min.unwrap_or_default().to_string());
+            row.push(s.max.unwrap_or_default().to_string());
+            row.push(float(s.sum as f64 / s.n[0] as f64));
+            row.push(s.sum.to_string());
+            row
+        })
+        .collect()
+}
+
+fn bid_row(b: &Bid) -> Row {
+    vec![
+        b.auction.to_string(),
+        b.bidder.to_string(),
+        b.price.to_string(),
+        b.channel.clone(),
+        b.url.clone(),
+        b.date_time.to_string(),
+        b.extra.clone(),
+    ]
+}
+
+/// q18: each bidder's last bid on each auction (latest; then highest
+/// price; then url).
+pub fn q18(events: &[Event]) -> Vec<Row> {
+    let mut last: BTreeMap<(i64, i64), &Bid> = BTreeMap::new();
+    let rank = |b: &Bid| {
+        (
+            std::cmp::Reverse(b.date_time),
+            std::cmp::Reverse(b.price),
+            b.url.clone(),
+        )
+    };
+    for b in bids(events) {
+        match last.get(&(b.bidder, b.auction)) {
+            Some(l) if rank(l) <= rank(b) => {}
+            _ => {
+                last.insert((b.bidder, b.auction), b);
+            }
+        }
+    }
+    last.values().map(|b| bid_row(b)).collect()
+}
+
+/// q19: the 10 highest bids of each auction with their rank (price; then
+/// earliest, bidder, url).
+pub fn q19(events: &[Event]) -> Vec<Row> {
+    let mut per: BTreeMap<i64, Vec<&Bid>> = BTreeMap::new();
+    for b in bids(events) {
+        per.entry(b.auction).or_default().push(b);
+    }
+    let mut out = vec![];
+    for list in per.values_mut() {
+        list.sort_by_key(|b| {
+            (
+                std::cmp::Reverse(b.price),
+                b.date_time,
+                b.bidder,
+                b.url.clone(),
+            )
+        });
+        for (i, b) in list.iter().take(10).enumerate() {
+            let mut row = bid_row(b);
+            row.push((i + 1).to_string());
+            out.push(row);
+        }
+    }
+    out
+}
+
+/// q20: bids with their auction, for auctions in category 10.
+pub fn q20(events: &[Event]) -> Vec<Row> {
+    let tens: BTreeMap<i64, Vec<&Auction>> =
+        auctions(events)
+            .filter(|a| a.category == 10)
+            .fold(BTreeMap::new(), |mut m, a| {
+                m.entry(a.id).or_insert_with(Vec::new).push(a);
+                m
+            });
+    let mut out = vec![];
+    for b in bids(events) {
+        for a in tens.get(&b.auction).into_iter().flatten() {
+            out.push(vec![
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                b.price.to_string(),
+                b.channel.clone(),
+                b.url.clone(),
+                b.date_time.to_string(),
+                b.extra.clone(),
+                a.item_name.clone(),
+                a.description.clone(),
+                a.initial_bid.to_string(),
+                a.reserve.to_string(),
+                a.date_time.to_string(),
+                a.expires.to_string(),
+                a.seller.to_string(),
+                a.category.to_string(),
+                a.extra.clone(),
+            ]);
+        }
+    }
+    out
+}
+
+/// The `channel_id` parameter of a url: after `channel_id=` at the start
+/// or after `&`, up to the next `&`.
+pub fn channel_id_param(url: &str) -> Option<String> {
+    let mut from = 0;
+    while let Some(at) = url[from..].find("channel_id=") {
+        let start = from + at;
+        if start == 0 || url.as_bytes()[start - 1] == b'&' {
+            let value = &url[start + "channel_id=".len()..];
+            return Some(value.split('&').next().unwrap_or_default().to_string());
+        }
+        from = start + 1;
+    }
+    None
+}
+
+/// q21: a channel id per bid: fixed for the four hot channels, else the
+/// url's `channel_id`; bids with neither are left out.
+pub fn q21(events: &[Event]) -> Vec<Row> {
+    bids(events)
+        .filter_map(|b| {
+            let fixed = match b.channel.to_lowercase().as_str() {
+                "apple" => Some("0"),
+                "google" => Some("1"),
+                "facebook" => Some("2"),
+                "baidu" => Some("3"),
+                _ => None,
+            };
+            let id = match fixed {
+                Some(f) => f.to_string(),
+                None => channel_id_param(&b.url)?,
+            };
+            Some(vec![
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                b.price.to_string(),
+                b.channel.clone(),
+                id,
+            ])
+        })
+        .collect()
+}
+
+/// q22: the first three directories of each bid's url.
+pub fn q22(events: &[Event]) -> Vec<Row> {
+    bids(events)
+        .map(|b| {
+            let parts: Vec<&str> = b.url.split('/').collect();
+            let part = |i: usize| parts.get(i).copied().unwrap_or_default().to_string();
+            vec![
+                b.auction.to_string(),
+                b.bidder.to_string(),
+                b.price.to_string(),
+                b.channel.clone(),
+                part(3),
+                part(4),
+                part(5),
+            ]
+        })
+        .collect()
+}

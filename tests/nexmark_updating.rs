@@ -1,0 +1,484 @@
+//! NEXMark's updating queries (q3, q4, q6, q9 and q14–q22: aggregates,
+//! joins and top-N without windows) read from Kafka at the default group
+//! size, through SIGKILLs and restarts from the checkpoint directory, into
+//! a files table that is a changelog (`'op.column'`): replaying its rows
+//! gives the same final table as a reference computed here without the
+//! engine (tests/common/nexmark_reference.rs). A replayed write that
+//! doubled, or a retraction that went missing, leaves rows the reference
+//! does not have.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use common::kafka::{end_offsets, first_records};
+use common::nexmark_reference::{self as reference, Row, float};
+use common::rows::{parse_timestamp, read_rows};
+use serde_json::{Map, Value};
+use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
+
+const EVENTS: u64 = 40_000;
+
+/// Topics `<prefix>-person|auction|bid` written by `skein gen`, and the
+/// same events generated here.
+struct Topics {
+    prefix: String,
+    events: Vec<Event>,
+}
+
+fn topics() -> &'static Topics {
+    static TOPICS: OnceLock<Topics> = OnceLock::new();
+    TOPICS.get_or_init(|| {
+        let brokers = common::require_kafka();
+        let prefix = common::unique_name("nexmark-updating");
+        let (ok, _, stderr) = common::skein(&[
+            "gen",
+            "nexmark",
+            "--to",
+            &format!("kafka://{brokers}/{prefix}"),
+            "--events",
+            &EVENTS.to_string(),
+            "--partitions",
+            "4",
+            "--json",
+        ]);
+        assert!(ok, "skein gen nexmark failed:\n{stderr}");
+        let base_time_ms = first_records(&brokers, &format!("{prefix}-person"))
+            .iter()
+            .map(|payload| {
+                let v: Value = serde_json::from_slice(payload).expect("a JSON person");
+                v["date_time"].as_i64().expect("date_time in ms")
+            })
+            .min()
+            .expect("the person topic has records");
+        let events: Vec<Event> = NexmarkGenerator::new(NexmarkConfig {
+            base_time_ms,
+            max_events: Some(EVENTS),
+            ..NexmarkConfig::default()
+        })
+        .expect("a NEXMark generator")
+        .into_events()
+        .collect();
+        let published: i64 = ["person", "auction", "bid"]
+            .iter()
+            .map(|t| {
+                end_offsets(&brokers, &format!("{prefix}-{t}"))
+                    .iter()
+                    .sum::<i64>()
+            })
+            .sum();
+        assert_eq!(published as u64, EVENTS, "{prefix}: every event published");
+        Topics { prefix, events }
+    })
+}
+
+/// The three tables over the topics, every column declared.
+fn tables(prefix: &str) -> String {
+    let brokers = common::kafka_brokers();
+    let table = |name: &str, columns: &str| {
+        format!(
+            "CREATE EXTERNAL TABLE {name} ({columns}) STORED AS KAFKA LOCATION '{prefix}-{name}' \
+             OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', \
+             'max.records.per.pull' '500');\n"
+        )
+    };
+    [
+        table(
+            "person",
+            "id BIGINT, name VARCHAR, email_address VARCHAR, credit_card VARCHAR, \
+             city VARCHAR, state VARCHAR, date_time TIMESTAMP, extra VARCHAR",
+        ),
+        table(
+            "auction",
+            "id BIGINT, item_name VARCHAR, description VARCHAR, initial_bid BIGINT, \
+             reserve BIGINT, date_time TIMESTAMP, expires TIMESTAMP, seller BIGINT, \
+             category BIGINT, extra VARCHAR",
+        ),
+        table(
+            "bid",
+            "auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, url VARCHAR, \
+             date_time TIMESTAMP, extra VARCHAR",
+        ),
+    ]
+    .concat()
+}
+
+/// How a column of the result is compared.
+#[derive(Clone, Copy)]
+enum Kind {
+    Int,
+    Text,
+    Time,
+    Float,
+}
+
+impl Kind {
+    fn sql(self) -> &'static str {
+        match self {
+            Kind::Int => "BIGINT",
+            Kind::Text => "VARCHAR",
+            Kind::Time => "TIMESTAMP",
+            Kind::Float => "DOUBLE",
+        }
+    }
+
+    fn text(self, v: &Value) -> String {
+        match (self, v) {
+            (_, Value::Null) => "NULL".into(),
+            (Kind::Int, v) => v
+                .as_i64()
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| v.to_string()),
+            (Kind::Text, Value::String(s)) => s.clone(),
+            (Kind::Time, Value::String(s)) => parse_timestamp(s)
+                .map(|t| t.to_string())
+                .unwrap_or_else(|| s.clone()),
+            (Kind::Time, v) => v.as_i64().map(|i| i.to_string()).unwrap_or_default(),
+            (Kind::Float, v) => v.as_f64().map(float).unwrap_or_else(|| v.to_string()),
+            (_, v) => v.to_string(),
+        }
+    }
+}
+
+use Kind::{Float as F, Int as I, Text as T, Time as D};
+
+fn columns(query: u32) -> Vec<(&'static str, Kind)> {
+    let bid = vec![
+        ("auction", I),
+        ("bidder", I),
+        ("price", I),
+        ("channel", T),
+        ("url", T),
+        ("date_time", D),
+        ("extra", T),
+    ];
+    let levels = [
+        ("total_bids", I),
+        ("rank1_bids", I),
+        ("rank2_bids", I),
+        ("rank3_bids", I),
+        ("total_bidders", I),
+        ("rank1_bidders", I),
+        ("rank2_bidders", I),
+        ("rank3_bidders", I),
+        ("total_auctions", I),
+        ("rank1_auctions", I),
+        ("rank2_auctions", I),
+        ("rank3_auctions", I),
+    ];
+    match query {
+        3 => vec![("name", T), ("city", T), ("state", T), ("id", I)],
+        4 => vec![("category", I), ("avg_price", F)],
+        6 => vec![
+            ("seller", I),
+            ("auction", I),
+            ("final", I),
+            ("avg_price", F),
+        ],
+        9 => vec![
+            ("id", I),
+            ("item_name", T),
+            ("description", T),
+            ("initial_bid", I),
+            ("reserve", I),
+            ("date_time", D),
+            ("expires", D),
+            ("seller", I),
+            ("category", I),
+            ("extra", T),
+            ("auction", I),
+            ("bidder", I),
+            ("price", I),
+            ("bid_date_time", D),
+            ("bid_extra", T),
+        ],
+        14 => vec![
+            ("auction", I),
+            ("bidder", I),
+            ("price", F),
+            ("bid_time_type", T),
+            ("date_time", D),
+            ("extra", T),
+            ("c_counts", I),
+        ],
+        15 => [vec![("day", T)], levels.to_vec()].concat(),
+        16 => [
+            vec![("channel", T), ("day", T), ("minute", T)],
+            levels.to_vec(),
+        ]
+        .concat(),
+        17 => vec![
+            ("auction", I),
+            ("day", T),
+            ("total_bids", I),
+            ("rank1_bids", I),
+            ("rank2_bids", I),
+            ("rank3_bids", I),
+            ("min_price", I),
+            ("max_price", I),
+            ("avg_price", F),
+            ("sum_price", I),
+        ],
+        18 => bid,
+        19 => [bid, vec![("rank_number", I)]].concat(),
+        20 => vec![
+            ("auction", I),
+            ("bidder", I),
+            ("price", I),
+            ("channel", T),
+            ("url", T),
+            ("bid_date_time", D),
+            ("bid_extra", T),
+            ("item_name", T),
+            ("description", T),
+            ("initial_bid", I),
+            ("reserve", I),
+            ("auction_date_time", D),
+            ("expires", D),
+            ("seller", I),
+            ("category", I),
+            ("auction_extra", T),
+        ],
+        21 => vec![
+            ("auction", I),
+            ("bidder", I),
+            ("price", I),
+            ("channel", T),
+            ("channel_id", T),
+        ],
+        22 => vec![
+            ("auction", I),
+            ("bidder", I),
+            ("price", I),
+            ("channel", T),
+            ("dir1", T),
+            ("dir2", T),
+            ("dir3", T),
+        ],
+        q => panic!("no columns for q{q}"),
+    }
+}
+
+fn want(query: u32, events: &[Event]) -> Vec<Row> {
+    match query {
+        3 => reference::q3(events),
+        4 => reference::q4(events),
+        6 => reference::q6(events),
+        9 => reference::q9(events),
+        14 => reference::q14(events),
+        15 => reference::q15(events),
+        16 => reference::q16(events),
+        17 => reference::q17(events),
+        18 => reference::q18(events),
+        19 => reference::q19(events),
+        20 => reference::q20(events),
+        21 => reference::q21(events),
+        22 => reference::q22(events),
+        q => panic!("no reference for q{q}"),
+    }
+}
+
+fn command(sql: &Path, checkpoints: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+    c.args(["run", sql.to_str().expect("utf-8 path")])
+        .args(["--until-drained", "--interval", "10ms", "--json"])
+        .args([
+            "--checkpoint-dir",
+            checkpoints.to_str().expect("utf-8 path"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The final table a changelog of rows (each with its `op`) adds up to.
+fn replay(rows: &[Map<String, Value>], cols: &[(&str, Kind)]) -> Vec<Row> {
+    let mut table: BTreeMap<Row, i64> = BTreeMap::new();
+    for r in rows {
+        let row: Row = cols
+            .iter()
+            .map(|(name, kind)| kind.text(r.get(*name).unwrap_or(&Value::Null)))
+            .collect();
+        let weight = match r.get("op").and_then(Value::as_str) {
+            Some("insert") => 1,
+            Some("delete") => -1,
+            other => panic!("a changelog row with op {other:?}: {r:?}"),
+        };
+        *table.entry(row).or_default() += weight;
+    }
+    let negative: Vec<_> = table.iter().filter(|(_, n)| **n < 0).collect();
+    assert!(
+        negative.is_empty(),
+        "rows deleted more often than inserted (a doubled retraction): {:?}",
+        &negative[..negative.len().min(5)]
+    );
+    table
+        .into_iter()
+        .flat_map(|(row, n)| std::iter::repeat_n(row, n as usize))
+        .collect()
+}
+
+/// Runs qN from the topics through `kills` SIGKILLs; compares the table its
+/// changelog adds up to with the reference.
+fn check(query: u32, kills: usize) {
+    let t = topics();
+    let cols = columns(query);
+    let dir = std::env::temp_dir().join(common::unique_name(&format!("nexmark-upd-q{query}")));
+    let out = dir.join("out");
+    std::fs::create_dir_all(&out).expect("output directory");
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out ({}) STORED AS FILES LOCATION 'file://{}' \
+         OPTIONS ('format' 'json', 'op.column' 'op');\n",
+        cols.iter()
+            .map(|(n, k)| format!("{n} {}", k.sql()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        out.display()
+    );
+    let body = std::fs::read_to_string(common::repo_path(&format!("queries/nexmark/q{query}.sql")))
+        .expect("the query file");
+    let sql = dir.join("q.sql");
+    std::fs::write(
+        &sql,
+        format!("{}{sink}INSERT INTO out\n{body}", tables(&t.prefix)),
+    )
+    .expect("writing the query");
+    let checkpoints = dir.join("checkpoints");
+    let stdout =
+        common::kills::run_through_kills(|| command(&sql, &checkpoints), &checkpoints, kills);
+    let report: Value = serde_json::from_str(stdout.lines().last().expect("a report")).unwrap();
+    // The first kill lands early (maybe before any commit); the later ones
+    // after a commit, so the last run resumes.
+    if kills > 1 {
+        assert!(
+            report["resumed_after"].is_u64(),
+            "q{query} resumed: {}",
+            report["resumed_after"]
+        );
+    }
+    let got = replay(&read_rows(&out, true), &cols);
+    let want = want(query, &t.events);
+    assert!(
+        !want.is_empty(),
+        "q{query}: the reference is empty, which proves nothing"
+    );
+    assert_same_rows(&format!("NEXMark q{query}"), got, want);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn assert_same_rows(what: &str, mut got: Vec<Row>, mut want: Vec<Row>) {
+    got.sort();
+    want.sort();
+    if got == want {
+        return;
+    }
+    fn count(rows: &[Row]) -> BTreeMap<&Row, i64> {
+        let mut m: BTreeMap<&Row, i64> = BTreeMap::new();
+        for r in rows {
+            *m.entry(r).or_default() += 1;
+        }
+        m
+    }
+    let (g, w) = (count(&got), count(&want));
+    let missing: Vec<_> = w
+        .iter()
+        .filter(|(r, n)| g.get(*r) < Some(n))
+        .take(5)
+        .collect();
+    let extra: Vec<_> = g
+        .iter()
+        .filter(|(r, n)| w.get(*r) < Some(n))
+        .take(5)
+        .collect();
+    panic!(
+        "{what}: {} rows, expected {}\nfirst missing: {missing:?}\nfirst unexpected: {extra:?}",
+        got.len(),
+        want.len()
+    );
+}
+
+#[test]
+fn q3_join_without_a_window() {
+    check(3, 3);
+}
+
+#[test]
+fn q4_average_of_maxima_takes_retractions() {
+    check(4, 3);
+}
+
+#[test]
+fn q6_window_function_over_a_partition() {
+    check(6, 2);
+}
+
+#[test]
+fn q9_winning_bids() {
+    check(9, 2);
+}
+
+#[test]
+fn q14_calculation() {
+    check(14, 2);
+}
+
+#[test]
+fn q15_daily_counts_with_distinct_and_filter() {
+    check(15, 2);
+}
+
+#[test]
+fn q16_channel_counts() {
+    check(16, 2);
+}
+
+#[test]
+fn q17_auction_statistics() {
+    check(17, 3);
+}
+
+#[test]
+fn q18_last_bid_per_key() {
+    check(18, 2);
+}
+
+#[test]
+fn q19_top_10_per_auction() {
+    check(19, 3);
+}
+
+#[test]
+fn q20_stream_join() {
+    check(20, 2);
+}
+
+#[test]
+fn q21_channel_ids() {
+    check(21, 2);
+}
+
+#[test]
+fn q22_url_directories() {
+    check(22, 2);
+}
+
+#[test]
+fn reference_helpers_by_hand() {
+    assert_eq!(reference::day(0), "1970-01-01");
+    assert_eq!(reference::day(1_700_000_000_000), "2023-11-14");
+    assert_eq!(reference::day(951_782_400_000), "2000-02-29");
+    assert_eq!(reference::minute(1_700_000_000_000), "22:13");
+    assert_eq!(
+        reference::channel_id_param("https://x/a/b/c/item.htm?query=1&channel_id=42"),
+        Some("42".into())
+    );
+    assert_eq!(
+        reference::channel_id_param("https://x/?query=1&xchannel_id=4"),
+        None
+    );
+    assert_eq!(float(2.0 / 3.0), "0.667");
+    let _: PathBuf = common::repo_path("queries");
+}

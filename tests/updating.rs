@@ -1,0 +1,346 @@
+//! Updating queries on a live stream (an aggregate without a window): the
+//! result is in the sink while the query runs, at most two epochs behind
+//! its records, and stays exact through SIGKILLs and restarts; each sink
+//! that takes updates holds what its reader expects (Redis hashes upserted
+//! and deleted by key, a Kafka topic of upserts and tombstones read
+//! read_committed keeping the last value per key);
+//! a sink that only appends refuses the query when it is planned.
+//!
+//! Counts and sums per key come from a reference computed here; a record
+//! the engine took twice, or a replayed write applied twice to the state,
+//! shows as a count one too high.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kafka::{PartitionWriter, committed_records, create_topic};
+use common::kills::committed_epoch;
+use serde_json::Value;
+
+const KEYS: usize = 10;
+const PARTITIONS: usize = 2;
+
+/// Record `i`: `{"k", "v", "ts"}` for partition `i % 2`.
+fn record(i: usize) -> (usize, String, String, i64) {
+    let k = format!("k{}", (i * 7) % KEYS);
+    let v = (i as i64 * 31) % 1000;
+    let json = format!(
+        r#"{{"k":"{k}","v":{v},"ts":{}}}"#,
+        1_700_000_000_000i64 + i as i64 * 10
+    );
+    (i % PARTITIONS, json, k, v)
+}
+
+/// key -> (count, sum) over records `0..n`.
+fn reference(n: usize) -> BTreeMap<String, (i64, i64)> {
+    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for i in 0..n {
+        let (_, _, k, v) = record(i);
+        let e = out.entry(k).or_default();
+        e.0 += 1;
+        e.1 += v;
+    }
+    out
+}
+
+fn produce(writer: &PartitionWriter, range: std::ops::Range<usize>) {
+    for i in range {
+        let (p, json, _, _) = record(i);
+        writer.send(p as i32, &json);
+    }
+    writer.flush();
+}
+
+struct Live {
+    dir: PathBuf,
+    topic: String,
+    writer: PartitionWriter,
+}
+
+impl Live {
+    fn new(name: &str) -> Self {
+        let brokers = common::require_kafka();
+        let topic = common::unique_name(name);
+        create_topic(&brokers, &topic, PARTITIONS as i32);
+        let dir = std::env::temp_dir().join(common::unique_name(name));
+        std::fs::create_dir_all(&dir).expect("a working directory");
+        Live {
+            writer: PartitionWriter::new(&brokers, &topic),
+            dir,
+            topic,
+        }
+    }
+
+    fn source(&self) -> String {
+        format!(
+            "CREATE EXTERNAL TABLE src (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+             LOCATION '{}' OPTIONS ('bootstrap.servers' '{}', 'format' 'json');\n",
+            self.topic,
+            common::kafka_brokers()
+        )
+    }
+
+    fn write_query(&self, sink: &str) -> PathBuf {
+        let sql = self.dir.join("q.sql");
+        std::fs::write(
+            &sql,
+            format!(
+                "{}{sink}\nINSERT INTO out SELECT k, count(*) AS n, sum(v) AS total FROM src \
+                 GROUP BY k;\n",
+                self.source()
+            ),
+        )
+        .expect("writing the query");
+        sql
+    }
+
+    fn checkpoints(&self) -> PathBuf {
+        self.dir.join("checkpoints")
+    }
+
+    fn command(&self, sql: &Path, bound: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+        c.args(["run", sql.to_str().expect("utf-8 path"), "--json"])
+            .args(bound)
+            .args([
+                "--checkpoint-dir",
+                self.checkpoints().to_str().expect("utf-8"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits (up to 5 minutes, polling) until the query has committed `epoch`;
+/// fails if `child` exits first.
+fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
+    let started = Instant::now();
+    while committed_epoch(checkpoints).is_none_or(|c| c < epoch) {
+        if let Some(status) = child.try_wait().expect("waiting for skein") {
+            panic!("skein exited ({status}) before committing epoch {epoch}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "epoch {epoch} not committed within 5 minutes (at {:?})",
+            committed_epoch(checkpoints)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The hashes under `prefix:` as key -> (n, total).
+fn redis_counts(prefix: &str) -> BTreeMap<String, (i64, i64)> {
+    let mut con = redis::Client::open(common::redis_url())
+        .unwrap()
+        .get_connection()
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let h: BTreeMap<String, i64> = redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap();
+            let k = key.rsplit(':').next().unwrap_or_default().to_string();
+            (k, (h["n"], h["total"]))
+        })
+        .collect()
+}
+
+#[test]
+fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through_kills() {
+    common::require_redis();
+    let live = Live::new("updating-redis");
+    let prefix = common::unique_name("upd");
+    let sql = live.write_query(&format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
+        common::redis_url()
+    ));
+    let standing = ["--interval", "100ms"];
+    let checkpoints = live.checkpoints();
+    let mut child = live
+        .command(&sql, &standing)
+        .spawn()
+        .expect("starting skein");
+    // Running, before any record exists.
+    wait_for_commit(&mut child, &checkpoints, 1);
+    let mut produced = 0;
+    // Each batch of records shows within two epochs of being written: the
+    // epoch in flight may have pulled before they were there, the next
+    // cannot have.
+    let check_within_two_epochs = |child: &mut Child, produced: usize, what: &str| {
+        let c0 = committed_epoch(&checkpoints).expect("a commit");
+        wait_for_commit(child, &checkpoints, c0 + 2);
+        assert_eq!(
+            redis_counts(&prefix),
+            reference(produced),
+            "{what}: Redis two epochs after {produced} records"
+        );
+    };
+    for step in [4_000, 4_000] {
+        produce(&live.writer, produced..produced + step);
+        produced += step;
+        check_within_two_epochs(&mut child, produced, "running");
+    }
+    // SIGKILL ten times, each after the run has committed new epochs since
+    // it started, with records arriving all along.
+    let mut kills = 0;
+    while kills < 10 {
+        let started_at = committed_epoch(&checkpoints).expect("a commit");
+        produce(&live.writer, produced..produced + 1_000);
+        produced += 1_000;
+        wait_for_commit(&mut child, &checkpoints, started_at + 1 + kills as u64 % 3);
+        assert!(
+            child.try_wait().expect("waiting for skein").is_none(),
+            "the run was alive when killed"
+        );
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping skein");
+        kills += 1;
+        child = live
+            .command(&sql, &standing)
+            .spawn()
+            .expect("restarting skein");
+    }
+    produce(&live.writer, produced..20_000);
+    produced = 20_000;
+    check_within_two_epochs(&mut child, produced, "after 10 kills");
+    let sent = Command::new("kill")
+        .args(["-s", "TERM", &child.id().to_string()])
+        .status()
+        .expect("running kill");
+    assert!(sent.success());
+    let out = common::wait_with_timeout(child, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .expect("a report")
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(report["stopped"], "signal", "{report}");
+    assert!(
+        report["resumed_after"].is_u64(),
+        "the last run resumed: {report}"
+    );
+    assert_eq!(redis_counts(&prefix), reference(produced), "at the end");
+}
+
+/// Runs the query to the end of the topic through `kills` SIGKILLs.
+fn drain_through_kills(live: &Live, sql: &Path, kills: usize) -> Value {
+    let stdout = common::kills::run_through_kills(
+        || live.command(sql, &["--until-drained", "--interval", "10ms"]),
+        &live.checkpoints(),
+        kills,
+    );
+    serde_json::from_str(stdout.lines().last().expect("a report")).unwrap()
+}
+
+#[test]
+fn a_kafka_upsert_topic_read_committed_keeps_each_keys_latest_row() {
+    let live = Live::new("updating-upsert");
+    let out = common::unique_name("updating-upsert-out");
+    create_topic(&common::kafka_brokers(), &out, 2);
+    produce(&live.writer, 0..6_000);
+    let sql = live.write_query(&format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS KAFKA \
+         LOCATION '{out}' OPTIONS ('bootstrap.servers' '{}', 'key' 'k');",
+        common::kafka_brokers()
+    ));
+    let std::ops::RangeTo { end } = ..6_000;
+    let sql_small = live.dir.join("small.sql");
+    std::fs::write(
+        &sql_small,
+        std::fs::read_to_string(&sql).unwrap().replace(
+            "'format' 'json');",
+            "'format' 'json', 'max.records.per.pull' '300');",
+        ),
+    )
+    .unwrap();
+    drain_through_kills(&live, &sql_small, 3);
+    let mut latest: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let records = committed_records(&common::kafka_brokers(), &out);
+    assert!(
+        records.len() > KEYS,
+        "an update per epoch, not one row per key at the end"
+    );
+    for (_, key, value) in records {
+        let key = String::from_utf8(key.expect("a keyed message")).unwrap();
+        if value.is_empty() {
+            latest.remove(&key);
+            continue;
+        }
+        let v: Value = serde_json::from_slice(&value).unwrap();
+        assert_eq!(v["k"], key.as_str());
+        latest.insert(
+            key,
+            (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()),
+        );
+    }
+    assert_eq!(latest, reference(end));
+}
+
+#[test]
+fn a_sink_that_only_appends_refuses_an_updating_query_naming_the_operator() {
+    let live = Live::new("updating-refused");
+    let cases = [
+        (
+            "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS KINESIS \
+             LOCATION 'nowhere' OPTIONS ('format' 'json');",
+            "KINESIS",
+        ),
+        (
+            "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+             LOCATION 'redis://127.0.0.1:1' OPTIONS ('layout' 'list', 'key' 'l', 'value' 'n');",
+            "layout 'list' only appends",
+        ),
+        (
+            "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS FILES \
+             LOCATION 'file:///tmp/skein-refused' OPTIONS ('format' 'json');",
+            "op.column",
+        ),
+        (
+            "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS KAFKA \
+             LOCATION 'nowhere' OPTIONS ('bootstrap.servers' '127.0.0.1:1');",
+            "'key'",
+        ),
+    ];
+    for (sink, says) in cases {
+        let sql = live.write_query(sink);
+        for cmd in ["explain", "run"] {
+            let (ok, stdout, stderr) = common::skein(
+                &[cmd, sql.to_str().unwrap(), "--epochs", "1"][..if cmd == "run" { 4 } else { 2 }],
+            );
+            assert!(
+                !ok,
+                "{cmd} of an updating query into {sink} must fail:\n{stdout}"
+            );
+            let err = stderr.trim();
+            assert_eq!(err.lines().count(), 1, "one line: {err}");
+            assert!(
+                err.contains("cannot take this query's result, which updates")
+                    && err.contains(says)
+                    && err.contains("GROUP BY k"),
+                "{cmd}: {err}"
+            );
+        }
+    }
+}
