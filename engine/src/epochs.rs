@@ -447,6 +447,8 @@ async fn write_commit(
 ) -> Result<()> {
     let records = std::mem::take(&mut state.records);
     cs.commit(commit, decided, records).await?;
+    // Decisions of committed epochs are never asked again.
+    state.decided.retain(|d| d.through > commit.epoch);
     state.decided.extend(decided);
     cs.forget_before(commit.epoch).await?;
     Ok(())
