@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use skein_engine::checkpoint::CheckpointStore;
+use skein_engine::checkpoint::{CheckpointStore, Description};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan};
@@ -159,12 +159,21 @@ pub async fn open(plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
     let lock = take_lock(&dir)?;
-    let store = CheckpointStore::open_dir(dir.clone(), &plan.query_code)
-        .await
-        .map_err(|e| {
-            let _ = std::fs::remove_file(&lock);
-            anyhow::Error::msg(e.to_string())
-        })?;
+    let opened = async {
+        let mut store = CheckpointStore::open_dir(dir.clone(), &plan.query_code).await?;
+        // `skein ui` plans the query from its store.
+        store
+            .describe(Description {
+                sql: plan.sql.clone(),
+                group_size: plan.group_size,
+            })
+            .await?;
+        Ok::<_, skein_engine::EngineError>(store)
+    };
+    let store = opened.await.map_err(|e| {
+        let _ = std::fs::remove_file(&lock);
+        anyhow::Error::msg(e.to_string())
+    })?;
     Ok(Some(Held {
         store: Arc::new(store),
         dir,

@@ -66,6 +66,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         group_size: args.group_size,
         encoding: Default::default(),
         invoke_async: false,
+        state_ttl: None,
     };
     let (plan, _) = plan(&sql, &p, &b.store_url).await?;
     let lister = LambdaFunctionService::new(&b.sdk, None);

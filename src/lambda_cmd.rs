@@ -597,7 +597,7 @@ pub async fn status(as_json: bool) -> Result<()> {
     let service = LambdaFunctionService::new(&sdk, None);
     let mut queries: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for name in service.list("").await? {
-        if let Some(code) = query_code_of(&name) {
+        if let Some(code) = skein_lambda::service::query_code_of(&name) {
             queries.entry(code.to_string()).or_default().insert(name);
         }
     }
@@ -634,22 +634,6 @@ pub async fn status(as_json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The query code of a function named `<query-code>-<stage:02>-<member:02>`
-/// (or `<query-code>-dlq`, its dead-letter function).
-fn query_code_of(name: &str) -> Option<&str> {
-    for suffix in ["-dlq", "-driver"] {
-        if let Some(code) = name.strip_suffix(suffix).filter(|c| !c.is_empty()) {
-            return Some(code);
-        }
-    }
-    let mut parts = name.rsplitn(3, '-');
-    let member = parts.next()?;
-    let stage = parts.next()?;
-    let code = parts.next()?;
-    let two_digits = |s: &str| s.len() >= 2 && s.bytes().all(|b| b.is_ascii_digit());
-    (two_digits(member) && two_digits(stage) && !code.is_empty()).then_some(code)
-}
-
 pub(crate) async fn object_keys(
     store: &Arc<dyn ObjectStore>,
     prefix: &str,
@@ -660,18 +644,4 @@ pub(crate) async fn object_keys(
         .map_ok(|m| m.location)
         .try_collect()
         .await?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn query_codes_from_function_names() {
-        assert_eq!(query_code_of("q0123456789-01-03"), Some("q0123456789"));
-        assert_eq!(query_code_of("skein-smoke-1-2"), None);
-        assert_eq!(query_code_of("plain"), None);
-        assert_eq!(query_code_of("q0123456789-dlq"), Some("q0123456789"));
-        assert_eq!(query_code_of("q0123456789-driver"), Some("q0123456789"));
-    }
 }

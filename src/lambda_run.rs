@@ -245,7 +245,7 @@ pub(crate) async fn run_sql(
     let redeploy = checkpoints
         .is_some()
         .then_some(&deployment as &dyn Redeploy);
-    let lambda = LambdaEpochs::new(&plan, &invoker, b.store.clone(), redeploy);
+    let lambda = LambdaEpochs::new(&plan, &invoker, b.store.clone(), redeploy).metered(&invoker);
     let start = Instant::now();
     let epochs_run = run_epochs(&lambda, &log, stop, |_, _| {}).await;
     // Given back only after a clean run: after a failure it expires, and

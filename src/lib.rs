@@ -20,6 +20,7 @@ pub mod report;
 pub mod run;
 pub mod standing;
 pub mod status_cmd;
+pub mod ui_cmd;
 pub mod ysb;
 
 use clap::Args;
@@ -37,6 +38,10 @@ pub struct PlanArgs {
     /// Invoke the next stage asynchronously (Event) instead of synchronously.
     #[arg(long)]
     pub invoke_async: bool,
+    /// How long an updating query keeps the state of a key nothing touched
+    /// (e.g. 1h), for tables without a 'state.ttl' option; default forever.
+    #[arg(long, value_parser = duration)]
+    pub state_ttl: Option<std::time::Duration>,
 }
 
 impl PlanArgs {
@@ -47,8 +52,17 @@ impl PlanArgs {
             group_size: self.group_size,
             encoding: self.encoding,
             invoke_async: self.invoke_async,
+            state_ttl: self.state_ttl,
             ..Default::default()
         }
+    }
+}
+
+/// A duration flag longer than zero (`500ms`, `30s`, `2m`, `1h`).
+pub fn duration(s: &str) -> std::result::Result<std::time::Duration, String> {
+    match skein_engine::interval::parse_duration(s)? {
+        d if d.is_zero() => Err("must be longer than zero".into()),
+        d => Ok(d),
     }
 }
 

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use skein::{
-    PlanArgs, bench, cost, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd, ysb,
+    PlanArgs, bench, cost, lambda_cmd, lambda_run, lambda_standing, publish, run, status_cmd,
+    ui_cmd, ysb,
 };
 
 #[derive(Parser)]
@@ -50,6 +51,9 @@ enum Command {
     /// A query's progress (lag, watermark, epochs, state), locally or on
     /// Lambda; without a query, the queries deployed on Lambda.
     Status(status_cmd::StatusArgs),
+    /// A web page of the queries: stage graph, rates, lag, watermarks,
+    /// checkpoints and cost (no authentication; binds 127.0.0.1).
+    Ui(ui_cmd::UiArgs),
     /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
     Package(lambda_cmd::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
@@ -95,6 +99,7 @@ async fn cli() -> Result<()> {
         Command::Stop(args) => lambda_standing::set_running(args, false).await,
         Command::Start(args) => lambda_standing::set_running(args, true).await,
         Command::Status(args) => status_cmd::status(args).await,
+        Command::Ui(args) => ui_cmd::ui(args).await,
         Command::Package(args) => lambda_cmd::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,

@@ -35,7 +35,7 @@ pub struct CommonRunArgs {
     /// [default: 10]. In-process, a query that reads Kafka or Kinesis given
     /// no --epochs, --duration or --until-drained is a standing query: one
     /// epoch per --interval until SIGINT or SIGTERM.
-    #[arg(long, conflicts_with_all = ["duration", "until_drained"])]
+    #[arg(long, conflicts_with_all = ["duration", "until_drained"], value_parser = positive_epochs)]
     pub epochs: Option<u64>,
     /// Run for this long instead (e.g. 30s, 2m), one epoch per --interval.
     #[arg(long, value_parser = parse_duration, conflicts_with = "until_drained")]
@@ -307,7 +307,8 @@ pub async fn run_report(
         collect,
     } = registries();
     let ctx: SessionContext = session(&sources, args.plan.group_size);
-    let opts = args.plan.options();
+    let mut opts = args.plan.options();
+    opts.interval = args.interval;
     let mut plan: QueryPlan = plan_query(&ctx, sql, &opts)
         .await
         .context("planning the query")?;
@@ -476,6 +477,11 @@ pub fn limit_rows(batches: &[RecordBatch], n: usize) -> Vec<RecordBatch> {
 }
 
 pub use skein_engine::interval::parse_duration;
+
+/// `--epochs`: zero epochs would run nothing (and ran one before).
+fn positive_epochs(s: &str) -> std::result::Result<u64, String> {
+    crate::positive(s).map(|n| n as u64)
+}
 
 /// The rows a query wrote to files, read back: for a changelog table, the
 /// table its rows add up to.

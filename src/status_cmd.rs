@@ -102,6 +102,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
         group_size: spec.group_size,
         encoding: spec.encoding,
         invoke_async: false,
+        state_ttl: None,
     };
     let mut plan = plan_sql(&spec.sql, &plan_args).await?;
     standing::route_collect(&mut plan, &spec.store);
@@ -157,6 +158,24 @@ fn render(s: &QueryStatus, platform: &Value) {
         "  since start: {} dead letters, {} late rows, {} sink errors",
         s.since_start.dead_letters, s.since_start.late_rows, s.since_start.sink_errors
     );
+    for sink in &s.sinks {
+        let ago = |ms: i64| {
+            let s = (skein_lambda::lease::now_ms() as i64 - ms).max(0) / 1000;
+            format!("{s} s ago")
+        };
+        if sink.failing() {
+            println!(
+                "  sink {} FAILING: {} failures in a row{}; last error: {}",
+                sink.sink,
+                sink.consecutive_failures,
+                sink.failing_since_ms
+                    .map_or(String::new(), |ms| format!(" since {}", ago(ms))),
+                sink.last_error.as_deref().unwrap_or("-")
+            );
+        } else if let Some(ms) = sink.last_success_ms {
+            println!("  sink {} writing again since {}", sink.sink, ago(ms));
+        }
+    }
     if let Some(state) = platform.get("schedule").and_then(Value::as_str) {
         println!("  schedule {state}");
     }

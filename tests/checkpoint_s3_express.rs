@@ -98,6 +98,7 @@ async fn the_checkpoint_store_works_on_a_directory_bucket() {
         },
         Some(next),
         vec![],
+        &Default::default(),
     )
     .await
     .unwrap();

@@ -118,9 +118,11 @@ fn run_command(sql: &Path, checkpoints: &Path, drained: bool) -> Command {
     c
 }
 
+/// Kills a run that is still going (it must be: the test waited for its
+/// commits).
 fn kill(mut run: Child) {
-    run.kill().expect("SIGKILL");
-    run.wait().expect("reaping skein");
+    let (landed, status) = common::kills::sigkill(&mut run);
+    assert!(landed, "the run was still running when killed: {status}");
 }
 
 async fn wait_active(kinesis: &aws_sdk_kinesis::Client, stream: &str) {

@@ -347,11 +347,17 @@ fn check(query: u32, kills: usize) {
     )
     .expect("writing the query");
     let checkpoints = dir.join("checkpoints");
-    let stdout =
-        common::kills::run_through_kills(|| command(&sql, &checkpoints), &checkpoints, kills);
-    let report: Value = serde_json::from_str(stdout.lines().last().expect("a report")).unwrap();
+    let run = common::kills::run_through_kills(|| command(&sql, &checkpoints), &checkpoints, kills);
     // The first kill lands early (maybe before any commit); the later ones
-    // after a commit, so the last run resumes.
+    // after the killed run committed, so the last run resumes.
+    let late = kills - kills.div_ceil(3);
+    assert!(
+        run.mid_run() >= late,
+        "q{query}: {} kills cut a run after a commit, {late} planned: {:?}",
+        run.mid_run(),
+        run.kills
+    );
+    let report: Value = run.assert_resumed();
     if kills > 1 {
         assert!(
             report["resumed_after"].is_u64(),

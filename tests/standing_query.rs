@@ -114,26 +114,11 @@ impl Standing {
 
     /// Waits until the run has committed an epoch after `after`.
     fn wait_for_commit_after(&self, child: &mut Child, after: Option<u64>) -> Option<u64> {
-        let started = Instant::now();
-        loop {
+        let what = format!("a commit after {after:?}");
+        common::wait_until(child, Duration::from_secs(120), &what, || {
             let now = committed_epoch(&self.checkpoints());
-            if now.is_some() && now > after {
-                return now;
-            }
-            if let Some(status) = child.try_wait().expect("polling skein") {
-                let mut err = String::new();
-                if let Some(mut e) = child.stderr.take() {
-                    use std::io::Read;
-                    let _ = e.read_to_string(&mut err);
-                }
-                panic!("skein exited with {status} before committing:\n{err}");
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no commit after {after:?} within 120 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            (now.is_some() && now > after).then_some(now)
+        })
     }
 
     /// The bounded last run: it takes what is left and flushes.

@@ -241,9 +241,13 @@ fn killed_at_commits_and_restarted_still_exact() {
             .stderr(Stdio::piped());
         c
     };
-    let stdout = common::kills::run_through_kills(run, &checkpoints, 4);
-    let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
+    let kills = common::kills::run_through_kills(run, &checkpoints, 4);
+    assert!(
+        kills.mid_run() >= 2,
+        "the late kills cut runs after a commit: {:?}",
+        kills.kills
+    );
+    let run = kills.assert_resumed();
     eprintln!("final run: {run}");
     assert!(
         run["functions"].as_u64() > Some(3),

@@ -13,78 +13,14 @@
 
 mod common;
 
+use common::services::PrivateBroker;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-/// A single-node Kafka of this test, started and stopped through
-/// `scripts/services.sh ... kafka-outage`, which keeps its data across a stop.
-struct Broker {
-    state: PathBuf,
-    port: u16,
-    controller_port: u16,
-}
-
-impl Broker {
-    fn start(state: PathBuf) -> Broker {
-        let broker = Broker {
-            state,
-            port: common::free_port(),
-            controller_port: common::free_port(),
-        };
-        broker.services("start");
-        broker
-    }
-
-    fn brokers(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// `scripts/services.sh <action> kafka-outage` for this broker.
-    fn services(&self, action: &str) {
-        let script = common::repo_path("scripts/services.sh");
-        let out = Command::new(&script)
-            .args([action, "kafka-outage"])
-            .env("SKEIN_STATE", &self.state)
-            .env("KAFKA_OUTAGE_PORT", self.port.to_string())
-            .env(
-                "KAFKA_OUTAGE_CONTROLLER_PORT",
-                self.controller_port.to_string(),
-            )
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "`SKEIN_STATE={} KAFKA_OUTAGE_PORT={} KAFKA_OUTAGE_CONTROLLER_PORT={} \
-             scripts/services.sh {action} kafka-outage` failed (it needs Java and the \
-             Kafka jars: run scripts/setup.sh):\n{}{}",
-            self.state.display(),
-            self.port,
-            self.controller_port,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        // Also when the test fails: no broker is left behind.
-        let _ = Command::new(common::repo_path("scripts/services.sh"))
-            .args(["stop", "kafka-outage"])
-            .env("SKEIN_STATE", &self.state)
-            .env("KAFKA_OUTAGE_PORT", self.port.to_string())
-            .env(
-                "KAFKA_OUTAGE_CONTROLLER_PORT",
-                self.controller_port.to_string(),
-            )
-            .output();
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
-}
 
 /// Runs `skein ysb <cmd> ... --json` against `brokers`: (ok, last line, log).
 fn ysb(
@@ -174,7 +110,7 @@ fn broker_stopped_for_ten_seconds_mid_run_still_exact() {
         Some(root) => PathBuf::from(root).join(&name),
         None => dir.join("services"),
     };
-    let broker = Broker::start(state);
+    let broker = PrivateBroker::start(state);
     let brokers = broker.brokers();
     let seed = 21;
     let (before, after) = (40_000u64, 10_000u64);

@@ -6,81 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use common::services::PrivateRedis;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-struct Redis {
-    port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start(port: u16, dir: &Path) -> Redis {
-        let mut r = Redis {
-            port,
-            dir: dir.to_path_buf(),
-            child: None,
-        };
-        r.up();
-        r
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn up(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server (apt-get install redis-server)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ok = redis::Client::open(self.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok();
-            if ok {
-                return;
-            }
-            assert!(Instant::now() < deadline, "private redis-server not up");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// SIGTERM: Redis writes its append-only file and exits.
-    fn down(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.down();
-    }
-}
 
 fn ysb(cmd: &str, topic: &str, dir: &Path, redis: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
@@ -111,7 +43,7 @@ fn a_redis_outage_is_waited_out_and_the_counts_stay_exact() {
     let dir = std::env::temp_dir().join(&topic);
     let data = dir.join("redis");
     std::fs::create_dir_all(&data).expect("temp dir");
-    let mut redis = Redis::start(common::free_port(), &data);
+    let mut redis = PrivateRedis::start(common::free_port(), &data);
     let url = redis.url();
 
     run_ok(ysb("setup", &topic, &dir, &url, &[]));

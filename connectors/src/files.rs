@@ -81,8 +81,14 @@ fn bad(location: &str, cause: impl Into<Cause>) -> EngineError {
 }
 
 /// The options of a `STORED AS FILES` table: read by [`format_of`] and
-/// `partition_columns`.
-pub const OPTIONS: &[&str] = &["format", "partition.by", OP_COLUMN_OPTION];
+/// `partition_columns`; `retry.timeout.ms` by the engine, which retries a
+/// failed write (see `skein_engine::sink_health`).
+pub const OPTIONS: &[&str] = &[
+    "format",
+    "partition.by",
+    OP_COLUMN_OPTION,
+    skein_engine::sink_health::RETRY_OPTION,
+];
 
 /// Names the column of each row's kind (see the module).
 pub const OP_COLUMN_OPTION: &str = "op.column";

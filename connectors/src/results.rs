@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use crate::store::s3_from_env;
+use crate::store::s3_builder_from_env;
 use async_trait::async_trait;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
@@ -66,7 +66,17 @@ pub fn open(location: &str) -> Result<(Arc<dyn ObjectStore>, String)> {
         if bucket.is_empty() {
             return Err(bad(location, "expected s3://bucket/prefix"));
         }
-        let store = s3_from_env(bucket).map_err(|e| bad(location, e))?;
+        // A request gives up after seconds rather than object_store's
+        // minutes: the engine tries a failed write again, and counts each
+        // failure for `skein status` as it goes.
+        let retry = object_store::RetryConfig {
+            retry_timeout: std::time::Duration::from_secs(5),
+            ..Default::default()
+        };
+        let store = s3_builder_from_env(bucket)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| bad(location, e))?;
         return Ok((Arc::new(store), prefix.trim_matches('/').to_string()));
     }
     if let Some(dir) = location

@@ -17,6 +17,11 @@ pub fn directory_bucket_zone(bucket: &str) -> Option<&str> {
 /// credentials, unless an endpoint is given: a local stand-in serves it
 /// as any bucket.
 pub fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
+    s3_builder_from_env(bucket).build()
+}
+
+/// [`s3_from_env`] before it is built, for a caller that sets more.
+pub fn s3_builder_from_env(bucket: &str) -> AmazonS3Builder {
     let mut builder = AmazonS3Builder::new().with_bucket_name(bucket);
     for (key, value) in std::env::vars() {
         if value.is_empty() || !key.starts_with("AWS_") {
@@ -42,7 +47,7 @@ pub fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::Amaz
     if endpoint.is_empty() && directory_bucket_zone(bucket).is_some() {
         builder = builder.with_s3_express(true);
     }
-    builder.build()
+    builder
 }
 
 #[cfg(test)]

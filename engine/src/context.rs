@@ -183,10 +183,11 @@ pub struct UpdatingSpec {
     /// bounded run): 1 emits every epoch; more gathers several epochs'
     /// changes into one (the sink's `'emit.interval'`).
     pub emit_every: u64,
-    /// Per input edge, in input order: rows of a key not touched for this
-    /// long are dropped from the state (`'state.ttl'`), if set.
+    /// Per input edge, in input order: rows of a key that no row of the
+    /// edge touched for this many epochs are dropped from the state
+    /// (`'state.ttl'` over the run's epoch interval), if set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ttl_ms: Vec<Option<u64>>,
+    pub ttl_epochs: Vec<Option<u64>>,
 }
 
 /// How a query checkpoints (see `crate::checkpoint`).

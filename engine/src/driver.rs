@@ -20,6 +20,7 @@ use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invo
 use crate::local::{LocalRuntime, environment};
 use crate::payload::SourceOffset;
 use crate::planner::{PlanOptions, QueryPlan};
+use crate::sink_health::BoundNow;
 
 pub use crate::epochs::{DrainCheck, EpochFire, EpochOutcome, StopAfter};
 
@@ -114,10 +115,13 @@ pub async fn fire_epoch(
         .await
         .into_iter()
         .collect::<Result<Vec<_>>>()?;
+    let lags: Vec<u64> = answers.iter().filter_map(|r| r.lag).collect();
     Ok(EpochOutcome {
         events: answers.iter().map(|r| r.events).sum(),
         drained: answers.iter().all(|r| r.drained || r.finished),
         finished: answers.iter().all(|r| r.finished),
+        lag: (!lags.is_empty()).then(|| lags.iter().sum()),
+        watermark_ms: answers.iter().filter_map(|r| r.watermark_ms).min(),
     })
 }
 
@@ -202,6 +206,13 @@ pub async fn run_local_drained_by<'a>(
     drain: Option<&'a mut (dyn DrainCheck + 'a)>,
 ) -> Result<RunReport> {
     let store = runtime.store();
+    runtime.set_bound(BoundNow {
+        deadline: match &stop {
+            StopAfter::Duration { duration, .. } => Some(Instant::now() + *duration),
+            _ => None,
+        },
+        retry_writes: !matches!(stop, StopAfter::Epochs(_)),
+    });
     let names = deploy(plan, runtime.as_ref(), &store, options, stop.bounded()).await?;
     let before_inv = runtime.stats().invocations.load(Ordering::Relaxed);
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
@@ -301,6 +312,18 @@ impl EpochRuntime for LocalEpochs<'_> {
             return Err(not_committed(epoch, pending.join("; ")));
         }
         Ok(())
+    }
+
+    async fn usage(&self) -> crate::usage::Usage {
+        // Checkpoint writes are counted by the store handle the driver
+        // shares with the functions here.
+        let stats = self.runtime.stats();
+        crate::usage::Usage {
+            invocations: stats.invocations.load(Ordering::Relaxed),
+            billed_ms: stats.billed_ms.load(Ordering::Relaxed),
+            payload_bytes: stats.payload_bytes.load(Ordering::Relaxed),
+            ..Default::default()
+        }
     }
 
     async fn committed(&self, epoch: u64) {

@@ -12,8 +12,12 @@ use async_trait::async_trait;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::checkpoint::{CheckpointStore, Commit, Decided, EpochRecord};
+use crate::checkpoint::{
+    CheckpointFigures, CheckpointStore, Commit, Decided, EpochFigures, EpochRecord, Failure,
+    Progress,
+};
 use crate::error::{EngineError, Result};
+use crate::usage::Usage;
 
 /// What the source instances said about one epoch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -24,6 +28,11 @@ pub struct EpochOutcome {
     pub drained: bool,
     /// Every source is exhausted for good (bounded sources).
     pub finished: bool,
+    /// Records the sources are behind their partitions' ends, where they
+    /// can tell.
+    pub lag: Option<u64>,
+    /// The lowest watermark the sources sent, Unix ms.
+    pub watermark_ms: Option<i64>,
 }
 
 /// When a run stops.
@@ -189,6 +198,12 @@ pub trait EpochRuntime: Send + Sync {
         Ok(outcome.drained)
     }
 
+    /// What the functions used so far (running totals), as far as this
+    /// runtime can see: recorded per epoch with the commits.
+    async fn usage(&self) -> Usage {
+        Usage::default()
+    }
+
     /// After a failed epoch: replace every function instance, so that all
     /// start again from the last commit. `false`: this runtime cannot, and
     /// the run fails (a restart resumes after the last commit).
@@ -238,12 +253,33 @@ struct LogState {
     pending: Option<Commit>,
     /// What the driver saw of the epochs since the last commit.
     records: Vec<EpochRecord>,
+    /// The progress the commit object carries for `skein ui`.
+    tracking: Tracking,
 }
 
 impl LogState {
     fn last_at(&self, epoch: u64) -> Option<bool> {
         self.decided.iter().rev().find_map(|d| d.last_at(epoch))
     }
+}
+
+/// The driver's progress between commits.
+#[derive(Default)]
+struct Tracking {
+    progress: Progress,
+    /// The runtime's usage when last looked at.
+    usage: Usage,
+    /// Objects and bytes written to the store (this handle and the
+    /// functions) at the last commit.
+    written_at_commit: (u64, u64),
+    /// When the first epoch since the last commit was fired.
+    fired: Option<Instant>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// How far ahead the driver decides.
@@ -279,19 +315,50 @@ impl EpochLog {
         }
     }
 
-    /// Read the last commit and the decisions after it: a run starts here.
-    async fn load(&self) -> Result<Option<Commit>> {
+    /// Read the last commit, the decisions after it and the progress
+    /// recorded with it to go on from: a run starts here.
+    async fn load(&self, runtime: &dyn EpochRuntime) -> Result<Option<Commit>> {
         let Some(cs) = &self.store else {
             return Ok(None);
         };
         let log = cs.driver_log().await?;
+        let usage = runtime.usage().await;
         let mut state = self.state.lock().await;
         *state = LogState {
             fired: log.highest(),
             decided: log.decided,
+            tracking: Tracking {
+                progress: log.progress,
+                written_at_commit: written(cs, &usage),
+                usage,
+                fired: None,
+            },
             ..Default::default()
         };
         Ok(log.committed)
+    }
+
+    /// Take what one epoch did into the progress.
+    async fn ran(&self, runtime: &dyn EpochRuntime, outcome: &EpochOutcome, fired: Instant) {
+        if self.store.is_none() {
+            return;
+        }
+        let usage = runtime.usage().await;
+        let mut state = self.state.lock().await;
+        let t = &mut state.tracking;
+        let used = usage.since(&t.usage);
+        t.usage = usage;
+        t.fired.get_or_insert(fired);
+        t.progress.epoch(
+            now_ms(),
+            EpochFigures {
+                events: outcome.events,
+                took_ms: fired.elapsed().as_secs_f64() * 1000.0,
+                lag: outcome.lag,
+                watermark_ms: outcome.watermark_ms,
+                usage: used,
+            },
+        );
     }
 
     /// The next checkpoint epoch at or after `epoch`.
@@ -387,6 +454,7 @@ impl EpochLog {
         // here: a member left waiting earlier is still waiting now.
         let started = std::time::Instant::now();
         runtime.check_complete(fire.epoch).await?;
+        state.tracking.checkpoint(cs, fire.epoch, started);
         let commit = Commit {
             epoch: fire.epoch,
             last: fire.last,
@@ -429,15 +497,46 @@ impl EpochLog {
     }
 
     /// After a failed epoch: what was waiting to be committed is not.
-    async fn failed(&self) {
+    /// The failure is recorded for `skein ui` (a failure to record it only
+    /// costs the record).
+    async fn failed(&self, epoch: u64, error: &EngineError) {
+        let Some(cs) = &self.store else {
+            return;
+        };
+        let failure = Failure {
+            at_ms: now_ms(),
+            epoch,
+            message: crate::error::one_line(error),
+        };
+        if let Err(e) = cs.put_failure(&failure).await {
+            tracing::warn!(error = %e, "recording a failed epoch");
+        }
         let mut state = self.state.lock().await;
         state.pending = None;
         state.records.clear();
+        state.tracking.fired = None;
     }
 }
 
-/// Write `commit` with `decided` (the decisions after it, if made now)
-/// and the records of the epochs since the last commit: one object. Then
+impl Tracking {
+    /// Take the checkpoint of `epoch`, whose commit is about to go out.
+    fn checkpoint(&mut self, cs: &CheckpointStore, epoch: u64, started: Instant) {
+        let now = written(cs, &self.usage);
+        let fired = self.fired.take().unwrap_or(started);
+        self.progress.checkpoint(CheckpointFigures {
+            epoch,
+            at_ms: now_ms(),
+            duration_ms: fired.elapsed().as_secs_f64() * 1000.0,
+            bytes: now.1.saturating_sub(self.written_at_commit.1),
+            requests: now.0.saturating_sub(self.written_at_commit.0),
+        });
+        self.written_at_commit = now;
+    }
+}
+
+/// Write `commit` with `decided` (the decisions after it, if made now),
+/// the records of the epochs since the last commit and the driver's
+/// progress: one object. Then
 /// drop what no restart needs, now and then.
 async fn write_commit(
     cs: &CheckpointStore,
@@ -446,12 +545,22 @@ async fn write_commit(
     decided: Option<Decided>,
 ) -> Result<()> {
     let records = std::mem::take(&mut state.records);
-    cs.commit(commit, decided, records).await?;
+    cs.commit(commit, decided, records, &state.tracking.progress)
+        .await?;
     // Decisions of committed epochs are never asked again.
     state.decided.retain(|d| d.through > commit.epoch);
     state.decided.extend(decided);
     cs.forget_before(commit.epoch).await?;
     Ok(())
+}
+
+/// Objects and bytes written to the store so far: through this handle
+/// and, as the functions report them, through theirs.
+fn written(cs: &CheckpointStore, usage: &Usage) -> (u64, u64) {
+    (
+        cs.puts() + usage.checkpoint_puts,
+        cs.bytes_written() + usage.checkpoint_bytes,
+    )
 }
 
 /// How often one epoch may fail and be run again (after replacing every
@@ -487,7 +596,7 @@ pub async fn run_epochs(
     mut on_epoch: impl FnMut(u64, u64),
 ) -> Result<EpochsRun> {
     let start = Instant::now();
-    let resumed = log.load().await?;
+    let resumed = log.load(runtime).await?;
     let first_epoch = resumed.map_or(0, |c| c.epoch + 1);
     if let Some(c) = resumed {
         tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
@@ -538,6 +647,7 @@ pub async fn run_epochs(
             let outcome = runtime.run_epoch(fire).await?;
             let took = fired.elapsed();
             crate::metrics::epoch(took, outcome.events);
+            log.ran(runtime, &outcome, fired).await;
             // Seen once the epoch has run: it ends the run, committed now.
             let stopping = signal.is_some_and(StopSignal::is_raised) && log.store.is_some();
             let record = EpochRecord {
@@ -551,10 +661,14 @@ pub async fn run_epochs(
         let (outcome, stopping) = match attempt.await {
             Ok(done) => done,
             Err(e) => {
-                log.failed().await;
+                log.failed(epoch, &e).await;
                 let tries = failures.entry(epoch).or_default();
                 *tries += 1;
+                // A run past its time bound ends with the failure.
+                let past_bound = matches!(&stop,
+                    StopAfter::Duration { duration, .. } if start.elapsed() >= *duration);
                 if log.store.is_none()
+                    || past_bound
                     || *tries >= TRIES_PER_EPOCH
                     || !runtime.replace_instances().await?
                 {
@@ -705,6 +819,16 @@ mod tests {
         assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3, 4, 3, 4, 5]);
         assert_eq!((run.epochs, run.events, run.recoveries), (6, 60, 1));
         assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 5);
+        // The commit carries the progress: every epoch run (retries too),
+        // and a checkpoint per commit; the failure is recorded apart.
+        let progress = cs.commit_record().await.unwrap().unwrap().progress;
+        assert_eq!((progress.totals.epochs, progress.totals.events), (8, 80));
+        let committed: Vec<u64> = progress.checkpoints.iter().map(|c| c.epoch).collect();
+        assert_eq!(committed, vec![0, 2, 4, 5]);
+        assert!(progress.checkpoints.iter().all(|c| c.requests > 0));
+        let failure = cs.failure().await.unwrap().unwrap();
+        assert_eq!(failure.epoch, 4);
+        assert!(failure.message.contains("a member waits"), "{failure:?}");
         // A second run of the same bounded query has nothing to do.
         let again = run_epochs(&rt, &log, StopAfter::Epochs(6), |_, _| {})
             .await

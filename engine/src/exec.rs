@@ -410,7 +410,12 @@ pub fn rewrite_leaves<E: From<DataFusionError>>(
         .into_iter()
         .map(|c| rewrite_leaves(c, f))
         .collect::<Result<Vec<_>, E>>()?;
-    Ok(plan.clone().replace_children(children, recompute())?)
+    // New children keep an operator's run-time state (a join's collected
+    // build side); each run needs its own.
+    Ok(plan
+        .clone()
+        .replace_children(children, recompute())?
+        .reset_state()?)
 }
 
 /// Rebuild a node over new children, recomputing its properties (the

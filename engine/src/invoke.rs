@@ -65,6 +65,20 @@ pub async fn invoke_with_retry(
     max_backoff: Duration,
     max_attempts: u32,
 ) -> Result<Vec<u8>> {
+    invoke_counting_retries(invoker, function, payload, kind, max_backoff, max_attempts)
+        .await
+        .map(|(answer, _)| answer)
+}
+
+/// [`invoke_with_retry`], also saying how many times it was sent again.
+pub async fn invoke_counting_retries(
+    invoker: &dyn Invoker,
+    function: &str,
+    payload: Vec<u8>,
+    kind: InvocationType,
+    max_backoff: Duration,
+    max_attempts: u32,
+) -> Result<(Vec<u8>, u32)> {
     let mut backoff = Backoff::new(max_backoff);
     loop {
         match invoker.invoke(function, payload.clone(), kind).await {
@@ -73,7 +87,7 @@ pub async fn invoke_with_retry(
                 tracing::debug!(function, ?delay, "throttled; backing off");
                 tokio::time::sleep(delay).await;
             }
-            other => return other,
+            other => return other.map(|answer| (answer, backoff.failures())),
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod request;
 pub mod ring;
 pub mod session;
 pub mod sink;
+pub mod sink_health;
 pub mod source;
 pub mod status;
 pub mod updating;

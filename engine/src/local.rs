@@ -88,6 +88,8 @@ pub struct LocalRuntime {
     /// Whether a busy function queues callers (true) or throttles them like
     /// Lambda does (false); callers retry throttles with backoff.
     queue_when_busy: bool,
+    /// What the run's bound means for its sink writes.
+    bound: crate::sink_health::RunBound,
 }
 
 impl LocalRuntime {
@@ -121,12 +123,19 @@ impl LocalRuntime {
             dead_letters: std::sync::Mutex::new(vec![]),
             checkpoints: Default::default(),
             queue_when_busy,
+            bound: Default::default(),
         })
     }
 
     /// Functions started from now on keep their state in `store`.
     pub fn set_checkpoints(&self, store: Option<Arc<CheckpointStore>>) {
         *self.checkpoints.lock().expect("checkpoints") = store;
+    }
+
+    /// What the run going on bounds its sink writes by (see
+    /// [`crate::sink_health`]).
+    pub fn set_bound(&self, bound: crate::sink_health::BoundNow) {
+        self.bound.set(bound);
     }
 
     /// The checkpoint store, when the run keeps checkpoints.
@@ -190,6 +199,7 @@ impl LocalRuntime {
             max_backoff: Duration::from_millis(500),
             late: self.late.clone(),
             checkpoints: self.checkpoints(),
+            bound: self.bound.clone(),
         }
     }
 

@@ -92,6 +92,17 @@ pub fn sink_write(sink: &str, rows: usize, ok: bool) {
     }
 }
 
+/// Where a sink stands: failed attempts in a row (0 while it writes) and
+/// when a write last succeeded.
+pub fn sink_health(sink: &str, report: &crate::sink_health::SinkHealthReport) {
+    gauge!("skein_sink_consecutive_failures", "sink" => sink.to_string())
+        .set(report.consecutive_failures as f64);
+    if let Some(ms) = report.last_success_ms {
+        gauge!("skein_sink_last_success_timestamp_seconds", "sink" => sink.to_string())
+            .set(ms as f64 / 1000.0);
+    }
+}
+
 /// Keys of a lookup table answered from its cache.
 pub fn lookup_cache_hits(table: &str, keys: usize) {
     counter!("skein_lookup_cache_hits_total", "table" => table.to_string()).increment(keys as u64);

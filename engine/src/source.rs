@@ -66,6 +66,8 @@ pub struct MicroBatch {
     pub rejected: Vec<(usize, String)>,
     /// Records this pull sent to the table's dead-letter destination.
     pub dead_letters: u64,
+    /// Why the last of them was set aside (where it was, what was wrong).
+    pub dead_letter_reason: Option<String>,
 }
 
 /// How far one pull got in one partition.

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::checkpoint::{CheckpointStore, StoreSummary, Tally};
 use crate::error::Result;
 use crate::planner::QueryPlan;
+use crate::sink_health::SinkHealthReport;
 use crate::source::SourceRegistry;
 
 /// Where one source partition stands.
@@ -54,6 +55,9 @@ pub struct QueryStatus {
     /// Since the query started (every instance of every member): records
     /// sent to dead letters, late rows set aside, failed sink writes.
     pub since_start: Tally,
+    /// Each sink member that has ever failed, as it last reported: failing
+    /// now (`consecutive_failures` > 0) or written again since.
+    pub sinks: Vec<SinkHealthReport>,
 }
 
 fn now_ms() -> i64 {
@@ -72,6 +76,7 @@ pub async fn query_status(
 ) -> Result<QueryStatus> {
     let summary = store.summary().await?;
     let since_start = store.tally().await?;
+    let sinks = store.sink_health().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
     let mut committed_at: Vec<crate::payload::SourceOffset> = vec![];
@@ -133,5 +138,6 @@ pub async fn query_status(
         watermark_delay_ms: watermark.map(|w| now_ms() - w),
         store: summary,
         since_start,
+        sinks,
     })
 }

@@ -18,6 +18,7 @@ use crate::invoke::{InvocationType, Invoker};
 
 /// Counts of one or more invocations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Usage {
     /// Invocations served (each answer counts its own and its callees').
     pub invocations: u64,
@@ -29,6 +30,8 @@ pub struct Usage {
     pub payload_bytes: u64,
     /// Objects the functions wrote to the checkpoint store.
     pub checkpoint_puts: u64,
+    /// Bytes of those objects.
+    pub checkpoint_bytes: u64,
 }
 
 impl Usage {
@@ -39,6 +42,21 @@ impl Usage {
         self.cpu_ms += other.cpu_ms;
         self.payload_bytes += other.payload_bytes;
         self.checkpoint_puts += other.checkpoint_puts;
+        self.checkpoint_bytes += other.checkpoint_bytes;
+    }
+
+    /// What was counted since `earlier` (of the same running totals).
+    pub fn since(&self, earlier: &Usage) -> Usage {
+        Usage {
+            invocations: self.invocations.saturating_sub(earlier.invocations),
+            billed_ms: self.billed_ms.saturating_sub(earlier.billed_ms),
+            cpu_ms: self.cpu_ms.saturating_sub(earlier.cpu_ms),
+            payload_bytes: self.payload_bytes.saturating_sub(earlier.payload_bytes),
+            checkpoint_puts: self.checkpoint_puts.saturating_sub(earlier.checkpoint_puts),
+            checkpoint_bytes: self
+                .checkpoint_bytes
+                .saturating_sub(earlier.checkpoint_bytes),
+        }
     }
 
     /// Nothing counted: an answer without usage to report.
@@ -155,7 +173,8 @@ mod tests {
                 billed_ms: 7,
                 cpu_ms: 3,
                 payload_bytes: 9,
-                checkpoint_puts: 4
+                checkpoint_puts: 4,
+                checkpoint_bytes: 0,
             }
         );
     }

@@ -6,7 +6,10 @@
 //! with each encoding, and some through the whole handler of a deployed
 //! in-process function (envelope mutations included). The case count is
 //! `SKEIN_FUZZ_CASES` (default 1,000,000, what `scripts/test.sh` runs); a
-//! longer run sets it higher:
+//! longer run sets it higher. Each run takes a fresh seed, printed first
+//! (`SKEIN_FUZZ_SEED` replays one); a case that panics is saved under
+//! `engine/tests/fuzz_regressions/` (`<seed>-<case>.<ipc|none|zstd|lz4>`),
+//! and every run replays what is saved there before its new cases:
 //!
 //! ```sh
 //! SKEIN_FUZZ_CASES=50000000 cargo test -p skein-engine --release \
@@ -174,14 +177,16 @@ fn decoder_cases(seed: u64, cases: usize) -> usize {
                 Encoding::Zstd => {
                     let mut frame = zstd_frame.clone();
                     mutate(&mut rng, &mut frame);
-                    B64.encode(frame)
+                    B64.encode(&frame)
                 }
                 Encoding::Lz4 => {
                     let mut frame = lz4_frame.clone();
                     mutate(&mut rng, &mut frame);
-                    B64.encode(frame)
+                    B64.encode(&frame)
                 }
             };
+            // What a saved case replays: the data before base64.
+            bytes = B64.decode(&data).expect("just encoded");
             let p = payload(data, encoding);
             catch_unwind(AssertUnwindSafe(|| p.decode_batches("fuzz-00-00", &schema)))
                 .map(|r| r.map(|_| ()).map_err(|e| e.to_string()))
@@ -190,17 +195,86 @@ fn decoder_cases(seed: u64, cases: usize) -> usize {
                 decode_stream(&bytes, &schema).map(|_| ())
             }))
         };
+        let saved = |what: &str| {
+            let ext = match (case % 10 == 0).then(|| case / 10 % 3) {
+                None => "ipc",
+                Some(0) => "none",
+                Some(1) => "zstd",
+                Some(_) => "lz4",
+            };
+            save_regression(&format!("{seed}-{case}.{ext}"), &bytes, what)
+        };
         match result {
             Ok(Ok(())) => ok += 1,
-            Ok(Err(e)) => assert!(!e.contains("panicked"), "case {case} (seed {seed}): {e}"),
+            Ok(Err(e)) if e.contains("panicked") => {
+                panic!("case {case} (seed {seed}): {e}; {}", saved("an error"))
+            }
+            Ok(Err(_)) => {}
             Err(_) => panic!(
-                "case {case} (seed {seed}) panicked the decoder on {} bytes: {:02x?}",
+                "case {case} (seed {seed}) panicked the decoder on {} bytes; {}",
                 bytes.len(),
-                bytes
+                saved("a panic")
             ),
         }
     }
     ok
+}
+
+/// Where cases that once failed are kept; each is replayed by every run.
+fn regressions_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions")
+}
+
+/// Keeps a failing case as a regression case; says where, for the panic.
+fn save_regression(name: &str, data: &[u8], what: &str) -> String {
+    let dir = regressions_dir();
+    let path = dir.join(name);
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, data)) {
+        Ok(()) => format!(
+            "{what} saved as {} (commit it: every run replays it)",
+            path.display()
+        ),
+        Err(e) => format!("{what} not saved ({e}): {} bytes {data:02x?}", data.len()),
+    }
+}
+
+/// Replays every saved regression case: none may panic. Returns how many.
+fn replay_regressions() -> usize {
+    let schema = bid_schema();
+    let Ok(entries) = std::fs::read_dir(regressions_dir()) else {
+        return 0;
+    };
+    let mut n = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(ext) = path.extension().and_then(|e| e.to_str()) else {
+            continue;
+        };
+        let encoding = match ext {
+            "ipc" => None,
+            "none" => Some(Encoding::None),
+            "zstd" => Some(Encoding::Zstd),
+            "lz4" => Some(Encoding::Lz4),
+            _ => continue,
+        };
+        let bytes = std::fs::read(&path).expect("a saved case");
+        let result = catch_unwind(AssertUnwindSafe(|| match encoding {
+            None => decode_stream(&bytes, &schema)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Some(enc) => payload(B64.encode(&bytes), enc)
+                .decode_batches("fuzz-00-00", &schema)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }));
+        assert!(
+            result.is_ok_and(|r| r.err().is_none_or(|e| !e.contains("panicked"))),
+            "saved case {} panics again",
+            path.display()
+        );
+        n += 1;
+    }
+    n
 }
 
 /// Cases through a deployed function's whole handler; returns the count.
@@ -352,6 +426,14 @@ async fn handler_cases(seed: u64, cases: usize) -> usize {
     refused
 }
 
+/// A seed no earlier run is likely to have used: the clock and the process.
+fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
 fn cases_from_env(default: usize) -> usize {
     std::env::var("SKEIN_FUZZ_CASES")
         .ok()
@@ -366,10 +448,14 @@ async fn run(total: usize) {
     let handler = (total / 100).max(1);
     let decoder = total - handler;
     let threads = 2;
+    // A new seed each run, so CI keeps trying new cases; a failure names
+    // its seed, and SKEIN_FUZZ_SEED replays it.
     let seed = std::env::var("SKEIN_FUZZ_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5EED_u64);
+        .unwrap_or_else(fresh_seed);
+    eprintln!("hostile payloads: seed {seed} (replay with SKEIN_FUZZ_SEED={seed})");
+    let replayed = replay_regressions();
     let workers: Vec<_> = (0..threads)
         .map(|t| {
             let n = decoder / threads + usize::from(t < decoder % threads);
@@ -379,8 +465,9 @@ async fn run(total: usize) {
     let refused = handler_cases(seed, handler).await;
     let decoded: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     eprintln!(
-        "hostile payloads: {total} cases ({decoder} at the decoder, {decoded} of them decoded; \
-         {handler} through the handler, {refused} refused) in {:.1} s, no panic",
+        "hostile payloads: seed {seed}: {total} cases ({decoder} at the decoder, {decoded} of \
+         them decoded; {handler} through the handler, {refused} refused) and {replayed} saved \
+         regression cases in {:.1} s, no panic",
         started.elapsed().as_secs_f64()
     );
 }

@@ -136,6 +136,7 @@ mod tests {
                 },
                 None,
                 vec![],
+                &Default::default(),
             )
             .await
             .unwrap();

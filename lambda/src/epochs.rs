@@ -16,6 +16,7 @@ use serde::Deserialize;
 use skein_engine::epochs::{EpochFire, EpochOutcome, EpochRuntime, not_committed};
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
 use skein_engine::planner::QueryPlan;
+use skein_engine::usage::{MeteredInvoker, Usage};
 use skein_engine::{EngineError, Result};
 
 use crate::dead_letter;
@@ -44,6 +45,8 @@ pub struct LambdaEpochs<'a> {
     /// Functions that take payloads: the ones that can wait for input.
     receivers: Vec<String>,
     redeploy: Option<&'a dyn Redeploy>,
+    /// Sums the usage the triggers' answers report, when given.
+    metered: Option<&'a MeteredInvoker<'a>>,
 }
 
 impl<'a> LambdaEpochs<'a> {
@@ -68,7 +71,15 @@ impl<'a> LambdaEpochs<'a> {
             store,
             receivers,
             redeploy,
+            metered: None,
         }
+    }
+
+    /// Fire through `metered`, whose totals are this runtime's usage.
+    pub fn metered(mut self, metered: &'a MeteredInvoker<'a>) -> Self {
+        self.invoker = metered;
+        self.metered = Some(metered);
+        self
     }
 
     /// What every function that takes payloads still waits for.
@@ -125,6 +136,10 @@ impl EpochRuntime for LambdaEpochs<'_> {
             return Err(not_committed(epoch, pending.join("; ")));
         }
         Ok(())
+    }
+
+    async fn usage(&self) -> Usage {
+        self.metered.map(MeteredInvoker::total).unwrap_or_default()
     }
 
     async fn replace_instances(&self) -> Result<bool> {

@@ -348,9 +348,34 @@ impl FunctionService for LambdaFunctionService {
     }
 }
 
+/// The query code of a function named `<query-code>-<stage:02>-<member:02>`
+/// (or `<query-code>-dlq`, its dead-letter function).
+pub fn query_code_of(name: &str) -> Option<&str> {
+    for suffix in ["-dlq", "-driver"] {
+        if let Some(code) = name.strip_suffix(suffix).filter(|c| !c.is_empty()) {
+            return Some(code);
+        }
+    }
+    let mut parts = name.rsplitn(3, '-');
+    let member = parts.next()?;
+    let stage = parts.next()?;
+    let code = parts.next()?;
+    let two_digits = |s: &str| s.len() >= 2 && s.bytes().all(|b| b.is_ascii_digit());
+    (two_digits(member) && two_digits(stage) && !code.is_empty()).then_some(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn query_codes_from_function_names() {
+        assert_eq!(query_code_of("q0123456789-01-03"), Some("q0123456789"));
+        assert_eq!(query_code_of("skein-smoke-1-2"), None);
+        assert_eq!(query_code_of("plain"), None);
+        assert_eq!(query_code_of("q0123456789-dlq"), Some("q0123456789"));
+        assert_eq!(query_code_of("q0123456789-driver"), Some("q0123456789"));
+    }
 
     #[test]
     fn environment_over_4_kb_is_refused() {

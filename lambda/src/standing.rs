@@ -17,6 +17,7 @@ use skein_connectors::results;
 use skein_engine::epochs::{EpochLog, StopAfter, run_epochs, stop_signal};
 use skein_engine::payload::Encoding;
 use skein_engine::planner::QueryPlan;
+use skein_engine::usage::MeteredInvoker;
 
 use crate::epochs::{LambdaEpochs, Redeploy};
 use crate::lease::{LEASE_FILE, Lease, LeaseError};
@@ -275,7 +276,9 @@ pub async fn tick(
             stop.stop();
         })
     };
-    let runtime = LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh));
+    let metered = MeteredInvoker::new(&invoker);
+    let runtime =
+        LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh)).metered(&metered);
     let log = EpochLog::new(Some(checkpoints), spec.checkpoint_interval);
     let stop_after = StopAfter::Signalled {
         interval: Duration::from_millis(spec.interval_ms),

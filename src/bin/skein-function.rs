@@ -111,7 +111,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
 struct OwnUsage {
     started: std::time::Instant,
     cpu_s: f64,
-    puts: u64,
+    /// Objects and bytes the stage had written to its checkpoint store.
+    written: (u64, u64),
 }
 
 impl OwnUsage {
@@ -119,7 +120,7 @@ impl OwnUsage {
         OwnUsage {
             started: std::time::Instant::now(),
             cpu_s: skein::cost::process_cpu_s(),
-            puts: checkpoint_puts(stage),
+            written: checkpoint_written(stage),
         }
     }
 
@@ -137,7 +138,8 @@ impl OwnUsage {
             billed_ms: self.started.elapsed().as_micros().div_ceil(1000) as u64,
             cpu_ms: ((skein::cost::process_cpu_s() - self.cpu_s).max(0.0) * 1000.0).round() as u64,
             payload_bytes: 0,
-            checkpoint_puts: checkpoint_puts(stage).saturating_sub(self.puts),
+            checkpoint_puts: checkpoint_written(stage).0.saturating_sub(self.written.0),
+            checkpoint_bytes: checkpoint_written(stage).1.saturating_sub(self.written.1),
         });
         if let Ok(u) = serde_json::to_value(usage) {
             fields.insert("usage".into(), u);
@@ -146,12 +148,13 @@ impl OwnUsage {
     }
 }
 
-/// Objects this instance's stage has written to its checkpoint store.
-fn checkpoint_puts(stage: &OnceCell<StageFunction>) -> u64 {
+/// Objects and bytes this instance's stage has written to its checkpoint
+/// store.
+fn checkpoint_written(stage: &OnceCell<StageFunction>) -> (u64, u64) {
     stage
         .get()
         .and_then(|s| s.checkpoints())
-        .map_or(0, |c| c.puts())
+        .map_or((0, 0), |c| (c.puts(), c.bytes_written()))
 }
 
 /// Plain lines on stdout, which the Lambda runtime forwards to the function's
@@ -354,6 +357,8 @@ async fn build_stage() -> Result<StageFunction, EngineError> {
         max_backoff: Duration::from_secs(2),
         late: Default::default(),
         checkpoints,
+        // A Lambda run's bound is kept by its driver, not its functions.
+        bound: Default::default(),
     };
     let stage = StageFunction::new(ctx, env)?;
     tracing::info!(stage = stage.name(), "stage handler ready");

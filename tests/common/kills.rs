@@ -3,7 +3,7 @@
 //! run finishes.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -15,63 +15,148 @@ pub fn committed_epoch(checkpoints: &Path) -> Option<u64> {
     serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
 }
 
+/// What one SIGKILL did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kill {
+    /// The process was still running when the signal came: it died of it,
+    /// not of its own exit a moment before.
+    pub landed: bool,
+    /// The killed process had committed at least one epoch of its own:
+    /// the kill cut a run that was under way, not one still starting.
+    pub mid_run: bool,
+    /// The last commit in the checkpoint directory when it died.
+    pub at_commit: Option<u64>,
+}
+
+/// SIGKILLs `child` and reaps it: whether it was still running (it died of
+/// the signal, not of its own exit a moment before), and how it ended.
+pub fn sigkill(child: &mut Child) -> (bool, std::process::ExitStatus) {
+    use std::os::unix::process::ExitStatusExt;
+    // SIGKILL is delivered to a running process or a zombie alike; only
+    // how it ended tells whether it was still running.
+    let _ = child.kill();
+    let status = child.wait().expect("reaping the killed process");
+    (status.signal() == Some(9), status)
+}
+
+/// SIGKILLs `child` and reaps it; `at_spawn` is the commit its checkpoint
+/// directory held when it started. Returns what the kill did and how the
+/// process ended.
+pub fn kill(
+    child: &mut Child,
+    checkpoints: &Path,
+    at_spawn: Option<u64>,
+) -> (Kill, std::process::ExitStatus) {
+    let (landed, status) = sigkill(child);
+    let at_commit = committed_epoch(checkpoints);
+    let kill = Kill {
+        landed,
+        mid_run: at_commit.is_some() && at_commit > at_spawn,
+        at_commit,
+    };
+    (kill, status)
+}
+
+/// What [`run_through_kills`] saw.
+#[derive(Debug)]
+pub struct KillRun {
+    /// The stdout of the run that finished.
+    pub stdout: String,
+    /// Every kill that landed, in order.
+    pub kills: Vec<Kill>,
+    /// The commit the checkpoint directory held when the finishing run
+    /// started: where it had to resume after.
+    pub final_start: Option<u64>,
+}
+
+impl KillRun {
+    /// Kills that cut a run after it had committed an epoch.
+    pub fn mid_run(&self) -> usize {
+        self.kills.iter().filter(|k| k.mid_run).count()
+    }
+
+    /// The finishing run's JSON report (its last stdout line) resumed after
+    /// the last commit before it started; returns the report.
+    pub fn assert_resumed(&self) -> Value {
+        let report: Value = serde_json::from_str(self.stdout.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("a report line in {:?}: {e}", self.stdout));
+        assert_eq!(
+            report["resumed_after"].as_u64(),
+            self.final_start,
+            "the last run resumed after the last commit before it: {report}"
+        );
+        report
+    }
+}
+
 /// Runs `command()` to the end, killing it with SIGKILL `kills` times and
-/// starting it again; returns the stdout of the run that finished. Kills
-/// land early and late in a run, in every phase (start, middle, the final
-/// flush): every third comes 100 ms to 1 s after the start (before or
-/// around the first commit), the others up to 800 ms after the run has
-/// committed an epoch, so the machine's speed does not decide where kills
-/// land. Panics if a run fails, or if none finishes in 10 minutes.
+/// starting it again. Kills land early and late in a run, in every phase
+/// (start, middle, the final flush): every third comes 100 ms to 1 s after
+/// the start (before or around the first commit), the others up to 800 ms
+/// after the run has committed an epoch of its own, so the machine's speed
+/// does not decide where kills land. A kill that finds the process already
+/// exited does not count: that run is judged by its exit. Panics if a run
+/// fails, or if none finishes in 10 minutes.
 pub fn run_through_kills(
     command: impl Fn() -> Command,
     checkpoints: &Path,
     kills: usize,
-) -> String {
+) -> KillRun {
     let mut rng = rand::rng();
-    let mut killed = 0;
+    let mut landed = vec![];
     let started = Instant::now();
-    let stdout = loop {
+    let (stdout, final_start) = loop {
         let mut child = command().spawn().expect("starting skein");
         let at_spawn = committed_epoch(checkpoints);
-        let early = killed % 3 == 0;
+        let early = landed.len() % 3 == 0;
         let delay = Duration::from_millis(rng.random_range(if early { 100..1000 } else { 0..800 }));
-        let mut deadline = (killed < kills && early).then(|| Instant::now() + delay);
+        let mut deadline = (landed.len() < kills && early).then(|| Instant::now() + delay);
         let status = loop {
             if let Some(status) = child.try_wait().expect("waiting for skein") {
-                break Some(status);
+                break status;
             }
-            if killed < kills && deadline.is_none() && committed_epoch(checkpoints) > at_spawn {
+            if landed.len() < kills && deadline.is_none() && committed_epoch(checkpoints) > at_spawn
+            {
                 deadline = Some(Instant::now() + delay);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                child.kill().expect("SIGKILL");
-                child.wait().expect("reaping skein");
-                break None;
+                let (k, status) = kill(&mut child, checkpoints, at_spawn);
+                if k.landed {
+                    landed.push(k);
+                    eprintln!("kill {} of {kills} landed: {k:?}", landed.len());
+                }
+                break status;
             }
             std::thread::sleep(Duration::from_millis(20));
         };
         let output = child.wait_with_output().expect("skein output");
-        match status {
-            None => {
-                killed += 1;
-                eprintln!(
-                    "killed {killed} of {kills} at commit {:?}",
-                    committed_epoch(checkpoints)
-                );
-            }
-            Some(s) if s.success() => break String::from_utf8_lossy(&output.stdout).to_string(),
-            Some(s) => panic!(
-                "skein exited with {s} after {killed} kills:\n{}",
+        if status.success() {
+            break (
+                String::from_utf8_lossy(&output.stdout).to_string(),
+                at_spawn,
+            );
+        }
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                status.signal(),
+                Some(9),
+                "skein exited with {status} after {} kills:\n{}",
+                landed.len(),
                 String::from_utf8_lossy(&output.stderr)
-            ),
+            );
         }
         assert!(
             started.elapsed() < Duration::from_secs(600),
             "no run finished in 10 minutes"
         );
     };
-    assert_eq!(killed, kills, "every planned kill happened");
-    stdout
+    assert_eq!(landed.len(), kills, "every planned kill landed");
+    KillRun {
+        stdout,
+        kills: landed,
+        final_start,
+    }
 }
 
 /// The `bootstrap` processes ministack runs for the functions `wanted`

@@ -21,12 +21,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
+pub mod browser;
 pub mod kafka;
 pub mod kills;
 pub mod nexmark_reference;
 pub mod pushed;
 pub mod rows;
 pub mod sellers;
+pub mod services;
 pub mod windowed;
 pub mod ysb;
 use aws_sdk_lambda::config::Credentials;
@@ -384,6 +386,36 @@ pub async fn drain_stream(stream: &str) -> Vec<(String, Vec<u8>)> {
         }
     }
     out
+}
+
+/// Polls `check` until it answers, failing the test if `child` exits first
+/// (with its stderr) or `patience` passes: waits for a condition, not for
+/// the clock.
+pub fn wait_until<T>(
+    child: &mut std::process::Child,
+    patience: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if let Some(status) = child.try_wait().expect("polling the child") {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("the child exited with {status} while waiting for {what}:\n{err}");
+        }
+        assert!(
+            started.elapsed() < patience,
+            "no {what} within {patience:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A TCP port nothing listens on right now (the OS picks it).

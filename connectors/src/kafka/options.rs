@@ -25,7 +25,12 @@ pub const SOURCE_OPTIONS: &[&str] = &[
 ];
 
 /// The Kafka sink's own options, besides the encoder's ([`ENCODER_OPTIONS`]).
-pub const SINK_OPTIONS: &[&str] = &["checkpoint", "offsets.topic", "delivery"];
+pub const SINK_OPTIONS: &[&str] = &[
+    "checkpoint",
+    "offsets.topic",
+    "delivery",
+    skein_engine::sink_health::RETRY_OPTION,
+];
 
 /// Whether `key` is one of Skein's options rather than librdkafka's.
 pub fn is_skein_option(key: &str) -> bool {

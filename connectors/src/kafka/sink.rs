@@ -32,6 +32,7 @@
 
 mod exactly_once;
 mod offsets_topic;
+mod reporting;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,7 +41,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use skein_engine::error::Cause;
@@ -52,6 +52,11 @@ use crate::encode::RowEncoder;
 use crate::error::ConnectorError;
 use exactly_once::ExactlyOnce;
 pub use offsets_topic::stored_offsets;
+use reporting::ReportingContext;
+
+/// The producer the sink writes with: its client errors go to the sink's
+/// health ([`reporting`]).
+type Producer = FutureProducer<ReportingContext>;
 
 /// Where exactly-once writers keep their epoch markers (and source offsets)
 /// unless a table says.
@@ -112,7 +117,7 @@ pub struct KafkaSink {
 enum Delivery {
     /// The idempotent producer: every message acknowledged, a replayed
     /// epoch written again.
-    AtLeastOnce(FutureProducer),
+    AtLeastOnce(Producer, ReportingContext),
     /// One transaction per write, with its epoch marker.
     ExactlyOnce(ExactlyOnce),
 }
@@ -143,9 +148,13 @@ impl KafkaSink {
                 ));
             }
             Some("at-least-once") => {
-                Delivery::AtLeastOnce(producer_config(options).create().map_err(|e| {
-                    sink_error(topic, ConnectorError::kafka("creating the producer", e))
-                })?)
+                let context = ReportingContext::default();
+                let producer = producer_config(options)
+                    .create_with_context(context.clone())
+                    .map_err(|e| {
+                        sink_error(topic, ConnectorError::kafka("creating the producer", e))
+                    })?;
+                Delivery::AtLeastOnce(producer, context)
             }
             Some(other) => {
                 return Err(sink_error(
@@ -167,7 +176,7 @@ impl KafkaSink {
 
 /// Sends the rows of `batches` to `topic` and waits for every acknowledgement.
 async fn send_rows(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     encoder: &RowEncoder,
     batches: &[datafusion::arrow::record_batch::RecordBatch],
@@ -181,7 +190,7 @@ async fn send_rows(
 /// queue order, retries included, so rows enqueued by one call precede those
 /// of any later call in every partition.
 async fn enqueue_rows(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     encoder: &RowEncoder,
     batches: &[datafusion::arrow::record_batch::RecordBatch],
@@ -240,7 +249,7 @@ impl KafkaSink {
         &self,
         batches: &[datafusion::arrow::record_batch::RecordBatch],
     ) -> Result<Acks> {
-        let Delivery::AtLeastOnce(producer) = &self.delivery else {
+        let Delivery::AtLeastOnce(producer, _) = &self.delivery else {
             return Err(sink_error(
                 &self.topic,
                 "an exactly-once table writes transactions, not enqueued rows: \
@@ -282,9 +291,9 @@ pub async fn ensure_topic(
     partitions: i32,
     configs: &[(&str, &str)],
 ) -> std::result::Result<(), ConnectorError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+    let admin: AdminClient<ReportingContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .create()
+        .create_with_context(ReportingContext::for_this_write())
         .map_err(|e| ConnectorError::kafka(format!("admin client for {brokers}"), e))?;
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for (k, v) in configs {
@@ -321,7 +330,8 @@ impl Sink for KafkaSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
         match &self.delivery {
             Delivery::ExactlyOnce(eo) => eo.write(self, &write).await,
-            Delivery::AtLeastOnce(producer) => {
+            Delivery::AtLeastOnce(producer, context) => {
+                let _reporting = context.during_write();
                 send_rows(producer, &self.topic, &self.encoder, &write.batches).await
             }
         }

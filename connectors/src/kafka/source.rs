@@ -850,6 +850,12 @@ impl PartitionReader {
             offsets,
             partitions,
             dead_letters: undecodable.len() as u64,
+            dead_letter_reason: undecodable.last().map(|u| {
+                format!(
+                    "partition {} offset {}: {}",
+                    u.partition, u.offset, u.reason
+                )
+            }),
             ..Default::default()
         })
     }

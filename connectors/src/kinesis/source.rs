@@ -224,6 +224,10 @@ impl KinesisSource {
             held = rejected.drain(..).map(|r| (r.index, r.reason)).collect();
         }
         let dead_letters = rejected.len() as u64;
+        let dead_letter_reason = rejected.last().map(|r| {
+            let (shard, seq, _) = records[r.index];
+            format!("shard {shard} sequence {seq}: {}", r.reason)
+        });
         if !rejected.is_empty() {
             self.dead_letters
                 .fetch_add(rejected.len() as u64, Ordering::Relaxed);
@@ -256,6 +260,7 @@ impl KinesisSource {
             batches,
             rejected: held,
             dead_letters,
+            dead_letter_reason,
             ..Default::default()
         })
     }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
+use skein_engine::sink_health;
 use tracing::warn;
 
 use crate::error::{ConnectorError, Result};
@@ -13,7 +14,7 @@ use crate::error::{ConnectorError, Result};
 pub const REDIS_WAIT: Duration = Duration::from_secs(120);
 
 /// The option that sets that wait, in ms.
-pub const RETRY_OPTION: &str = "retry.timeout.ms";
+pub const RETRY_OPTION: &str = sink_health::RETRY_OPTION;
 
 /// Replies can take longer than the client's default 500 ms on a loaded
 /// machine (a MULTI/EXEC of thousands of commands); a timeout there would
@@ -54,10 +55,9 @@ pub fn is_outage(e: &redis::RedisError) -> bool {
         || matches!(e.retry_method(), redis::RetryMethod::WaitAndRetry)
 }
 
-/// Doubling from 100 ms up to 5 s, so a short outage costs little and a long
-/// one few attempts.
+/// The wait after `attempt` failures: the engine's [`sink_health::retry_step`].
 pub fn retry_backoff(attempt: u32) -> Duration {
-    Duration::from_millis((100u64 << attempt.min(6).saturating_sub(1)).min(5_000))
+    sink_health::retry_step(attempt)
 }
 
 pub struct RedisConnection {
@@ -65,6 +65,9 @@ pub struct RedisConnection {
     client: redis::Client,
     connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
     retry_timeout: Duration,
+    /// The table set `retry.timeout.ms`: that wait holds even past the
+    /// run's bound.
+    own_wait: bool,
 }
 
 impl RedisConnection {
@@ -74,7 +77,15 @@ impl RedisConnection {
             client: redis::Client::open(url)?,
             connection: tokio::sync::Mutex::new(None),
             retry_timeout,
+            own_wait: false,
         })
+    }
+
+    /// `true`: the retry timeout was the table's own choice, so a bounded
+    /// run waits it out past its bound (and says so).
+    pub fn with_own_wait(mut self, own_wait: bool) -> Self {
+        self.own_wait = own_wait;
+        self
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection> {
@@ -91,14 +102,18 @@ impl RedisConnection {
     }
 
     /// Runs `op` on the connection, again on a new one while Redis is away,
-    /// for up to the retry timeout; `what` names the operation in the log.
-    /// `op` must be safe to repeat.
+    /// for up to the retry timeout, or up to the run's bound when the run
+    /// has one and the table did not set the timeout (see
+    /// [`skein_engine::sink_health`]); `what` names the operation in the
+    /// log. Each failed attempt goes to the sink's health; the log has one
+    /// line per doubling of them. `op` must be safe to repeat.
     pub async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
     where
         F: FnMut(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut since: Option<Instant> = None;
+        let health = sink_health::current_health();
+        let mut give_up: Option<(Instant, bool)> = None;
         let mut attempt = 0u32;
         loop {
             let result = match self.connection().await {
@@ -107,7 +122,7 @@ impl RedisConnection {
             };
             match result {
                 Ok(v) => {
-                    if since.is_some() {
+                    if give_up.is_some() && health.is_none() {
                         warn!(url = %self.url, attempt, "{what}: Redis is back");
                     }
                     return Ok(v);
@@ -115,16 +130,45 @@ impl RedisConnection {
                 Err(ConnectorError::Redis(e)) if is_outage(&e) => {
                     // The connection is unusable; the next attempt opens another.
                     self.connection.lock().await.take();
-                    let first = *since.get_or_insert_with(Instant::now);
-                    if first.elapsed() >= self.retry_timeout {
+                    let (at, by_bound) = *give_up.get_or_insert_with(|| {
+                        // Failures of earlier tries of this write count too.
+                        let first = health
+                            .as_ref()
+                            .and_then(|h| h.failing_since())
+                            .unwrap_or_else(Instant::now);
+                        sink_health::give_up_at(
+                            first,
+                            self.retry_timeout,
+                            self.own_wait,
+                            sink_health::current_deadline(),
+                        )
+                    });
+                    let now = Instant::now();
+                    if now >= at {
+                        let waited = if by_bound {
+                            "by the run's bound".to_string()
+                        } else {
+                            format!("for {:?}", self.retry_timeout)
+                        };
+                        let hint = if by_bound {
+                            format!(" (set '{RETRY_OPTION}' to wait longer)")
+                        } else {
+                            String::new()
+                        };
                         return Err(ConnectorError::Other(format!(
-                            "Redis at {} did not answer for {:?} ({attempt} retries); last error: {e}",
-                            self.url, self.retry_timeout
+                            "Redis at {} did not answer {waited} ({attempt} retries); last error: {e}{hint}",
+                            self.url
                         )));
                     }
                     attempt += 1;
-                    let wait = retry_backoff(attempt);
-                    warn!(url = %self.url, attempt, "{what}: {e}; retrying in {wait:?}");
+                    let wait = retry_backoff(attempt).min(at - now);
+                    match &health {
+                        Some(h) => h.failed(&format!("{what}: {e}"), Some(wait)),
+                        None if attempt.is_power_of_two() => {
+                            warn!(url = %self.url, attempt, "{what}: {e}; retrying in {wait:?}")
+                        }
+                        None => {}
+                    }
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => return Err(e),

@@ -101,6 +101,9 @@ pub struct RedisSinkOptions {
     /// `retry.timeout.ms`, default 2 minutes like the Kafka source's wait
     /// for its broker).
     pub retry_timeout: Duration,
+    /// The table set `retry.timeout.ms`: a bounded run waits it out past
+    /// its bound.
+    pub retry_timeout_set: bool,
 }
 
 impl RedisSinkOptions {
@@ -125,6 +128,7 @@ impl RedisSinkOptions {
             ttl_seconds,
             checkpoint: opt("checkpoint").filter(|c| !c.is_empty()),
             retry_timeout: retry_timeout(opt(RETRY_OPTION).as_deref())?,
+            retry_timeout_set: config.options.contains_key(RETRY_OPTION),
         })
     }
 }
@@ -152,7 +156,8 @@ impl RedisSink {
     /// A sink writing `layout`'s commands, exactly once.
     pub fn new(config: RedisSinkOptions, layout: Arc<dyn RedisLayout>) -> Result<Self> {
         Ok(RedisSink {
-            redis: RedisConnection::open(&config.url, config.retry_timeout)?,
+            redis: RedisConnection::open(&config.url, config.retry_timeout)?
+                .with_own_wait(config.retry_timeout_set),
             config,
             layout,
             runs: Runs::new(),

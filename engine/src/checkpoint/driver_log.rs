@@ -3,11 +3,12 @@
 //! same; its commits say which epoch a restart resumes after. Both go in
 //! one object where they can: a commit carries the decisions for the
 //! epochs after it (`commit.json`); decisions no commit carried stand alone
-//! (`epochs/<from>.json`), one object per decision.
+//! (`epochs/<from>.json`), one object per decision. The commit also
+//! carries the driver's progress for `skein ui` (progress.rs).
 
 use serde::{Deserialize, Serialize};
 
-use super::{CheckpointStore, Kind, epoch_name};
+use super::{CheckpointStore, CommitRecord, Failure, Kind, Progress, epoch_name};
 use crate::error::Result;
 
 /// The last committed epoch.
@@ -55,8 +56,9 @@ pub struct EpochRecord {
 /// `commit.json`.
 #[derive(Debug, Serialize, Deserialize)]
 struct CommitObject {
+    /// The commit and the driver's progress up to it.
     #[serde(flatten)]
-    commit: Commit,
+    record: CommitRecord,
     /// The decisions for the epochs after the commit, when made with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     decided: Option<Decided>,
@@ -73,6 +75,8 @@ pub struct DriverLog {
     pub committed: Option<Commit>,
     /// Decisions for epochs after it.
     pub decided: Vec<Decided>,
+    /// The driver's progress recorded with the commit, to go on from.
+    pub progress: Progress,
 }
 
 impl DriverLog {
@@ -90,10 +94,27 @@ impl DriverLog {
 impl CheckpointStore {
     /// The last committed epoch, if any.
     pub async fn committed(&self) -> Result<Option<Commit>> {
+        Ok(self.commit_record().await?.map(|r| r.commit))
+    }
+
+    /// The last commit with the progress recorded with it, if any.
+    pub async fn commit_record(&self) -> Result<Option<CommitRecord>> {
         Ok(self
             .get_json::<CommitObject>(&self.key(&["commit.json"]))
             .await?
-            .map(|c| c.commit))
+            .map(|c| c.record))
+    }
+
+    /// Record a failed epoch (the last one is kept): rare, and possibly
+    /// before any commit, so an object of its own.
+    pub async fn put_failure(&self, failure: &Failure) -> Result<()> {
+        self.put_json(Kind::Other, &self.key(&["failure.json"]), failure)
+            .await
+    }
+
+    /// The last failed epoch, if one failed.
+    pub async fn failure(&self) -> Result<Option<Failure>> {
+        self.get_json(&self.key(&["failure.json"])).await
     }
 
     /// The last commit and the decisions after it (read once, by a
@@ -102,7 +123,7 @@ impl CheckpointStore {
         let commit = self
             .get_json::<CommitObject>(&self.key(&["commit.json"]))
             .await?;
-        let after = commit.as_ref().map_or(0, |c| c.commit.epoch + 1);
+        let after = commit.as_ref().map_or(0, |c| c.record.commit.epoch + 1);
         let mut decided: Vec<Decided> = commit
             .as_ref()
             .and_then(|c| c.decided)
@@ -115,23 +136,32 @@ impl CheckpointStore {
             decided.extend(self.get_json::<Decided>(&key).await?);
         }
         decided.retain(|d| d.through >= after);
+        let (committed, progress) = match commit {
+            Some(c) => (Some(c.record.commit), c.record.progress),
+            None => (None, Progress::default()),
+        };
         Ok(DriverLog {
-            committed: commit.map(|c| c.commit),
+            committed,
             decided,
+            progress,
         })
     }
 
     /// Record `commit` as the last committed epoch, with the decisions for
-    /// the epochs after it (when made now) and what the driver recorded of
-    /// the epochs since the previous commit: one object.
+    /// the epochs after it (when made now), what the driver recorded of
+    /// the epochs since the previous commit and its progress: one object.
     pub async fn commit(
         &self,
         commit: Commit,
         decided: Option<Decided>,
         epochs: Vec<EpochRecord>,
+        progress: &Progress,
     ) -> Result<()> {
         let object = CommitObject {
-            commit,
+            record: CommitRecord {
+                commit,
+                progress: progress.clone(),
+            },
             decided,
             epochs,
         };
@@ -178,7 +208,15 @@ mod tests {
             epoch: 0,
             last: false,
         };
-        cs.commit(commit, Some(next), vec![EpochRecord::default()])
+        let mut progress = Progress::default();
+        progress.epoch(
+            1_000,
+            crate::checkpoint::EpochFigures {
+                events: 42,
+                ..Default::default()
+            },
+        );
+        cs.commit(commit, Some(next), vec![EpochRecord::default()], &progress)
             .await
             .unwrap();
         cs.decide(Decided {
@@ -201,5 +239,8 @@ mod tests {
         assert_eq!(log.last_at(5), Some(false));
         assert_eq!(log.highest(), Some(5));
         assert_eq!(cs.committed().await.unwrap(), Some(commit));
+        assert_eq!(log.progress.totals.events, 42);
+        let record = cs.commit_record().await.unwrap().unwrap();
+        assert_eq!(record.progress.totals.events, 42);
     }
 }

@@ -121,7 +121,9 @@ mod tests {
             epoch: 3,
             last: false,
         };
-        cs.commit(commit, None, vec![]).await.unwrap();
+        cs.commit(commit, None, vec![], &Default::default())
+            .await
+            .unwrap();
         // Decisions of 0..=3; entries of 0..3; the state of 0 (1 is whole,
         // and 2 and 3 build on it).
         assert_eq!(cs.forget_before(3).await.unwrap(), 8);

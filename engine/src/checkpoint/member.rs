@@ -1,8 +1,9 @@
 //! A member's one object per epoch: what it keeps for that epoch in a
 //! single write. A source member's offsets-log entry, a stateful member's
 //! state (whole or changes; the bytes are `snapshot`'s), and the member's
-//! counts ride together; figures a member records per epoch are added to
-//! the header the same way, without another request.
+//! counts and figures (`skein status`, `skein ui`) ride together: a
+//! figure a member records is added to the header's record, without
+//! another request.
 //!
 //! ```text
 //! b"SKEPOCH1" | header length (u32, little endian) | header (JSON) | state bytes
@@ -15,7 +16,7 @@
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
-use super::{CheckpointStore, Kind, OffsetsEntry, Tally, corrupt, epoch_name};
+use super::{CheckpointStore, Kind, MemberRecord, OffsetsEntry, corrupt, epoch_name};
 use crate::error::{EngineError, Result};
 
 const MAGIC: &[u8; 8] = b"SKEPOCH1";
@@ -56,8 +57,9 @@ impl StateKind {
 pub struct MemberObject {
     /// A source member's offsets-log entry.
     pub offsets: Option<OffsetsEntry>,
-    /// The member's counts so far (its whole life, every instance).
-    pub tally: Option<Tally>,
+    /// The member's counts so far (its whole life, every instance) and
+    /// its latest figures.
+    pub tally: Option<MemberRecord>,
     /// A stateful member's state: its kind and its encoded bytes.
     pub state: Option<(StateKind, Vec<u8>)>,
 }
@@ -67,8 +69,8 @@ pub struct MemberObject {
 pub struct MemberRead {
     /// The offsets-log entry it holds, if any.
     pub offsets: Option<OffsetsEntry>,
-    /// The counts it holds, if any.
-    pub tally: Option<Tally>,
+    /// The counts and figures it holds, if any.
+    pub tally: Option<MemberRecord>,
     /// The state bytes it holds (empty when none).
     pub state: Vec<u8>,
 }
@@ -79,7 +81,7 @@ struct Header {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     offsets: Option<OffsetsEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    tally: Option<Tally>,
+    tally: Option<MemberRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     state: Option<StateKind>,
 }
@@ -258,13 +260,19 @@ mod tests {
         let cs = CheckpointStore::open(Arc::new(InMemory::new()), Path::from("q"), "abc")
             .await
             .unwrap();
-        let tally = Tally {
-            late_rows: 3,
-            ..Default::default()
+        let tally = crate::checkpoint::MemberRecord {
+            counts: crate::checkpoint::Tally {
+                late_rows: 3,
+                ..Default::default()
+            },
+            figures: Some(crate::checkpoint::MemberFigures {
+                invocations: 2,
+                ..Default::default()
+            }),
         };
         let object = MemberObject {
             offsets: Some(entry(7)),
-            tally: Some(tally),
+            tally: Some(tally.clone()),
             state: None,
         };
         cs.put_member(0, 1, 4, object).await.unwrap();

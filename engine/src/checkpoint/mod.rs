@@ -8,16 +8,21 @@
 //! epoch it has something to keep in, and one object per commit.
 //!
 //! ```text
-//! manifest.json                       the query it belongs to, the run lineage, the layout
+//! manifest.json                       the query it belongs to (its text), the run lineage,
+//!                                     the layout
 //! commit.json                         the driver's object at a commit: the last committed
-//!                                     epoch, the decisions for the epochs after it, and what
-//!                                     the driver recorded of the epochs since the last one
+//!                                     epoch, the decisions for the epochs after it, what
+//!                                     the driver recorded of the epochs since the last one,
+//!                                     and its progress for `skein ui` (progress.rs)
 //! epochs/<e>.json                     decisions for epochs from e that no commit carried
 //! members/<stage>-<member>/<e>.bin          a member's object for epoch e: its offsets-log
-//!                                           entry (a source member) and its counts
+//!                                           entry (a source member), its counts and figures
 //! members/<stage>-<member>/<e>.state.bin    ... with its whole state as of the end of e
 //! members/<stage>-<member>/<e>.changes.bin  ... with its changes since an earlier state
-//! tally/<stage>-<member>.json         the counts of a member that writes no epoch objects
+//! tally/<stage>-<member>.json         the counts and figures of a member that writes no
+//!                                     epoch objects (tally.rs)
+//! failure.json                        the last epoch that failed, and why
+//! sinks/<stage>-<member>.json         a sink member's health, once it has failed
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
@@ -31,6 +36,8 @@ mod driver_log;
 mod forget;
 mod io;
 mod member;
+mod progress;
+mod sink_health;
 mod snapshot;
 mod summary;
 mod tally;
@@ -50,11 +57,14 @@ use crate::watermark::ClockState;
 
 pub use driver_log::{Commit, Decided, DriverLog, EpochRecord};
 pub use member::{MemberObject, MemberRead, StateKind};
+pub use progress::{
+    BUCKET_MS, CheckpointFigures, CommitRecord, EpochFigures, Failure, Point, Progress, Totals,
+};
 pub use snapshot::{
     MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
 };
 pub use summary::StoreSummary;
-pub use tally::{MemberTally, Tally};
+pub use tally::{FIGURES_EVERY, Live, MemberFigures, MemberRecord, MemberTally, Reason, Tally};
 
 use io::Backend;
 
@@ -72,6 +82,19 @@ pub struct Manifest {
     /// numbered have none.
     #[serde(default)]
     pub layout: u32,
+    /// The query as it was planned, for readers that have only the store
+    /// (`skein ui`); none in a store written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub described: Option<Description>,
+}
+
+/// What it takes to plan a store's query again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// The query text.
+    pub sql: String,
+    /// Members of each function group.
+    pub group_size: usize,
 }
 
 /// What one table's reader of a source member read in one epoch.
@@ -237,6 +260,7 @@ impl CheckpointStore {
                     query_code: query_code.to_string(),
                     run: fresh_run(query_code),
                     layout: LAYOUT,
+                    described: None,
                 };
                 let bytes = serde_json::to_vec(&m).map_err(|e| corrupt(&key, e))?;
                 backend.put(&key, bytes).await?;
@@ -272,6 +296,7 @@ impl CheckpointStore {
             query_code: query_code.to_string(),
             run: run.to_string(),
             layout: LAYOUT,
+            described: None,
         };
         Self::with(backend, root, manifest)
     }
@@ -279,6 +304,24 @@ impl CheckpointStore {
     /// The store's manifest: the query and run lineage it belongs to.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Record the query's text and group size in the manifest, if it does
+    /// not hold them already (one write per run at most).
+    pub async fn describe(&mut self, described: Description) -> Result<()> {
+        if self.manifest.described.as_ref() == Some(&described) {
+            return Ok(());
+        }
+        self.manifest.described = Some(described);
+        // Like the manifest's first write, not a checkpoint's cost.
+        let key = self.key(&["manifest.json"]);
+        let bytes = serde_json::to_vec(&self.manifest).map_err(|e| corrupt(&key, e))?;
+        self.backend.put(&key, bytes).await
+    }
+
+    /// The manifest as the store holds it, if there is one.
+    pub async fn read_manifest(&self) -> Result<Option<Manifest>> {
+        self.get_json(&self.key(&["manifest.json"])).await
     }
 
     /// The store's root path in its object store.

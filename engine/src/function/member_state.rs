@@ -125,6 +125,7 @@ impl StageFunction {
             u.restore(
                 whole.buffered,
                 chain.into_iter().rev().map(|c| c.changes).collect(),
+                commit.epoch,
             )?;
         } else {
             state

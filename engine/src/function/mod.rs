@@ -33,7 +33,7 @@ use crate::invoke::Invoker;
 use crate::payload::{Payload, PayloadHeader, SourceOffset};
 use crate::ring::HashRing;
 use crate::session::session;
-use crate::sink::{Sink, SinkRegistry};
+use crate::sink::SinkRegistry;
 use crate::source::{DeadLetter, DeadLetterSink, Source, SourceRegistry};
 use crate::usage::Usage;
 use crate::watermark::{EventTimeOptions, SourceClock, Watermark};
@@ -42,6 +42,7 @@ use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
 mod member_state;
 mod pushed;
 mod routing;
+mod sink_write;
 mod source_stage;
 mod updating;
 
@@ -63,6 +64,9 @@ pub struct FunctionEnv {
     /// Where members keep durable state, when the query checkpoints (its
     /// context says so too).
     pub checkpoints: Option<Arc<CheckpointStore>>,
+    /// What the run's bound means for sink writes (see
+    /// [`crate::sink_health`]).
+    pub bound: crate::sink_health::RunBound,
 }
 
 /// The function's answer.
@@ -84,6 +88,13 @@ pub struct Response {
     /// bounded source).
     #[serde(default)]
     pub finished: bool,
+    /// A source stage: records between where it stopped and its
+    /// partitions' ends, where the source can tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<u64>,
+    /// A source stage: the watermark it sent, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watermark_ms: Option<i64>,
     /// A pushed batch: its records that could not be taken, in order; the
     /// first is reported to the platform as the batch's first failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -173,7 +184,7 @@ pub struct StageFunction {
     outputs: Vec<StageOutput>,
     task_ctx: Arc<TaskContext>,
     readers: Vec<SourceReader>,
-    sink: Option<Arc<dyn Sink>>,
+    sink: Option<sink_write::SinkOutput>,
     input_schemas: BTreeMap<u32, SchemaRef>,
     /// Per input edge: the schema its payloads carry (the leaf's, with the
     /// op column on an edge that carries a changelog).
@@ -247,7 +258,7 @@ impl StageFunction {
             });
         }
         let sink = match &ctx.next {
-            NextHop::Sink(cfg) => Some(env.sinks.create(cfg)?),
+            NextHop::Sink(cfg) => Some(sink_write::SinkOutput::new(env.sinks.create(cfg)?, cfg)),
             _ => None,
         };
         let mut input_schemas = BTreeMap::new();
@@ -267,10 +278,18 @@ impl StageFunction {
                 (*edge, wire)
             })
             .collect();
-        let compactors = if matches!(ctx.mode, StageMode::Stream | StageMode::Updating) {
-            BTreeMap::new()
-        } else {
-            Compactor::for_plan(&outputs[0].plan)
+        let compactors = match ctx.mode {
+            StageMode::Stream => BTreeMap::new(),
+            // Partial rows that a retraction may name must stay as they came.
+            StageMode::Updating => Compactor::for_plan(&outputs[0].plan)
+                .into_iter()
+                .filter(|(edge, _)| {
+                    !ctx.inputs
+                        .iter()
+                        .any(|e| e.shuffle_id == *edge && e.updating)
+                })
+                .collect(),
+            StageMode::Accumulate | StageMode::Complete => Compactor::for_plan(&outputs[0].plan),
         };
         let (updating, updating_state) = if ctx.mode == StageMode::Updating {
             let plan =
@@ -282,7 +301,14 @@ impl StageFunction {
                 tail = plan.tail.is_some(),
                 "updating stage"
             );
-            let state = crate::updating::UpdatingState::new(&plan, &input_schemas)?;
+            let mut state = crate::updating::UpdatingState::new(&plan, &input_schemas)?;
+            if let Some(spec) = &ctx.updating {
+                for (edge, ttl) in ctx.inputs.iter().zip(&spec.ttl_epochs) {
+                    if let Some(epochs) = ttl {
+                        state.set_ttl(edge.shuffle_id, *epochs);
+                    }
+                }
+            }
             (Some(Arc::new(plan)), Some(state))
         } else {
             (None, None)
@@ -365,6 +391,7 @@ impl StageFunction {
 
     /// Serve one parsed request: a trigger or a data payload.
     pub async fn serve(&self, request: Request) -> Result<Response> {
+        let started = std::time::Instant::now();
         let (response, callees) = crate::usage::collecting(async {
             match request {
                 Request::Trigger(t) => self.run_source(t).await,
@@ -376,6 +403,12 @@ impl StageFunction {
             }
         })
         .await;
+        self.tally.measure(|l| {
+            l.invocation(started.elapsed());
+            if let Ok(r) = &response {
+                l.rows_out += r.rows_out;
+            }
+        });
         self.save_tally().await;
         response.map(|mut r| {
             r.usage.add(&callees);
@@ -570,6 +603,12 @@ impl StageFunction {
             }
         }
         crate::metrics::state_bytes(&self.name, state.windows.bytes());
+        let watermark_ms = state.watermark.value.filter(|w| *w > i64::MIN);
+        self.tally.measure(|l| {
+            l.state_bytes = state.windows.bytes() as u64;
+            l.watermark_ms = watermark_ms.or(l.watermark_ms);
+            l.epoch = Some(epoch);
+        });
         // The state is encoded now and written while the epoch's output is
         // computed and sent: both finish before the invocation answers, and
         // so before the epoch can be committed.
@@ -615,6 +654,11 @@ impl StageFunction {
             let n = l.batch.num_rows();
             self.env.late.add(&handling.table, n as u64);
             self.tally.count(|t| t.late_rows += n as u64);
+            if let Some((start, end)) = l.windows.last() {
+                let text = format!("{n} rows after their window [{start}, {end}) ms was emitted");
+                self.tally
+                    .measure(|m| m.reason("late", &handling.table, text));
+            }
             crate::metrics::late_rows(&handling.table, n as u64);
             tracing::debug!(stage = %self.name, table = %handling.table, rows = n, "late rows");
             let Some(dlq) = &handling.dead_letters else {

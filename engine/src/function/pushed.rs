@@ -140,6 +140,10 @@ impl StageFunction {
             .await
             .map_err(|e| e.at_source(&reader.table, &self.name))?;
         self.tally.count(|t| t.dead_letters += mb.dead_letters);
+        if let Some(reason) = &mb.dead_letter_reason {
+            self.tally
+                .measure(|l| l.reason("dead letter", &reader.table, reason.clone()));
+        }
         Ok(mb)
     }
 
@@ -284,8 +288,8 @@ impl StageFunction {
         let rows_out = self
             .run_outputs(qid, epoch, watermark, table, batches, offsets)
             .await?;
-        cs.commit(Commit { epoch, last: false }, None, vec![])
-            .await?;
+        let commit = Commit { epoch, last: false };
+        cs.commit(commit, None, vec![], &Default::default()).await?;
         cs.forget_before(epoch).await?;
         Ok(rows_out)
     }

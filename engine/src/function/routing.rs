@@ -11,7 +11,7 @@ use futures::future::try_join_all;
 use super::{StageFunction, StageOutput};
 use crate::context::{NextHop, function_name};
 use crate::error::Result;
-use crate::invoke::{InvocationType, invoke_with_retry};
+use crate::invoke::{InvocationType, invoke_counting_retries};
 use crate::payload::{ASYNC_PAYLOAD_LIMIT, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads};
 use crate::sink::SinkWrite;
 
@@ -58,24 +58,29 @@ impl StageFunction {
         };
         match &output.next {
             NextHop::Sink(config) => {
-                let sink = self.sink.as_ref().expect("sink stage has a sink");
+                let out = self.sink.as_ref().expect("sink stage has a sink");
                 let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
                 let rows = batches.iter().map(|b| b.num_rows()).sum();
-                let written = sink
-                    .write(SinkWrite {
-                        query: &self.ctx.query_code,
-                        run: &self.ctx.run,
-                        epoch: header.epoch,
-                        member: self.ctx.member,
-                        schema,
-                        batches,
-                        offsets: header.offsets.clone(),
-                        last: header.last,
+                let written = self
+                    .watched_sink_write(out, || {
+                        out.sink.write(SinkWrite {
+                            query: &self.ctx.query_code,
+                            run: &self.ctx.run,
+                            epoch: header.epoch,
+                            member: self.ctx.member,
+                            schema: schema.clone(),
+                            batches: batches.clone(),
+                            offsets: header.offsets.clone(),
+                            last: header.last,
+                        })
                     })
                     .await;
                 crate::metrics::sink_write(&config.kind, rows, written.is_ok());
-                if written.is_err() {
+                if let Err(e) = &written {
                     self.tally.count(|t| t.sink_errors += 1);
+                    let text = crate::error::one_line(e);
+                    self.tally
+                        .measure(|l| l.reason("sink error", &config.kind, text));
                 }
                 written
             }
@@ -124,7 +129,7 @@ impl StageFunction {
             let bytes = p.to_json();
             let sent = bytes.len();
             crate::metrics::invocation(stage, sent);
-            let answer = invoke_with_retry(
+            let (answer, retries) = invoke_counting_retries(
                 self.env.invoker.as_ref(),
                 &target,
                 bytes,
@@ -134,6 +139,10 @@ impl StageFunction {
             )
             .await?;
             crate::usage::count_callee(sent, &answer);
+            self.tally.measure(|l| {
+                l.bytes_out += sent as u64;
+                l.retries += u64::from(retries);
+            });
         }
         Ok(())
     }

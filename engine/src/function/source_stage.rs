@@ -39,6 +39,7 @@ impl StageFunction {
         let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
         let mut offsets = vec![];
         let mut events = 0u64;
+        let mut lag: Option<u64> = None;
         let mut watermark = WatermarkMin::default();
         let (mut drained, mut finished) = (true, true);
         let spec = EpochSpec {
@@ -83,7 +84,14 @@ impl StageFunction {
             .map_err(|e| source_err(&r.table, e))?;
             events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
             self.tally.count(|t| t.dead_letters += mb.dead_letters);
+            if let Some(reason) = &mb.dead_letter_reason {
+                self.tally
+                    .measure(|l| l.reason("dead letter", &r.table, reason.clone()));
+            }
             let progress = mb.progress();
+            for l in progress.iter().filter_map(|p| p.lag) {
+                *lag.get_or_insert(0) += l;
+            }
             crate::metrics::source_pull(&r.table, &progress, |p| {
                 p.batches
                     .iter()
@@ -151,6 +159,11 @@ impl StageFunction {
             last: t.last,
             checkpoint: t.checkpoint,
         };
+        let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
+        self.tally.measure(|l| {
+            l.watermark_ms = watermark_ms.or(l.watermark_ms);
+            l.epoch = Some(t.epoch);
+        });
         // A changelog table's rows run through the plan by kind.
         let by_kind = self
             .readers
@@ -207,6 +220,8 @@ impl StageFunction {
             rows_out,
             drained,
             finished,
+            lag,
+            watermark_ms,
             ..Default::default()
         })
     }
@@ -262,7 +277,7 @@ impl StageFunction {
         let previous = spec.epoch - 1;
         let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
         self.tally
-            .counted_before(object.as_ref().and_then(|o| o.tally));
+            .counted_before(object.as_ref().and_then(|o| o.tally.clone()));
         let entry = object.and_then(|o| o.offsets).ok_or_else(|| {
             EngineError::Context(format!(
                 "{}: the offsets log in {} has no epoch {previous}, so epoch {} cannot \

@@ -21,6 +21,9 @@ use crate::updating::keyed::concat;
 use crate::updating::split::CORE_OUTPUT;
 use crate::updating::state::Due;
 
+/// Partial rows of one key past which an updating stage merges them.
+const MERGE_AT_ROWS: usize = 8;
+
 /// A changelog as it leaves a stage: per output partition, its batches.
 type Parts = Vec<Vec<RecordBatch>>;
 
@@ -53,11 +56,16 @@ impl StageFunction {
             .updating
             .as_mut()
             .ok_or_else(|| EngineError::Context(format!("{}: no updating state", self.name)))?;
+        u.begin_epoch(epoch);
         for (edge, batches) in input.edges {
             let updating = updating_edges.get(&edge).copied().unwrap_or(false);
             for b in batches {
                 u.take_input(edge, b, updating)?;
             }
+        }
+        let expired = u.expire()?;
+        if expired > 0 {
+            tracing::debug!(stage = %self.name, rows = expired, "state TTL expired rows");
         }
         let emit_now = input.last || epoch.is_multiple_of(spec.emit_every.max(1));
         let due = if emit_now { u.take_due() } else { Due::Nothing };
@@ -81,7 +89,22 @@ impl StageFunction {
                 let result = self.execute(&core).await?;
                 let schema = plan.core.schema();
                 let result = concat(&schema, &result.into_iter().flatten().collect::<Vec<_>>())?;
-                Some(u.emit(due, result)?)
+                let changes = u.emit(due, result)?;
+                // Partial aggregates of a key pile up one per epoch it is
+                // touched: merged into one once there are a few.
+                for (edge, compactor) in &self.compactors {
+                    let keys = u.to_merge(*edge, due, MERGE_AT_ROWS);
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    let rows = u.rows_of(*edge, &keys)?;
+                    let merged = compactor
+                        .merge(vec![rows.clone()], self.task_ctx.clone())
+                        .await?;
+                    let schema = rows.schema();
+                    u.replace(*edge, &keys, concat(&schema, &merged)?)?;
+                }
+                Some(changes)
             }
         };
         crate::metrics::state_bytes(&self.name, u.bytes());

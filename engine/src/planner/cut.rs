@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -13,10 +12,11 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 
+use super::classify::is_stateful;
 use crate::context::StageMode;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::exec::recompute;
-use crate::exec::{SourceScanExec, StageInput, StageInputExec, rewrite_leaves};
+use crate::exec::{SourceScanExec, StageInput, StageInputExec};
 
 use super::*;
 
@@ -90,7 +90,14 @@ impl Cutter {
         }
         if let Some(m) = plan.downcast_ref::<SortPreservingMergeExec>() {
             let (expr, fetch) = (m.expr().clone(), m.fetch());
-            let leaf = self.gather(m.input().clone(), found)?;
+            // The merge becomes a whole sort in the function it gathers
+            // into, so sorting each partition before sending is work (and
+            // state, across epochs) for nothing.
+            let input = match m.input().downcast_ref::<SortExec>() {
+                Some(sort) if sort.preserve_partitioning() => sort.input().clone(),
+                _ => m.input().clone(),
+            };
+            let leaf = self.gather(input, found)?;
             return Ok(Arc::new(SortExec::new(expr, leaf).with_fetch(fetch)));
         }
         if let Some(scan) = plan.downcast_ref::<SourceScanExec>() {
@@ -191,30 +198,17 @@ impl Cutter {
             .any(|(up, _)| pred(&self.stages[up]) || self.any_upstream(*up, pred))
     }
 
+    /// Splits a stage that reads sources beside its state: each largest
+    /// stateless part over one source scan (the scan with its filters and
+    /// projections, which so run where the rows are read) becomes a
+    /// source stage of its own that gathers into this one.
     pub(super) fn split_scans(&mut self, id: u32) -> Result<()> {
         let stage = self.stages.remove(&id).expect("stage");
         let mut inputs = stage.inputs.clone();
         let mut new_stages = vec![];
-        let plan = replace_source_leaves(&stage.plan, &mut |leaf, schema| {
-            self.next_id += 1;
-            let scan_id = self.next_id;
-            let source = stage
-                .sources
-                .iter()
-                .find(|s| matches!(&leaf.input, StageInput::Source { table, .. } if *table == s.table))
-                .cloned()
-                .expect("leaf of a known source");
-            let plan = Arc::new(StageInputExec::new(leaf.input.clone(), schema.clone()));
-            let mut scan = Stage::as_cut(scan_id, plan, vec![], vec![source], Exchange::Single);
-            scan.consumer = Some(id);
-            new_stages.push(scan);
-            inputs.push((scan_id, Exchange::Single));
-            Arc::new(StageInputExec::new(
-                StageInput::Shuffle {
-                    shuffle_id: scan_id,
-                },
-                schema,
-            ))
+        let plan = self.cut_stateless_scans(&stage.plan, &stage.sources, id, &mut |s| {
+            inputs.push((s.id, Exchange::Single));
+            new_stages.push(s);
         })?;
         for s in new_stages {
             self.stages.insert(s.id, s);
@@ -230,18 +224,68 @@ impl Cutter {
         );
         Ok(())
     }
+
+    fn cut_stateless_scans(
+        &mut self,
+        plan: &Arc<dyn ExecutionPlan>,
+        sources: &[SourceLeaf],
+        consumer: u32,
+        found: &mut dyn FnMut(Stage),
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut tables = vec![];
+        let shuffles = leaf_inputs(plan, &mut tables);
+        if !is_stateful(plan) && tables.len() == 1 && shuffles == 0 {
+            self.next_id += 1;
+            let scan_id = self.next_id;
+            let source = sources
+                .iter()
+                .find(|s| s.table == tables[0])
+                .cloned()
+                .expect("leaf of a known source");
+            let mut scan = Stage::as_cut(
+                scan_id,
+                plan.clone(),
+                vec![],
+                vec![source],
+                Exchange::Single,
+            );
+            scan.consumer = Some(consumer);
+            found(scan);
+            return Ok(Arc::new(StageInputExec::new(
+                StageInput::Shuffle {
+                    shuffle_id: scan_id,
+                },
+                plan.schema(),
+            )));
+        }
+        if plan.children().is_empty() {
+            return Ok(plan.clone());
+        }
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|c| self.cut_stateless_scans(c, sources, consumer, found))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(plan.clone().replace_children(children, recompute())?)
+    }
 }
 
-pub(super) fn replace_source_leaves(
-    plan: &Arc<dyn ExecutionPlan>,
-    f: &mut dyn FnMut(&StageInputExec, SchemaRef) -> Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    rewrite_leaves::<EngineError>(plan, &mut |leaf, node| {
-        Ok(match leaf.input {
-            StageInput::Source { .. } => f(leaf, node.schema()),
-            StageInput::Shuffle { .. } => node.clone(),
-        })
-    })
+/// The source tables read under `plan` (into `tables`) and how many
+/// exchange leaves it has.
+fn leaf_inputs(plan: &Arc<dyn ExecutionPlan>, tables: &mut Vec<String>) -> usize {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
+        return match &leaf.input {
+            StageInput::Source { table, .. } => {
+                tables.push(table.clone());
+                0
+            }
+            StageInput::Shuffle { .. } => 1,
+        };
+    }
+    plan.children()
+        .into_iter()
+        .map(|c| leaf_inputs(c, tables))
+        .sum()
 }
 
 impl Stage {

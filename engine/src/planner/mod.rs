@@ -308,6 +308,7 @@ pub async fn plan_query(
             datafusion::error::DataFusionError::Context(_, cause) => *cause,
             e => e,
         })?;
+    let physical = window_edges::project_group_keys(physical)?;
     let output_schema = physical.schema();
     let mut cutter = Cutter::default();
     cutter.build_stage(physical, Exchange::Sink, false)?;
@@ -336,6 +337,9 @@ pub async fn plan_query(
         logical,
         ordered,
     };
+    for warning in plan.unbounded_joins(options.state_ttl) {
+        tracing::warn!("{warning}");
+    }
     if let (Some(table), true) = (&sink_table, plan.updates()) {
         let registry = ctx
             .state()
@@ -503,19 +507,19 @@ impl QueryPlan {
     }
 
     fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {
+        let epoch = crate::interval::effective_interval(options.interval, self)?;
+        let epochs = |d: std::time::Duration| {
+            (d.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
+                .ceil()
+                .max(1.0) as u64
+        };
         let emit_every = match self.sink.options.get(EMIT_INTERVAL_OPTION) {
             None => 1,
-            Some(text) => {
-                let emit = crate::interval::parse_duration(text).map_err(|e| {
-                    EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
-                })?;
-                let epoch = crate::interval::effective_interval(options.interval, self)?;
-                (emit.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
-                    .ceil()
-                    .max(1.0) as u64
-            }
+            Some(text) => epochs(crate::interval::parse_duration(text).map_err(|e| {
+                EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
+            })?),
         };
-        let mut ttl_ms = vec![];
+        let mut ttl_epochs = vec![];
         for tables in &s.input_tables {
             let mut ttl: Option<std::time::Duration> = None;
             for t in tables {
@@ -523,9 +527,12 @@ impl QueryPlan {
                     ttl = Some(ttl.map_or(d, |x| x.min(d)));
                 }
             }
-            ttl_ms.push(ttl.or(options.state_ttl).map(|d| d.as_millis() as u64));
+            ttl_epochs.push(ttl.or(options.state_ttl).map(epochs));
         }
-        Ok(UpdatingSpec { emit_every, ttl_ms })
+        Ok(UpdatingSpec {
+            emit_every,
+            ttl_epochs,
+        })
     }
 
     fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {

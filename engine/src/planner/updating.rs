@@ -337,3 +337,45 @@ fn stateful_operator(plan: &Arc<dyn ExecutionPlan>) -> String {
         .map(stateful_operator)
         .unwrap_or_else(|| "a stateful operator".into())
 }
+
+impl QueryPlan {
+    /// The joins of two streams that keep every row for ever: an updating
+    /// stage with a join whose input tables set no `'state.ttl'` (and the
+    /// run gives no default). Each as a line naming the tables.
+    pub fn unbounded_joins(&self, default_ttl: Option<std::time::Duration>) -> Vec<String> {
+        use datafusion::physical_plan::joins::{
+            HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec,
+        };
+        fn has_join(plan: &Arc<dyn ExecutionPlan>) -> bool {
+            plan.downcast_ref::<HashJoinExec>().is_some()
+                || plan.downcast_ref::<SortMergeJoinExec>().is_some()
+                || plan.downcast_ref::<NestedLoopJoinExec>().is_some()
+                || plan.children().into_iter().any(has_join)
+        }
+        if default_ttl.is_some() {
+            return vec![];
+        }
+        let mut out = vec![];
+        for s in &self.stages {
+            if s.mode != StageMode::Updating || !has_join(&s.plan) {
+                continue;
+            }
+            let unbounded: Vec<&str> = s
+                .input_tables
+                .iter()
+                .flatten()
+                .filter(|t| !t.config.options.contains_key(super::STATE_TTL_OPTION))
+                .map(|t| t.table.as_str())
+                .collect();
+            if !unbounded.is_empty() {
+                out.push(format!(
+                    "the join in stage {} keeps every row of {} for as long as the query runs: \
+                     set 'state.ttl' on the table (or --state-ttl) to bound its state",
+                    s.id,
+                    unbounded.join(" and ")
+                ));
+            }
+        }
+        out
+    }
+}

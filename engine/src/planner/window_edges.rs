@@ -129,3 +129,80 @@ pub(super) fn leaf_schema(plan: &Arc<dyn ExecutionPlan>, shuffle: u32) -> Option
         .into_iter()
         .find_map(|c| leaf_schema(c, shuffle))
 }
+
+/// Every one-step aggregate (`Single`, `SinglePartitioned`: DataFusion
+/// plans them where its input needs no exchange, at group size 1 for one)
+/// whose group key holds expressions gets a projection below it that
+/// computes them as columns. So a window start (`tumble(ts, ...)`) exists
+/// as a column before the stage that aggregates: a stateful stage that
+/// reads a source directly is split at the top of its stateless part, and
+/// its edge then carries the window the stage waits on.
+pub(super) fn project_group_keys(
+    plan: Arc<dyn ExecutionPlan>,
+) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+    use datafusion::physical_expr::PhysicalExpr;
+    use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
+    use datafusion::physical_plan::projection::ProjectionExec;
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|c| project_group_keys(c.clone()))
+        .collect::<datafusion::common::Result<Vec<_>>>()?;
+    let plan = if children.is_empty() {
+        plan
+    } else {
+        plan.replace_children(children, crate::exec::recompute())?
+    };
+    let Some(agg) = plan.downcast_ref::<AggregateExec>() else {
+        return Ok(plan);
+    };
+    let one_step = matches!(
+        agg.mode(),
+        AggregateMode::Single | AggregateMode::SinglePartitioned
+    );
+    let computed = agg
+        .group_expr()
+        .expr()
+        .iter()
+        .any(|(e, _)| e.downcast_ref::<Column>().is_none());
+    if !one_step || !computed || !agg.group_expr().is_single() {
+        return Ok(plan);
+    }
+    let input = agg.input().clone();
+    let schema = input.schema();
+    let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            (
+                Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
+                f.name().clone(),
+            )
+        })
+        .collect();
+    let mut group_by = vec![];
+    for (e, name) in agg.group_expr().expr() {
+        if e.downcast_ref::<Column>().is_some() {
+            group_by.push((e.clone(), name.clone()));
+            continue;
+        }
+        let column = format!("__skein_key_{}", exprs.len());
+        let index = exprs.len();
+        exprs.push((e.clone(), column.clone()));
+        group_by.push((
+            Arc::new(Column::new(&column, index)) as Arc<dyn PhysicalExpr>,
+            name.clone(),
+        ));
+    }
+    let projected: Arc<dyn ExecutionPlan> = Arc::new(ProjectionExec::try_new(exprs, input)?);
+    let rows = projected.schema();
+    Ok(Arc::new(AggregateExec::try_new(
+        *agg.mode(),
+        PhysicalGroupBy::new_single(group_by),
+        agg.aggr_expr().to_vec(),
+        agg.filter_expr().to_vec(),
+        projected,
+        rows,
+    )?))
+}

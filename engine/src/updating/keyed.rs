@@ -120,6 +120,19 @@ impl KeyedRows {
         self.index.len()
     }
 
+    /// Every key kept.
+    pub fn keys(&self) -> impl Iterator<Item = &Key> {
+        self.index.keys()
+    }
+
+    /// Those of `keys` that have at least `rows` rows.
+    pub fn crowded(&self, keys: &HashSet<Key>, rows: usize) -> HashSet<Key> {
+        keys.iter()
+            .filter(|k| self.index.get(*k).is_some_and(|s| s.len() >= rows))
+            .cloned()
+            .collect()
+    }
+
     /// Bytes of the batches the rows are kept in (taken-back rows included
     /// until a compaction).
     pub fn bytes(&self) -> usize {

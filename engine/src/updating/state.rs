@@ -2,7 +2,7 @@
 //! emitted by key; the changes it made since its last checkpoint, so a
 //! checkpoint writes those rather than everything.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use datafusion::arrow::array::{Int8Array, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
@@ -44,6 +44,13 @@ pub struct UpdatingState {
     journal: Option<Vec<Change>>,
     /// Retractions that named no kept row, since the start.
     unmatched: u64,
+    /// Per edge with a state TTL: how many epochs a key's rows stay after
+    /// the edge last had a row of that key.
+    ttl: BTreeMap<u32, u64>,
+    /// Per such edge, the epoch each key last had a row.
+    touched: BTreeMap<u32, HashMap<Key, u64>>,
+    /// The epoch being run.
+    epoch: u64,
 }
 
 impl UpdatingState {
@@ -66,7 +73,70 @@ impl UpdatingState {
             pending_all: false,
             journal: None,
             unmatched: 0,
+            ttl: BTreeMap::new(),
+            touched: BTreeMap::new(),
+            epoch: 0,
         })
+    }
+
+    /// Keep the rows of `edge` for `epochs` epochs after the edge last had
+    /// a row of their key.
+    pub fn set_ttl(&mut self, edge: u32, epochs: u64) {
+        self.ttl.insert(edge, epochs);
+        self.touched.entry(edge).or_default();
+    }
+
+    /// The epoch whose input comes next.
+    pub fn begin_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// Drop the rows of keys whose TTL ran out, and what was emitted for
+    /// those keys, without retracting it: a key whose state expired starts
+    /// afresh, and its result stays in the sink until its next row (see
+    /// docs/updating.md). Returns the rows dropped.
+    pub fn expire(&mut self) -> Result<usize> {
+        let mut dropped = 0;
+        let mut gone: HashSet<Key> = HashSet::new();
+        for (edge, ttl) in &self.ttl {
+            let Some(touched) = self.touched.get_mut(edge) else {
+                continue;
+            };
+            let old: HashSet<Key> = touched
+                .iter()
+                .filter(|(_, t)| self.epoch.saturating_sub(**t) > *ttl)
+                .map(|(k, _)| k.clone())
+                .collect();
+            if old.is_empty() {
+                continue;
+            }
+            touched.retain(|k, _| !old.contains(k));
+            let rows = self.edges.get_mut(edge).expect("edge with a TTL");
+            let expired = rows.gather(&old)?;
+            dropped += expired.num_rows();
+            rows.remove_keys(&old);
+            if let Some(j) = &mut self.journal {
+                j.push(Change::Rows {
+                    edge: *edge,
+                    batch: changelog::tag(&expired, RETRACT)?,
+                });
+            }
+            gone.extend(old);
+        }
+        if !gone.is_empty() {
+            let emitted = self.emitted.gather(&gone)?;
+            self.emitted.remove_keys(&gone);
+            if let Some(j) = &mut self.journal {
+                j.push(Change::Rows {
+                    edge: EMITTED,
+                    batch: changelog::tag(&emitted, RETRACT)?,
+                });
+            }
+            for k in &gone {
+                self.pending.remove(k);
+            }
+        }
+        Ok(dropped)
     }
 
     /// Take an epoch's batch of one edge: a changelog, or (`updating`
@@ -96,8 +166,17 @@ impl UpdatingState {
             .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
         let (retract, insert) = changelog::split(batch)?;
         if touch {
-            self.pending.extend(rows.keys_of(&insert)?);
-            self.pending.extend(rows.keys_of(&retract)?);
+            let keys: Vec<Key> = rows
+                .keys_of(&insert)?
+                .into_iter()
+                .chain(rows.keys_of(&retract)?)
+                .collect();
+            if let Some(touched) = self.touched.get_mut(&edge) {
+                for k in &keys {
+                    touched.insert(k.clone(), self.epoch);
+                }
+            }
+            self.pending.extend(keys);
         }
         // A retraction names a row sent before it, possibly in this batch.
         rows.insert(insert)?;
@@ -160,6 +239,48 @@ impl UpdatingState {
         Ok((retract, insert))
     }
 
+    /// Keys of `due` whose rows on `edge` are many enough to merge.
+    pub fn to_merge(&self, edge: u32, due: &Due, rows: usize) -> HashSet<Key> {
+        match (due, self.edges.get(&edge)) {
+            (Due::Keys(keys), Some(kept)) => kept.crowded(keys, rows),
+            (Due::All, Some(kept)) => {
+                let all: HashSet<Key> = kept.keys().cloned().collect();
+                kept.crowded(&all, rows)
+            }
+            _ => HashSet::new(),
+        }
+    }
+
+    /// The schema of `edge`'s rows.
+    pub fn edge_schema(&self, edge: u32) -> Option<SchemaRef> {
+        self.edges.get(&edge).map(|r| r.schema().clone())
+    }
+
+    /// The rows of `keys` on `edge`, for a merge.
+    pub fn rows_of(&self, edge: u32, keys: &HashSet<Key>) -> Result<RecordBatch> {
+        self.edges[&edge].gather(keys)
+    }
+
+    /// Replace the rows of `keys` on `edge` with `merged` (partial
+    /// aggregates merged into one row per key: the same state in fewer
+    /// rows).
+    pub fn replace(&mut self, edge: u32, keys: &HashSet<Key>, merged: RecordBatch) -> Result<()> {
+        let rows = self
+            .edges
+            .get_mut(&edge)
+            .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
+        let old = rows.gather(keys)?;
+        rows.remove_keys(keys);
+        if let Some(j) = &mut self.journal {
+            j.push(Change::Rows {
+                edge,
+                batch: changes(&old, &merged)?,
+            });
+        }
+        rows.insert(merged)?;
+        rows.compact_if_sparse()
+    }
+
     /// Rows kept over every input edge.
     pub fn rows(&self) -> usize {
         self.edges.values().map(KeyedRows::len).sum()
@@ -212,14 +333,16 @@ impl UpdatingState {
     }
 
     /// Take back a whole state ([`UpdatingState::whole`]) and then the
-    /// changes written on it, in order. What was pending when it was saved
+    /// changes written on it, in order, as of the end of epoch `as_of`. What was pending when it was saved
     /// is not known: the next emission computes every key (keys that did
     /// not change give no change).
     pub fn restore(
         &mut self,
         whole: BTreeMap<u32, Vec<RecordBatch>>,
         changes: Vec<Vec<Change>>,
+        as_of: u64,
     ) -> Result<()> {
+        self.epoch = as_of;
         for rows in self.edges.values_mut() {
             rows.clear();
         }
@@ -243,6 +366,13 @@ impl UpdatingState {
         self.pending_all = true;
         if let Some(j) = &mut self.journal {
             j.clear();
+        }
+        // When each key was last touched is not saved: from now.
+        for (edge, touched) in self.touched.iter_mut() {
+            touched.clear();
+            if let Some(rows) = self.edges.get(edge) {
+                touched.extend(rows.keys().map(|k| (k.clone(), self.epoch)));
+            }
         }
         Ok(())
     }

@@ -11,14 +11,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer as _};
 use skein_engine::Result;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::SinkWrite;
 use tokio::sync::Mutex;
 
 use super::offsets_topic::{member_markers, read_latest};
-use super::{KafkaSink, await_deliveries, ensure_topic, producer_config, send_rows, sink_error};
+use super::reporting::ReportingContext;
+use super::{
+    KafkaSink, Producer, await_deliveries, ensure_topic, producer_config, send_rows, sink_error,
+};
 use crate::epochs::{Runs, is_replay, marker_field, marker_name};
 use crate::error::ConnectorError;
 
@@ -35,7 +38,8 @@ pub(super) struct ExactlyOnce {
 }
 
 struct TransactionalWriter {
-    producer: FutureProducer,
+    producer: Producer,
+    context: ReportingContext,
     /// run -> the last epoch this member committed in it.
     committed: BTreeMap<String, u64>,
 }
@@ -70,6 +74,8 @@ impl ExactlyOnce {
             *slot = Some(self.open(sink, name, write.member).await?);
         }
         let writer = slot.as_mut().expect("opened above");
+        let context = writer.context.clone();
+        let _reporting = context.during_write();
         if is_replay(writer.committed.get(run).copied(), write.epoch) {
             tracing::debug!(epoch = write.epoch, member = write.member, topic = %sink.topic, "replayed epoch: nothing to write");
             return Ok(());
@@ -146,14 +152,6 @@ impl ExactlyOnce {
     async fn open(&self, sink: &KafkaSink, name: &str, member: u32) -> Result<TransactionalWriter> {
         let topic = sink.topic.as_str();
         let brokers = sink.options["bootstrap.servers"].clone();
-        ensure_topic(
-            &brokers,
-            &self.offsets_topic,
-            1,
-            &[("cleanup.policy", "compact")],
-        )
-        .await
-        .map_err(|e| sink_error(topic, e))?;
         let mut config = producer_config(&sink.options);
         // librdkafka wants message.timeout.ms <= transaction.timeout.ms.
         if !sink.options.contains_key("transaction.timeout.ms") {
@@ -172,9 +170,20 @@ impl ExactlyOnce {
                 Duration::from_millis(ms) + Duration::from_secs(30)
             });
         config.set("transactional.id", format!("skein-{name}-{member}"));
-        let producer: FutureProducer = config
-            .create()
+        // Made before the admin client's wait below: the producer's polling
+        // thread is what delivers a refused connection to the sink's health.
+        let context = ReportingContext::for_this_write();
+        let producer: Producer = config
+            .create_with_context(context.clone())
             .map_err(|e| sink_error(topic, ConnectorError::kafka("creating the producer", e)))?;
+        ensure_topic(
+            &brokers,
+            &self.offsets_topic,
+            1,
+            &[("cleanup.policy", "compact")],
+        )
+        .await
+        .map_err(|e| sink_error(topic, e))?;
         let p = producer.clone();
         tokio::task::spawn_blocking(move || p.init_transactions(TRANSACTION_TIMEOUT))
             .await
@@ -189,6 +198,7 @@ impl ExactlyOnce {
         .map_err(|e| sink_error(topic, e))?;
         Ok(TransactionalWriter {
             producer,
+            context,
             committed: member_markers(&records, member),
         })
     }

@@ -1,0 +1,315 @@
+// The Skein page: the query list (#/) and one query (#/q/<backend>/<code>),
+// drawn from the JSON API every 2 s without a reload. Plain DOM and SVG; no
+// library, no build step.
+"use strict";
+
+const POLL_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+let timer = null;
+let loads = 0;
+
+// ---------- formatting ----------
+
+function num(v, digits = 0) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  if (a >= 1e9) return (v / 1e9).toFixed(2) + "G";
+  if (a >= 1e6) return (v / 1e6).toFixed(2) + "M";
+  if (a >= 1e4) return (v / 1e3).toFixed(1) + "k";
+  return v.toLocaleString("en-US", { maximumFractionDigits: digits });
+}
+function bytes(v) {
+  if (v === null || v === undefined) return "–";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  return (i === 0 ? v.toFixed(0) : v.toFixed(1)) + " " + units[i];
+}
+function ms(v) {
+  if (v === null || v === undefined) return "–";
+  if (Math.abs(v) >= 86400000) return (v / 86400000).toFixed(1) + " d";
+  if (Math.abs(v) >= 3600000) return (v / 3600000).toFixed(1) + " h";
+  if (Math.abs(v) >= 60000) return (v / 60000).toFixed(1) + " min";
+  if (Math.abs(v) >= 1000) return (v / 1000).toFixed(1) + " s";
+  return v.toFixed(1) + " ms";
+}
+function usd(v) {
+  if (v === null || v === undefined) return "–";
+  return "$" + (v >= 0.01 ? v.toFixed(2) : v.toPrecision(2));
+}
+function time(t) {
+  return t ? new Date(t).toLocaleTimeString("en-GB") : "–";
+}
+function esc(s) {
+  return String(s ?? "").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+}
+function stateBadge(state) {
+  return `<span class="state ${esc(state)}">${esc(state)}</span>`;
+}
+
+// ---------- loading ----------
+
+async function getJson(url, options) {
+  const r = await fetch(url, options);
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+}
+
+function route() {
+  const m = location.hash.match(/^#\/q\/(local|lambda)\/([^/]+)$/);
+  return m ? { backend: m[1], code: decodeURIComponent(m[2]) } : null;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  const q = route();
+  try {
+    if (q) {
+      const d = await getJson(`/api/queries/${q.backend}/${encodeURIComponent(q.code)}`);
+      if (route() && route().code === q.code) renderQuery(d);
+    } else {
+      const l = await getJson("/api/queries");
+      if (!route()) renderList(l);
+    }
+    loads++;
+    document.body.dataset.loads = String(loads);
+    document.getElementById("updated").textContent = new Date().toLocaleTimeString("en-GB");
+  } catch (e) {
+    document.getElementById("main").innerHTML = `<div class="card error" id="load-error">${esc(e.message)}</div>`;
+  }
+  timer = setTimeout(refresh, POLL_MS);
+}
+
+window.addEventListener("hashchange", () => {
+  document.getElementById("main").innerHTML = '<p class="muted">Loading…</p>';
+  loads = 0;
+  document.body.dataset.loads = "0";
+  refresh();
+});
+
+// ---------- the list ----------
+
+function renderList(l) {
+  document.getElementById("crumbs").textContent = "queries";
+  const rows = l.queries.map((q) => `
+    <tr class="query" data-id="${esc(q.id)}" data-state="${esc(q.state)}" onclick="location.hash='#/q/${esc(q.id)}'">
+      <td><code>${esc(q.query_code)}</code></td>
+      <td>${esc(q.backend)}</td>
+      <td data-field="state">${stateBadge(q.state)}${q.error ? `<div class="error wrap">${esc(q.error)}</div>` : ""}</td>
+      <td class="wrap">${esc(q.title)}</td>
+      <td class="num" data-field="lag">${num(q.lag)}</td>
+      <td class="num" data-field="watermark_delay">${ms(q.watermark_delay_ms)}</td>
+      <td class="num" data-field="events_per_s">${num(q.events_per_s, 1)}</td>
+      <td class="num" data-field="cost">${usd(q.usd_per_million_events)}</td>
+      <td class="num">${q.committed_epoch ?? "–"}</td>
+    </tr>`).join("");
+  const lambda = l.lambda.store
+    ? (l.lambda.error ? `<p class="error">Lambda (${esc(l.lambda.store)}): ${esc(l.lambda.error)}</p>`
+                      : `<p class="muted">Lambda: queries deployed with the store ${esc(l.lambda.store)}.</p>`)
+    : `<p class="muted">Lambda: not asked (no AWS endpoint or region in the environment).</p>`;
+  document.getElementById("main").innerHTML = `
+    <div class="card">
+      <h2>Queries</h2>
+      <table id="queries">
+        <thead><tr><th>query</th><th>backend</th><th>state</th><th>SQL</th><th class="num">lag (records)</th>
+        <th class="num">watermark delay</th><th class="num">events/s</th><th class="num">$ / M events</th><th class="num">committed</th></tr></thead>
+        <tbody>${rows || '<tr><td colspan="9" class="muted">No queries: run one with <code>skein run</code> or deploy one with <code>skein deploy</code>.</td></tr>'}</tbody>
+      </table>
+      ${lambda}
+      <p class="muted">$ / M events: what the query used (invocations, billed time, checkpoint requests) at Lambda arm64 prices.</p>
+    </div>`;
+}
+
+// ---------- one query ----------
+
+function stat(id, k, v) {
+  return `<div class="stat"><div class="v" id="${id}">${v}</div><div class="k">${k}</div></div>`;
+}
+
+function renderQuery(d) {
+  document.getElementById("crumbs").textContent = `${d.backend} / ${d.query_code}`;
+  const main = document.getElementById("main");
+  if (!main.querySelector("#query")) {
+    main.innerHTML = `
+      <div id="query">
+        <div class="card"><div class="stats" id="stats"></div><div id="controls"></div></div>
+        <div class="card graph"><h2>Stages</h2><svg id="graph"></svg></div>
+        <div class="grid">
+          <div class="card"><h2>Events per second</h2><svg id="chart-events" class="chart"></svg></div>
+          <div class="card"><h2>Lag (records)</h2><svg id="chart-lag" class="chart"></svg></div>
+          <div class="card"><h2>Epoch duration</h2><svg id="chart-epoch" class="chart"></svg></div>
+        </div>
+        <div class="card" style="margin-top:14px"><h2>Stages, measured</h2><div id="stages"></div></div>
+        <div class="grid">
+          <div class="card"><h2>Lag per partition</h2><div id="partitions"></div></div>
+          <div class="card"><h2>Checkpoints</h2><div id="checkpoints"></div></div>
+        </div>
+        <div class="card" style="margin-top:14px"><h2>Late rows, dead letters, sink errors</h2><div id="set-aside"></div></div>
+        <div class="grid">
+          <div class="card"><h2>SQL</h2><pre id="sql"></pre></div>
+          <div class="card"><h2>Explain</h2><pre id="explain"></pre></div>
+        </div>
+      </div>`;
+  }
+  document.getElementById("stats").innerHTML =
+    `<div class="stat"><div class="v" id="state" data-state="${esc(d.state)}">${stateBadge(d.state)}</div><div class="k">${esc(d.backend)}${d.schedule ? " · schedule " + esc(d.schedule) : ""}</div></div>` +
+    stat("lag", "lag (records)", num(d.lag)) +
+    stat("events-per-s", "events/s", num(d.events_per_s, 1)) +
+    stat("watermark-delay", "watermark behind now", ms(d.watermark_delay_ms)) +
+    stat("cost", "$ per million events (Lambda arm64)", usd(d.usd_per_million_events)) +
+    stat("epoch", "epoch run / committed", `${d.last_epoch ?? "–"} / ${d.committed_epoch ?? "–"}`) +
+    stat("state-bytes", "state held", bytes(d.state_bytes)) +
+    stat("events", "events since start", num(d.totals.events));
+  const errors = [d.error && `last error: ${d.error}`, d.plan_error && `plan: ${d.plan_error}`].filter(Boolean);
+  document.getElementById("controls").innerHTML =
+    (errors.length ? `<p class="error" id="query-error">${errors.map(esc).join("<br>")}</p>` : "") +
+    (d.controls
+      ? `<p><button class="stop" id="stop" ${d.schedule === "DISABLED" ? "disabled" : ""}>Stop</button>
+         <button class="start" id="start" ${d.schedule === "ENABLED" ? "disabled" : ""}>Start</button>
+         <span class="muted">What <code>skein stop</code> / <code>skein start</code> do: the schedule is disabled or enabled; state is kept.</span></p>`
+      : "");
+  for (const [id, action] of [["stop", "stop"], ["start", "start"]]) {
+    const b = document.getElementById(id);
+    if (b) b.onclick = () => control(d, action);
+  }
+  if (d.graph) drawGraph(document.getElementById("graph"), d.graph);
+  drawChart(document.getElementById("chart-events"), d.series.map((p) => [p.t, p.events_per_s]), (v) => num(v, 1));
+  drawChart(document.getElementById("chart-lag"), d.series.map((p) => [p.t, p.lag]), (v) => num(v));
+  drawChart(document.getElementById("chart-epoch"), d.series.map((p) => [p.t, p.epoch_ms]), ms);
+  document.getElementById("stages").innerHTML = d.graph ? table(
+    ["stage", "kind", "functions", "invocations", "p50", "p99", "retries", "state", "watermark", "behind now", "epoch"],
+    d.graph.nodes.filter((n) => n.id !== "sink").map((n) => [
+      esc(n.label), esc(n.kind), n.functions.map((f) => `<code>${esc(f)}</code>`).join("<br>"),
+      num(n.invocations), ms(n.p50_ms), ms(n.p99_ms), num(n.retries), bytes(n.state_bytes),
+      time(n.watermark_ms), ms(n.watermark_delay_ms), n.epoch ?? "–"]),
+    [3, 4, 5, 6, 7, 9, 10], "stages-table") : `<p class="muted">No plan.</p>`;
+  document.getElementById("partitions").innerHTML =
+    (d.partitions_error ? `<p class="error">${esc(d.partitions_error)}</p>` : "") +
+    table(["source", "partition", "committed", "latest", "lag", "behind"],
+      d.partitions.map((p) => [esc(p.source), p.partition, num(p.committed), num(p.latest), num(p.lag), ms(p.behind_ms)]),
+      [2, 3, 4, 5], "partitions-table");
+  document.getElementById("checkpoints").innerHTML = table(
+    ["epoch", "at", "duration", "bytes", "requests"],
+    d.checkpoints.map((c) => [c.epoch, time(c.at_ms), ms(c.duration_ms), bytes(c.bytes), num(c.requests)]),
+    [2, 3, 4], "checkpoints-table");
+  const s = d.set_aside;
+  document.getElementById("set-aside").innerHTML =
+    `<div class="stats">${stat("late-rows", "late rows", num(s.late_rows))}${stat("dead-letters", "dead letters", num(s.dead_letters))}${stat("sink-errors", "sink errors", num(s.sink_errors))}</div>` +
+    table(["at", "kind", "table", "reason"], d.reasons.map((r) => [time(r.at_ms), esc(r.kind), esc(r.table), esc(r.text)]), [], "reasons-table");
+  setText("sql", d.sql ?? "(not recorded)");
+  setText("explain", d.explain ?? "(no plan)");
+}
+
+function setText(id, text) {
+  const el = document.getElementById(id);
+  if (el.textContent !== text) el.textContent = text;
+}
+
+function table(head, rows, numeric, id) {
+  if (!rows.length) return `<p class="muted" id="${id}">None yet.</p>`;
+  const cls = (i) => (numeric.includes(i) ? ' class="num"' : "");
+  return `<table id="${id}"><thead><tr>${head.map((h, i) => `<th${cls(i)}>${h}</th>`).join("")}</tr></thead>
+    <tbody>${rows.map((r) => `<tr>${r.map((c, i) => `<td${cls(i)}>${c}</td>`).join("")}</tr>`).join("")}</tbody></table>`;
+}
+
+async function control(d, action) {
+  const verb = action === "stop" ? "Stop" : "Start";
+  if (!confirm(`${verb} query ${d.query_code}?`)) return;
+  try {
+    await getJson(`/api/queries/${d.backend}/${encodeURIComponent(d.query_code)}/${action}`, { method: "POST" });
+  } catch (e) {
+    alert(`${verb}: ${e.message}`);
+  }
+  refresh();
+}
+
+// ---------- the stage graph ----------
+
+function el(name, attrs, parent) {
+  const e = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
+function drawGraph(svg, g) {
+  const W = 250, H = 96, GAP_X = 150, GAP_Y = 28, PAD = 16;
+  // Columns by the longest path from a source.
+  const depth = {};
+  for (const n of g.nodes) depth[n.id] = 0;
+  for (let i = 0; i < g.nodes.length; i++) {
+    for (const e of g.edges) depth[e.to] = Math.max(depth[e.to], depth[e.from] + 1);
+  }
+  const columns = [];
+  for (const n of g.nodes) (columns[depth[n.id]] ||= []).push(n);
+  const pos = {};
+  const tallest = Math.max(...columns.map((c) => c.length));
+  columns.forEach((col, x) => col.forEach((n, y) => {
+    const offset = ((tallest - col.length) * (H + GAP_Y)) / 2;
+    pos[n.id] = { x: PAD + x * (W + GAP_X), y: PAD + offset + y * (H + GAP_Y) };
+  }));
+  svg.innerHTML = "";
+  svg.setAttribute("width", PAD * 2 + columns.length * W + (columns.length - 1) * GAP_X);
+  svg.setAttribute("height", PAD * 2 + tallest * H + (tallest - 1) * GAP_Y);
+  for (const e of g.edges) {
+    const a = pos[e.from], b = pos[e.to];
+    if (!a || !b) continue;
+    const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2, mx = (x1 + x2) / 2;
+    const group = el("g", { class: "edge", "data-from": e.from, "data-to": e.to }, svg);
+    el("path", { d: `M${x1},${y1} C${mx},${y1} ${mx},${y2} ${x2},${y2}` }, group);
+    el("polygon", { points: `${x2},${y2} ${x2 - 7},${y2 - 4} ${x2 - 7},${y2 + 4}`, fill: "#7a8699" }, group);
+    const lines = [e.exchange, `${num(e.rows_per_s, 1)} rows/s`];
+    if (e.bytes_per_s !== null) lines.push(`${bytes(e.bytes_per_s)}/s`);
+    const ly = (y1 + y2) / 2 - 18;
+    el("rect", { x: mx - 55, y: ly - 11, width: 110, height: 44, rx: 4 }, group);
+    lines.forEach((t, i) => {
+      const text = el("text", { x: mx, y: ly + i * 14, "text-anchor": "middle", class: i ? "rate" : "exchange" }, group);
+      text.textContent = t;
+    });
+  }
+  for (const n of g.nodes) {
+    const p = pos[n.id];
+    const group = el("g", { class: `node ${n.kind}`, "data-stage": n.id, transform: `translate(${p.x},${p.y})` }, svg);
+    el("rect", { width: W, height: H, rx: 7 }, group);
+    const lines = n.id === "sink"
+      ? [["title", "sink"], ["line", n.label]]
+      : [["title", `${n.label}`],
+         ["line", `${n.kind}${n.mode ? " · " + n.mode : ""} · ${n.functions.length} function${n.functions.length === 1 ? "" : "s"}`],
+         ["line", `p50 ${ms(n.p50_ms)} · p99 ${ms(n.p99_ms)} · retries ${num(n.retries)}`],
+         ["line", `state ${bytes(n.state_bytes)} · ${num(n.invocations)} invocations`],
+         ["line", `watermark ${n.watermark_delay_ms === null ? "–" : ms(n.watermark_delay_ms) + " behind"}`]];
+    lines.forEach(([cls, t], i) => {
+      const text = el("text", { x: 10, y: 19 + i * 17, class: cls }, group);
+      text.textContent = t.length > 40 ? t.slice(0, 39) + "…" : t;
+    });
+  }
+}
+
+// ---------- time series ----------
+
+function drawChart(svg, points, fmt) {
+  const W = 420, H = 150, L = 58, B = 22, T = 10;
+  svg.innerHTML = "";
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("width", "100%");
+  const pts = points.filter(([, v]) => v !== null && v !== undefined);
+  el("line", { x1: L, y1: H - B, x2: W - 4, y2: H - B, class: "axis" }, svg);
+  el("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }, svg);
+  if (!pts.length) {
+    el("text", { x: L + 10, y: H / 2 }, svg).textContent = "no epochs recorded yet";
+    return;
+  }
+  const t0 = pts[0][0], t1 = Math.max(pts[pts.length - 1][0], t0 + 1);
+  const vmax = Math.max(...pts.map(([, v]) => v), 1e-9);
+  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - 8);
+  const y = (v) => H - B - (v / vmax) * (H - B - T);
+  el("polyline", { points: pts.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(" ") }, svg);
+  el("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, svg).textContent = fmt(vmax);
+  el("text", { x: L - 4, y: H - B, "text-anchor": "end" }, svg).textContent = "0";
+  el("text", { x: L, y: H - 6 }, svg).textContent = time(t0);
+  el("text", { x: W - 4, y: H - 6, "text-anchor": "end" }, svg).textContent = time(t1);
+  el("text", { x: W - 4, y: T + 8, "text-anchor": "end", class: "last" }, svg).textContent = "now " + fmt(pts[pts.length - 1][1]);
+}
+
+refresh();
