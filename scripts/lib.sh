@@ -9,9 +9,11 @@ SKEIN_CACHE="${SKEIN_CACHE:-$HOME/.cache/skein}"
 KAFKA_VERSION="4.3.1"
 LOG4J_VERSION="2.25.4"
 MINISTACK_VERSION="1.5.33"
+CONFLUENT_KAFKA_VERSION="2.16.1"
 
 KAFKA_LIBS="$SKEIN_CACHE/kafka-$KAFKA_VERSION/libs"
 MINISTACK_VENV="$SKEIN_CACHE/ministack-venv"
+FORMATS_VENV="$SKEIN_CACHE/formats-venv"
 
 # Runtime state of the services this clone started (pids, logs, data).
 # Kept inside the clone so that two clones never stop each other's services.

@@ -109,32 +109,38 @@ EOF
     log "Kafka $KAFKA_VERSION: $(find "$KAFKA_LIBS" -name '*.jar' | wc -l) jars, $(du -sh "$KAFKA_LIBS" | cut -f1)"
 }
 
-# --- ministack from PyPI -----------------------------------------------------
+# --- Python packages from PyPI, each in a venv of its own ---------------------
 
-install_ministack() {
-    local have=""
-    if [[ -x "$MINISTACK_VENV/bin/python" ]]; then
-        have="$("$MINISTACK_VENV/bin/python" -m pip show ministack 2>/dev/null \
+# install_venv DIR PACKAGE VERSION [REQUIREMENT]: PACKAGE==VERSION in the venv
+# DIR (REQUIREMENT, e.g. with extras, is what pip installs), unless it is there.
+install_venv() {
+    local dir=$1 package=$2 version=$3 requirement=${4:-$2==$3} have=""
+    if [[ -x "$dir/bin/python" ]]; then
+        have="$("$dir/bin/python" -m pip show "$package" 2>/dev/null \
                 | sed -n 's/^Version: //p')" || true
     fi
-    if [[ "$have" == "$MINISTACK_VERSION" ]]; then
-        log "ministack $MINISTACK_VERSION: present in $MINISTACK_VENV"
+    if [[ "$have" == "$version" ]]; then
+        log "$package $version: present in $dir"
         return
     fi
-    log "ministack $MINISTACK_VERSION: installing into $MINISTACK_VENV"
+    log "$package $version: installing into $dir"
     # Debian's own python3 (with python3-venv) so the result does not depend on
     # whatever other interpreter happens to be first on PATH.
     local py=/usr/bin/python3
     [[ -x $py ]] || py="$(command -v python3)"
-    rm -rf "$MINISTACK_VENV"
-    "$py" -m venv "$MINISTACK_VENV"
-    "$MINISTACK_VENV/bin/python" -m pip install -q "ministack==$MINISTACK_VERSION" \
-        || die "pip could not install ministack==$MINISTACK_VERSION"
+    rm -rf "$dir"
+    "$py" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q "$requirement" \
+        || die "pip could not install $requirement"
 }
 
 start=$SECONDS
 install_debian_packages
 check_rust
 fetch_kafka
-install_ministack
+install_venv "$MINISTACK_VENV" ministack "$MINISTACK_VERSION"
+# tests/formats writes its topics with confluent-kafka's Avro and Protobuf
+# serializers, as real producers do (tests/formats/confluent_produce.py).
+install_venv "$FORMATS_VENV" confluent-kafka "$CONFLUENT_KAFKA_VERSION" \
+    "confluent-kafka[avro,protobuf,schemaregistry]==$CONFLUENT_KAFKA_VERSION"
 log "setup done in $((SECONDS - start)) s"

@@ -23,7 +23,8 @@ use crate::registry::registries;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// Payload codec throughput, bytes on the wire per NEXMark bid, and
+    /// Payload codec throughput, bytes on the wire per NEXMark bid, source
+    /// records decoded per second per format (JSON, Avro, Protobuf), and
     /// invocations/s of the in-process runtime.
     Codec(CodecArgs),
     /// NEXMark queries: events/s per core, generation included (as Flink's
@@ -185,6 +186,8 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "bytes_per_bid": (wire as f64 / rows as f64 * 100.0).round() / 100.0,
         }));
     }
+    let records = crate::bench_formats::record_formats(&batches, args.repeat)
+        .context("decoding records of each format")?;
     let (invocations_per_s, measured) = runtime_rate(args.epochs).await?;
     let cost = crate::cost::section(&measured, None, &Default::default())?;
     let report = json!({
@@ -192,6 +195,8 @@ async fn codec(args: CodecArgs) -> Result<()> {
         "json_bytes_per_bid": (json_bytes as f64 / rows as f64 * 100.0).round() / 100.0,
         "arrow_ipc_bytes_per_bid": (raw_ipc as f64 / rows as f64 * 100.0).round() / 100.0,
         "encodings": encodings,
+        // Source records decoded into Arrow on one thread, per format.
+        "record_formats": records,
         "runtime_invocations_per_s": invocations_per_s.round(),
         // The runtime benchmark's query priced per million events.
         "cost": crate::cost::to_json(&cost),
@@ -221,6 +226,23 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "baseline: JSON records {} bytes per bid, Arrow IPC uncompressed {} bytes per bid",
             report["json_bytes_per_bid"], report["arrow_ipc_bytes_per_bid"]
         );
+        println!(
+            "\nsource records decoded into Arrow, one thread, medians of {}",
+            args.repeat
+        );
+        println!(
+            "{:<15} {:>14} {:>17} {:>8}",
+            "format", "records/s", "bytes per record", "vs JSON"
+        );
+        for f in report["record_formats"].as_array().expect("array") {
+            println!(
+                "{:<15} {:>14} {:>17} {:>8}",
+                f["format"].as_str().unwrap_or(""),
+                f["records_per_s"],
+                f["bytes_per_record"],
+                f["vs_json"]
+            );
+        }
         println!(
             "in-process runtime: {} invocations/s",
             report["runtime_invocations_per_s"]

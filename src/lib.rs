@@ -4,6 +4,7 @@
 //! `src/main.rs` only parses the command line and calls in here.
 
 pub mod bench;
+mod bench_formats;
 pub mod bench_state;
 pub mod checkpoint;
 pub mod checkpoint_dir;
@@ -15,6 +16,7 @@ mod lambda_cost;
 pub mod lambda_run;
 pub mod lambda_standing;
 pub mod publish;
+mod publish_format;
 pub mod registry;
 pub mod report;
 pub mod run;

@@ -8,6 +8,9 @@
 //! goes to one topic or stream per table, `<name>-person`, `<name>-auction`
 //! and `<name>-bid`, or just `<name>` with `--table`.
 //!
+//! `--format` publishes the same events as Avro or Protobuf instead
+//! (`publish_format.rs`).
+//!
 //! With `--rate` the publisher paces itself against the wall clock; the
 //! progress bar shows how far it lags behind that target. Event time starts
 //! now and advances at `--event-rate` events per second (default `--rate`,
@@ -37,6 +40,7 @@ use skein_generators::nexmark::{EventKind, JsonLayout, NexmarkConfig, NexmarkGen
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
 use tokio::task::JoinSet;
 
+use crate::publish_format::{RecordFormat, table_schemas, transcode};
 use crate::run::parse_duration;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +92,13 @@ pub struct GenArgs {
     /// Writes in flight at once (each waits for its acknowledgements).
     #[arg(long, default_value_t = 4)]
     pub in_flight: usize,
+    /// Record format: json (the benchmark's reference records), avro,
+    /// avro-confluent, protobuf or protobuf-confluent (docs/formats.md).
+    #[arg(long, default_value = "json")]
+    pub format: String,
+    /// An option of the format, e.g. schema.registry.url=http://host:8081.
+    #[arg(long = "option", value_name = "KEY=VALUE")]
+    pub options: Vec<String>,
     /// One JSON line at the end instead of text.
     #[arg(long)]
     pub json: bool,
@@ -140,9 +151,14 @@ impl Destination {
         }
     }
 
-    /// Creates the topic or stream if missing, and opens a raw-value sink on it.
-    async fn open(&self, partitions: i32) -> Result<Publisher> {
-        let options: BTreeMap<String, String> = match self {
+    /// Creates the topic or stream if missing, and opens a sink on it: of
+    /// raw values, or of rows in the record format `format`.
+    async fn open(
+        &self,
+        partitions: i32,
+        format: Option<BTreeMap<String, String>>,
+    ) -> Result<Publisher> {
+        let mut options: BTreeMap<String, String> = match self {
             Destination::Kafka { brokers, .. } => vec![
                 ("bootstrap.servers", brokers.as_str()),
                 ("format", "raw"),
@@ -159,6 +175,10 @@ impl Destination {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        if let Some(format) = format {
+            options.remove("value");
+            options.extend(format);
+        }
         Ok(match self {
             Destination::Kafka { brokers, topic } => {
                 skein_connectors::kafka::ensure_topic(brokers, topic, partitions, &[]).await?;
@@ -390,14 +410,21 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
     let event_rate = event_rate(a)?;
     let destination = Destination::parse(&a.to)?;
     let names = destination_names(a, &destination);
+    let format = RecordFormat::of(a)?;
+    let tables = table_schemas(a);
     let mut sinks = Vec::with_capacity(names.len());
-    for n in &names {
+    for (n, table) in names.iter().zip(&tables) {
         let d = destination.with_name(n.clone());
+        let options = format.as_ref().map(|f| f.sink_options(table)).transpose()?;
+        let rows = match format {
+            Some(_) => Some(RecordFormat::rows_of(table)?),
+            None => None,
+        };
         let sink = d
-            .open(a.partitions)
+            .open(a.partitions, options)
             .await
             .with_context(|| format!("opening {d:?}"))?;
-        sinks.push(sink);
+        sinks.push((sink, rows, table.clone()));
     }
     let destinations: Vec<String> = names
         .iter()
@@ -469,7 +496,11 @@ pub async fn publish(a: &GenArgs) -> Result<GenReport> {
                 }
             }
             // Started here, in generation order; only the waiting is concurrent.
-            let write = sinks[i].start(schema.clone(), batch).await?;
+            let (sink, rows, table) = &sinks[i];
+            let write = match rows {
+                Some(rows) => sink.start(table.clone(), transcode(rows, &batch)?).await?,
+                None => sink.start(schema.clone(), batch).await?,
+            };
             acks.spawn(write.wait());
         }
         sent += n;
@@ -525,69 +556,5 @@ fn event_rate(a: &GenArgs) -> Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Gen {
-        #[command(flatten)]
-        args: GenArgs,
-    }
-
-    fn event_rate_of(flags: &str) -> Result<u64> {
-        let argv = format!("gen --to kinesis://s {flags}");
-        event_rate(&Gen::try_parse_from(argv.split_whitespace())?.args)
-    }
-
-    #[test]
-    fn the_event_rate_defaults_to_the_rate_then_to_the_generator() {
-        assert_eq!(event_rate_of("nexmark").unwrap(), 10_000);
-        assert_eq!(event_rate_of("ysb").unwrap(), 100_000);
-        assert_eq!(event_rate_of("ysb --rate 500").unwrap(), 500);
-        assert_eq!(event_rate_of("ysb --rate 500 --event-rate 7").unwrap(), 7);
-        for bad in ["nexmark --event-rate 0", "ysb --rate 2000000000"] {
-            let err = event_rate_of(bad).unwrap_err().to_string();
-            assert!(err.contains("--event-rate"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn the_chunk_being_filled_is_not_counted_as_lag() {
-        // 100,000/s in chunks of 5,000: at 1.049 s, 104,900 events are due,
-        // of which the 100,000 of twenty whole chunks must have been sent.
-        assert_eq!(whole_chunks_due(1.049, 100_000, 5_000), 100_000);
-        assert_eq!(whole_chunks_due(1.05, 100_000, 5_000), 105_000);
-        assert_eq!(whole_chunks_due(0.5, 7, 0), 3);
-    }
-
-    #[test]
-    fn destinations_parse_or_say_what_is_expected() {
-        assert_eq!(
-            Destination::parse("kafka://127.0.0.1:9092,h:1/bids").unwrap(),
-            Destination::Kafka {
-                brokers: "127.0.0.1:9092,h:1".into(),
-                topic: "bids".into()
-            }
-        );
-        assert_eq!(
-            Destination::parse("kinesis://s1").unwrap(),
-            Destination::Kinesis {
-                stream: "s1".into()
-            }
-        );
-        for bad in [
-            "kafka://host",
-            "kafka:///t",
-            "kinesis://",
-            "s3://b/k",
-            "kinesis://a/b",
-        ] {
-            let err = Destination::parse(bad).unwrap_err().to_string();
-            assert!(
-                err.contains("expected") || err.contains("takes"),
-                "{bad}: {err}"
-            );
-        }
-    }
-}
+#[path = "publish_tests.rs"]
+mod tests;

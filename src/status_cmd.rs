@@ -158,6 +158,9 @@ fn render(s: &QueryStatus, platform: &Value) {
         "  since start: {} dead letters, {} late rows, {} sink errors",
         s.since_start.dead_letters, s.since_start.late_rows, s.since_start.sink_errors
     );
+    for p in &s.problems {
+        println!("  problem: {p}");
+    }
     for sink in &s.sinks {
         let ago = |ms: i64| {
             let s = (skein_lambda::lease::now_ms() as i64 - ms).max(0) / 1000;

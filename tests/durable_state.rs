@@ -116,6 +116,56 @@ fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value 
     report
 }
 
+/// Runs the query in `dir` once armed to crash right after its sink wrote
+/// rows of epoch `at` or later, before that epoch commits, then again to the
+/// end. The crash landed there, the second run resumed after a commit, and
+/// it wrote the crashed epoch again: only the sink's replay detection keeps
+/// those rows from doubling. Returns the second run's report.
+fn crash_after_a_sink_write(dir: &Path, sql: &Path, at: u64) -> serde_json::Value {
+    use std::os::unix::process::ExitStatusExt;
+    let checkpoints = dir.join("checkpoints");
+    let crashed = run_command(sql, &checkpoints)
+        .env(
+            skein_engine::crash_point::CRASH_AFTER_SINK_WRITE,
+            at.to_string(),
+        )
+        .output()
+        .expect("running skein");
+    let stderr = String::from_utf8_lossy(&crashed.stderr);
+    assert_eq!(
+        crashed.status.signal(),
+        Some(6),
+        "the armed run aborts after a sink write: {:?}\n{stderr}",
+        crashed.status
+    );
+    let crashed_at: u64 = stderr
+        .split("rows of epoch ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|epoch| epoch.trim_end_matches(',').parse().ok())
+        .unwrap_or_else(|| panic!("the crash names its epoch: {stderr}"));
+    let committed = common::kills::committed_epoch(&checkpoints);
+    assert!(
+        committed.is_none_or(|c| c < crashed_at),
+        "epoch {crashed_at} crashed before it committed (commit {committed:?})"
+    );
+    let resumed = run_command(sql, &checkpoints)
+        .output()
+        .expect("running skein");
+    assert!(
+        resumed.status.success(),
+        "the run after the crash finishes: {}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&resumed.stdout).expect("a JSON report");
+    assert_eq!(
+        report["resumed_after"].as_u64(),
+        committed,
+        "the second run resumed after the last commit: {report}"
+    );
+    report
+}
+
 /// A test's input and working directory.
 struct Setup {
     source: String,
@@ -150,6 +200,13 @@ impl Setup {
             out.display()
         );
         (out, ddl)
+    }
+
+    /// Runs the query into the sink `out` (its DDL) through a crash right
+    /// after the sink wrote rows of epoch 6 or later.
+    fn run_crashing_after_a_sink_write(&self, sink: &str) -> serde_json::Value {
+        let sql = query(&self.dir, &self.source, sink);
+        crash_after_a_sink_write(&self.dir, &sql, 6)
     }
 
     /// Runs the query into the sink `out` (its DDL) through the kills.
@@ -215,4 +272,43 @@ fn a_kinesis_source_killed_at_random_moments_counts_every_record_once() {
         &setup.reference,
         &format!("kinesis to files {report}"),
     );
+}
+
+/// Crashed between a sink write and its commit, each exactly-once sink gets
+/// the same epoch twice: the files sink must keep one copy, the Kafka sink
+/// must not commit a second transaction of it, the Redis sink must skip it
+/// (its lists would show two entries). Turning any sink's replay detection
+/// off fails these.
+#[test]
+fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_files() {
+    let setup = setup(200_000, 0, kafka_source);
+    let (out, sink) = setup.files_sink();
+    let report = setup.run_crashing_after_a_sink_write(&sink);
+    assert_exact(
+        &read_rows(&out, true),
+        &setup.reference,
+        &format!("files {report}"),
+    );
+}
+
+#[test]
+fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_kafka() {
+    let setup = setup(200_000, 0, kafka_source);
+    let (out, sink) = windowed::kafka_sink();
+    let report = setup.run_crashing_after_a_sink_write(&sink);
+    assert_exact(
+        &windowed::kafka_rows(&out),
+        &setup.reference,
+        &format!("kafka read_committed {report}"),
+    );
+}
+
+#[test]
+fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_redis() {
+    let setup = setup(200_000, 0, kafka_source);
+    let url = common::require_redis();
+    let prefix = common::unique_name("crash");
+    let report = setup.run_crashing_after_a_sink_write(&windowed::redis_list_sink(&url, &prefix));
+    println!("redis {report}");
+    windowed::assert_lists_exact(&url, &prefix, &setup.reference, &[]);
 }

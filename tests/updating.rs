@@ -3,7 +3,8 @@
 //! its records, and stays exact through SIGKILLs and restarts; each sink
 //! that takes updates holds what its reader expects (Redis hashes upserted
 //! and deleted by key, a Kafka topic of upserts and tombstones read
-//! read_committed keeping the last value per key);
+//! read_committed keeping the last value per key, a Kafka topic of
+//! Debezium change events replayed into the table);
 //! a sink that only appends refuses the query when it is planned.
 //!
 //! Counts and sums per key come from a reference computed here; a record
@@ -306,6 +307,130 @@ fn a_kafka_upsert_topic_read_committed_keeps_each_keys_latest_row() {
         );
     }
     assert_eq!(latest, reference(end));
+}
+
+/// A standing count and sum per key into a Kafka topic of Debezium change
+/// events, over 5,000 records already in the source topic; returns the
+/// query file and the output topic.
+fn debezium_query(live: &Live) -> (PathBuf, String) {
+    let out = common::unique_name("updating-debezium-out");
+    create_topic(&common::kafka_brokers(), &out, 1);
+    produce(&live.writer, 0..5_000);
+    let sql = live.dir.join("q.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "CREATE EXTERNAL TABLE src (k VARCHAR, v BIGINT, ts TIMESTAMP) STORED AS KAFKA \
+             LOCATION '{}' OPTIONS ('bootstrap.servers' '{}', 'format' 'json', \
+             'max.records.per.pull' '200');\n\
+             CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS KAFKA \
+             LOCATION '{out}' OPTIONS ('bootstrap.servers' '{}', 'format' 'debezium-json', \
+             'key' 'k');\n\
+             INSERT INTO out SELECT k, count(*) AS n, sum(v) AS total FROM src GROUP BY k;\n",
+            live.topic,
+            common::kafka_brokers(),
+            common::kafka_brokers()
+        ),
+    )
+    .unwrap();
+    (sql, out)
+}
+
+/// Replays the change events committed to `out` in order: each create is of
+/// a new key, each update's and delete's `before` is the key's row then (a
+/// doubled or lost event breaks the chain), and the table they leave is the
+/// reference over the 5,000 records.
+fn assert_debezium_table(out: &str) {
+    let mut table: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let mut ops: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, (_, _, value)) in committed_records(&common::kafka_brokers(), out)
+        .into_iter()
+        .enumerate()
+    {
+        let e: Value = serde_json::from_slice(&value).unwrap();
+        let op = e["op"].as_str().expect("op").to_string();
+        *ops.entry(op.clone()).or_default() += 1;
+        let row = |side: &str| {
+            let r = &e[side];
+            (
+                r["k"].as_str().unwrap().to_string(),
+                (r["n"].as_i64().unwrap(), r["total"].as_i64().unwrap()),
+            )
+        };
+        match op.as_str() {
+            "c" => {
+                let (k, v) = row("after");
+                assert!(
+                    table.insert(k, v).is_none(),
+                    "event {i}: a create of a key that exists: {e}"
+                );
+            }
+            "u" => {
+                let (k, before) = row("before");
+                assert_eq!(
+                    table.get(&k),
+                    Some(&before),
+                    "event {i}: an update's before is the row: {e}"
+                );
+                let (k, after) = row("after");
+                table.insert(k, after);
+            }
+            "d" => {
+                let (k, before) = row("before");
+                assert_eq!(
+                    table.remove(&k),
+                    Some(before),
+                    "event {i}: a delete's before is the row: {e}"
+                );
+            }
+            other => panic!("op {other:?}"),
+        }
+    }
+    assert_eq!(ops.get("c"), Some(&KEYS), "one create per key: {ops:?}");
+    assert!(
+        ops.get("u").copied().unwrap_or(0) > KEYS,
+        "updates every epoch: {ops:?}"
+    );
+    assert_eq!(table, reference(5_000));
+}
+
+#[test]
+fn debezium_change_events_rebuild_the_table() {
+    let live = Live::new("updating-debezium");
+    let (sql, out) = debezium_query(&live);
+    drain_through_kills(&live, &sql, 2);
+    assert_debezium_table(&out);
+}
+
+/// Crashed right after a sink wrote an epoch's changes and before the epoch
+/// committed, the restart computes that epoch again: its changes must not
+/// reach the topic twice.
+#[test]
+fn debezium_change_events_survive_a_crash_between_a_write_and_its_commit() {
+    use std::os::unix::process::ExitStatusExt;
+    let live = Live::new("updating-debezium-crash");
+    let (sql, out) = debezium_query(&live);
+    let crashed = live
+        .command(&sql, &["--until-drained", "--interval", "10ms"])
+        .env(skein_engine::crash_point::CRASH_AFTER_SINK_WRITE, "5")
+        .output()
+        .expect("running skein");
+    assert_eq!(
+        crashed.status.signal(),
+        Some(6),
+        "the armed run aborts after a sink write: {}",
+        String::from_utf8_lossy(&crashed.stderr)
+    );
+    let resumed = live
+        .command(&sql, &["--until-drained", "--interval", "10ms"])
+        .output()
+        .expect("running skein");
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_debezium_table(&out);
 }
 
 #[test]

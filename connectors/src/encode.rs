@@ -8,12 +8,16 @@
 //!   Skein can read.
 //! - `'format' 'raw'`: the value is the bytes of one string or binary column,
 //!   `'value' '<column>'` (default `value`), sent as they are.
+//! - `'format' 'avro' | 'avro-confluent' | 'protobuf' | 'protobuf-confluent'`:
+//!   the row as an Avro record or a Protobuf message, with the same options
+//!   as the sources take ([`crate::formats`], docs/formats.md).
 //! - `'format' 'debezium-json'`: the value is a Debezium change event,
 //!   `{"before": <row or null>, "after": <row or null>, "op": "c"|"u"|"d"}`,
 //!   rows as in `json`: what an updating query's changelog becomes on a
 //!   Kafka topic (an append-only query writes only creations).
 //! - `'key' '<column>'`: the message key (Kafka) or partition key (Kinesis),
-//!   the column's value as text. Without it Kafka messages have no key.
+//!   the column's value as text (with `avro-confluent`, as an Avro primitive
+//!   registered under `<topic>-key`). Without it Kafka messages have no key.
 
 use std::collections::BTreeMap;
 
@@ -23,13 +27,18 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use datafusion::arrow::json::LineDelimitedWriter;
 use std::sync::Arc;
 
+use crate::decode::Format;
 use crate::error::{ConnectorError, Result};
+use crate::formats::avro::encode::AvroEncoder;
+use crate::formats::protobuf::encode::ProtobufEncoder;
 
 /// How a row's value is laid out.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum ValueFormat {
     Json,
     Raw { column: String },
+    Avro(Arc<AvroEncoder>),
+    Protobuf(Arc<ProtobufEncoder>),
     DebeziumJson,
 }
 
@@ -55,7 +64,9 @@ impl RowEncoder {
         RowEncoder { format, key }
     }
 
-    pub fn from_options(options: &BTreeMap<String, String>) -> Result<Self> {
+    /// The encoder of a table's options; `location` (the topic or stream)
+    /// names the registry subjects.
+    pub fn from_options(options: &BTreeMap<String, String>, location: &str) -> Result<Self> {
         let format = match options.get("format").map(String::as_str).unwrap_or("json") {
             "json" => ValueFormat::Json,
             "debezium-json" => ValueFormat::DebeziumJson,
@@ -65,11 +76,23 @@ impl RowEncoder {
                     .cloned()
                     .unwrap_or_else(|| "value".into()),
             },
-            other => {
-                return Err(ConnectorError::Config(format!(
-                    "format {other:?}: a message sink writes 'json', 'raw' or 'debezium-json'"
-                )));
-            }
+            other => match Format::from_options(options, location) {
+                Ok(Format::Avro(f)) => ValueFormat::Avro(Arc::new(AvroEncoder::new(f)?)),
+                Ok(Format::Protobuf(f)) => {
+                    ValueFormat::Protobuf(Arc::new(ProtobufEncoder::new(f)?))
+                }
+                Err(e @ ConnectorError::Config(_))
+                    if other.contains("avro") || other.contains("protobuf") =>
+                {
+                    return Err(e);
+                }
+                _ => {
+                    return Err(ConnectorError::Config(format!(
+                        "format {other:?}: a message sink writes 'json', 'raw', 'debezium-json', \
+                         'avro', 'avro-confluent', 'protobuf' or 'protobuf-confluent'"
+                    )));
+                }
+            },
         };
         let key = options.get("key").filter(|k| !k.is_empty()).cloned();
         Ok(RowEncoder { format, key })
@@ -84,24 +107,25 @@ impl RowEncoder {
         &self.format
     }
 
-    /// Each row's key (`None` without a key column, or for a null value).
+    /// Each row's key (`None` without a key column, or for a null value):
+    /// its text, or with a registry an Avro primitive.
     pub fn keys(&self, batch: &RecordBatch) -> Result<Vec<Option<Vec<u8>>>> {
-        match &self.key {
-            Some(name) => text_column(batch, name, "key"),
-            None => Ok(vec![None; batch.num_rows()]),
+        match (&self.key, &self.format) {
+            (Some(name), ValueFormat::Avro(avro)) if avro.registered() => avro.keys(batch, name),
+            (Some(name), _) => text_column(batch, name, "key"),
+            (None, _) => Ok(vec![None; batch.num_rows()]),
         }
     }
 
     /// The messages of `batch`, one per row, in row order.
     pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<EncodedRow>> {
         let rows = batch.num_rows();
-        let keys = match &self.key {
-            Some(name) => Some(text_column(batch, name, "key")?),
-            None => None,
-        };
+        let keys = self.keys(batch)?;
         let values: Vec<Vec<u8>> = match &self.format {
             ValueFormat::Json => json_rows(batch)?,
             ValueFormat::Raw { column } => bytes_column(batch, column)?,
+            ValueFormat::Avro(avro) => avro.values(batch)?,
+            ValueFormat::Protobuf(protobuf) => protobuf.values(batch)?,
             ValueFormat::DebeziumJson => json_rows(batch)?
                 .iter()
                 .map(|after| debezium_event(None, Some(after), "c"))
@@ -112,7 +136,7 @@ impl RowEncoder {
             .into_iter()
             .enumerate()
             .map(|(i, value)| EncodedRow {
-                key: keys.as_ref().and_then(|k| k[i].clone()),
+                key: keys[i].clone(),
                 value,
             })
             .collect())
@@ -287,7 +311,7 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let enc = RowEncoder::from_options(&opts).unwrap();
+        let enc = RowEncoder::from_options(&opts, "t").unwrap();
         let err = enc.encode(&batch()).unwrap_err().to_string();
         assert!(err.contains("row 1") && err.contains("null"), "{err}");
         let one = batch().slice(0, 1);
@@ -296,7 +320,10 @@ mod tests {
         let err = missing.encode(&batch()).unwrap_err().to_string();
         assert!(err.contains("\"nope\"") && err.contains("id"), "{err}");
         let mut bad = opts.clone();
+        bad.insert("format".into(), "xml".into());
+        assert!(RowEncoder::from_options(&bad, "t").is_err());
         bad.insert("format".into(), "avro".into());
-        assert!(RowEncoder::from_options(&bad).is_err());
+        let err = RowEncoder::from_options(&bad, "t").unwrap_err().to_string();
+        assert!(err.contains("avro.schema"), "{err}");
     }
 }

@@ -20,6 +20,8 @@ pub mod encode;
 pub mod epochs;
 pub mod error;
 pub mod files;
+// Avro, Protobuf, the schema registry, Debezium.
+pub mod formats;
 pub mod kafka;
 pub mod kinesis;
 mod options;

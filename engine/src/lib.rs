@@ -20,6 +20,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod compaction;
 pub mod context;
+pub mod crash_point;
 pub mod driver;
 pub mod epochs;
 pub mod error;

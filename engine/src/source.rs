@@ -190,6 +190,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         Ok(vec![])
     }
 
+    /// What keeps this source from reading right now, each on one line
+    /// (a schema registry that does not answer), for `skein status`.
+    async fn problems(&self) -> Vec<String> {
+        vec![]
+    }
+
     /// Stand at `at` (from the offsets log) before the next pull.
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> Result<()> {
         let _ = (spec, at);

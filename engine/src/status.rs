@@ -55,6 +55,10 @@ pub struct QueryStatus {
     /// Since the query started (every instance of every member): records
     /// sent to dead letters, late rows set aside, failed sink writes.
     pub since_start: Tally,
+    /// What keeps a source from reading now (a schema registry that does
+    /// not answer), one line each.
+    #[serde(default)]
+    pub problems: Vec<String>,
     /// Each sink member that has ever failed, as it last reported: failing
     /// now (`consecutive_failures` > 0) or written again since.
     pub sinks: Vec<SinkHealthReport>,
@@ -98,6 +102,7 @@ pub async fn query_status(
     }
     let mut latest: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut behind: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    let mut problems: Vec<String> = vec![];
     for stage in plan.source_stages() {
         for leaf in &stage.sources {
             let source = sources.create(&leaf.config, leaf.schema.clone())?;
@@ -106,6 +111,9 @@ pub async fn query_status(
             }
             for (partition, ms) in source.behind_ms(&committed_at).await? {
                 behind.insert((leaf.config.location.clone(), partition), ms);
+            }
+            for p in source.problems().await {
+                problems.push(format!("{}: {p}", leaf.table));
             }
         }
     }
@@ -138,6 +146,7 @@ pub async fn query_status(
         watermark_delay_ms: watermark.map(|w| now_ms() - w),
         store: summary,
         since_start,
+        problems,
         sinks,
     })
 }

@@ -85,6 +85,8 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         seed: common.seed,
         partitions: 4,
         in_flight: 4,
+        format: "json".into(),
+        options: vec![],
         json: common.json,
     };
     let load_done = done.clone();

@@ -92,9 +92,9 @@ impl KillRun {
 /// Runs `command()` to the end, killing it with SIGKILL `kills` times and
 /// starting it again. Kills land early and late in a run, in every phase
 /// (start, middle, the final flush): every third comes 100 ms to 1 s after
-/// the start (before or around the first commit), the others up to 800 ms
-/// after the run has committed an epoch of its own, so the machine's speed
-/// does not decide where kills land. A kill that finds the process already
+/// the start (before or around the first commit), the others once the run
+/// has made one or two commits of its own, so the machine's speed does not
+/// decide where kills land. A kill that finds the process already
 /// exited does not count: that run is judged by its exit. Panics if a run
 /// fails, or if none finishes in 10 minutes.
 pub fn run_through_kills(
@@ -109,15 +109,27 @@ pub fn run_through_kills(
         let mut child = command().spawn().expect("starting skein");
         let at_spawn = committed_epoch(checkpoints);
         let early = landed.len() % 3 == 0;
-        let delay = Duration::from_millis(rng.random_range(if early { 100..1000 } else { 0..800 }));
+        let delay = Duration::from_millis(rng.random_range(100..1000));
         let mut deadline = (landed.len() < kills && early).then(|| Instant::now() + delay);
+        // A late kill comes once the run has made one or two commits of its
+        // own: tied to progress, so a short run is cut too.
+        let commits_before_kill = rng.random_range(1..=2usize);
+        let (mut seen, mut commits) = (at_spawn, 0usize);
         let status = loop {
             if let Some(status) = child.try_wait().expect("waiting for skein") {
                 break status;
             }
-            if landed.len() < kills && deadline.is_none() && committed_epoch(checkpoints) > at_spawn
+            let now_at = committed_epoch(checkpoints);
+            if now_at != seen {
+                seen = now_at;
+                commits += 1;
+            }
+            if landed.len() < kills
+                && !early
+                && deadline.is_none()
+                && commits >= commits_before_kill
             {
-                deadline = Some(Instant::now() + delay);
+                deadline = Some(Instant::now());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let (k, status) = kill(&mut child, checkpoints, at_spawn);
@@ -127,7 +139,7 @@ pub fn run_through_kills(
                 }
                 break status;
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         };
         let output = child.wait_with_output().expect("skein output");
         if status.success() {

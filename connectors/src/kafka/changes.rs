@@ -39,8 +39,14 @@ pub fn takes_updates(encoder: &RowEncoder) -> std::result::Result<(), String> {
 
 /// The messages of `batches`, in order.
 pub fn messages(encoder: &RowEncoder, batches: &[RecordBatch]) -> Result<Vec<Message>> {
+    let batches: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+    if matches!(encoder.format(), ValueFormat::DebeziumJson) {
+        // A key's retraction and its new row may come in different batches
+        // of one write: the events pair them across the whole write.
+        return debezium(encoder, &batches);
+    }
     let mut out = vec![];
-    for batch in batches.iter().filter(|b| b.num_rows() > 0) {
+    for batch in batches {
         if !changelog::is_changelog(&batch.schema()) {
             out.extend(encoder.encode(batch)?.into_iter().map(|r| Message {
                 key: r.key,
@@ -49,10 +55,7 @@ pub fn messages(encoder: &RowEncoder, batches: &[RecordBatch]) -> Result<Vec<Mes
             continue;
         }
         let (retract, insert) = changelog::split(batch)?;
-        match encoder.format() {
-            ValueFormat::DebeziumJson => out.extend(debezium(encoder, &retract, &insert)?),
-            _ => out.extend(upserts(encoder, &retract, &insert)?),
-        }
+        out.extend(upserts(encoder, &retract, &insert)?);
     }
     Ok(out)
 }
@@ -82,58 +85,47 @@ fn upserts(
     Ok(out)
 }
 
-fn debezium(
-    encoder: &RowEncoder,
-    retract: &RecordBatch,
-    insert: &RecordBatch,
-) -> Result<Vec<Message>> {
-    let before = json_rows(retract)?;
-    let after = json_rows(insert)?;
-    let before_keys = encoder.keys(retract)?;
-    let after_keys = encoder.keys(insert)?;
-    // With a key, a retraction pairs with the new row of its key.
-    let mut paired: HashMap<&Vec<u8>, usize> = HashMap::new();
-    if encoder.key_column().is_some() {
-        for (i, k) in before_keys.iter().enumerate() {
-            if let Some(k) = k {
-                paired.insert(k, i);
-            }
-        }
-    }
-    let mut used = vec![false; before.len()];
-    let mut updates = vec![];
-    let mut creates = vec![];
-    for (j, (row, key)) in after.iter().zip(&after_keys).enumerate() {
-        match key.as_ref().and_then(|k| paired.remove(k)) {
-            Some(i) => {
-                used[i] = true;
-                updates.push(Message {
-                    key: key.clone(),
-                    value: Some(debezium_event(Some(&before[i]), Some(row), "u")),
-                });
-            }
-            None => creates.push((
-                j,
-                Message {
-                    key: key.clone(),
-                    value: Some(debezium_event(None, Some(row), "c")),
-                },
-            )),
-        }
-    }
-    let mut out: Vec<Message> = before
-        .iter()
-        .zip(before_keys)
-        .zip(&used)
-        .filter(|(_, used)| !**used)
-        .map(|((row, key), _)| Message {
+fn debezium(encoder: &RowEncoder, batches: &[&RecordBatch]) -> Result<Vec<Message>> {
+    let keyed = encoder.key_column().is_some();
+    // Each event at the place of its first row; a retraction's place stays
+    // empty until its key's new row (an update) or the write's end (a delete).
+    let mut out: Vec<Option<Message>> = vec![];
+    let mut retracted: HashMap<Vec<u8>, (usize, Vec<u8>)> = HashMap::new();
+    let event = |key: Option<Vec<u8>>, before: Option<&[u8]>, after: Option<&[u8]>, op| {
+        Some(Message {
             key,
-            value: Some(debezium_event(Some(row), None, "d")),
+            value: Some(debezium_event(before, after, op)),
         })
-        .collect();
-    out.extend(updates);
-    out.extend(creates.into_iter().map(|(_, m)| m));
-    Ok(out)
+    };
+    for batch in batches {
+        let plain = changelog::strip(batch)?;
+        let ops: Vec<i8> = if changelog::is_changelog(&batch.schema()) {
+            changelog::ops(batch)?.values().to_vec()
+        } else {
+            vec![changelog::INSERT; batch.num_rows()]
+        };
+        let rows = json_rows(&plain)?;
+        let keys = encoder.keys(&plain)?;
+        for ((op, row), key) in ops.into_iter().zip(rows).zip(keys) {
+            match (op, key) {
+                (changelog::RETRACT, Some(k)) if keyed => {
+                    if let Some((at, before)) = retracted.insert(k.clone(), (out.len(), row)) {
+                        out[at] = event(Some(k.clone()), Some(&before), None, "d");
+                    }
+                    out.push(None);
+                }
+                (changelog::RETRACT, key) => out.push(event(key, Some(&row), None, "d")),
+                (_, key) => match key.as_ref().and_then(|k| retracted.remove(k)) {
+                    Some((at, before)) => out[at] = event(key, Some(&before), Some(&row), "u"),
+                    None => out.push(event(key, None, Some(&row), "c")),
+                },
+            }
+        }
+    }
+    for (key, (at, before)) in retracted {
+        out[at] = event(Some(key), Some(&before), None, "d");
+    }
+    Ok(out.into_iter().flatten().collect())
 }
 
 #[cfg(test)]
@@ -165,7 +157,7 @@ mod tests {
         if let Some(k) = key {
             o.insert("key".to_string(), k.to_string());
         }
-        RowEncoder::from_options(&o).unwrap()
+        RowEncoder::from_options(&o, "t").unwrap()
     }
 
     #[test]
@@ -194,14 +186,30 @@ mod tests {
             .iter()
             .map(|m| serde_json::from_slice(m.value.as_ref().unwrap()).unwrap())
             .collect();
-        assert_eq!(ops[0]["op"], "d");
-        assert_eq!(ops[0]["before"]["k"], "b");
-        assert!(ops[0]["after"].is_null());
-        assert_eq!(ops[1]["op"], "u");
-        assert_eq!(ops[1]["before"]["n"], 1);
-        assert_eq!(ops[1]["after"]["n"], 2);
+        assert_eq!(ops[0]["op"], "u");
+        assert_eq!(ops[0]["before"]["n"], 1);
+        assert_eq!(ops[0]["after"]["n"], 2);
+        assert_eq!(ops[1]["op"], "d");
+        assert_eq!(ops[1]["before"]["k"], "b");
+        assert!(ops[1]["after"].is_null());
         assert_eq!(ops[2]["op"], "c");
         assert_eq!(ops[2]["after"]["k"], "c");
         assert!(takes_updates(&encoder("debezium-json", None)).is_ok());
+    }
+
+    #[test]
+    fn debezium_pairs_a_retraction_and_its_new_row_across_the_batches_of_a_write() {
+        let retract = changes(&["a", "b"], &[1, 5], &[-1, -1]);
+        let insert = changes(&["b", "a"], &[6, 2], &[1, 1]);
+        let m = messages(&encoder("debezium-json", Some("k")), &[retract, insert]).unwrap();
+        let events: Vec<serde_json::Value> = m
+            .iter()
+            .map(|m| serde_json::from_slice(m.value.as_ref().unwrap()).unwrap())
+            .collect();
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert!(events.iter().all(|e| e["op"] == "u"), "{events:?}");
+        assert_eq!(events[0]["before"]["k"], "a");
+        assert_eq!(events[0]["after"]["n"], 2);
+        assert_eq!(m[1].key.as_deref(), Some(&b"b"[..]));
     }
 }

@@ -40,6 +40,7 @@ pub fn is_skein_option(key: &str) -> bool {
         || EVENT_TIME_OPTIONS.contains(&key)
         || key == EMIT_OPTION
         || key == skein_engine::interval::EPOCH_INTERVAL_OPTION
+        || crate::formats::is_format_option(key)
 }
 
 /// The librdkafka properties among a table's options: the dotted ones that

@@ -100,7 +100,8 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {
-        let encoder = RowEncoder::from_options(&config.options).map_err(|e| e.to_string())?;
+        let encoder = RowEncoder::from_options(&config.options, &config.location)
+            .map_err(|e| e.to_string())?;
         super::changes::takes_updates(&encoder)
     }
 }
@@ -130,7 +131,7 @@ impl KafkaSink {
         if !options.contains_key("bootstrap.servers") {
             return Err(sink_error(topic, "option 'bootstrap.servers' is required"));
         }
-        let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(topic, e))?;
+        let encoder = RowEncoder::from_options(options, topic).map_err(|e| sink_error(topic, e))?;
         let checkpoint = options.get("checkpoint").filter(|c| !c.is_empty());
         let delivery = match options.get("delivery").map(String::as_str) {
             // The transactional producers are opened on each member's first write.

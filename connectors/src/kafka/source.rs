@@ -14,7 +14,7 @@
 //!
 //! | option                 | meaning                                               |
 //! |------------------------|-------------------------------------------------------|
-//! | `format`               | `json` (default), `csv` or `raw`                      |
+//! | `format`               | `json` (default), `csv`, `raw`, `avro`, `avro-confluent`, `protobuf`, `protobuf-confluent`, `debezium-json`, `debezium-avro-confluent` (docs/formats.md, with their options) |
 //! | `parallelism`          | source instances (default 1)                          |
 //! | `startup`              | `earliest` (default), `latest`, `committed`, `offsets`, `checkpoint` (the offsets the query's sink committed; see `skein run`) |
 //! | `offsets`              | `partition:offset,...` for `startup = offsets`; partitions not listed start at the earliest |
@@ -33,7 +33,6 @@
 //! librdkafka fetching while a backlog is drained.
 
 use std::collections::BTreeMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -272,7 +271,7 @@ impl KafkaSourceConfig {
         let parallelism = options::parallelism(config)?;
         Ok(KafkaSourceConfig {
             topic: config.location.clone(),
-            format: Format::from_str(config.option("format").unwrap_or("json"))?,
+            format: Format::from_options(&config.options, &config.location)?,
             parallelism,
             startup,
             max_records_per_pull: number("max.records.per.pull", 200_000)?.max(1),
@@ -383,7 +382,7 @@ impl std::fmt::Debug for KafkaSource {
 
 impl KafkaSource {
     pub fn new(config: KafkaSourceConfig, schema: SchemaRef) -> Result<Self> {
-        let decoder = RecordDecoder::new(schema, config.format, config.max_record_bytes)?;
+        let decoder = RecordDecoder::new(schema, config.format.clone(), config.max_record_bytes)?;
         Ok(KafkaSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
@@ -420,6 +419,14 @@ impl Source for KafkaSource {
 
     fn parallelism(&self) -> usize {
         self.config.parallelism
+    }
+
+    fn changelog(&self) -> bool {
+        self.decoder.changelog()
+    }
+
+    async fn problems(&self) -> Vec<String> {
+        RecordDecoder::problems(&self.decoder).await
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
@@ -726,6 +733,10 @@ impl PartitionReader {
                 decoder.builder(((high - pos).max(0) as usize).min(config.max_records_per_pull))
             })
             .collect();
+        // The offset of each record pushed, per partition, where the
+        // decoder may reject a record only when it builds the batch (Avro).
+        let late = decoder.rejects_late();
+        let mut pushed: Vec<Vec<i64>> = vec![vec![]; parts.len()];
         let targets_known = started.elapsed();
         let mut undecodable: Vec<Undecodable> = Vec::new();
         let (mut records, mut bytes) = (0usize, 0usize);
@@ -771,6 +782,9 @@ impl PartitionReader {
                     }
                     records += 1;
                     bytes += payload.len();
+                    if late {
+                        pushed[i].push(offset);
+                    }
                     if let Some(reason) = builders[i].push(payload) {
                         undecodable.push(Undecodable {
                             partition,
@@ -806,8 +820,18 @@ impl PartitionReader {
         }
         let mut batches: Vec<RecordBatch> = vec![];
         let mut partitions = Vec::with_capacity(parts.len());
-        for ((p, pos, high), builder) in parts.iter().zip(builders) {
-            let (batch, _) = builder.finish()?;
+        for (((p, pos, high), builder), offsets) in parts.iter().zip(builders).zip(&pushed) {
+            let (batch, rejected) = builder.finish()?;
+            for r in rejected {
+                if let (Some(payload), Some(&offset)) = (r.record, offsets.get(r.index)) {
+                    undecodable.push(Undecodable {
+                        partition: *p,
+                        offset,
+                        reason: r.reason,
+                        payload,
+                    });
+                }
+            }
             let mut progress = PartitionProgress {
                 partition: p.to_string(),
                 lag: Some((high - pos).max(0) as u64),

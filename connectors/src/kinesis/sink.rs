@@ -85,7 +85,8 @@ impl KinesisSink {
         if stream.is_empty() {
             return Err(sink_error(stream, "LOCATION must name the stream"));
         }
-        let encoder = RowEncoder::from_options(options).map_err(|e| sink_error(stream, e))?;
+        let encoder =
+            RowEncoder::from_options(options, stream).map_err(|e| sink_error(stream, e))?;
         let max_attempts = match options.get("max.attempts") {
             Some(v) => v
                 .parse::<u32>()

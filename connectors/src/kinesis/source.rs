@@ -9,7 +9,8 @@
 //! by the same decoders as Kafka's.
 //!
 //! Options:
-//! - `format` (`json`, `csv`, `raw`), `parallelism` (source instances),
+//! - `format` (`json`, `csv`, `raw`, and Avro, Protobuf and Debezium with
+//!   their options: docs/formats.md), `parallelism` (source instances),
 //!   `max.records.per.pull` (default 100,000), `max.record.bytes`,
 //!   `pull.timeout.ms` (default 2,000);
 //! - `startup`: `trim_horizon` (or `earliest`, the default), `latest`, or
@@ -108,7 +109,7 @@ impl KinesisSourceConfig {
         let parallelism = options::parallelism(config)?;
         Ok(KinesisSourceConfig {
             stream: config.location.clone(),
-            format: config.option("format").unwrap_or("json").parse()?,
+            format: Format::from_options(&config.options, &config.location)?,
             parallelism,
             startup,
             max_records_per_pull: number("max.records.per.pull", 100_000)?.max(1),
@@ -187,7 +188,7 @@ fn source_name(stream: &str) -> String {
 
 impl KinesisSource {
     pub fn new(config: KinesisSourceConfig, schema: SchemaRef) -> Result<Self> {
-        let decoder = RecordDecoder::new(schema, config.format, config.max_record_bytes)?;
+        let decoder = RecordDecoder::new(schema, config.format.clone(), config.max_record_bytes)?;
         Ok(KinesisSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
@@ -456,6 +457,14 @@ impl Source for KinesisSource {
 
     fn parallelism(&self) -> usize {
         self.config.parallelism
+    }
+
+    fn changelog(&self) -> bool {
+        self.decoder.changelog()
+    }
+
+    async fn problems(&self) -> Vec<String> {
+        RecordDecoder::problems(&self.decoder).await
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
@@ -886,7 +895,15 @@ pub struct KinesisSourceFactory;
 
 impl SourceFactory for KinesisSourceFactory {
     fn options(&self) -> TableOptions {
-        TableOptions::only(SOURCE_OPTIONS)
+        // Its own and its format's (Avro, Protobuf, the schema registry).
+        static ALL: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+        TableOptions::only(ALL.get_or_init(|| {
+            SOURCE_OPTIONS
+                .iter()
+                .copied()
+                .chain(crate::formats::all_options())
+                .collect()
+        }))
     }
 
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> EngineResult<Arc<dyn Source>> {

@@ -76,6 +76,9 @@ impl StageFunction {
                     })
                     .await;
                 crate::metrics::sink_write(&config.kind, rows, written.is_ok());
+                if written.is_ok() {
+                    crate::crash_point::after_sink_write(header.epoch, rows);
+                }
                 if let Err(e) = &written {
                     self.tally.count(|t| t.sink_errors += 1);
                     let text = crate::error::one_line(e);

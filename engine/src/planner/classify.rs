@@ -182,6 +182,10 @@ pub fn is_stateful(plan: &Arc<dyn ExecutionPlan>) -> bool {
         // Fetches by key per batch; its cache is no state of the query.
         || plan.downcast_ref::<crate::lookup::exec::LookupJoinExec>().is_some()
         || passes_batches_through(plan);
+    if super::static_join::is_static_build(plan) {
+        // Its build side is computed afresh each epoch: no state of the query.
+        return is_stateful(&plan.children()[1].clone());
+    }
     let own = if let Some(agg) = plan.downcast_ref::<AggregateExec>() {
         *agg.mode() != AggregateMode::Partial
     } else {

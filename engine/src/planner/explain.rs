@@ -16,7 +16,34 @@ pub(super) fn describe_output(output: Exchange, consumer: Option<u32>, sink: &st
     }
 }
 
+/// A column type as SQL names it.
+fn sql_type(t: &datafusion::arrow::datatypes::DataType) -> String {
+    use datafusion::arrow::datatypes::DataType as T;
+    match t {
+        T::Int64 => "BIGINT".into(),
+        T::Int32 => "INT".into(),
+        T::Float64 => "DOUBLE".into(),
+        T::Boolean => "BOOLEAN".into(),
+        T::Utf8 | T::Utf8View | T::LargeUtf8 => "VARCHAR".into(),
+        T::Binary | T::LargeBinary | T::BinaryView => "BYTEA".into(),
+        T::Timestamp(..) => "TIMESTAMP".into(),
+        T::Date32 => "DATE".into(),
+        other => other.to_string(),
+    }
+}
+
 impl QueryPlan {
+    /// Every source table the stages read, once.
+    fn source_tables(&self) -> Vec<&SourceLeaf> {
+        let mut seen: Vec<&SourceLeaf> = vec![];
+        for leaf in self.stages.iter().flat_map(|s| &s.sources) {
+            if !seen.iter().any(|l| l.table == leaf.table) {
+                seen.push(leaf);
+            }
+        }
+        seen
+    }
+
     /// `skein explain`: the DAG in words.
     pub fn explain(&self) -> String {
         let mut out = String::new();
@@ -30,6 +57,28 @@ impl QueryPlan {
             self.sink.kind,
             self.sink.location
         );
+        // The columns of each table read: declared, or taken from its
+        // format's schema (an Avro or Protobuf table declared without any).
+        for leaf in self.source_tables() {
+            let columns: Vec<String> = leaf
+                .schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    let null = if f.is_nullable() { "" } else { " NOT NULL" };
+                    format!("{} {}{null}", f.name(), sql_type(f.data_type()))
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "table {} ({} {}{}): {}",
+                leaf.table,
+                leaf.config.kind,
+                leaf.config.location,
+                if leaf.changelog { ", a changelog" } else { "" },
+                columns.join(", ")
+            );
+        }
         for s in &self.stages {
             let names: Vec<String> = (0..s.members)
                 .map(|m| function_name(&self.query_code, s.id, m))
@@ -96,6 +145,17 @@ impl QueryPlan {
             "query_code": self.query_code,
             "group_size": self.group_size,
             "functions": self.function_count(),
+            "tables": self.source_tables().iter().map(|leaf| serde_json::json!({
+                "name": leaf.table,
+                "kind": leaf.config.kind,
+                "location": leaf.config.location,
+                "changelog": leaf.changelog,
+                "columns": leaf.schema.fields().iter().map(|f| serde_json::json!({
+                    "name": f.name(),
+                    "type": sql_type(f.data_type()),
+                    "nullable": f.is_nullable(),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
             "stages": self.stages.iter().map(|s| serde_json::json!({
                 "id": s.id,
                 "kind": s.kind,

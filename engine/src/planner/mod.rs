@@ -42,6 +42,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+mod static_join;
 mod updating;
 mod window_edges;
 
@@ -309,6 +310,7 @@ pub async fn plan_query(
             e => e,
         })?;
     let physical = window_edges::project_group_keys(physical)?;
+    let physical = static_join::build_bounded_sides_in_place(physical)?;
     let output_schema = physical.schema();
     let mut cutter = Cutter::default();
     cutter.build_stage(physical, Exchange::Sink, false)?;
