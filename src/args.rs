@@ -51,9 +51,10 @@ pub struct CommonRunArgs {
     /// Do not checkpoint: a restart starts afresh (at least once).
     #[arg(long)]
     pub no_checkpoint: bool,
-    /// Commit every N epochs (a restart re-runs at most N-1 epochs).
-    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
-    pub checkpoint_interval: usize,
+    /// Commit every N epochs (a restart re-runs at most N-1 epochs)
+    /// [default: every epoch; a standing query: 10 s of epochs].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
     /// Print one JSON summary line instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -108,6 +109,15 @@ impl CommonRunArgs {
     /// When a bounded run stops.
     pub fn stop(&self, plan: &QueryPlan) -> Result<StopAfter> {
         Ok(self.bound().stop(plan)?)
+    }
+
+    /// Epochs between commits of a run that stops as `stop` says:
+    /// --checkpoint-interval, else the engine's default for it.
+    pub fn checkpoint_interval(&self, stop: &StopAfter) -> u64 {
+        match self.checkpoint_interval {
+            Some(n) => n as u64,
+            None => stop.default_checkpoint_interval(),
+        }
     }
 
     /// What the user asked of checkpoints.

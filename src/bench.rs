@@ -142,6 +142,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
         watermark: None,
         idle: false,
         last: false,
+        checkpoint: false,
         offsets: vec![],
     };
     let mut encodings = vec![];

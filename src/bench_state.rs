@@ -68,7 +68,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
-            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options).await?)
+            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
         }
         None => None,
     };
@@ -257,7 +257,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
     let report = json!({
         "events": args.events, "rate": args.rate, "epochs": args.epochs,
         "group_size": args.group_size, "repeat": args.repeat,
-        "peak_rss_mb": peak_rss_mb(), "queries": rows,
+        "peak_rss_mb": peak_rss_mb(), "allocator": crate::ALLOCATOR_NAME, "queries": rows,
     });
     if args.json {
         println!("{report}");
@@ -283,7 +283,10 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
         println!("q{query} checkpointed, {}", crate::cost::one_line(c));
     }
     if let Some(mb) = report["peak_rss_mb"].as_f64() {
-        println!("peak RSS of the whole process: {mb:.0} MB");
+        println!(
+            "peak RSS of the whole process: {mb:.0} MB ({} allocator)",
+            crate::ALLOCATOR_NAME
+        );
     }
     Ok(())
 }

@@ -5,8 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use object_store::ObjectStore;
-use object_store::local::LocalFileSystem;
 use skein_engine::catalog::Catalog;
 use skein_engine::checkpoint::{CheckpointStore, Description};
 use skein_engine::context::CheckpointSpec;
@@ -62,12 +60,8 @@ pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Res
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
     let lock = take_lock(&dir)?;
-    let fs = LocalFileSystem::new_with_prefix(&dir)
-        .with_context(|| format!("opening the checkpoint directory {}", dir.display()))?;
-    let fs: Arc<dyn ObjectStore> = Arc::new(fs);
     let opened = async {
-        let mut store =
-            CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code).await?;
+        let mut store = CheckpointStore::open_dir(dir.clone(), &plan.query_code).await?;
         // `skein ui` plans the query from its store.
         store
             .describe(Description {
@@ -89,21 +83,21 @@ pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Res
 }
 
 /// A throw-away checkpoint store in `dir` (benchmarks and `skein cost`):
-/// `runtime` checkpoints there every epoch, in the store's lineage.
+/// `runtime` checkpoints there every `interval` epochs, in the store's lineage.
 pub async fn scratch(
     dir: &Path,
     plan: &QueryPlan,
     runtime: &LocalRuntime,
     options: &mut PlanOptions,
+    interval: u64,
 ) -> Result<Arc<CheckpointStore>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating the scratch directory {}", dir.display()))?;
-    let fs: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir)?);
-    let cs = CheckpointStore::open(fs, object_store::path::Path::from(""), &plan.query_code)
+    let cs = CheckpointStore::open_dir(dir.to_path_buf(), &plan.query_code)
         .await
         .context("opening the scratch checkpoint store")?;
     options.run = cs.manifest().run.clone();
-    options.checkpoint = Some(CheckpointSpec { interval: 1 });
+    options.checkpoint = Some(CheckpointSpec { interval });
     let cs = Arc::new(cs);
     runtime.set_checkpoints(Some(cs.clone()));
     Ok(cs)

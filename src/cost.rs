@@ -79,6 +79,7 @@ pub fn measured(report: &RunReport, cpu_s: f64) -> Measured {
         invocations: report.invocations,
         billed_ms: report.billed_ms,
         checkpoint_puts: report.checkpoint_puts,
+        checkpoint_bytes: report.checkpoint_bytes,
         checkpoint_gets: 0,
         cpu_s,
     }
@@ -103,6 +104,7 @@ pub fn measured_on_lambda(events: u64, usage: &Usage, driver_puts: u64) -> Measu
         invocations: usage.invocations,
         billed_ms: usage.billed_ms,
         checkpoint_puts: usage.checkpoint_puts + driver_puts,
+        checkpoint_bytes: 0,
         checkpoint_gets: 0,
         cpu_s: usage.cpu_ms as f64 / 1000.0,
     }

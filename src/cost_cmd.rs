@@ -46,6 +46,15 @@ pub struct CostArgs {
     /// rate × interval events.
     #[arg(long, value_parser = crate::args::parse_duration, default_value = "1s")]
     pub interval: Duration,
+    /// Commit every N epochs, as the standing query would [default: 10 s
+    /// of epochs, a standing query's default].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
+    /// Epoch intervals to price the query at too, each measured in a run
+    /// of its own at commits every epoch, every 10 s and every 60 s
+    /// (in-process only; empty: none).
+    #[arg(long, default_value = "1s,2s,5s,10s", value_name = "1s,10s,...")]
+    pub sweep_intervals: String,
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
@@ -58,6 +67,17 @@ pub struct CostArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+impl CostArgs {
+    /// Epochs between commits: --checkpoint-interval, else a standing
+    /// query's default at --interval.
+    pub fn checkpoint_interval(&self) -> u64 {
+        match self.checkpoint_interval {
+            Some(n) => n as u64,
+            None => skein_engine::epochs::default_checkpoint_interval(true, self.interval),
+        }
+    }
 }
 
 /// The query with every generator table at `rate` for `events` events.
@@ -99,7 +119,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     let (sql, name) = match (&args.file, args.nexmark) {
         (Some(file), _) => (crate::args::read_sql(file)?, file.display().to_string()),
         (None, Some(q)) => (
-            crate::nexmark::nexmark_sql(q, 1, 1, 2)?,
+            crate::run::nexmark_sql(q, 1, 1, 2)?,
             format!("NEXMark q{q}"),
         ),
         (None, None) => bail!("give a SQL file or --nexmark N"),
@@ -108,63 +128,154 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     args.lambda.memory = Some(memory);
     args.model.memory = memory as u32;
     let prices = args.model.prices()?;
-    let interval_s = args.interval.as_secs_f64();
-    if interval_s <= 0.0 {
+    if args.interval.is_zero() {
         bail!("--interval must be longer than zero");
     }
-    let epochs = ((args.seconds as f64 / interval_s).round() as u64).max(1);
-    let events = (args.rate * args.seconds as f64).round().max(1.0) as u64;
-    let sql = at_rate(&sql, args.rate, events);
+    let k = args.checkpoint_interval();
+    if args.lambda.backend == Backend::Lambda {
+        let epochs = ((args.seconds as f64 / args.interval.as_secs_f64()).round() as u64).max(1);
+        let events = (args.rate * args.seconds as f64).round().max(1.0) as u64;
+        let sql = at_rate(&sql, args.rate, events);
+        let plan = plan_generated(&sql, &name, &args, events).await?;
+        let (m, functions) = measure_on_lambda(&sql, &args, epochs).await?;
+        let m = Measured { events, ..m };
+        let on = Some(lambda_note(args.plan.invoke_async));
+        let shape = (epochs, functions, plan.query_code.as_str());
+        return print_cost(&args, &name, m, on, shape, None);
+    }
+    let run = measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?;
+    let mut sweep = vec![];
+    for interval in crate::cost_sweep::intervals(&args)? {
+        if interval == args.interval {
+            sweep.extend(crate::cost_sweep::rows(&run, interval, &prices, &args));
+            continue;
+        }
+        // At least two epochs, each of rate × interval events.
+        let seconds = args.seconds.max(2 * interval.as_secs_f64().ceil() as u64);
+        let k = skein_engine::epochs::default_checkpoint_interval(true, interval);
+        let other = measure_local(&sql, &name, &args, interval, seconds, k).await?;
+        sweep.extend(crate::cost_sweep::rows(&other, interval, &prices, &args));
+    }
+    let shape = (run.epochs, run.functions, run.query_code.as_str());
+    print_cost(
+        &args,
+        &name,
+        run.steady(k),
+        None,
+        shape,
+        Some((&run, k, sweep)),
+    )
+}
 
+/// `sql` planned, every table a generator set to `events`.
+async fn plan_generated(
+    sql: &str,
+    name: &str,
+    args: &CostArgs,
+    events: u64,
+) -> Result<skein_engine::planner::QueryPlan> {
     let regs = registries();
     let ctx = session(&regs.catalog, args.plan.group_size);
-    let mut options = args.plan.options();
-    let plan = plan_query(&ctx, &sql, &options)
+    let plan = plan_query(&ctx, sql, &args.plan.options())
         .await
         .with_context(|| format!("planning {name}"))?;
     check_generated(&regs.catalog, &plan, &events.to_string())?;
-    let (measured, functions, measured_on) = match args.lambda.backend {
-        Backend::Local => {
-            let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
-            // Checkpointed every epoch, as a standing query is by default.
-            let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&scratch);
-            crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options).await?;
-            let cpu_before = process_cpu_s();
-            let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
-            let cpu_s = process_cpu_s() - cpu_before;
-            let _ = std::fs::remove_dir_all(&scratch);
-            let report = report.context("running the query")?;
-            let _ = skein_sinks::blackhole::take(&plan.query_code);
-            (measured(&report, cpu_s), report.functions, None)
-        }
-        Backend::Lambda => {
-            let (m, functions) = measure_on_lambda(&sql, &args, epochs).await?;
-            (m, functions, Some(lambda_note(args.plan.invoke_async)))
-        }
-    };
+    Ok(plan)
+}
 
-    // Per event of the whole stream the rate is of, also where the query
-    // reads only part of it (NEXMark q5 reads the bids).
-    let m = Measured { events, ..measured };
+/// Print the cost report: one JSON object or tables.
+fn print_cost(
+    args: &CostArgs,
+    name: &str,
+    m: Measured,
+    measured_on: Option<String>,
+    (epochs, functions, query_code): (u64, usize, &str),
+    local: Option<(
+        &crate::cost_sweep::LocalRun,
+        u64,
+        Vec<crate::cost_sweep::SweepRow>,
+    )>,
+) -> Result<()> {
+    let prices = args.model.prices()?;
     let mut c = estimate(&m, &prices, &args.model.options(Some(args.rate)));
     c.measured_on = measured_on;
     if args.json {
         let mut v = to_json(&c);
         v["query"] = json!(name);
         v["epochs"] = json!(epochs);
-        v["interval_s"] = json!(interval_s);
+        v["interval_s"] = json!(args.interval.as_secs_f64());
         v["functions"] = json!(functions);
-        v["query_code"] = json!(plan.query_code);
+        v["query_code"] = json!(query_code);
         v["backend"] = json!(match args.lambda.backend {
             Backend::Local => "local",
             Backend::Lambda => "lambda",
         });
+        if let Some((run, k, sweep)) = &local {
+            v["checkpoint_interval"] = json!(k);
+            v["checkpoint_puts_per_epoch"] = json!(run.puts_per_epoch(*k));
+            v["checkpoint_puts_in_run"] = json!(run.puts);
+            v["sweep"] = json!(sweep);
+        }
         println!("{v}");
     } else {
-        print!("{}", table(&name, &c, epochs, functions));
+        print!("{}", table(name, &c, epochs, functions));
+        if let Some((run, k, sweep)) = &local {
+            println!(
+                "checkpoint writes: {:.2} per epoch at a commit every {k} epochs ({} log entries, \
+                 {} states, {} driver objects in the run's {epochs} epochs)",
+                run.puts_per_epoch(*k),
+                run.puts.entries,
+                run.puts.states,
+                run.puts.driver
+            );
+            if !sweep.is_empty() {
+                print!("{}", crate::cost_sweep::table(sweep));
+            }
+        }
     }
     Ok(())
+}
+
+/// Run the query in-process over `seconds` of generated input at the
+/// rate, one epoch per `interval`, committing every `k` epochs to a
+/// scratch directory, as a standing query does.
+async fn measure_local(
+    sql: &str,
+    name: &str,
+    args: &CostArgs,
+    interval: Duration,
+    seconds: u64,
+    k: u64,
+) -> Result<crate::cost_sweep::LocalRun> {
+    let epochs = ((seconds as f64 / interval.as_secs_f64()).round() as u64).max(1);
+    let events = (args.rate * seconds as f64).round().max(1.0) as u64;
+    let sql = at_rate(sql, args.rate, events);
+    let plan = plan_generated(&sql, name, args, events).await?;
+    let mut options = args.plan.options();
+    let regs = registries();
+    let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
+    let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let store = crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
+    let cpu_before = process_cpu_s();
+    let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
+    let cpu_s = process_cpu_s() - cpu_before;
+    let _ = std::fs::remove_dir_all(&scratch);
+    let report = report.context("running the query")?;
+    let _ = skein_sinks::blackhole::take(&plan.query_code);
+    // Per event of the whole stream the rate is of, also where the query
+    // reads only part of it (NEXMark q5 reads the bids).
+    Ok(crate::cost_sweep::LocalRun {
+        measured: Measured {
+            events,
+            ..measured(&report, cpu_s)
+        },
+        epochs,
+        functions: report.functions,
+        checkpoint_interval: k,
+        puts: store.put_counts(),
+        query_code: plan.query_code.clone(),
+    })
 }
 
 /// Every source a generator (generated epoch by epoch, bounded) with the
@@ -282,7 +393,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         metrics: None,
         checkpoint_dir: Some(scratch.clone().into()),
         no_checkpoint: false,
-        checkpoint_interval: 1,
+        checkpoint_interval: Some(args.checkpoint_interval() as usize),
         json: true,
         show: 0,
     };

@@ -190,9 +190,9 @@ pub struct StandingArgs {
     /// 'epoch.interval' option of its source tables, else 1s].
     #[arg(long, value_parser = parse_duration)]
     pub interval: Option<Duration>,
-    /// Epochs between commits.
-    #[arg(long, default_value_t = 1, value_parser = crate::positive)]
-    pub checkpoint_interval: usize,
+    /// Epochs between commits [default: 10 s of epochs].
+    #[arg(long, value_parser = crate::positive)]
+    pub checkpoint_interval: Option<usize>,
     /// Checkpoint location (default <store>/skein/checkpoints/<query-code>).
     #[arg(long, value_name = "s3://bucket/prefix")]
     pub checkpoint_dir: Option<std::path::PathBuf>,
@@ -209,7 +209,7 @@ impl StandingArgs {
     fn options(&self) -> StandingOptions {
         StandingOptions {
             interval: self.interval,
-            checkpoint_interval: self.checkpoint_interval as u64,
+            checkpoint_interval: self.checkpoint_interval.map(|n| n as u64),
             checkpoint_dir: self.checkpoint_dir.clone(),
             scheduler_role: self.scheduler_role.clone(),
         }

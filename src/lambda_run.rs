@@ -33,7 +33,7 @@ pub(crate) async fn run_sql(
         plan: common.plan.options(),
         bound: common.bound(),
         checkpoint: common.checkpoint_request(),
-        checkpoint_interval: common.checkpoint_interval as u64,
+        checkpoint_interval: common.checkpoint_interval.map(|n| n as u64),
         verify: common.verify,
     };
     let run = skein_lambda::run::run(&deployment, sql, &request).await?;

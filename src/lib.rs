@@ -10,6 +10,7 @@ pub mod bench_state;
 pub mod checkpoint_dir;
 pub mod cost;
 pub mod cost_cmd;
+mod cost_sweep;
 pub mod gen_args;
 pub mod lambda_bench;
 pub mod lambda_cmd;
@@ -78,3 +79,22 @@ pub fn positive(s: &str) -> std::result::Result<usize, String> {
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// jemalloc as the global allocator of both binaries (feature `jemalloc`).
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// mimalloc as the global allocator of both binaries (feature `mimalloc`).
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The global allocator this build uses, for benchmark reports.
+pub const ALLOCATOR_NAME: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "glibc"
+};

@@ -145,10 +145,6 @@ pub async fn run_report(
     if held.is_none() {
         crate::checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }
-    match &held {
-        Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval as u64),
-        None => opts.run = fresh_run(&plan.query_code),
-    }
     let files_sink = plan
         .sink
         .kind
@@ -181,6 +177,10 @@ pub async fn run_report(
         } else {
             (args.stop(&plan)?, None)
         };
+    match &held {
+        Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval(&stop)),
+        None => opts.run = fresh_run(&plan.query_code),
+    }
     let expected_epochs = match &stop {
         StopAfter::Epochs(n) => Some(*n),
         StopAfter::Duration { duration, interval } => {

@@ -5,12 +5,9 @@
 //! file, its standing spec in the store, the schedule and the lease).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use object_store::local::LocalFileSystem;
-use object_store::path::Path as StorePath;
 use serde_json::{Value, json};
 use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::planner::{QueryPlan, plan_query, session};
@@ -85,9 +82,7 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
             dir.display()
         );
     }
-    let fs = LocalFileSystem::new_with_prefix(&dir)
-        .with_context(|| format!("opening {}", dir.display()))?;
-    let store = CheckpointStore::attach(Arc::new(fs), StorePath::from(""), &plan.query_code, "");
+    let store = CheckpointStore::attach_dir(dir, &plan.query_code, "");
     Ok(query_status(&plan, &store, &registries().catalog).await?)
 }
 

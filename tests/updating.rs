@@ -169,7 +169,8 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
          LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
         common::redis_url()
     ));
-    let standing = ["--interval", "100ms"];
+    // A commit every epoch: the commits are the test's clock.
+    let standing = ["--interval", "100ms", "--checkpoint-interval", "1"];
     let checkpoints = live.checkpoints();
     let mut child = live
         .command(&sql, &standing)

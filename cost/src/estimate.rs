@@ -31,6 +31,9 @@ pub struct Measured {
     pub billed_ms: u64,
     /// Objects written to the checkpoint store (S3 PUT).
     pub checkpoint_puts: u64,
+    /// Bytes of those objects (S3 Express One Zone charges per GB uploaded).
+    #[serde(default)]
+    pub checkpoint_bytes: u64,
     /// Objects read from it (S3 GET).
     pub checkpoint_gets: u64,
     /// Process CPU time spent on the run, seconds.
@@ -69,14 +72,27 @@ pub enum Arch {
     Arm64,
 }
 
-/// The query on Lambda, one architecture.
+/// Where the checkpoints are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectStore {
+    /// S3 Standard (a general purpose bucket).
+    S3,
+    /// S3 Express One Zone (a directory bucket).
+    S3Express,
+}
+
+/// The query on Lambda, one architecture, its checkpoints on one store.
 #[derive(Debug, Clone, Serialize)]
 pub struct LambdaCost {
     pub arch: Arch,
     pub memory_mb: u32,
+    pub object_store: ObjectStore,
     pub requests_per_million_events: f64,
     pub gb_s_per_million_events: f64,
     pub s3_requests_per_million_events: f64,
+    /// The checkpoint store's part of `usd_per_million_events`.
+    pub object_store_usd_per_million_events: f64,
     pub usd_per_million_events: f64,
     pub usd_per_month: Option<f64>,
 }
@@ -102,7 +118,10 @@ pub struct CostReport {
     /// The input stream, when it is Kinesis (included in every total).
     pub kinesis_usd_per_million_events: f64,
     pub kinesis_shards: Option<u32>,
+    /// x86_64 and arm64, checkpoints on S3 Standard.
     pub lambda: Vec<LambdaCost>,
+    /// The same on S3 Express One Zone.
+    pub lambda_s3_express: Vec<LambdaCost>,
     pub vm: ServerCost,
     pub flink: ServerCost,
     /// How the measurements were taken, where that is not in-process.
@@ -126,32 +145,48 @@ pub fn estimate(m: &Measured, prices: &Prices, opts: &ModelOptions) -> CostRepor
     let slowdown = (ONE_VCPU_MB / memory).max(1.0);
     let gb_s_pm = m.billed_ms as f64 / 1000.0 * slowdown * memory / 1024.0 * per_million;
     let requests_pm = m.invocations as f64 * per_million;
-    let s3_usd_pm = (m.checkpoint_puts as f64 * prices.s3_put_per_thousand
-        + m.checkpoint_gets as f64 * prices.s3_get_per_thousand)
-        / 1000.0
-        * per_million;
-    let lambda = [
-        (Arch::X86_64, prices.lambda_x86_per_gb_s),
-        (Arch::Arm64, prices.lambda_arm_per_gb_s),
-    ]
-    .into_iter()
-    .map(|(arch, gb_s_price)| {
-        let usd = requests_pm * prices.lambda_per_million_requests / 1e6
-            + gb_s_pm * gb_s_price
-            + s3_usd_pm
-            + kinesis_pm;
-        LambdaCost {
-            arch,
-            memory_mb: opts.memory_mb,
-            requests_per_million_events: requests_pm,
-            gb_s_per_million_events: gb_s_pm,
-            s3_requests_per_million_events: (m.checkpoint_puts + m.checkpoint_gets) as f64
-                * per_million,
-            usd_per_million_events: usd,
-            usd_per_month: monthly(usd),
-        }
-    })
-    .collect();
+    let store_usd_pm = |store: ObjectStore| {
+        let (put, get, per_gb) = match store {
+            ObjectStore::S3 => (prices.s3_put_per_thousand, prices.s3_get_per_thousand, 0.0),
+            ObjectStore::S3Express => (
+                prices.s3_express_put_per_thousand,
+                prices.s3_express_get_per_thousand,
+                prices.s3_express_upload_per_gb,
+            ),
+        };
+        ((m.checkpoint_puts as f64 * put + m.checkpoint_gets as f64 * get) / 1000.0
+            + m.checkpoint_bytes as f64 / 1e9 * per_gb)
+            * per_million
+    };
+    let lambda_on = |store: ObjectStore| -> Vec<LambdaCost> {
+        let store_pm = store_usd_pm(store);
+        [
+            (Arch::X86_64, prices.lambda_x86_per_gb_s),
+            (Arch::Arm64, prices.lambda_arm_per_gb_s),
+        ]
+        .into_iter()
+        .map(|(arch, gb_s_price)| {
+            let usd = requests_pm * prices.lambda_per_million_requests / 1e6
+                + gb_s_pm * gb_s_price
+                + store_pm
+                + kinesis_pm;
+            LambdaCost {
+                arch,
+                memory_mb: opts.memory_mb,
+                object_store: store,
+                requests_per_million_events: requests_pm,
+                gb_s_per_million_events: gb_s_pm,
+                s3_requests_per_million_events: (m.checkpoint_puts + m.checkpoint_gets) as f64
+                    * per_million,
+                object_store_usd_per_million_events: store_pm,
+                usd_per_million_events: usd,
+                usd_per_month: monthly(usd),
+            }
+        })
+        .collect()
+    };
+    let lambda = lambda_on(ObjectStore::S3);
+    let lambda_s3_express = lambda_on(ObjectStore::S3Express);
 
     let per_vcpu_s = if m.cpu_s > 0.0 {
         m.events as f64 / m.cpu_s
@@ -206,6 +241,7 @@ pub fn estimate(m: &Measured, prices: &Prices, opts: &ModelOptions) -> CostRepor
         kinesis_usd_per_million_events: kinesis_pm,
         kinesis_shards,
         lambda,
+        lambda_s3_express,
         vm,
         flink,
         measured_on: None,
@@ -257,8 +293,8 @@ mod tests {
         (a - b).abs() <= 1e-9 * b.abs().max(1.0)
     }
 
-    /// 1 M events in 1,000 invocations billed 100 s at 2 GB, 100 PUTs,
-    /// 10 s of CPU; 1,000 events/s for a month, by hand:
+    /// 1 M events in 1,000 invocations billed 100 s at 2 GB, 100 PUTs of
+    /// 1 GB in all, 10 s of CPU; 1,000 events/s for a month, by hand:
     /// GB-s 200 × 0.0000166667 = 0.00333334; requests 1,000 × 0.2 / 1e6 =
     /// 0.0002; PUTs 100 × 0.005 / 1,000 = 0.0005: x86 $0.00403334 per
     /// million events; 2,628 M events a month: $10.59961752. One c7g.large
@@ -271,6 +307,7 @@ mod tests {
             invocations: 1000,
             billed_ms: 100_000,
             checkpoint_puts: 100,
+            checkpoint_bytes: 1_000_000_000,
             checkpoint_gets: 0,
             cpu_s: 10.0,
         };
@@ -289,6 +326,19 @@ mod tests {
         assert!(close(
             arm.usd_per_million_events,
             200.0 * 0.0000133334 + 0.0007
+        ));
+        assert!(close(x86.object_store_usd_per_million_events, 0.0005));
+        // On S3 Express One Zone: 100 PUTs × 0.00113 / 1,000, and 1 GB
+        // uploaded × 0.0032.
+        let express = &r.lambda_s3_express[0];
+        assert_eq!(express.object_store, ObjectStore::S3Express);
+        assert!(close(
+            express.object_store_usd_per_million_events,
+            0.000113 + 0.0032
+        ));
+        assert!(close(
+            express.usd_per_million_events,
+            0.00333334 + 0.0002 + 0.000113 + 0.0032
         ));
         assert_eq!(r.vm.units, Some(1));
         assert!(close(r.vm.usd_per_month.unwrap(), 52.925));

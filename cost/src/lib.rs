@@ -8,7 +8,9 @@ mod estimate;
 mod exchange;
 mod prices;
 
-pub use estimate::{Arch, CostReport, LambdaCost, Measured, ModelOptions, ServerCost, estimate};
+pub use estimate::{
+    Arch, CostReport, LambdaCost, Measured, ModelOptions, ObjectStore, ServerCost, estimate,
+};
 pub use exchange::{ExchangeCost, ExchangeUsage, exchange_cost};
 pub use prices::{PRICES_DATE, PRICES_SOURCE, Prices};
 

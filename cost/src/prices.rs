@@ -10,7 +10,7 @@ use crate::CostError;
 pub const PRICES_DATE: &str = "2026-11-24";
 
 /// Where they come from.
-pub const PRICES_SOURCE: &str = "aws.amazon.com/{lambda,s3,kinesis/data-streams,managed-service-apache-flink,ec2}/pricing, us-east-1 on-demand list prices";
+pub const PRICES_SOURCE: &str = "aws.amazon.com/{lambda,s3,kinesis/data-streams,managed-service-apache-flink,ec2}/pricing, us-east-1 on-demand list prices (S3 Express One Zone: the s3/pricing page's directory-bucket rows)";
 
 /// Unit prices in US dollars. Field names carry their unit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +23,11 @@ pub struct Prices {
     pub lambda_arm_per_gb_s: f64,
     pub s3_put_per_thousand: f64,
     pub s3_get_per_thousand: f64,
+    /// S3 Express One Zone (a directory bucket): requests, and every GB
+    /// uploaded (DELETE is free, as on S3 Standard).
+    pub s3_express_put_per_thousand: f64,
+    pub s3_express_get_per_thousand: f64,
+    pub s3_express_upload_per_gb: f64,
     /// Provisioned mode: one shard takes 1 MB/s or 1,000 records/s in.
     pub kinesis_shard_hour: f64,
     /// One PUT payload unit is a record's 25 KB chunk.
@@ -46,6 +51,9 @@ impl Default for Prices {
             lambda_arm_per_gb_s: 0.000_013_333_4,
             s3_put_per_thousand: 0.005,
             s3_get_per_thousand: 0.0004,
+            s3_express_put_per_thousand: 0.00113,
+            s3_express_get_per_thousand: 0.00003,
+            s3_express_upload_per_gb: 0.0032,
             kinesis_shard_hour: 0.015,
             kinesis_per_million_put_units: 0.014,
             flink_kpu_hour: 0.11,
@@ -84,6 +92,9 @@ impl Prices {
             self.lambda_arm_per_gb_s,
             self.s3_put_per_thousand,
             self.s3_get_per_thousand,
+            self.s3_express_put_per_thousand,
+            self.s3_express_get_per_thousand,
+            self.s3_express_upload_per_gb,
             self.kinesis_shard_hour,
             self.kinesis_per_million_put_units,
             self.flink_kpu_hour,

@@ -36,6 +36,8 @@ pub struct EpochInput {
     pub watermark: Watermark,
     /// The driver marked this epoch the run's last: flush every window.
     pub last: bool,
+    /// The driver will commit this epoch: keep the state as of its end.
+    pub checkpoint: bool,
     /// Source offsets the senders read up to, passed on to the sink.
     pub offsets: Vec<SourceOffset>,
 }
@@ -85,6 +87,7 @@ struct Slot {
     edges: HashMap<u32, EdgeSlot>,
     watermark: WatermarkMin,
     last: bool,
+    checkpoint: bool,
     offsets: Vec<SourceOffset>,
 }
 
@@ -166,6 +169,7 @@ impl Arena {
             idle: payload.idle,
         });
         slot.last |= payload.last;
+        slot.checkpoint |= payload.checkpoint;
         slot.offsets.extend(payload.offsets.iter().cloned());
 
         let complete = self
@@ -187,6 +191,7 @@ impl Arena {
             edges,
             watermark: slot.watermark.result(),
             last: slot.last,
+            checkpoint: slot.checkpoint,
             offsets: slot.offsets,
         }))
     }
@@ -236,6 +241,7 @@ mod tests {
             watermark: Some(100 + seq_num as i64),
             idle: false,
             last: false,
+            checkpoint: false,
             offsets: vec![],
             data: String::new(),
         }

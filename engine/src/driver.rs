@@ -23,7 +23,7 @@ use crate::payload::SourceOffset;
 use crate::planner::{PlanOptions, QueryPlan};
 use crate::sink_health::BoundNow;
 
-pub use crate::epochs::{DrainCheck, EpochOutcome, StopAfter};
+pub use crate::epochs::{DrainCheck, EpochFire, EpochOutcome, StopAfter};
 
 /// One deployed function.
 #[derive(Debug, Clone)]
@@ -86,15 +86,19 @@ pub async fn trigger_epoch(
     epoch: u64,
     last: bool,
 ) -> Result<u64> {
-    Ok(fire_epoch(plan, invoker, epoch, last).await?.events)
+    let fire = EpochFire {
+        epoch,
+        last,
+        ..Default::default()
+    };
+    Ok(fire_epoch(plan, invoker, fire).await?.events)
 }
 
 /// Fire every source instance for one epoch.
 pub async fn fire_epoch(
     plan: &QueryPlan,
     invoker: &dyn Invoker,
-    epoch: u64,
-    last: bool,
+    fire: EpochFire,
 ) -> Result<EpochOutcome> {
     let calls = plan
         .source_stages()
@@ -103,8 +107,10 @@ pub async fn fire_epoch(
             let name = function_name(&plan.query_code, stage, m);
             let req = Request::Trigger(Trigger {
                 qid: plan.query_code.clone(),
-                epoch,
-                last,
+                epoch: fire.epoch,
+                last: fire.last,
+                checkpoint: fire.checkpoint,
+                fresh: fire.fresh,
             })
             .to_json();
             async move {
@@ -177,6 +183,8 @@ pub struct RunReport {
     pub billed_ms: u64,
     /// Objects the run wrote to the checkpoint store (S3 PUT requests).
     pub checkpoint_puts: u64,
+    /// Bytes of those objects.
+    pub checkpoint_bytes: u64,
 }
 
 /// Deploy to an in-process runtime and run until `stop`; the last epoch
@@ -240,7 +248,8 @@ pub async fn run_local_drained_by<'a>(
     let before_bytes = runtime.stats().payload_bytes.load(Ordering::Relaxed);
     let before_billed = runtime.stats().billed_ms.load(Ordering::Relaxed);
     let checkpoint_puts = || runtime.checkpoints().map_or(0, |c| c.puts());
-    let before_puts = checkpoint_puts();
+    let checkpoint_bytes = || runtime.checkpoints().map_or(0, |c| c.bytes_written());
+    let (before_puts, before_bytes_written) = (checkpoint_puts(), checkpoint_bytes());
     let before_late = runtime.late_rows();
     let start = Instant::now();
     let log = EpochLog::new(
@@ -298,6 +307,7 @@ pub async fn run_local_drained_by<'a>(
         resumed_after: run.resumed.map(|c| c.epoch),
         billed_ms: runtime.stats().billed_ms.load(Ordering::Relaxed) - before_billed,
         checkpoint_puts: checkpoint_puts() - before_puts,
+        checkpoint_bytes: checkpoint_bytes() - before_bytes_written,
     })
 }
 
@@ -313,8 +323,8 @@ struct LocalEpochs<'a> {
 
 #[async_trait]
 impl EpochRuntime for LocalEpochs<'_> {
-    async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
-        let outcome = fire_epoch(self.plan, self.runtime.as_ref(), epoch, last).await?;
+    async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
+        let outcome = fire_epoch(self.plan, self.runtime.as_ref(), fire).await?;
         self.runtime.wait_idle().await;
         Ok(outcome)
     }

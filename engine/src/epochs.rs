@@ -13,7 +13,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::checkpoint::{
-    CheckpointFigures, CheckpointStore, Commit, EpochFigures, EpochPlan, Failure, Progress,
+    CheckpointFigures, CheckpointStore, Commit, Decided, EpochFigures, EpochRecord, Failure,
+    Progress,
 };
 use crate::error::{EngineError, Result};
 use crate::usage::Usage;
@@ -86,6 +87,15 @@ impl StopAfter {
         }
     }
 
+    /// Epochs between commits when none is given: every epoch for a
+    /// bounded run; [`STANDING_CHECKPOINT`] of epochs for a standing one.
+    pub fn default_checkpoint_interval(&self) -> u64 {
+        match self {
+            StopAfter::Signalled { interval, .. } => default_checkpoint_interval(true, *interval),
+            _ => 1,
+        }
+    }
+
     fn signal(&self) -> Option<&StopSignal> {
         match self {
             StopAfter::Signalled { signal, .. } => Some(signal),
@@ -152,13 +162,28 @@ pub trait DrainCheck: Send {
     async fn drained(&mut self, epoch: u64, outcome: EpochOutcome) -> Result<bool>;
 }
 
+/// What the driver decided for one epoch it fires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EpochFire {
+    /// The epoch.
+    pub epoch: u64,
+    /// The run's last epoch: every window is flushed.
+    pub last: bool,
+    /// The epoch will be committed: every stateful member keeps its state
+    /// as of its end.
+    pub checkpoint: bool,
+    /// No earlier run can have fired it, so no source member has logged
+    /// it: a source member need not look for its entry first.
+    pub fresh: bool,
+}
+
 /// Where the functions run, as the epoch loop sees it.
 #[async_trait]
 pub trait EpochRuntime: Send + Sync {
-    /// Fire every source member for `epoch` and return once the epoch has
+    /// Fire every source member for an epoch and return once the epoch has
     /// run as far as it will (in-process: the runtime is idle; Lambda: the
     /// synchronous triggers returned).
-    async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome>;
+    async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome>;
 
     /// Fail unless every function has finished `epoch`: no invocation
     /// failed and nobody waits for input.
@@ -187,17 +212,55 @@ pub trait EpochRuntime: Send + Sync {
     }
 }
 
+/// The checkpoint interval of a query that runs until it is stopped, when
+/// none is given: commits about every [`STANDING_CHECKPOINT`]. A commit
+/// costs a write per stateful member and one for the driver, and a restart
+/// runs again what came after the last one: at 1 s epochs, a commit every
+/// 10 epochs makes checkpoints a tenth of the requests for at most 10 s of
+/// input read again (sinks skip what they hold). A bounded run commits
+/// every epoch.
+pub const STANDING_CHECKPOINT: Duration = Duration::from_secs(10);
+
+/// The default checkpoint interval, in epochs: every epoch for a bounded
+/// run; [`STANDING_CHECKPOINT`] of epochs of `interval` for a standing one.
+pub fn default_checkpoint_interval(standing: bool, interval: Duration) -> u64 {
+    if !standing || interval.is_zero() {
+        return 1;
+    }
+    (STANDING_CHECKPOINT.as_secs_f64() / interval.as_secs_f64())
+        .round()
+        .max(1.0) as u64
+}
+
 /// The driver's side of checkpoints: its decisions are written before an
 /// epoch fires (a restart makes the same ones), and an epoch is committed
-/// once every function has finished it.
+/// once every function has finished it. Decisions ride with commits where
+/// they can, so a checkpoint costs the driver one write.
 pub struct EpochLog {
     store: Option<Arc<CheckpointStore>>,
     interval: u64,
-    /// The highest epoch with a decision in the store, once listed: later
-    /// ones are new, and their decision is written without a read first.
-    planned: tokio::sync::Mutex<Option<Option<u64>>>,
-    /// What is recorded with the next commit.
-    tracking: tokio::sync::Mutex<Tracking>,
+    state: tokio::sync::Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    /// Decisions known: read at the start or made since.
+    decided: Vec<Decided>,
+    /// Epochs at or below this may have fired before; none above has.
+    fired: Option<u64>,
+    /// A commit that goes out with the next decision (runs that decide
+    /// one epoch at a time).
+    pending: Option<Commit>,
+    /// What the driver saw of the epochs since the last commit.
+    records: Vec<EpochRecord>,
+    /// The progress the commit object carries for `skein ui`.
+    tracking: Tracking,
+}
+
+impl LogState {
+    fn last_at(&self, epoch: u64) -> Option<bool> {
+        self.decided.iter().rev().find_map(|d| d.last_at(epoch))
+    }
 }
 
 /// The driver's progress between commits.
@@ -219,14 +282,28 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// How far ahead the driver decides.
+#[derive(Debug, Clone, Copy)]
+enum Ahead {
+    /// Through the next checkpoint, at each commit: a run whose last epoch
+    /// is known (`--epochs`) or which has none (a standing query).
+    ToCheckpoint {
+        /// The last epoch of a bounded run.
+        last: Option<u64>,
+    },
+    /// One epoch at a time, before it fires: whether the next is the last
+    /// depends on what this one finds (`--until-drained`, `--duration`).
+    OneEpoch,
+}
+
 impl EpochLog {
-    /// `store`: none when the query does not checkpoint.
+    /// `store`: none when the query does not checkpoint; commits every
+    /// `interval` epochs.
     pub fn new(store: Option<Arc<CheckpointStore>>, interval: u64) -> Self {
         EpochLog {
             store,
             interval: interval.max(1),
-            planned: Default::default(),
-            tracking: Default::default(),
+            state: Default::default(),
         }
     }
 
@@ -238,20 +315,27 @@ impl EpochLog {
         }
     }
 
-    /// The last committed epoch, taking the progress recorded with it to
-    /// go on from.
-    async fn resume(&self, runtime: &dyn EpochRuntime) -> Result<Option<Commit>> {
+    /// Read the last commit, the decisions after it and the progress
+    /// recorded with it to go on from: a run starts here.
+    async fn load(&self, runtime: &dyn EpochRuntime) -> Result<Option<Commit>> {
         let Some(cs) = &self.store else {
             return Ok(None);
         };
-        let record = cs.commit_record().await?;
-        let mut t = self.tracking.lock().await;
-        t.usage = runtime.usage().await;
-        t.written_at_commit = written(cs, &t.usage);
-        if let Some(r) = &record {
-            t.progress = r.progress.clone();
-        }
-        Ok(record.map(|r| r.commit))
+        let log = cs.driver_log().await?;
+        let usage = runtime.usage().await;
+        let mut state = self.state.lock().await;
+        *state = LogState {
+            fired: log.highest(),
+            decided: log.decided,
+            tracking: Tracking {
+                progress: log.progress,
+                written_at_commit: written(cs, &usage),
+                usage,
+                fired: None,
+            },
+            ..Default::default()
+        };
+        Ok(log.committed)
     }
 
     /// Take what one epoch did into the progress.
@@ -260,7 +344,8 @@ impl EpochLog {
             return;
         }
         let usage = runtime.usage().await;
-        let mut t = self.tracking.lock().await;
+        let mut state = self.state.lock().await;
+        let t = &mut state.tracking;
         let used = usage.since(&t.usage);
         t.usage = usage;
         t.fired.get_or_insert(fired);
@@ -276,7 +361,144 @@ impl EpochLog {
         );
     }
 
-    /// Record a failed epoch (a failure to record it only costs the record).
+    /// The next checkpoint epoch at or after `epoch`.
+    fn checkpoint_at_or_after(&self, epoch: u64) -> u64 {
+        epoch.div_ceil(self.interval) * self.interval
+    }
+
+    /// Decisions from `from` through the next checkpoint (or the run's end).
+    fn ahead_from(&self, from: u64, ahead: Ahead, last_wanted: bool) -> Decided {
+        match ahead {
+            Ahead::OneEpoch => Decided {
+                from,
+                through: from,
+                last: last_wanted,
+            },
+            Ahead::ToCheckpoint { last } => {
+                let through = self.checkpoint_at_or_after(from);
+                let through = last.map_or(through, |l| through.min(l).max(from));
+                Decided {
+                    from,
+                    through,
+                    last: last_wanted || last == Some(through),
+                }
+            }
+        }
+    }
+
+    /// What `epoch` is: as decided before (by this run or an earlier one),
+    /// or decided now and written before it fires, with the commit waiting
+    /// to go out, if any.
+    async fn decide(
+        &self,
+        epoch: u64,
+        last_wanted: bool,
+        checkpoint_wanted: bool,
+        ahead: Ahead,
+    ) -> Result<EpochFire> {
+        let Some(cs) = &self.store else {
+            return Ok(EpochFire {
+                epoch,
+                last: last_wanted,
+                checkpoint: false,
+                fresh: true,
+            });
+        };
+        let mut state = self.state.lock().await;
+        let fresh = state.fired.is_none_or(|f| epoch > f);
+        let last = match state.last_at(epoch) {
+            Some(last) => last,
+            None => {
+                let decided = self.ahead_from(epoch, ahead, last_wanted);
+                match state.pending.take() {
+                    Some(commit) => write_commit(cs, &mut state, commit, Some(decided)).await?,
+                    None => {
+                        cs.decide(decided).await?;
+                        state.decided.push(decided);
+                    }
+                }
+                decided.last_at(epoch).unwrap_or(last_wanted)
+            }
+        };
+        state.fired = Some(state.fired.map_or(epoch, |f| f.max(epoch)));
+        Ok(EpochFire {
+            epoch,
+            last,
+            checkpoint: last || checkpoint_wanted || epoch.is_multiple_of(self.interval),
+            fresh,
+        })
+    }
+
+    /// Commit `fire`'s epoch once it is complete everywhere: now, with the
+    /// decisions through the next checkpoint, or (deciding one epoch at a
+    /// time) with the next decision unless `now`. Then drop what no
+    /// restart needs.
+    async fn commit(
+        &self,
+        runtime: &dyn EpochRuntime,
+        fire: EpochFire,
+        ahead: Ahead,
+        now: bool,
+        record: EpochRecord,
+    ) -> Result<()> {
+        let Some(cs) = &self.store else {
+            return Ok(());
+        };
+        let mut state = self.state.lock().await;
+        state.records.push(record);
+        if !fire.checkpoint {
+            return Ok(());
+        }
+        // An epoch that lost an invocation or left a member waiting is not
+        // complete: it is run again after the last commit. Checked only
+        // here: a member left waiting earlier is still waiting now.
+        let started = std::time::Instant::now();
+        runtime.check_complete(fire.epoch).await?;
+        state.tracking.checkpoint(cs, fire.epoch, started);
+        let commit = Commit {
+            epoch: fire.epoch,
+            last: fire.last,
+        };
+        let decided = match ahead {
+            _ if fire.last || now => None,
+            Ahead::OneEpoch => {
+                state.pending = Some(commit);
+                return Ok(());
+            }
+            Ahead::ToCheckpoint { .. } => {
+                let next = fire.epoch + 1;
+                match state.last_at(next) {
+                    // Decided already (a resumed run's earlier decisions).
+                    Some(_) => None,
+                    None => Some(self.ahead_from(next, ahead, false)),
+                }
+            }
+        };
+        write_commit(cs, &mut state, commit, decided).await?;
+        drop(state);
+        crate::metrics::commit(started.elapsed());
+        runtime.committed(fire.epoch).await;
+        Ok(())
+    }
+
+    /// A commit waiting for the next decision goes out alone: the run ends.
+    async fn flush(&self, runtime: &dyn EpochRuntime) -> Result<()> {
+        let Some(cs) = &self.store else {
+            return Ok(());
+        };
+        let mut state = self.state.lock().await;
+        let Some(commit) = state.pending.take() else {
+            return Ok(());
+        };
+        write_commit(cs, &mut state, commit, None).await?;
+        drop(state);
+        runtime.committed(commit.epoch).await;
+        Ok(())
+    }
+
+    /// After a failed epoch: what was waiting to be committed is not.
+    /// The failure is recorded for `skein ui` (a failure to record it only
+    /// costs the record).
     async fn failed(&self, epoch: u64, error: &EngineError) {
         let Some(cs) = &self.store else {
             return;
@@ -289,70 +511,47 @@ impl EpochLog {
         if let Err(e) = cs.put_failure(&failure).await {
             tracing::warn!(error = %e, "recording a failed epoch");
         }
-        self.tracking.lock().await.fired = None;
+        let mut state = self.state.lock().await;
+        state.pending = None;
+        state.records.clear();
+        state.tracking.fired = None;
     }
+}
 
-    /// Whether `epoch` is the last: as decided the first time it fired.
-    async fn decide(&self, epoch: u64, last: bool) -> Result<bool> {
-        let Some(cs) = &self.store else {
-            return Ok(last);
-        };
-        let mut planned = self.planned.lock().await;
-        let highest = match *planned {
-            Some(h) => h,
-            None => *planned.insert(cs.last_planned_epoch().await?),
-        };
-        if highest.is_some_and(|h| epoch <= h)
-            && let Some(plan) = cs.epoch_plan(epoch).await?
-        {
-            return Ok(plan.last);
-        }
-        cs.put_epoch_plan(epoch, EpochPlan { last }).await?;
-        *planned = Some(highest.max(Some(epoch)));
-        Ok(last)
+impl Tracking {
+    /// Take the checkpoint of `epoch`, whose commit is about to go out.
+    fn checkpoint(&mut self, cs: &CheckpointStore, epoch: u64, started: Instant) {
+        let now = written(cs, &self.usage);
+        let fired = self.fired.take().unwrap_or(started);
+        self.progress.checkpoint(CheckpointFigures {
+            epoch,
+            at_ms: now_ms(),
+            duration_ms: fired.elapsed().as_secs_f64() * 1000.0,
+            bytes: now.1.saturating_sub(self.written_at_commit.1),
+            requests: now.0.saturating_sub(self.written_at_commit.0),
+        });
+        self.written_at_commit = now;
     }
+}
 
-    /// Commit `epoch` if it is complete everywhere and the interval (or
-    /// the end of the run, or a stop: `force`) says so; then drop what no
-    /// restart needs.
-    async fn commit(
-        &self,
-        runtime: &dyn EpochRuntime,
-        epoch: u64,
-        last: bool,
-        force: bool,
-    ) -> Result<()> {
-        let Some(cs) = &self.store else {
-            return Ok(());
-        };
-        if !(last || force || epoch.is_multiple_of(self.interval)) {
-            return Ok(());
-        }
-        // An epoch that lost an invocation or left a member waiting is not
-        // complete: it is run again after the last commit. Checked only
-        // here: a member left waiting earlier is still waiting now.
-        let started = std::time::Instant::now();
-        runtime.check_complete(epoch).await?;
-        {
-            let mut t = self.tracking.lock().await;
-            let now = written(cs, &t.usage);
-            let fired = t.fired.take().unwrap_or(started);
-            let figures = CheckpointFigures {
-                epoch,
-                at_ms: now_ms(),
-                duration_ms: fired.elapsed().as_secs_f64() * 1000.0,
-                bytes: now.1.saturating_sub(t.written_at_commit.1),
-                requests: now.0.saturating_sub(t.written_at_commit.0),
-            };
-            t.progress.checkpoint(figures);
-            t.written_at_commit = now;
-            cs.commit_with(Commit { epoch, last }, &t.progress).await?;
-        }
-        cs.forget_before(epoch).await?;
-        crate::metrics::commit(started.elapsed());
-        runtime.committed(epoch).await;
-        Ok(())
-    }
+/// Write `commit` with `decided` (the decisions after it, if made now),
+/// the records of the epochs since the last commit and the driver's
+/// progress: one object. Then
+/// drop what no restart needs, now and then.
+async fn write_commit(
+    cs: &CheckpointStore,
+    state: &mut LogState,
+    commit: Commit,
+    decided: Option<Decided>,
+) -> Result<()> {
+    let records = std::mem::take(&mut state.records);
+    cs.commit(commit, decided, records, &state.tracking.progress)
+        .await?;
+    // Decisions of committed epochs are never asked again.
+    state.decided.retain(|d| d.through > commit.epoch);
+    state.decided.extend(decided);
+    cs.forget_before(commit.epoch).await?;
+    Ok(())
 }
 
 /// Objects and bytes written to the store so far: through this handle
@@ -397,7 +596,7 @@ pub async fn run_epochs(
     mut on_epoch: impl FnMut(u64, u64),
 ) -> Result<EpochsRun> {
     let start = Instant::now();
-    let resumed = log.resume(runtime).await?;
+    let resumed = log.load(runtime).await?;
     let first_epoch = resumed.map_or(0, |c| c.epoch + 1);
     if let Some(c) = resumed {
         tracing::info!(epoch = c.epoch, "resuming after the last committed epoch");
@@ -410,6 +609,13 @@ pub async fn run_epochs(
             ..Default::default()
         });
     }
+    let ahead = match &stop {
+        StopAfter::Epochs(n) => Ahead::ToCheckpoint {
+            last: Some(n.saturating_sub(1)),
+        },
+        StopAfter::Signalled { .. } => Ahead::ToCheckpoint { last: None },
+        StopAfter::Duration { .. } | StopAfter::Drained { .. } => Ahead::OneEpoch,
+    };
     let signal = stop.signal();
     let mut events: BTreeMap<u64, u64> = BTreeMap::new();
     let mut failures: BTreeMap<u64, u32> = BTreeMap::new();
@@ -418,18 +624,41 @@ pub async fn run_epochs(
     // The sources said they are drained (or finished): the next epoch
     // flushes the state, and takes what came since.
     let mut flush = false;
+    // The last epoch this run committed.
+    let mut committed: Option<u64> = None;
     loop {
+        let stop_asked = signal.is_some_and(StopSignal::is_raised);
+        // Stopped right after a commit: nothing to finish.
+        if stop_asked && log.store.is_some() && committed.is_some_and(|c| c + 1 == epoch) {
+            break;
+        }
         let last = flush
             || match &stop {
                 StopAfter::Epochs(n) => epoch + 1 >= *n,
                 StopAfter::Duration { duration, .. } => start.elapsed() >= *duration,
                 StopAfter::Drained { .. } => false,
                 // Stopped with nothing to resume from: flush, as a bound would.
-                StopAfter::Signalled { signal, .. } => log.store.is_none() && signal.is_raised(),
+                StopAfter::Signalled { .. } => log.store.is_none() && stop_asked,
             };
-        let last = log.decide(epoch, last).await?;
+        // A stop is answered by committing the next epoch, whatever the interval.
+        let fire = log.decide(epoch, last, stop_asked, ahead).await?;
         let fired = Instant::now();
-        let (outcome, stopping) = match run_and_commit(runtime, log, epoch, last, signal).await {
+        let attempt = async {
+            let outcome = runtime.run_epoch(fire).await?;
+            let took = fired.elapsed();
+            crate::metrics::epoch(took, outcome.events);
+            log.ran(runtime, &outcome, fired).await;
+            // Seen once the epoch has run: it ends the run, committed now.
+            let stopping = signal.is_some_and(StopSignal::is_raised) && log.store.is_some();
+            let record = EpochRecord {
+                epoch,
+                events: outcome.events,
+                ms: took.as_millis() as u64,
+            };
+            log.commit(runtime, fire, ahead, stopping, record).await?;
+            Ok::<_, EngineError>((outcome, stopping))
+        };
+        let (outcome, stopping) = match attempt.await {
             Ok(done) => done,
             Err(e) => {
                 log.failed(epoch, &e).await;
@@ -453,12 +682,18 @@ pub async fn run_epochs(
                 continue;
             }
         };
-        crate::metrics::epoch(fired.elapsed(), outcome.events);
+        if fire.checkpoint {
+            committed = Some(epoch);
+        }
         events.insert(epoch, outcome.events);
         on_epoch(epoch, events.values().sum());
         epoch += 1;
-        if last || (stopping && log.store.is_some()) {
+        if fire.last || (stopping && fire.checkpoint) {
             break;
+        }
+        if stopping {
+            // Not a checkpoint: the next epoch is, and ends the run.
+            continue;
         }
         let Some(interval) = stop.interval() else {
             continue;
@@ -469,7 +704,7 @@ pub async fn run_epochs(
             StopAfter::Signalled { .. } => false,
             _ => outcome.finished,
         };
-        if flush || stopping {
+        if flush {
             continue;
         }
         let wait = interval.saturating_sub(fired.elapsed());
@@ -481,6 +716,7 @@ pub async fn run_epochs(
             None => tokio::time::sleep(wait).await,
         }
     }
+    log.flush(runtime).await?;
     let stopped = if signal.is_some_and(StopSignal::is_raised) {
         tracing::info!(epoch = epoch - 1, "stopped on request");
         Stopped::Signal
@@ -494,24 +730,6 @@ pub async fn run_epochs(
         recoveries,
         stopped,
     })
-}
-
-/// Run `epoch` and commit it when due. A stop asked for while it ran
-/// (seen once it has run) ends the run with it, so it is committed now
-/// whatever the interval; `true` in the answer says so.
-async fn run_and_commit(
-    runtime: &dyn EpochRuntime,
-    log: &EpochLog,
-    epoch: u64,
-    last: bool,
-    signal: Option<&StopSignal>,
-) -> Result<(EpochOutcome, bool)> {
-    let fired = Instant::now();
-    let outcome = runtime.run_epoch(epoch, last).await?;
-    log.ran(runtime, &outcome, fired).await;
-    let stopping = signal.is_some_and(StopSignal::is_raised);
-    log.commit(runtime, epoch, last, stopping).await?;
-    Ok((outcome, stopping))
 }
 
 /// An error for an epoch some function did not finish.
@@ -537,12 +755,16 @@ mod tests {
         flushed: Mutex<Vec<u64>>,
         /// Asks for a stop while this epoch runs.
         stop_during: Option<(u64, StopHandle)>,
+        /// Every epoch fired, as fired.
+        fired: Mutex<Vec<EpochFire>>,
     }
 
     #[async_trait]
     impl EpochRuntime for Scripted {
-        async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
+        async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
+            let EpochFire { epoch, last, .. } = fire;
             self.ran.lock().unwrap().push(epoch);
+            self.fired.lock().unwrap().push(fire);
             if last {
                 self.flushed.lock().unwrap().push(epoch);
             }
@@ -658,18 +880,32 @@ mod tests {
         let cs = store().await;
         let (rt, stop) = standing(3);
         // Commits every 5 epochs: the stop commits epoch 3 all the same.
+        // Commits every 5 epochs: a stop during epoch 3 commits epoch 4.
         let log = EpochLog::new(Some(cs.clone()), 5);
         let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
-        assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(*rt.ran.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        let checkpoints: Vec<bool> = rt
+            .fired
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.checkpoint)
+            .collect();
+        assert_eq!(checkpoints, [true, false, false, false, true]);
         assert!(rt.flushed.lock().unwrap().is_empty(), "nothing flushed");
-        assert_eq!((run.epochs, run.stopped), (4, Stopped::Signal));
+        assert_eq!((run.epochs, run.stopped), (5, Stopped::Signal));
         let commit = cs.committed().await.unwrap().unwrap();
-        assert_eq!((commit.epoch, commit.last), (3, false));
-        // A restart goes on after it until stopped again.
+        assert_eq!((commit.epoch, commit.last), (4, false));
+        // A restart goes on after it until stopped again; epoch 5 is a
+        // checkpoint of its own.
         let (rt, stop) = standing(5);
         let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
-        assert_eq!(*rt.ran.lock().unwrap(), vec![4, 5]);
-        assert_eq!(run.resumed.map(|c| c.epoch), Some(3));
+        assert_eq!(*rt.ran.lock().unwrap(), vec![5]);
+        assert_eq!(run.resumed.map(|c| c.epoch), Some(4));
+        assert!(
+            rt.fired.lock().unwrap()[0].fresh,
+            "nothing decided 5 before"
+        );
     }
 
     #[tokio::test]
@@ -700,7 +936,7 @@ mod tests {
         let run = run_epochs(&rt, &log, stop, |_, _| {}).await.unwrap();
         asked.await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(60));
-        // Woken in the pause after epoch 0: one more epoch, committed.
-        assert_eq!((run.epochs, run.stopped), (2, Stopped::Signal));
+        // Woken in the pause after epoch 0, which was committed: done.
+        assert_eq!((run.epochs, run.stopped), (1, Stopped::Signal));
     }
 }

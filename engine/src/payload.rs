@@ -117,6 +117,9 @@ pub struct Payload {
     /// True on the last epoch of a bounded run: stateful stages flush.
     #[serde(default)]
     pub last: bool,
+    /// The epoch will be committed: stateful stages keep their state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
     /// Source positions covered by this data, carried to the sink.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub offsets: Vec<SourceOffset>,
@@ -337,6 +340,8 @@ pub struct PayloadHeader {
     pub idle: bool,
     /// The run's last epoch.
     pub last: bool,
+    /// The epoch will be committed: stateful stages keep their state.
+    pub checkpoint: bool,
     /// Source offsets read up to.
     pub offsets: Vec<SourceOffset>,
 }
@@ -384,6 +389,7 @@ pub fn encode_payloads(
             watermark: header.watermark,
             idle: header.idle,
             last: header.last,
+            checkpoint: header.checkpoint,
             // Offsets ride on the first fragment only; they describe the whole send.
             offsets: if i == 0 {
                 header.offsets.clone()
@@ -512,6 +518,7 @@ mod tests {
             watermark: Some(42),
             idle: false,
             last: false,
+            checkpoint: false,
             offsets: vec![],
         }
     }

@@ -58,6 +58,13 @@ pub struct Trigger {
     pub epoch: u64,
     /// The run's last epoch: flush.
     pub last: bool,
+    /// The epoch will be committed: stateful members keep their state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub checkpoint: bool,
+    /// No source member can have logged the epoch before (the driver never
+    /// fired it): a source member need not look for its entry first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh: bool,
 }
 
 /// A probe: the function reports its name and environment.

@@ -143,6 +143,7 @@ fn payload(data: String, encoding: Encoding) -> Payload {
         watermark: Some(i64::MIN),
         idle: false,
         last: false,
+        checkpoint: false,
         offsets: vec![],
         data,
     }

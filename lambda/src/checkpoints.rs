@@ -129,10 +129,15 @@ mod tests {
         let url = format!("file://{}", dir.display());
         let driver = open(&url, "q1").await.unwrap();
         driver
-            .commit(skein_engine::checkpoint::Commit {
-                epoch: 4,
-                last: false,
-            })
+            .commit(
+                skein_engine::checkpoint::Commit {
+                    epoch: 4,
+                    last: false,
+                },
+                None,
+                vec![],
+                &Default::default(),
+            )
             .await
             .unwrap();
         let (store, root) = locate(&url).unwrap();

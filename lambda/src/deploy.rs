@@ -36,8 +36,8 @@ use crate::{LambdaFunctionService, ServiceOptions, esm};
 pub struct StandingOptions {
     /// Time between epochs (default: the source tables' `'epoch.interval'`, else 1 s).
     pub interval: Option<Duration>,
-    /// Epochs between commits.
-    pub checkpoint_interval: u64,
+    /// Epochs between commits (default: 10 s of epochs).
+    pub checkpoint_interval: Option<u64>,
     /// Checkpoint location (default `<store>/skein/checkpoints/<query-code>`).
     pub checkpoint_dir: Option<PathBuf>,
     /// The role EventBridge Scheduler assumes to invoke the driver.
@@ -179,25 +179,28 @@ pub async fn deploy_standing(
     else {
         return Ok(None);
     };
+    let interval =
+        skein_engine::interval::effective_interval(standing.interval, plan.source_tables())?;
+    let checkpoint_interval = standing
+        .checkpoint_interval
+        .unwrap_or_else(|| skein_engine::epochs::default_checkpoint_interval(true, interval));
     let mut options = options.clone();
     options.run = cp.store.manifest().run.clone();
     options.checkpoint = Some(CheckpointSpec {
-        interval: standing.checkpoint_interval,
+        interval: checkpoint_interval,
     });
     let env = BTreeMap::from([(CHECKPOINTS_ENV.to_string(), cp.url.clone())]);
     let functions = deployment
         .deploy_stages(service, plan, &options, None, &env)
         .await?;
 
-    let interval =
-        skein_engine::interval::effective_interval(standing.interval, plan.source_tables())?;
     let spec = StandingSpec {
         query_code: plan.query_code.clone(),
         sql: sql.to_string(),
         group_size: options.group_size,
         encoding: options.encoding,
         interval_ms: interval.as_millis() as u64,
-        checkpoint_interval: standing.checkpoint_interval,
+        checkpoint_interval,
         checkpoints: cp.url.clone(),
         store: deployment.store_url.clone(),
         run_for_ms: StandingSpec::run_for(service.timeout_s).as_millis() as u64,

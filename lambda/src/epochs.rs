@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::Deserialize;
-use skein_engine::epochs::{EpochOutcome, EpochRuntime, not_committed};
+use skein_engine::epochs::{EpochFire, EpochOutcome, EpochRuntime, not_committed};
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
 use skein_engine::planner::QueryPlan;
 use skein_engine::usage::{MeteredInvoker, Usage};
@@ -113,8 +113,8 @@ impl<'a> LambdaEpochs<'a> {
 
 #[async_trait]
 impl EpochRuntime for LambdaEpochs<'_> {
-    async fn run_epoch(&self, epoch: u64, last: bool) -> Result<EpochOutcome> {
-        skein_engine::driver::fire_epoch(self.plan, self.invoker, epoch, last).await
+    async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
+        skein_engine::driver::fire_epoch(self.plan, self.invoker, fire).await
     }
 
     async fn check_complete(&self, epoch: u64) -> Result<()> {

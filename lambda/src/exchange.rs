@@ -213,6 +213,7 @@ fn header(tag: &str) -> PayloadHeader {
         watermark: None,
         idle: false,
         last: false,
+        checkpoint: false,
         offsets: vec![],
     }
 }

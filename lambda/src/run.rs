@@ -41,8 +41,8 @@ pub struct RunRequest {
     pub bound: RunBound,
     /// Checkpoints, as asked.
     pub checkpoint: CheckpointRequest,
-    /// Epochs between commits.
-    pub checkpoint_interval: u64,
+    /// Epochs between commits (default: the engine's for the bound).
+    pub checkpoint_interval: Option<u64>,
     /// Compare the rows with single-process DataFusion.
     pub verify: bool,
 }
@@ -165,6 +165,9 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
         ));
     }
     let stop = request.bound.stop(&plan)?;
+    let checkpoint_interval = request
+        .checkpoint_interval
+        .unwrap_or_else(|| stop.default_checkpoint_interval());
     let checkpoints = deployment
         .open_checkpoints(&plan, &request.checkpoint, invoke_async)
         .await?;
@@ -174,7 +177,7 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
         Some(c) => {
             options.run = c.store.manifest().run.clone();
             options.checkpoint = Some(CheckpointSpec {
-                interval: request.checkpoint_interval,
+                interval: checkpoint_interval,
             });
             env.insert(CHECKPOINTS_ENV.to_string(), c.url.clone());
         }
@@ -188,7 +191,7 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
     };
     let log = EpochLog::new(
         checkpoints.as_ref().map(|c| c.store.clone()),
-        request.checkpoint_interval,
+        checkpoint_interval,
     );
     let resuming = log.committed().await?.is_some();
 

@@ -56,22 +56,51 @@ pub async fn ensure_bucket(config: &aws_config::SdkConfig, url: &str) -> Result<
     let Some(bucket) = s3_bucket(url) else {
         return Ok(());
     };
+    let stand_in = std::env::var("AWS_ENDPOINT_URL_S3")
+        .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
+        .is_ok_and(|e| !e.is_empty());
+    // A local stand-in serves a directory bucket's name as any bucket,
+    // without S3 Express sessions.
     let s3 = aws_sdk_s3::Client::from_conf(
         aws_sdk_s3::config::Builder::from(config)
             .force_path_style(true)
+            .disable_s3_express_session_auth(stand_in)
             .build(),
     );
     if s3.head_bucket().bucket(bucket).send().await.is_ok() {
         return Ok(());
     }
-    s3.create_bucket()
-        .bucket(bucket)
-        .send()
-        .await
-        .map_err(|e| StoreError::Bucket {
-            bucket: bucket.to_string(),
-            reason: crate::error_chain(&e),
-        })?;
+    let mut create = s3.create_bucket().bucket(bucket);
+    // A directory bucket (S3 Express One Zone) lives in one zone, named in
+    // the bucket's name.
+    if let Some(zone) = skein_sinks::store::directory_bucket_zone(bucket)
+        && !stand_in
+    {
+        use aws_sdk_s3::types::{
+            BucketInfo, BucketType, CreateBucketConfiguration, DataRedundancy, LocationInfo,
+            LocationType,
+        };
+        create = create.create_bucket_configuration(
+            CreateBucketConfiguration::builder()
+                .location(
+                    LocationInfo::builder()
+                        .r#type(LocationType::AvailabilityZone)
+                        .name(zone)
+                        .build(),
+                )
+                .bucket(
+                    BucketInfo::builder()
+                        .data_redundancy(DataRedundancy::SingleAvailabilityZone)
+                        .r#type(BucketType::Directory)
+                        .build(),
+                )
+                .build(),
+        );
+    }
+    create.send().await.map_err(|e| StoreError::Bucket {
+        bucket: bucket.to_string(),
+        reason: crate::error_chain(&e),
+    })?;
     Ok(())
 }
 

@@ -4,11 +4,7 @@
 //! figures). A change of the store's layout changes this file only.
 
 use std::path::Path;
-use std::sync::Arc;
 
-use object_store::ObjectStore;
-use object_store::local::LocalFileSystem;
-use object_store::path::Path as StorePath;
 use skein_engine::checkpoint::{
     CheckpointStore, CommitRecord, Description, Failure, MemberRecord, StoreSummary,
 };
@@ -31,16 +27,13 @@ pub struct Records {
 /// A local checkpoint directory's store, and the query it belongs to with
 /// its text where the manifest records it.
 pub async fn open_local(dir: &Path) -> Result<(CheckpointStore, Option<Description>), UiError> {
-    let fs = LocalFileSystem::new_with_prefix(dir).map_err(|e| UiError::store(dir.display(), e))?;
-    let fs: Arc<dyn ObjectStore> = Arc::new(fs);
-    let probe = CheckpointStore::attach(fs.clone(), StorePath::from(""), "", "");
+    let probe = CheckpointStore::attach_dir(dir.to_path_buf(), "", "");
     let manifest = probe
         .read_manifest()
         .await
         .map_err(|e| UiError::store(dir.display(), e))?
         .ok_or_else(|| UiError::store(dir.display(), "no manifest.json"))?;
-    let store =
-        CheckpointStore::attach(fs, StorePath::from(""), &manifest.query_code, &manifest.run);
+    let store = CheckpointStore::attach_dir(dir.to_path_buf(), &manifest.query_code, &manifest.run);
     Ok((store, manifest.described))
 }
 
@@ -70,8 +63,11 @@ pub async fn read(store: &CheckpointStore) -> Result<Records, UiError> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use object_store::memory::InMemory;
+    use object_store::path::Path as StorePath;
     use skein_engine::checkpoint::{Commit, MemberTally, Progress};
 
     #[tokio::test]
@@ -89,15 +85,11 @@ mod tests {
                 ..Default::default()
             },
         );
-        cs.commit_with(
-            Commit {
-                epoch: 0,
-                last: false,
-            },
-            &progress,
-        )
-        .await
-        .unwrap();
+        let commit = Commit {
+            epoch: 0,
+            last: false,
+        };
+        cs.commit(commit, None, vec![], &progress).await.unwrap();
         let tally = MemberTally::default();
         tally.measure(|l| {
             l.invocation(std::time::Duration::from_millis(5));

@@ -134,6 +134,7 @@ pub fn usd_per_million(totals: &Totals) -> Option<f64> {
         invocations: totals.usage.invocations,
         billed_ms: totals.usage.billed_ms,
         checkpoint_puts: totals.usage.checkpoint_puts,
+        checkpoint_bytes: totals.usage.checkpoint_bytes,
         checkpoint_gets: 0,
         cpu_s: totals.usage.cpu_ms as f64 / 1000.0,
     };

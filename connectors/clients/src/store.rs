@@ -3,8 +3,19 @@
 
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 
+/// Whether `bucket` names an S3 Express One Zone directory bucket
+/// (`<name>--<zone-id>--x-s3`): its zone, if so.
+pub fn directory_bucket_zone(bucket: &str) -> Option<&str> {
+    let rest = bucket.strip_suffix("--x-s3")?;
+    let (_, zone) = rest.rsplit_once("--")?;
+    (!zone.is_empty()).then_some(zone)
+}
+
 /// S3 from the `AWS_*` variables. Empty values are skipped: emulators set
-/// e.g. `AWS_SESSION_TOKEN=""`, which is no token.
+/// e.g. `AWS_SESSION_TOKEN=""`, which is no token. A directory bucket
+/// (S3 Express One Zone) is reached at its zonal endpoint with session
+/// credentials, unless an endpoint is given: a local stand-in serves it
+/// as any bucket.
 pub fn s3_from_env(bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
     s3_builder_from_env(bucket).build()
 }
@@ -33,5 +44,27 @@ pub fn s3_builder_from_env(bucket: &str) -> AmazonS3Builder {
     if endpoint.starts_with("http://") {
         builder = builder.with_allow_http(true);
     }
+    if endpoint.is_empty() && directory_bucket_zone(bucket).is_some() {
+        builder = builder.with_s3_express(true);
+    }
     builder
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directory_buckets_are_told_by_name() {
+        assert_eq!(
+            directory_bucket_zone("cp--use1-az4--x-s3"),
+            Some("use1-az4")
+        );
+        assert_eq!(
+            directory_bucket_zone("my--cp--usw2-az1--x-s3"),
+            Some("usw2-az1")
+        );
+        assert_eq!(directory_bucket_zone("cp-x-s3"), None);
+        assert_eq!(directory_bucket_zone("checkpoints"), None);
+    }
 }

@@ -1,37 +1,53 @@
 //! Durable state: the write-ahead log of what each source member read, the
-//! state of each stateful member, and the commit log, on an object store (a
-//! local directory in-process, S3 on Lambda).
+//! state of each stateful member, and the driver's decisions and commits,
+//! on an object store (a local directory in-process, S3 or S3 Express One
+//! Zone on Lambda).
 //!
-//! Layout under the store's root (one root per query):
+//! Layout under the store's root (one root per query), made so that a
+//! checkpoint costs as few requests as it can: one object per member per
+//! epoch it has something to keep in, and one object per commit.
 //!
 //! ```text
-//! manifest.json                      the query it belongs to (its text) and the run lineage
-//! commit.json                        the last epoch every member finished, and the
-//!                                    driver's progress up to it (progress.rs)
-//! epochs/<e>.json                    the driver's decisions for epoch e (is it the last?)
-//! offsets/<stage>-<member>/<e>.json  what a source member read in epoch e
-//! state/<stage>-<member>/<e>.bin     a stateful member's whole state as of the end of e
-//! state/<stage>-<member>/<e>.changes.bin  or its changes since an earlier state
-//! tally/<stage>-<member>.json        a member's counts and figures (tally.rs)
-//! failure.json                       the last epoch that failed, and why
-//! sinks/<stage>-<member>.json        a sink member's health, once it has failed
+//! manifest.json                       the query it belongs to (its text), the run lineage,
+//!                                     the layout
+//! commit.json                         the driver's object at a commit: the last committed
+//!                                     epoch, the decisions for the epochs after it, what
+//!                                     the driver recorded of the epochs since the last one,
+//!                                     and its progress for `skein ui` (progress.rs)
+//! epochs/<e>.json                     decisions for epochs from e that no commit carried
+//! members/<stage>-<member>/<e>.bin          a member's object for epoch e: its offsets-log
+//!                                           entry (a source member), its counts and figures
+//! members/<stage>-<member>/<e>.state.bin    ... with its whole state as of the end of e
+//! members/<stage>-<member>/<e>.changes.bin  ... with its changes since an earlier state
+//! tally/<stage>-<member>.json         the counts and figures of a member that writes no
+//!                                     epoch objects (tally.rs)
+//! failure.json                        the last epoch that failed, and why
+//! sinks/<stage>-<member>.json         a sink member's health, once it has failed
 //! ```
 //!
 //! An epoch is committed once every member has run it, written its state and
 //! its sink writes: a restart resumes after the last commit, re-running later
 //! epochs from the offsets log (same records, same watermarks), and sinks
-//! skip what they already hold by (run, epoch, member).
+//! skip what they already hold by (run, epoch, member). What no restart can
+//! need any more is deleted now and then in one batched request
+//! ([`CheckpointStore::forget_before`]).
 
+mod driver_log;
+mod forget;
+mod io;
+mod member;
 mod progress;
 mod sink_health;
 mod snapshot;
 mod summary;
 mod tally;
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +55,8 @@ use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 use crate::watermark::ClockState;
 
+pub use driver_log::{Commit, Decided, DriverLog, EpochRecord};
+pub use member::{MemberObject, MemberRead, StateKind};
 pub use progress::{
     BUCKET_MS, CheckpointFigures, CommitRecord, EpochFigures, Failure, Point, Progress, Totals,
 };
@@ -48,6 +66,11 @@ pub use snapshot::{
 pub use summary::StoreSummary;
 pub use tally::{FIGURES_EVERY, Live, MemberFigures, MemberRecord, MemberTally, Reason, Tally};
 
+use io::Backend;
+
+/// The layout this version writes (see the module's documentation).
+const LAYOUT: u32 = 2;
+
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -55,6 +78,10 @@ pub struct Manifest {
     pub query_code: String,
     /// The run lineage every restart from this store keeps.
     pub run: String,
+    /// The layout of the store's objects; stores from before layouts were
+    /// numbered have none.
+    #[serde(default)]
+    pub layout: u32,
     /// The query as it was planned, for readers that have only the store
     /// (`skein ui`); none in a store written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,22 +95,6 @@ pub struct Description {
     pub sql: String,
     /// Members of each function group.
     pub group_size: usize,
-}
-
-/// The last committed epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Commit {
-    /// The epoch committed.
-    pub epoch: u64,
-    /// It was the last epoch of its run: every window was flushed.
-    pub last: bool,
-}
-
-/// The driver's decisions for one epoch, written before it fires it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EpochPlan {
-    /// This epoch is the run's last: every window is flushed in it.
-    pub last: bool,
 }
 
 /// What one table's reader of a source member read in one epoch.
@@ -139,24 +150,67 @@ pub struct PoisonRecord {
 /// A query's checkpoint store.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
-    store: Arc<dyn ObjectStore>,
+    backend: Backend,
     root: Path,
     manifest: Manifest,
-    /// Bytes this handle has written (what a checkpoint costs).
-    written: Arc<std::sync::atomic::AtomicU64>,
-    /// Objects this handle has written (S3 PUT requests, what they cost).
-    puts: Arc<std::sync::atomic::AtomicU64>,
+    /// What this handle has written (what a checkpoint costs).
+    counts: Arc<Counters>,
     /// The commit this handle last cleaned up after (listing costs).
     forgot_at: Arc<std::sync::Mutex<Option<u64>>>,
 }
 
-/// Commits between clean-ups: each lists the store, and what waits for the
-/// next one costs only space.
-const FORGET_EVERY: u64 = 16;
+/// What a handle wrote, by kind of object.
+#[derive(Debug, Default)]
+struct Counters {
+    bytes: AtomicU64,
+    entries: AtomicU64,
+    states: AtomicU64,
+    driver: AtomicU64,
+    other: AtomicU64,
+}
+
+/// The kinds of object a checkpoint writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A member object without state (a source member's log entry).
+    Entry,
+    /// A member object with state.
+    State,
+    /// A commit or a decision of the driver.
+    Driver,
+    /// The manifest, counts written alone.
+    Other,
+}
+
+/// Objects written through a handle (S3 PUT requests), by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PutCounts {
+    /// Member objects without state: source members' log entries, one per
+    /// member per epoch.
+    pub entries: u64,
+    /// Member objects with state: one per stateful member per commit.
+    pub states: u64,
+    /// The driver's commits and decisions.
+    pub driver: u64,
+    /// Manifests and counts written alone.
+    pub other: u64,
+}
+
+impl PutCounts {
+    /// Every object.
+    pub fn total(&self) -> u64 {
+        self.entries + self.states + self.driver + self.other
+    }
+}
 
 fn epoch_name(e: u64) -> String {
     // Zero-padded so that listings sort by epoch.
     format!("{e:020}")
+}
+
+/// The epoch an object's name starts with (`<epoch>.json`, `<epoch>.bin`, ...).
+fn epoch_of(key: &Path) -> Option<u64> {
+    key.filename()?.split('.').next()?.parse().ok()
 }
 
 fn corrupt(key: &Path, e: impl std::fmt::Display) -> EngineError {
@@ -164,12 +218,27 @@ fn corrupt(key: &Path, e: impl std::fmt::Display) -> EngineError {
 }
 
 impl CheckpointStore {
-    /// Open the store under `root` for the query `query_code`: a new store
-    /// gets a manifest with a fresh run lineage; a store written for another
-    /// query is refused.
+    /// Open the store under `root` of `store` for the query `query_code`: a
+    /// new store gets a manifest with a fresh run lineage; a store written
+    /// for another query, or in another layout, is refused.
     pub async fn open(store: Arc<dyn ObjectStore>, root: Path, query_code: &str) -> Result<Self> {
+        Self::open_on(Backend::Objects(store), root, query_code).await
+    }
+
+    /// [`Self::open`] on a local directory, written in place.
+    pub async fn open_dir(dir: PathBuf, query_code: &str) -> Result<Self> {
+        Self::open_on(Backend::dir(dir), Path::from(""), query_code).await
+    }
+
+    async fn open_on(backend: Backend, root: Path, query_code: &str) -> Result<Self> {
         let key = root.clone().join("manifest.json");
-        let manifest = match get_json::<Manifest>(&store, &key).await? {
+        let found = match backend.get(&key).await? {
+            Some(bytes) => {
+                Some(serde_json::from_slice::<Manifest>(&bytes).map_err(|e| corrupt(&key, e))?)
+            }
+            None => None,
+        };
+        let manifest = match found {
             Some(m) if m.query_code != query_code => {
                 return Err(EngineError::Context(format!(
                     "the checkpoint store {root} belongs to query {}, not this query ({query_code}): \
@@ -177,42 +246,59 @@ impl CheckpointStore {
                     m.query_code
                 )));
             }
+            Some(m) if m.layout != LAYOUT => {
+                return Err(EngineError::Context(format!(
+                    "the checkpoint store {root} was written by another version of Skein (layout {}, \
+                     this one reads layout {LAYOUT}); give another checkpoint directory or remove \
+                     this one",
+                    m.layout
+                )));
+            }
             Some(m) => m,
             None => {
                 let m = Manifest {
                     query_code: query_code.to_string(),
                     run: fresh_run(query_code),
+                    layout: LAYOUT,
                     described: None,
                 };
-                put_json(&store, &key, &m).await?;
+                let bytes = serde_json::to_vec(&m).map_err(|e| corrupt(&key, e))?;
+                backend.put(&key, bytes).await?;
                 m
             }
         };
-        Ok(CheckpointStore {
-            store,
+        Ok(Self::with(backend, root, manifest))
+    }
+
+    fn with(backend: Backend, root: Path, manifest: Manifest) -> Self {
+        CheckpointStore {
+            backend,
             root,
             manifest,
-            written: Default::default(),
-            puts: Default::default(),
+            counts: Default::default(),
             forgot_at: Default::default(),
-        })
+        }
     }
 
     /// A store whose manifest is known (a function instance: the driver
     /// opened the store and its lineage travels in the context).
     pub fn attach(store: Arc<dyn ObjectStore>, root: Path, query_code: &str, run: &str) -> Self {
-        CheckpointStore {
-            store,
-            root,
-            manifest: Manifest {
-                query_code: query_code.to_string(),
-                run: run.to_string(),
-                described: None,
-            },
-            written: Default::default(),
-            puts: Default::default(),
-            forgot_at: Default::default(),
-        }
+        Self::attach_on(Backend::Objects(store), root, query_code, run)
+    }
+
+    /// [`Self::attach`] to a local directory.
+    pub fn attach_dir(dir: PathBuf, query_code: &str, run: &str) -> Self {
+        Self::attach_on(Backend::dir(dir), Path::from(""), query_code, run)
+    }
+
+    fn attach_on(backend: Backend, root: Path, query_code: &str, run: &str) -> Self {
+        let manifest = Manifest {
+            query_code: query_code.to_string(),
+            run: run.to_string(),
+            layout: LAYOUT,
+            described: None,
+        };
+        Self::with(backend, root, manifest)
     }
 
     /// The store's manifest: the query and run lineage it belongs to.
@@ -227,13 +313,15 @@ impl CheckpointStore {
             return Ok(());
         }
         self.manifest.described = Some(described);
+        // Like the manifest's first write, not a checkpoint's cost.
         let key = self.key(&["manifest.json"]);
-        put_json(&self.store, &key, &self.manifest).await
+        let bytes = serde_json::to_vec(&self.manifest).map_err(|e| corrupt(&key, e))?;
+        self.backend.put(&key, bytes).await
     }
 
     /// The manifest as the store holds it, if there is one.
     pub async fn read_manifest(&self) -> Result<Option<Manifest>> {
-        get_json(&self.store, &self.key(&["manifest.json"])).await
+        self.get_json(&self.key(&["manifest.json"])).await
     }
 
     /// The store's root path in its object store.
@@ -243,28 +331,65 @@ impl CheckpointStore {
 
     /// Bytes written through this handle so far.
     pub fn bytes_written(&self) -> u64 {
-        self.written.load(std::sync::atomic::Ordering::Relaxed)
+        self.counts.bytes.load(Ordering::Relaxed)
     }
 
     /// Objects written through this handle so far.
     pub fn puts(&self) -> u64 {
-        self.puts.load(std::sync::atomic::Ordering::Relaxed)
+        self.put_counts().total()
     }
 
-    async fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
-        let len = bytes.len();
-        let started = std::time::Instant::now();
-        self.store.put(key, PutPayload::from(bytes)).await?;
+    /// Objects written through this handle so far, by kind.
+    pub fn put_counts(&self) -> PutCounts {
+        let c = &self.counts;
+        PutCounts {
+            entries: c.entries.load(Ordering::Relaxed),
+            states: c.states.load(Ordering::Relaxed),
+            driver: c.driver.load(Ordering::Relaxed),
+            other: c.other.load(Ordering::Relaxed),
+        }
+    }
+
+    fn counted(&self, kind: Kind, len: usize, started: std::time::Instant) {
         crate::metrics::checkpoint_write(len, started.elapsed());
-        self.written
-            .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
-        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let c = &self.counts;
+        c.bytes.fetch_add(len as u64, Ordering::Relaxed);
+        let counter = match kind {
+            Kind::Entry => &c.entries,
+            Kind::State => &c.states,
+            Kind::Driver => &c.driver,
+            Kind::Other => &c.other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn put(&self, kind: Kind, key: &Path, bytes: Vec<u8>) -> Result<()> {
+        let (len, started) = (bytes.len(), std::time::Instant::now());
+        self.backend.put(key, bytes).await?;
+        self.counted(kind, len, started);
         Ok(())
     }
 
-    async fn put_json<T: Serialize>(&self, key: &Path, value: &T) -> Result<()> {
+    /// Write unless an object is there: `false` if one was.
+    async fn put_new(&self, kind: Kind, key: &Path, bytes: Vec<u8>) -> Result<bool> {
+        let (len, started) = (bytes.len(), std::time::Instant::now());
+        let created = self.backend.put_new(key, bytes).await?;
+        self.counted(kind, len, started);
+        Ok(created)
+    }
+
+    async fn put_json<T: Serialize>(&self, kind: Kind, key: &Path, value: &T) -> Result<()> {
         let bytes = serde_json::to_vec(value).map_err(|e| corrupt(key, e))?;
-        self.put(key, bytes).await
+        self.put(kind, key, bytes).await
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, key: &Path) -> Result<Option<T>> {
+        match self.backend.get(key).await? {
+            Some(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| corrupt(key, e)),
+            None => Ok(None),
+        }
     }
 
     fn key(&self, parts: &[&str]) -> Path {
@@ -279,242 +404,17 @@ impl CheckpointStore {
         format!("{stage:02}-{member:02}")
     }
 
-    /// The last committed epoch, if any.
-    pub async fn committed(&self) -> Result<Option<Commit>> {
-        get_json(&self.store, &self.key(&["commit.json"])).await
-    }
-
-    /// Record `commit` as the last committed epoch.
-    pub async fn commit(&self, commit: Commit) -> Result<()> {
-        self.commit_with(commit, &Progress::default()).await
-    }
-
-    /// Record `commit` as the last committed epoch, with the driver's
-    /// progress up to it.
-    pub async fn commit_with(&self, commit: Commit, progress: &Progress) -> Result<()> {
-        let record = CommitRecord {
-            commit,
-            progress: progress.clone(),
-        };
-        self.put_json(&self.key(&["commit.json"]), &record).await
-    }
-
-    /// Record a failed epoch (the last one is kept).
-    pub async fn put_failure(&self, failure: &Failure) -> Result<()> {
-        self.put_json(&self.key(&["failure.json"]), failure).await
-    }
-
-    /// The last failed epoch, if one failed.
-    pub async fn failure(&self) -> Result<Option<Failure>> {
-        get_json(&self.store, &self.key(&["failure.json"])).await
-    }
-
-    /// The last commit with the progress recorded with it, if any.
-    pub async fn commit_record(&self) -> Result<Option<CommitRecord>> {
-        get_json(&self.store, &self.key(&["commit.json"])).await
-    }
-
-    /// The plan the driver wrote for `epoch`, if it wrote one.
-    pub async fn epoch_plan(&self, epoch: u64) -> Result<Option<EpochPlan>> {
-        let name = format!("{}.json", epoch_name(epoch));
-        get_json(&self.store, &self.key(&["epochs", &name])).await
-    }
-
-    /// Write the driver's plan for `epoch` before firing it.
-    pub async fn put_epoch_plan(&self, epoch: u64, plan: EpochPlan) -> Result<()> {
-        let name = format!("{}.json", epoch_name(epoch));
-        self.put_json(&self.key(&["epochs", &name]), &plan).await
-    }
-
-    /// The offsets log entry of a source member for an epoch, if written.
-    pub async fn offsets(
-        &self,
-        stage: u32,
-        member: u32,
-        epoch: u64,
-    ) -> Result<Option<OffsetsEntry>> {
-        let name = format!("{}.json", epoch_name(epoch));
-        let dir = Self::member_dir(stage, member);
-        get_json(&self.store, &self.key(&["offsets", &dir, &name])).await
-    }
-
-    /// Write a source member's offsets log entry for an epoch.
-    pub async fn put_offsets(
-        &self,
-        stage: u32,
-        member: u32,
-        epoch: u64,
-        entry: &OffsetsEntry,
-    ) -> Result<()> {
-        let name = format!("{}.json", epoch_name(epoch));
-        let dir = Self::member_dir(stage, member);
-        self.put_json(&self.key(&["offsets", &dir, &name]), entry)
-            .await
-    }
-
-    /// Like [`Self::put_offsets`], but only if no entry for the epoch
-    /// exists: `false` when one does (another writer took the epoch).
-    pub async fn put_offsets_new(
-        &self,
-        stage: u32,
-        member: u32,
-        epoch: u64,
-        entry: &OffsetsEntry,
-    ) -> Result<bool> {
-        let name = format!("{}.json", epoch_name(epoch));
-        let key = self.key(&["offsets", &Self::member_dir(stage, member), &name]);
-        let bytes = serde_json::to_vec(entry).map_err(|e| corrupt(&key, e))?;
-        self.written
-            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let opts = object_store::PutOptions::from(object_store::PutMode::Create);
-        match self
-            .store
-            .put_opts(&key, PutPayload::from(bytes), opts)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    fn state_key(&self, stage: u32, member: u32, epoch: u64, whole: bool) -> Path {
-        let kind = if whole { "bin" } else { "changes.bin" };
-        let name = format!("{}.{kind}", epoch_name(epoch));
-        self.key(&["state", &Self::member_dir(stage, member), &name])
-    }
-
-    /// A member's state object for an epoch: whole or changes (its header
-    /// says which).
-    pub async fn state(&self, stage: u32, member: u32, epoch: u64) -> Result<Option<Vec<u8>>> {
-        for whole in [true, false] {
-            let key = self.state_key(stage, member, epoch, whole);
-            if let Some(bytes) = get_bytes(&self.store, &key).await? {
-                return Ok(Some(bytes));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Write a member's state for an epoch. Only one instance of a member
-    /// writes at a time, and a cold one first drops what an earlier
-    /// instance wrote past the commit ([`Self::drop_states_after`]), so
-    /// the whole and the changes of one epoch never both stand.
-    pub async fn put_state(
-        &self,
-        stage: u32,
-        member: u32,
-        epoch: u64,
-        whole: bool,
-        bytes: Vec<u8>,
-    ) -> Result<()> {
-        self.put(&self.state_key(stage, member, epoch, whole), bytes)
-            .await
-    }
-
-    /// Delete a member's states of epochs after `commit` (all of them when
-    /// nothing is committed): an earlier instance wrote them for epochs
-    /// that a restart runs again. Returns how many.
-    pub async fn drop_states_after(
-        &self,
-        stage: u32,
-        member: u32,
-        commit: Option<u64>,
-    ) -> Result<u64> {
-        let mut dropped = 0;
-        let dir = Self::member_dir(stage, member);
-        for (location, epoch) in self.list_epochs(&["state", &dir]).await? {
-            if commit.is_none_or(|c| epoch > c) {
-                delete_if_there(&self.store, &location).await?;
-                dropped += 1;
-            }
-        }
-        Ok(dropped)
-    }
-
-    /// The highest epoch the driver has decided, if any (listed).
-    pub async fn last_planned_epoch(&self) -> Result<Option<u64>> {
-        let listed = self.list_epochs(&["epochs"]).await?;
-        Ok(listed.into_iter().map(|(_, e)| e).max())
-    }
-
-    /// The objects under a directory whose names start with an epoch
-    /// (`<epoch>.json`, `<epoch>.bin`, ...), with that epoch.
-    async fn list_epochs(&self, parts: &[&str]) -> Result<Vec<(Path, u64)>> {
-        use futures::TryStreamExt;
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&self.key(parts)))
-            .try_collect()
-            .await?;
-        Ok(objects
+    /// The objects under a directory whose names start with an epoch, with
+    /// that epoch and their size.
+    async fn list_epochs(&self, parts: &[&str]) -> Result<Vec<(Path, u64, u64)>> {
+        Ok(self
+            .backend
+            .list(&self.key(parts))
+            .await?
             .into_iter()
-            .filter_map(|o| {
-                let epoch = o.location.filename()?.split('.').next()?.parse().ok()?;
-                Some((o.location, epoch))
-            })
+            .filter_map(|o| Some((o.key.clone(), epoch_of(&o.key)?, o.size)))
             .collect())
     }
-
-    /// Delete what no restart can need once `commit` is committed: epoch
-    /// plans and log entries of epochs before it (the committed epoch's own
-    /// entry is where a restart starts), and per member the states before
-    /// the newest whole state at or before it (the changes after that whole
-    /// state rebuild the committed one). Done at most every
-    /// [`FORGET_EVERY`] commits of this handle.
-    pub async fn forget_before(&self, commit: u64) -> Result<u64> {
-        {
-            let mut at = self.forgot_at.lock().expect("not poisoned");
-            if at.is_some_and(|at| commit < at + FORGET_EVERY) {
-                return Ok(0);
-            }
-            *at = Some(commit);
-        }
-        self.forget_now(commit).await
-    }
-
-    /// [`Self::forget_before`], now.
-    pub async fn forget_now(&self, commit: u64) -> Result<u64> {
-        let mut deleted = 0;
-        for dir in ["epochs", "offsets", "state"] {
-            let parsed: Vec<(Path, u64, bool)> = self
-                .list_epochs(&[dir])
-                .await?
-                .into_iter()
-                .map(|(location, epoch)| {
-                    let whole = !location.as_ref().ends_with(".changes.bin");
-                    (location, epoch, whole)
-                })
-                .collect();
-            // Per member directory: where its chain for `commit` starts.
-            let mut keep_from: std::collections::HashMap<String, u64> = Default::default();
-            if dir == "state" {
-                for (location, epoch, whole) in &parsed {
-                    if *whole && *epoch <= commit {
-                        let e = keep_from.entry(parent(location)).or_insert(*epoch);
-                        *e = (*e).max(*epoch);
-                    }
-                }
-            }
-            for (location, epoch, _) in parsed {
-                let before = match dir {
-                    "state" => keep_from.get(&parent(&location)).copied().unwrap_or(0),
-                    _ => commit,
-                };
-                if epoch < before {
-                    delete_if_there(&self.store, &location).await?;
-                    deleted += 1;
-                }
-            }
-        }
-        Ok(deleted)
-    }
-}
-
-/// The directory part of a key.
-fn parent(location: &Path) -> String {
-    let s = location.as_ref();
-    s.rsplit_once('/').map_or("", |(dir, _)| dir).to_string()
 }
 
 /// A run lineage nobody has used: the query, the time and some randomness.
@@ -530,46 +430,13 @@ pub fn fresh_run(query_code: &str) -> String {
     )
 }
 
-async fn delete_if_there(store: &Arc<dyn ObjectStore>, key: &Path) -> Result<()> {
-    match store.delete(key).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn get_bytes(store: &Arc<dyn ObjectStore>, key: &Path) -> Result<Option<Vec<u8>>> {
-    match store.get(key).await {
-        Ok(r) => Ok(Some(r.bytes().await?.to_vec())),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn get_json<T: DeserializeOwned>(
-    store: &Arc<dyn ObjectStore>,
-    key: &Path,
-) -> Result<Option<T>> {
-    match get_bytes(store, key).await? {
-        Some(b) => serde_json::from_slice(&b)
-            .map(Some)
-            .map_err(|e| corrupt(key, e)),
-        None => Ok(None),
-    }
-}
-
-async fn put_json<T: Serialize>(store: &Arc<dyn ObjectStore>, key: &Path, value: &T) -> Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(|e| corrupt(key, e))?;
-    store.put(key, PutPayload::from(bytes)).await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use object_store::memory::InMemory;
 
     #[tokio::test]
-    async fn a_store_remembers_its_query_and_refuses_another() {
+    async fn a_store_remembers_its_query_and_refuses_another_or_an_old_layout() {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let a = CheckpointStore::open(store.clone(), Path::from("q"), "abc")
             .await
@@ -578,75 +445,22 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(a.manifest(), again.manifest());
-        let err = CheckpointStore::open(store, Path::from("q"), "other")
+        assert_eq!(a.manifest().layout, LAYOUT);
+        let err = CheckpointStore::open(store.clone(), Path::from("q"), "other")
             .await
             .unwrap_err()
             .to_string();
         assert!(err.contains("belongs to query abc"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn commits_log_entries_and_forgetting() {
-        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let cs = CheckpointStore::open(store, Path::from("q"), "abc")
+        let old = br#"{"query_code":"abc","run":"r"}"#.to_vec();
+        let backend = Backend::Objects(store.clone());
+        backend
+            .put(&Path::from("old/manifest.json"), old)
             .await
             .unwrap();
-        assert_eq!(cs.committed().await.unwrap(), None);
-        for e in 0..5 {
-            cs.put_epoch_plan(e, EpochPlan { last: e == 4 })
-                .await
-                .unwrap();
-            let entry = OffsetsEntry {
-                tables: vec![TableRead {
-                    table: "t".into(),
-                    from: vec![],
-                    to: vec![SourceOffset {
-                        source: "t".into(),
-                        partition: 0,
-                        offset: e as i64,
-                        position: None,
-                    }],
-                    clock: None,
-                }],
-                watermark: Some(e as i64),
-                idle: false,
-                drained: false,
-                finished: false,
-                epochs: None,
-                poison: vec![],
-            };
-            cs.put_offsets(0, 1, e, &entry).await.unwrap();
-            // Whole at 1, changes after it.
-            cs.put_state(1, 0, e, e <= 1, vec![e as u8]).await.unwrap();
-        }
-        cs.commit(Commit {
-            epoch: 3,
-            last: false,
-        })
-        .await
-        .unwrap();
-        assert_eq!(cs.committed().await.unwrap().unwrap().epoch, 3);
-        // Plans and entries of 0..3; the state of 0 (1 is whole, and 2 and
-        // 3 build on it).
-        assert_eq!(cs.forget_before(3).await.unwrap(), 7);
-        assert!(cs.state(1, 0, 0).await.unwrap().is_none());
-        assert_eq!(cs.state(1, 0, 2).await.unwrap().unwrap().as_slice(), &[2]);
-        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[3]);
-        // A cold member drops what an earlier instance wrote past the
-        // commit; then its whole state stands alone.
-        assert_eq!(cs.drop_states_after(1, 0, Some(3)).await.unwrap(), 1);
-        assert_eq!(cs.drop_states_after(1, 0, Some(2)).await.unwrap(), 1);
-        cs.put_state(1, 0, 3, true, vec![33]).await.unwrap();
-        assert_eq!(cs.state(1, 0, 3).await.unwrap().unwrap().as_slice(), &[33]);
-        assert_eq!(cs.forget_before(3).await.unwrap(), 0, "done at 3 already");
-        assert_eq!(cs.forget_now(3).await.unwrap(), 2);
-        assert!(cs.bytes_written() > 0);
-        assert!(cs.offsets(0, 1, 2).await.unwrap().is_none());
-        assert_eq!(
-            cs.offsets(0, 1, 3).await.unwrap().unwrap().watermark,
-            Some(3)
-        );
-        assert!(cs.epoch_plan(4).await.unwrap().unwrap().last);
-        assert_eq!(cs.last_planned_epoch().await.unwrap(), Some(4));
+        let err = CheckpointStore::open(store, Path::from("old"), "abc")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("another version of Skein (layout 0"), "{err}");
     }
 }

@@ -3,9 +3,7 @@
 //! failed attempt, and when it writes again; a sink that never failed
 //! writes nothing here.
 
-use futures::TryStreamExt;
-
-use super::{CheckpointStore, get_json};
+use super::{CheckpointStore, Kind};
 use crate::error::Result;
 use crate::sink_health::SinkHealthReport;
 
@@ -22,20 +20,15 @@ impl CheckpointStore {
         member: u32,
         report: &SinkHealthReport,
     ) -> Result<()> {
-        self.put_json(&self.sink_health_key(stage, member), report)
+        self.put_json(Kind::Other, &self.sink_health_key(stage, member), report)
             .await
     }
 
     /// What every sink member last reported, failing ones first.
     pub async fn sink_health(&self) -> Result<Vec<SinkHealthReport>> {
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&self.key(&["sinks"])))
-            .try_collect()
-            .await?;
         let mut out = vec![];
-        for o in objects {
-            if let Some(r) = get_json::<SinkHealthReport>(&self.store, &o.location).await? {
+        for o in self.backend.list(&self.key(&["sinks"])).await? {
+            if let Some(r) = self.get_json::<SinkHealthReport>(&o.key).await? {
                 out.push(r);
             }
         }

@@ -2,17 +2,15 @@
 //! status`: the last epoch decided and the last committed, with the times
 //! their objects were written, and the bytes of state held.
 
-use futures::TryStreamExt;
-use object_store::ObjectStoreExt;
 use serde::Serialize;
 
-use super::{CheckpointStore, Commit, epoch_name};
+use super::{CheckpointStore, Commit, StateKind, epoch_name};
 use crate::error::Result;
 
 /// What a checkpoint store holds, for `skein status`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StoreSummary {
-    /// The last epoch the driver decided (and fired).
+    /// The last epoch the driver decided (and may have fired).
     pub last_epoch: Option<u64>,
     /// When it was decided, Unix ms.
     pub last_epoch_ms: Option<i64>,
@@ -26,29 +24,35 @@ pub struct StoreSummary {
 
 impl CheckpointStore {
     /// Summarise the store for `skein status`: its last commit, its last
-    /// planned epoch and when they were written.
+    /// decided epoch and when they were written.
     pub async fn summary(&self) -> Result<StoreSummary> {
+        let log = self.driver_log().await?;
+        let commit_key = self.key(&["commit.json"]);
         let mut out = StoreSummary {
-            committed: self.committed().await?,
-            last_epoch: self.last_planned_epoch().await?,
+            committed: log.committed,
+            last_epoch: log.highest().or(log.committed.map(|c| c.epoch)),
             ..Default::default()
         };
-        out.committed_ms = self.modified_ms(&["commit.json"]).await;
+        out.committed_ms = self.backend.modified_ms(&commit_key).await;
+        // A decision stands alone, or came with the commit.
         if let Some(e) = out.last_epoch {
-            let name = format!("{}.json", epoch_name(e));
-            out.last_epoch_ms = self.modified_ms(&["epochs", &name]).await;
+            let lone = self.key(&["epochs", &format!("{}.json", epoch_name(e))]);
+            out.last_epoch_ms = match self.backend.modified_ms(&lone).await {
+                Some(ms) => Some(ms),
+                None => out.committed_ms,
+            };
         }
-        let states: Vec<_> = self
-            .store
-            .list(Some(&self.key(&["state"])))
-            .try_collect()
-            .await?;
-        out.state_bytes = states.iter().map(|o| o.size).sum();
+        out.state_bytes = self
+            .list_epochs(&["members"])
+            .await?
+            .into_iter()
+            .filter(|(key, _, _)| {
+                key.filename()
+                    .and_then(StateKind::of_name)
+                    .is_some_and(|k| k.is_some())
+            })
+            .map(|(_, _, size)| size)
+            .sum();
         Ok(out)
-    }
-
-    async fn modified_ms(&self, parts: &[&str]) -> Option<i64> {
-        let meta = self.store.head(&self.key(parts)).await.ok()?;
-        Some(meta.last_modified.timestamp_millis())
     }
 }

@@ -2,20 +2,22 @@
 //! kept across instances for `skein status` and `skein ui`: records sent
 //! to dead letters, late rows set aside, failed sink writes (the counts),
 //! and invocations, their handler times, retries, rows and bytes sent,
-//! state bytes and watermark (the figures). Each member keeps its own and
-//! writes them as `tally/<stage>-<member>.json`: at once when a count
-//! changes, and figures alone at most every [`FIGURES_EVERY`], so an epoch
-//! that counts nothing costs no request. A replayed epoch counts again:
-//! these are counts of events seen, not of results.
+//! state bytes and watermark (the figures). Each member keeps its own (its
+//! whole life, every instance). A member that writes an object per epoch
+//! it checkpoints (a source member's log entry, a stateful member's state)
+//! carries them in that object's header, at no extra request; any other
+//! member writes them alone as `tally/<stage>-<member>.json`: at once when
+//! a count changes, and figures alone at most every [`FIGURES_EVERY`], so
+//! an epoch that counts nothing costs no request. A replayed epoch counts
+//! again: these are counts of events seen, not of results.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::{CheckpointStore, get_json};
+use super::{CheckpointStore, Kind, StateKind};
 use crate::error::Result;
 
 /// How often a member writes figures that changed while its counts did not.
@@ -43,6 +45,13 @@ impl Tally {
         self.dead_letters += other.dead_letters;
         self.late_rows += other.late_rows;
         self.sink_errors += other.sink_errors;
+    }
+
+    /// Each count the larger of the two.
+    fn max(&mut self, other: &Tally) {
+        self.dead_letters = self.dead_letters.max(other.dead_letters);
+        self.late_rows = self.late_rows.max(other.late_rows);
+        self.sink_errors = self.sink_errors.max(other.sink_errors);
     }
 }
 
@@ -176,30 +185,71 @@ impl CheckpointStore {
         Ok(sum)
     }
 
-    /// Every member's record, by (stage, member).
+    /// Every member's record, by (stage, member): per member the newest of
+    /// its objects that carries one, or its record written alone (where a
+    /// member has both, the larger of each count, both being totals, and
+    /// the later figures).
     pub async fn member_records(&self) -> Result<Vec<((u32, u32), MemberRecord)>> {
-        let objects: Vec<_> = self
-            .store
-            .list(Some(&self.key(&["tally"])))
-            .try_collect()
-            .await?;
-        let mut out = vec![];
-        for o in objects {
-            let Some((stage, member)) = o
-                .location
-                .filename()
-                .and_then(|f| f.strip_suffix(".json"))
-                .and_then(|f| f.split_once('-'))
-                .and_then(|(s, m)| Some((s.parse().ok()?, m.parse().ok()?)))
-            else {
+        let mut by_member: BTreeMap<(u32, u32), MemberRecord> = BTreeMap::new();
+        for o in self.backend.list(&self.key(&["tally"])).await? {
+            let name = o.key.filename().unwrap_or_default();
+            let Some(member) = name.strip_suffix(".json").and_then(parse_member) else {
                 continue;
             };
-            if let Some(r) = get_json::<MemberRecord>(&self.store, &o.location).await? {
-                out.push(((stage, member), r));
+            if let Some(r) = self.get_json::<MemberRecord>(&o.key).await? {
+                by_member.entry(member).or_default().merge(r);
             }
         }
-        Ok(out)
+        // The newest object of each member directory.
+        let mut newest: BTreeMap<(u32, u32), (u64, object_store::path::Path)> = BTreeMap::new();
+        for (key, epoch, _) in self.list_epochs(&["members"]).await? {
+            let name = key.filename().unwrap_or_default();
+            let (Some(_), Some(member)) = (StateKind::of_name(name), member_of(&key)) else {
+                continue;
+            };
+            if newest.get(&member).is_none_or(|(e, _)| epoch > *e) {
+                newest.insert(member, (epoch, key));
+            }
+        }
+        for (member, (_, key)) in newest {
+            let Some(bytes) = self.backend.get(&key).await? else {
+                continue;
+            };
+            if let Some(r) = super::member::decode(&key, bytes)?.tally {
+                by_member.entry(member).or_default().merge(r);
+            }
+        }
+        Ok(by_member.into_iter().collect())
     }
+}
+
+impl MemberRecord {
+    /// Take `other`, another record of the same member: each count the
+    /// larger, the later figures.
+    fn merge(&mut self, other: MemberRecord) {
+        self.counts.max(&other.counts);
+        let later = match (&self.figures, &other.figures) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(a), Some(b)) => b.at_ms > a.at_ms,
+        };
+        if later {
+            self.figures = other.figures;
+        }
+    }
+}
+
+/// `<stage>-<member>` as numbers.
+fn parse_member(name: &str) -> Option<(u32, u32)> {
+    let (stage, member) = name.split_once('-')?;
+    Some((stage.parse().ok()?, member.parse().ok()?))
+}
+
+/// The (stage, member) of a member object's key (its directory).
+fn member_of(key: &object_store::path::Path) -> Option<(u32, u32)> {
+    let parts: Vec<_> = key.parts().collect();
+    let dir = parts.len().checked_sub(2).and_then(|i| parts.get(i))?;
+    parse_member(dir.as_ref())
 }
 
 /// One instance's counts and figures of its member, added to what earlier
@@ -215,7 +265,8 @@ struct Counts {
     here: Tally,
     /// Measured by this instance.
     live: Live,
-    /// What the store held when this instance first wrote; `None` until then.
+    /// What the store held when this instance first wrote (or what the
+    /// object a cold instance started from carried); `None` until then.
     before: Option<MemberRecord>,
     /// `here` when last written.
     written: Tally,
@@ -223,6 +274,47 @@ struct Counts {
     written_changes: u64,
     /// When it last wrote, with the totals then (for rates).
     written_at: Option<(Instant, u64, u64)>,
+}
+
+impl Counts {
+    /// The member's record now: what came before and what this instance
+    /// counted and measured; taken as written.
+    fn record(&mut self, before: MemberRecord) -> MemberRecord {
+        let mut counts = before.counts;
+        counts.add(&self.here);
+        let earlier = before.figures.clone().unwrap_or_default();
+        let rows = earlier.rows_out + self.live.rows_out;
+        let bytes = earlier.bytes_out + self.live.bytes_out;
+        let (rows_per_s, bytes_per_s) = match self.written_at {
+            Some((at, r, b)) if at.elapsed() > Duration::ZERO => {
+                let s = at.elapsed().as_secs_f64();
+                ((rows - r) as f64 / s, (bytes - b) as f64 / s)
+            }
+            _ => (0.0, 0.0),
+        };
+        let figures = MemberFigures {
+            at_ms: now_ms(),
+            epoch: self.live.epoch.or(earlier.epoch),
+            invocations: earlier.invocations + self.live.invocations,
+            retries: earlier.retries + self.live.retries,
+            rows_out: rows,
+            bytes_out: bytes,
+            rows_per_s,
+            bytes_per_s,
+            state_bytes: self.live.state_bytes,
+            watermark_ms: self.live.watermark_ms.or(earlier.watermark_ms),
+            durations_ms: self.live.durations_ms.iter().copied().collect(),
+            reasons: latest_reasons(&earlier.reasons, &self.live.reasons),
+        };
+        self.before = Some(before);
+        self.written = self.here;
+        self.written_changes = self.live.changes;
+        self.written_at = Some((Instant::now(), rows, bytes));
+        MemberRecord {
+            counts,
+            figures: Some(figures),
+        }
+    }
 }
 
 impl MemberTally {
@@ -238,8 +330,31 @@ impl MemberTally {
         c.live.changes += 1;
     }
 
-    /// Write the member's record if its counts changed since the last
-    /// write, or its figures did and [`FIGURES_EVERY`] has passed.
+    /// What earlier instances of the member counted and measured, as a
+    /// cold instance read it from the object it started from; ignored
+    /// once set.
+    pub fn counted_before(&self, before: Option<MemberRecord>) {
+        let mut c = self.counts.lock().expect("tally");
+        if c.before.is_none() {
+            c.before = Some(before.unwrap_or_default());
+        }
+    }
+
+    /// The member's record to carry in the object it is about to write
+    /// (every object carries it, so the newest holds the totals and the
+    /// latest figures); none while nothing was counted or measured.
+    pub fn carry(&self) -> Option<MemberRecord> {
+        let mut c = self.counts.lock().expect("tally");
+        let before = c.before.clone().unwrap_or_default();
+        if c.here == Tally::default() && c.live.changes == 0 && before == MemberRecord::default() {
+            return None;
+        }
+        Some(c.record(before))
+    }
+
+    /// Write the member's record alone (a member that writes no objects of
+    /// its own) if its counts changed since the last write, or its figures
+    /// did and [`FIGURES_EVERY`] has passed.
     pub async fn save(&self, store: &CheckpointStore, stage: u32, member: u32) -> Result<()> {
         let before = {
             let c = self.counts.lock().expect("tally");
@@ -255,51 +370,13 @@ impl MemberTally {
         let key = store.tally_key(stage, member);
         let before = match before {
             Some(b) => b,
-            None => get_json::<MemberRecord>(&store.store, &key)
+            None => store
+                .get_json::<MemberRecord>(&key)
                 .await?
                 .unwrap_or_default(),
         };
-        let (record, here, changes, rows, bytes) = {
-            let c = self.counts.lock().expect("tally");
-            let mut counts = before.counts;
-            counts.add(&c.here);
-            let earlier = before.figures.clone().unwrap_or_default();
-            let rows = earlier.rows_out + c.live.rows_out;
-            let bytes = earlier.bytes_out + c.live.bytes_out;
-            let (rows_per_s, bytes_per_s) = match c.written_at {
-                Some((at, r, b)) if at.elapsed() > Duration::ZERO => {
-                    let s = at.elapsed().as_secs_f64();
-                    ((rows - r) as f64 / s, (bytes - b) as f64 / s)
-                }
-                _ => (0.0, 0.0),
-            };
-            let figures = MemberFigures {
-                at_ms: now_ms(),
-                epoch: c.live.epoch.or(earlier.epoch),
-                invocations: earlier.invocations + c.live.invocations,
-                retries: earlier.retries + c.live.retries,
-                rows_out: rows,
-                bytes_out: bytes,
-                rows_per_s,
-                bytes_per_s,
-                state_bytes: c.live.state_bytes,
-                watermark_ms: c.live.watermark_ms.or(earlier.watermark_ms),
-                durations_ms: c.live.durations_ms.iter().copied().collect(),
-                reasons: latest_reasons(&earlier.reasons, &c.live.reasons),
-            };
-            let record = MemberRecord {
-                counts,
-                figures: Some(figures),
-            };
-            (record, c.here, c.live.changes, rows, bytes)
-        };
-        store.put_json(&key, &record).await?;
-        let mut c = self.counts.lock().expect("tally");
-        c.before = Some(before);
-        c.written = here;
-        c.written_changes = changes;
-        c.written_at = Some((Instant::now(), rows, bytes));
-        Ok(())
+        let record = self.counts.lock().expect("tally").record(before);
+        store.put_json(Kind::Other, &key, &record).await
     }
 }
 
@@ -342,6 +419,39 @@ mod tests {
                 sink_errors: 1
             }
         );
+
+        // A member that writes objects carries its totals in them: its
+        // newest one counts, on top of what a cold instance read.
+        let source = MemberTally::default();
+        source.counted_before(Some(MemberRecord {
+            counts: Tally {
+                dead_letters: 5,
+                ..Default::default()
+            },
+            figures: None,
+        }));
+        source.count(|t| t.dead_letters += 1);
+        source.measure(|l| l.rows_out += 4);
+        let puts = cs.puts();
+        for epoch in [7, 8] {
+            let object = crate::checkpoint::MemberObject {
+                tally: source.carry(),
+                ..Default::default()
+            };
+            cs.put_member(1, 1, epoch, object).await.unwrap();
+            source.count(|t| t.dead_letters += 1);
+        }
+        assert_eq!(
+            cs.puts(),
+            puts + 2,
+            "the counts cost no request of their own"
+        );
+        assert_eq!(source.carry().map(|r| r.counts.dead_letters), Some(8));
+        assert_eq!(cs.tally().await.unwrap().dead_letters, 2 + 7);
+        let records = cs.member_records().await.unwrap();
+        let (_, carried) = records.iter().find(|(m, _)| *m == (1, 1)).unwrap();
+        let figures = carried.figures.as_ref().expect("figures ride along");
+        assert_eq!(figures.rows_out, 4);
     }
 
     #[tokio::test]

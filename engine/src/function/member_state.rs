@@ -1,13 +1,17 @@
 //! A stateful member's durable state: restored once by a cold instance,
-//! written at the end of checkpointed epochs. Most checkpoints write only
-//! the changes since the previous one; a whole state is written when there
-//! is nothing to build on or the chain of changes has grown as large as a
-//! whole state would be, so a restore reads at most about twice the state.
+//! written at the end of the epochs the driver will commit, as the
+//! member's one object for that epoch (its counts ride along). Most
+//! checkpoints write only the changes since the previous one; a whole state
+//! is written when there is nothing to build on or the chain of changes has
+//! grown as large as a whole state would be, so a restore reads at most
+//! about twice the state.
 
 use std::sync::Arc;
 
 use super::{StageFunction, StageState};
-use crate::checkpoint::{CheckpointStore, Snapshot, decode_state, encode_changes, encode_state};
+use crate::checkpoint::{
+    CheckpointStore, MemberObject, Snapshot, StateKind, decode_state, encode_changes, encode_state,
+};
 use crate::context::StageMode;
 use crate::error::{EngineError, Result};
 use crate::window_state::SavedWindows;
@@ -76,9 +80,10 @@ impl StageFunction {
             base: Some(commit.epoch),
             ..Default::default()
         };
+        let mut counted = None;
         let whole = loop {
-            let bytes = cs
-                .state(self.ctx.stage, self.ctx.member, epoch)
+            let read = cs
+                .member_state(self.ctx.stage, self.ctx.member, epoch)
                 .await?
                 .ok_or_else(|| {
                     EngineError::Context(format!(
@@ -89,6 +94,9 @@ impl StageFunction {
                         cs.root()
                     ))
                 })?;
+            // The committed object's counts: where this instance's go on from.
+            counted = counted.or(Some(read.tally));
+            let bytes = read.state;
             let what = format!("{} epoch {epoch}", self.name);
             match decode_state(&bytes, &schemas, &what)? {
                 Snapshot::Whole(w) => {
@@ -129,24 +137,21 @@ impl StageFunction {
             }
         }
         state.saved = saved;
+        self.tally.counted_before(counted.flatten());
         tracing::info!(stage = %self.name, epoch = commit.epoch, "state restored from the checkpoint");
         Ok(())
     }
 
     /// This member's state as of the end of `epoch`, encoded, when the
-    /// checkpoint interval (or the end of the run) says to keep it.
+    /// driver will commit the epoch (`checkpoint`: it said so, or it is the
+    /// run's last).
     pub(super) fn state_to_save(
         &self,
         state: &mut StageState,
         epoch: u64,
-        last: bool,
+        checkpoint: bool,
     ) -> Result<Option<StateWrite>> {
-        let Some(spec) = self.checkpoints().and(self.ctx.checkpoint.as_ref()) else {
-            return Ok(None);
-        };
-        if self.ctx.mode == StageMode::Stream
-            || !(last || epoch.is_multiple_of(spec.interval.max(1)))
-        {
+        if self.checkpoints().is_none() || self.ctx.mode == StageMode::Stream || !checkpoint {
             return Ok(None);
         }
         let schemas = self.checkpoint_schemas(state);
@@ -194,13 +199,24 @@ impl StageFunction {
         }
     }
 
-    /// Write what [`Self::state_to_save`] encoded; its size, once written.
+    /// Write what [`Self::state_to_save`] encoded, with the member's
+    /// counts, as its object for the epoch; its size, once written.
     pub(super) async fn write_state(&self, write: Option<StateWrite>) -> Result<Option<Written>> {
         let (Some(cs), Some(w)) = (self.checkpoints(), write) else {
             return Ok(None);
         };
         let len = w.bytes.len();
-        cs.put_state(self.ctx.stage, self.ctx.member, w.epoch, w.whole, w.bytes)
+        let kind = if w.whole {
+            StateKind::Whole
+        } else {
+            StateKind::Changes
+        };
+        let object = MemberObject {
+            offsets: None,
+            tally: self.tally.carry(),
+            state: Some((kind, w.bytes)),
+        };
+        cs.put_member(self.ctx.stage, self.ctx.member, w.epoch, object)
             .await?;
         Ok(Some(Written {
             epoch: w.epoch,

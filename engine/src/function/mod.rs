@@ -417,16 +417,26 @@ impl StageFunction {
         })
     }
 
-    /// Write this member's counts for `skein status` if they changed. A
-    /// failure only costs the status a count, so it does not fail the
-    /// invocation.
+    /// Write this member's counts for `skein status` if they changed and
+    /// it has no object of its own to carry them in. A failure only costs
+    /// the status a count, so it does not fail the invocation.
     pub(super) async fn save_tally(&self) {
         let Some(cs) = &self.env.checkpoints else {
             return;
         };
+        if self.tally_rides_along() {
+            return;
+        }
         if let Err(e) = self.tally.save(cs, self.ctx.stage, self.ctx.member).await {
             tracing::warn!(stage = %self.name, error = %e, "writing the member's counts");
         }
+    }
+
+    /// Whether this member's counts ride in objects it writes anyway: a
+    /// source member's log entries, a stateful member's states.
+    fn tally_rides_along(&self) -> bool {
+        self.checkpoints().is_some()
+            && (self.ctx.mode != StageMode::Stream || !self.readers.is_empty())
     }
 
     /// Bytes of the rows this instance holds across epochs (its windows);
@@ -528,13 +538,17 @@ impl StageFunction {
         };
         crate::metrics::watermark(&self.ctx.stage_name(), state.watermark.value);
         let output = &self.outputs[0];
+        let marks = EpochMarks {
+            last: input.last,
+            checkpoint: input.checkpoint,
+        };
         if self.ctx.mode == StageMode::Updating {
             let header = self.header(
                 output,
                 &qid,
                 epoch,
                 state.watermark,
-                input.last,
+                marks,
                 input.offsets.clone(),
             );
             return self.run_updating(state, input, header).await;
@@ -556,7 +570,7 @@ impl StageFunction {
             &qid,
             epoch,
             out_watermark,
-            input.last,
+            marks,
             input.offsets.clone(),
         );
         let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
@@ -599,7 +613,7 @@ impl StageFunction {
         // The state is encoded now and written while the epoch's output is
         // computed and sent: both finish before the invocation answers, and
         // so before the epoch can be committed.
-        let to_save = self.state_to_save(state, epoch, input.last)?;
+        let to_save = self.state_to_save(state, epoch, input.last || input.checkpoint)?;
         let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
         let run = async {
             match to_run {
@@ -679,7 +693,7 @@ impl StageFunction {
         qid: &str,
         epoch: u64,
         watermark: Watermark,
-        last: bool,
+        marks: EpochMarks,
         offsets: Vec<SourceOffset>,
     ) -> PayloadHeader {
         PayloadHeader {
@@ -691,10 +705,20 @@ impl StageFunction {
             encoding: self.ctx.encoding,
             watermark: watermark.value,
             idle: watermark.idle,
-            last,
+            last: marks.last,
+            checkpoint: marks.checkpoint,
             offsets,
         }
     }
+}
+
+/// What the driver said of an epoch; every payload of the epoch carries it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EpochMarks {
+    /// The run's last epoch: stateful stages flush.
+    last: bool,
+    /// The epoch will be committed: stateful stages keep their state.
+    checkpoint: bool,
 }
 
 fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {

@@ -17,8 +17,10 @@ use std::time::Instant;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::source_stage::bind_sources;
-use super::{Response, SourceReader, StageFunction, StageState};
-use crate::checkpoint::{CheckpointStore, Commit, OffsetsEntry, PoisonRecord, TableRead};
+use super::{EpochMarks, Response, SourceReader, StageFunction, StageState};
+use crate::checkpoint::{
+    CheckpointStore, Commit, MemberObject, OffsetsEntry, PoisonRecord, TableRead,
+};
 use crate::context::NextHop;
 use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
@@ -84,7 +86,13 @@ impl StageFunction {
     /// sink that names writes by epoch replaces a retried batch's output.
     pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
         let response = self.run_pushed_batch(batch_id, records).await;
-        self.save_tally().await;
+        // A batch written straight to the sink logs nothing: its counts
+        // have no object to ride in.
+        if let Some(cs) = &self.env.checkpoints
+            && let Err(e) = self.tally.save(cs, self.ctx.stage, self.ctx.member).await
+        {
+            tracing::warn!(stage = %self.name, error = %e, "writing the member's counts");
+        }
         response
     }
 
@@ -227,8 +235,13 @@ impl StageFunction {
             epochs: None,
             poison: poison.clone(),
         };
+        let object = MemberObject {
+            offsets: Some(entry.clone()),
+            tally: self.tally.carry(),
+            state: None,
+        };
         if !cs
-            .put_offsets_new(self.ctx.stage, self.ctx.member, epoch, &entry)
+            .put_member_new(self.ctx.stage, self.ctx.member, epoch, object)
             .await?
         {
             state.pushed.ready = false;
@@ -275,7 +288,8 @@ impl StageFunction {
         let rows_out = self
             .run_outputs(qid, epoch, watermark, table, batches, offsets)
             .await?;
-        cs.commit(Commit { epoch, last: false }).await?;
+        let commit = Commit { epoch, last: false };
+        cs.commit(commit, None, vec![], &Default::default()).await?;
         cs.forget_before(epoch).await?;
         Ok(rows_out)
     }
@@ -294,7 +308,12 @@ impl StageFunction {
         let mut rows_out = 0;
         for output in &self.outputs {
             let plan = bind_sources(&output.plan, &bound)?;
-            let header = self.header(output, qid, epoch, watermark, false, offsets.clone());
+            // Every pushed epoch is committed once sent.
+            let marks = EpochMarks {
+                last: false,
+                checkpoint: true,
+            };
+            let header = self.header(output, qid, epoch, watermark, marks, offsets.clone());
             rows_out += self.run_and_route(output, plan, header).await?;
         }
         Ok(rows_out)
@@ -314,15 +333,20 @@ impl StageFunction {
         let commit = cs.committed().await?;
         let mut epoch = commit.map_or(0, |c| c.epoch + 1);
         let mut entries = vec![];
+        let mut counted = None;
         if let Some(c) = commit
-            && let Some(entry) = cs.offsets(stage, member, c.epoch).await?
+            && let Some(object) = cs.member(stage, member, c.epoch).await?
         {
-            entries.push((None, entry));
+            counted = object.tally;
+            entries.extend(object.offsets.map(|entry| (None, entry)));
         }
-        while let Some(entry) = cs.offsets(stage, member, epoch).await? {
+        while let Some(object) = cs.member(stage, member, epoch).await? {
+            counted = object.tally.or(counted);
+            let Some(entry) = object.offsets else { break };
             entries.push((Some(epoch), entry));
             epoch += 1;
         }
+        self.tally.counted_before(counted);
         for (resend, entry) in entries {
             let read = entry.tables.iter().find(|r| r.table == reader.table);
             if let (Some(clock), Some(saved)) = (

@@ -23,20 +23,22 @@ impl StageFunction {
         plan: Arc<dyn ExecutionPlan>,
         header: PayloadHeader,
     ) -> Result<u64> {
-        let partitions = plan.properties().output_partitioning().partition_count();
-        let outputs = try_join_all((0..partitions).map(|i| {
-            let plan = plan.clone();
-            let ctx = self.task_ctx.clone();
-            async move {
-                let stream = plan.execute(i, ctx)?;
-                datafusion::physical_plan::common::collect(stream).await
-            }
-        }))
-        .await?;
+        let outputs = self.execute(&plan).await?;
+        self.send_output(output, &plan, header, outputs).await
+    }
+
+    /// Send what [`Self::execute`] computed of `plan` on; the rows sent.
+    pub(super) async fn send_output(
+        &self,
+        output: &StageOutput,
+        plan: &Arc<dyn ExecutionPlan>,
+        header: PayloadHeader,
+        outputs: Vec<Vec<RecordBatch>>,
+    ) -> Result<u64> {
         let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
         // Rows a lookup join set aside leave before the output does, so an
         // epoch that commits has sent them.
-        crate::lookup::exec::send_misses(&plan, &self.name, header.epoch, &header.offsets).await?;
+        crate::lookup::exec::send_misses(plan, &self.name, header.epoch, &header.offsets).await?;
         self.route(output, header, Some((plan.schema(), outputs)))
             .await?;
         Ok(rows)

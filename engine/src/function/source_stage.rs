@@ -8,8 +8,8 @@ use std::time::Instant;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::{Response, StageFunction, StageState, Trigger, bind_leaves};
-use crate::checkpoint::{CheckpointStore, OffsetsEntry, TableRead};
+use super::{EpochMarks, Response, StageFunction, StageState, Trigger, bind_leaves};
+use crate::checkpoint::{CheckpointStore, MemberObject, OffsetsEntry, TableRead};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::source::{EpochSpec, ReplayMode};
@@ -52,14 +52,17 @@ impl StageFunction {
         let checkpoints = self.checkpoints().cloned();
         // With checkpoints: a cold instance stands where the log says the
         // previous epoch ended, and an epoch already in the log is read
-        // again exactly as it was.
+        // again exactly as it was (an epoch the driver never fired before
+        // cannot be in it).
         let mut logged = None;
         if let Some(cs) = &checkpoints {
             if !state.restored {
                 self.stand_where_the_log_ends(cs, &mut state, spec).await?;
                 state.restored = true;
             }
-            logged = cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?;
+            if !t.fresh {
+                logged = cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?;
+            }
         }
         let mut reads = vec![];
         for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
@@ -127,6 +130,7 @@ impl StageFunction {
         }
         drop(state);
         let mut watermark = watermark.result();
+        let mut entry = None;
         match (&checkpoints, &logged) {
             // The same watermark as the first time, whatever the clock says now.
             (_, Some(l)) => {
@@ -137,9 +141,8 @@ impl StageFunction {
                 drained = l.drained;
                 finished = l.finished;
             }
-            // Written before anything leaves: a replay must read what this read.
-            (Some(cs), None) => {
-                let entry = OffsetsEntry {
+            (Some(_), None) => {
+                entry = Some(OffsetsEntry {
                     tables: reads,
                     watermark: watermark.value,
                     idle: watermark.idle,
@@ -147,19 +150,20 @@ impl StageFunction {
                     finished,
                     epochs: self.ctx.epochs,
                     poison: vec![],
-                };
-                cs.put_offsets(self.ctx.stage, self.ctx.member, t.epoch, &entry)
-                    .await?;
+                });
             }
             (None, None) => {}
         }
         crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
+        let marks = EpochMarks {
+            last: t.last,
+            checkpoint: t.checkpoint,
+        };
         let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
         self.tally.measure(|l| {
             l.watermark_ms = watermark_ms.or(l.watermark_ms);
             l.epoch = Some(t.epoch);
         });
-        let mut rows_out = 0;
         // A changelog table's rows run through the plan by kind.
         let by_kind = self
             .readers
@@ -167,17 +171,42 @@ impl StageFunction {
             .any(|r| r.source.changelog())
             .then(|| split_by_kind(&bound, &self.readers))
             .transpose()?;
-        for output in &self.outputs {
-            let header = self.header(output, &t.qid, t.epoch, watermark, t.last, offsets.clone());
-            rows_out += match &by_kind {
-                None => {
-                    let plan = bind_sources(&output.plan, &bound)?;
-                    self.run_and_route(output, plan, header).await?
+        // The outputs are computed while the log entry is written; nothing
+        // leaves before it is durable: a replay must read what this read.
+        let computed = async {
+            let mut out = vec![];
+            for output in &self.outputs {
+                out.push(match &by_kind {
+                    None => {
+                        let plan = bind_sources(&output.plan, &bound)?;
+                        let batches = self.execute(&plan).await?;
+                        (output, Computed::Rows(plan, batches))
+                    }
+                    Some((retracts, inserts)) => {
+                        let r = bind_sources(&output.plan, retracts)?;
+                        let i = bind_sources(&output.plan, inserts)?;
+                        (output, Computed::Changes(self.tagged(&r, &i).await?))
+                    }
+                });
+            }
+            Ok::<_, EngineError>(out)
+        };
+        let logging = async {
+            match (&checkpoints, entry) {
+                (Some(cs), Some(entry)) => self.log_entry(cs, t.epoch, entry).await,
+                _ => Ok(()),
+            }
+        };
+        let (computed, logged) = tokio::join!(computed, logging);
+        logged?;
+        let mut rows_out = 0;
+        for (output, computed) in computed? {
+            let header = self.header(output, &t.qid, t.epoch, watermark, marks, offsets.clone());
+            rows_out += match computed {
+                Computed::Rows(plan, batches) => {
+                    self.send_output(output, &plan, header, batches).await?
                 }
-                Some((retracts, inserts)) => {
-                    let r = bind_sources(&output.plan, retracts)?;
-                    let i = bind_sources(&output.plan, inserts)?;
-                    let parts = self.tagged(&r, &i).await?;
+                Computed::Changes(parts) => {
                     let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
                     self.route_changes(output, header, Some((output.plan.schema(), parts)))
                         .await?;
@@ -195,6 +224,30 @@ impl StageFunction {
             watermark_ms,
             ..Default::default()
         })
+    }
+
+    /// Write this member's object for `epoch`: its log entry, and its
+    /// counts. Created only if the epoch has none: one that does was taken
+    /// by another instance (or an earlier run the driver did not know of),
+    /// and the epoch fails to run again from the last commit.
+    async fn log_entry(&self, cs: &CheckpointStore, epoch: u64, entry: OffsetsEntry) -> Result<()> {
+        let object = MemberObject {
+            offsets: Some(entry),
+            tally: self.tally.carry(),
+            state: None,
+        };
+        if cs
+            .put_member_new(self.ctx.stage, self.ctx.member, epoch, object)
+            .await?
+        {
+            return Ok(());
+        }
+        Err(EngineError::invocation_failed(
+            self.name.clone(),
+            format!(
+                "epoch {epoch} is in the offsets log already; it runs again from the last commit"
+            ),
+        ))
     }
 
     /// A cold source member of a checkpointing query: stand where the
@@ -222,18 +275,18 @@ impl StageFunction {
             return Ok(());
         }
         let previous = spec.epoch - 1;
-        let entry = cs
-            .offsets(self.ctx.stage, self.ctx.member, previous)
-            .await?
-            .ok_or_else(|| {
-                EngineError::Context(format!(
-                    "{}: the offsets log in {} has no epoch {previous}, so epoch {} cannot \
+        let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
+        self.tally
+            .counted_before(object.as_ref().and_then(|o| o.tally.clone()));
+        let entry = object.and_then(|o| o.offsets).ok_or_else(|| {
+            EngineError::Context(format!(
+                "{}: the offsets log in {} has no epoch {previous}, so epoch {} cannot \
                      start where it ended",
-                    self.name,
-                    cs.root(),
-                    spec.epoch
-                ))
-            })?;
+                self.name,
+                cs.root(),
+                spec.epoch
+            ))
+        })?;
         let by_epoch = self
             .readers
             .iter()
@@ -276,14 +329,11 @@ impl StageFunction {
     pub(super) async fn run_constant(&self, t: Trigger) -> Result<Response> {
         let mut rows_out = 0;
         for output in &self.outputs {
-            let header = self.header(
-                output,
-                &t.qid,
-                t.epoch,
-                Watermark::default(),
-                t.last,
-                vec![],
-            );
+            let marks = EpochMarks {
+                last: t.last,
+                checkpoint: t.checkpoint,
+            };
+            let header = self.header(output, &t.qid, t.epoch, Watermark::default(), marks, vec![]);
             if t.epoch > 0 {
                 self.route(output, header, None).await?;
                 continue;
@@ -303,6 +353,14 @@ impl StageFunction {
             ..Default::default()
         })
     }
+}
+
+/// One output of a source stage, computed before it is sent.
+enum Computed {
+    /// The plan's rows, per output partition.
+    Rows(Arc<dyn ExecutionPlan>, Vec<Vec<RecordBatch>>),
+    /// A changelog's rows run by kind, tagged, per output partition.
+    Changes(Vec<Vec<RecordBatch>>),
 }
 
 /// `plan` with its source leaves bound to `bound` (per table).

@@ -109,7 +109,7 @@ impl StageFunction {
         };
         crate::metrics::state_bytes(&self.name, u.bytes());
         crate::metrics::state_rows(&self.ctx.stage_name(), self.ctx.member, u.rows());
-        let to_save = self.state_to_save(state, epoch, input.last)?;
+        let to_save = self.state_to_save(state, epoch, input.last || input.checkpoint)?;
         let output = &self.outputs[0];
         let run = async {
             let Some((retract, insert)) = changes else {
