@@ -144,17 +144,18 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
         return print_cost(&args, &name, m, on, shape, None);
     }
     let run = measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?;
+    let model = args.model.options(Some(args.rate));
     let mut sweep = vec![];
-    for interval in crate::cost_sweep::intervals(&args)? {
+    for interval in crate::cost_sweep::intervals(&args.sweep_intervals)? {
         if interval == args.interval {
-            sweep.extend(crate::cost_sweep::rows(&run, interval, &prices, &args));
+            sweep.extend(crate::cost_sweep::rows(&run, interval, &prices, &model));
             continue;
         }
         // At least two epochs, each of rate × interval events.
         let seconds = args.seconds.max(2 * interval.as_secs_f64().ceil() as u64);
         let k = skein_engine::epochs::default_checkpoint_interval(true, interval);
         let other = measure_local(&sql, &name, &args, interval, seconds, k).await?;
-        sweep.extend(crate::cost_sweep::rows(&other, interval, &prices, &args));
+        sweep.extend(crate::cost_sweep::rows(&other, interval, &prices, &model));
     }
     let shape = (run.epochs, run.functions, run.query_code.as_str());
     print_cost(

@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use skein_cost::{CostReport, Measured, Prices, estimate};
+use skein_cost::{CostReport, Measured, ModelOptions, Prices, estimate};
 use skein_engine::checkpoint::PutCounts;
 use skein_engine::epochs::STANDING_CHECKPOINT;
 
 use crate::cost::dollars;
-use crate::cost_cmd::CostArgs;
 
 /// One in-process run of the query at one epoch interval.
 pub(crate) struct LocalRun {
@@ -96,12 +95,12 @@ pub(crate) fn rows(
     run: &LocalRun,
     interval: Duration,
     prices: &Prices,
-    args: &CostArgs,
+    model: &ModelOptions,
 ) -> Vec<SweepRow> {
     cadences(interval)
         .into_iter()
         .map(|k| {
-            let c = estimate(&run.steady(k), prices, &args.model.options(Some(args.rate)));
+            let c = estimate(&run.steady(k), prices, model);
             row(&c, interval, k, run.puts_per_epoch(k))
         })
         .collect()
@@ -125,11 +124,11 @@ fn row(c: &CostReport, interval: Duration, k: u64, puts_per_epoch: f64) -> Sweep
     }
 }
 
-/// The epoch intervals to sweep: `--sweep-intervals`, each once.
-pub(crate) fn intervals(args: &CostArgs) -> Result<Vec<Duration>> {
+/// The epoch intervals to sweep: `--sweep-intervals` (`1s,10s,...`),
+/// each once.
+pub(crate) fn intervals(sweep_intervals: &str) -> Result<Vec<Duration>> {
     let mut out: Vec<Duration> = vec![];
-    for part in args
-        .sweep_intervals
+    for part in sweep_intervals
         .split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
