@@ -476,7 +476,6 @@ impl EpochLog {
         };
         write_commit(cs, &mut state, commit, decided).await?;
         drop(state);
-        crate::metrics::commit(started.elapsed());
         runtime.committed(fire.epoch).await;
         Ok(())
     }
@@ -544,9 +543,13 @@ async fn write_commit(
     commit: Commit,
     decided: Option<Decided>,
 ) -> Result<()> {
+    let started = std::time::Instant::now();
     let records = std::mem::take(&mut state.records);
     cs.commit(commit, decided, records, &state.tracking.progress)
         .await?;
+    // Every path to a commit comes here: alone, with the next decisions, or
+    // flushed at the end.
+    crate::metrics::commit(started.elapsed());
     // Decisions of committed epochs are never asked again.
     state.decided.retain(|d| d.through > commit.epoch);
     state.decided.extend(decided);

@@ -66,19 +66,20 @@ fn window_of(t: i64, size: i64) -> i64 {
     t - t.rem_euclid(size)
 }
 
+/// A bid's auction, bidder, price and time, then `last`.
+fn bid_with(b: &Bid, last: String) -> Row {
+    vec![
+        b.auction.to_string(),
+        b.bidder.to_string(),
+        b.price.to_string(),
+        b.date_time.to_string(),
+        last,
+    ]
+}
+
 /// q0: every bid, passed through.
 pub fn q0(events: &[Event]) -> Vec<Row> {
-    bids(events)
-        .map(|b| {
-            vec![
-                b.auction.to_string(),
-                b.bidder.to_string(),
-                b.price.to_string(),
-                b.date_time.to_string(),
-                b.extra.clone(),
-            ]
-        })
-        .collect()
+    bids(events).map(|b| bid_with(b, b.extra.clone())).collect()
 }
 
 /// q1: every bid with its price in euros (0.908 per dollar).
@@ -213,15 +214,7 @@ pub fn q12(events: &[Event]) -> Vec<Row> {
 /// q13: every bid joined with the side input `side-<auction mod 10000>`.
 pub fn q13(events: &[Event]) -> Vec<Row> {
     bids(events)
-        .map(|b| {
-            vec![
-                b.auction.to_string(),
-                b.bidder.to_string(),
-                b.price.to_string(),
-                b.date_time.to_string(),
-                format!("side-{}", b.auction.rem_euclid(10_000)),
-            ]
-        })
+        .map(|b| bid_with(b, format!("side-{}", b.auction.rem_euclid(10_000))))
         .collect()
 }
 

@@ -193,18 +193,7 @@ impl Cutter {
         let sent: Arc<dyn ExecutionPlan> = if extra.is_empty() {
             rows
         } else {
-            let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = rows
-                .schema()
-                .fields()
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    (
-                        Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
-                        f.name().clone(),
-                    )
-                })
-                .collect();
+            let mut exprs = super::window_edges::every_column(&rows.schema());
             exprs.extend(extra);
             Arc::new(ProjectionExec::try_new(exprs, rows)?)
         };

@@ -170,17 +170,7 @@ pub(super) fn project_group_keys(
     }
     let input = agg.input().clone();
     let schema = input.schema();
-    let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            (
-                Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
-                f.name().clone(),
-            )
-        })
-        .collect();
+    let mut exprs = every_column(&schema);
     let mut group_by = vec![];
     for (e, name) in agg.group_expr().expr() {
         if e.downcast_ref::<Column>().is_some() {
@@ -205,4 +195,23 @@ pub(super) fn project_group_keys(
         projected,
         rows,
     )?))
+}
+
+/// Every column of `schema` as a projection expression with its name: the
+/// start of a projection that passes its input through and adds to it.
+pub(super) fn every_column(
+    schema: &datafusion::arrow::datatypes::Schema,
+) -> Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            (
+                Arc::new(Column::new(f.name(), i))
+                    as Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+                f.name().clone(),
+            )
+        })
+        .collect()
 }
