@@ -22,6 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod browser;
+pub mod cost;
 pub mod kafka;
 pub mod kills;
 pub mod nexmark_reference;
