@@ -86,6 +86,14 @@ impl CommonRunArgs {
             .common)
     }
 
+    /// How the query is planned: `--group-size`, `--encoding`, ... and
+    /// the epoch `--interval`.
+    pub fn options(&self) -> skein_engine::planner::PlanOptions {
+        let mut options = self.plan.options();
+        options.interval = self.interval;
+        options
+    }
+
     /// When the run stops, as asked.
     pub fn bound(&self) -> RunBound {
         RunBound {

@@ -71,7 +71,7 @@ fn report(run: &LambdaRun, invoke_async: bool) -> Result<Report> {
         stopped: Stopped::Bound,
         blackhole: None,
         lambda: Some(OnLambda {
-            backend: "lambda",
+            backend: "lambda".into(),
             deploy_s: run.deploy_s,
             spilled_contexts: run.deployed.iter().filter(|d| d.spilled).count(),
             dead_letters: run.dead_letters.len(),

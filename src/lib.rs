@@ -11,6 +11,7 @@ pub mod checkpoint_dir;
 pub mod cost;
 pub mod cost_cmd;
 mod cost_sweep;
+pub mod dataframe;
 pub mod gen_args;
 pub mod lambda_bench;
 pub mod lambda_cmd;

@@ -7,12 +7,15 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use skein_cost::CostReport;
 use skein_engine::epochs::Stopped;
 use skein_sinks::blackhole::Discarded;
 
-#[derive(Debug, Serialize)]
+/// Reads back from the JSON of `--json` too (`serde_json::from_str`), so a
+/// program or test can check a run's figures by name; the result rows are
+/// not in the JSON, only their count.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     /// The NEXMark query number, for `skein nexmark`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -48,10 +51,10 @@ pub struct Report {
     pub rows: Vec<RecordBatch>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct OnLambda {
     /// Always "lambda".
-    pub backend: &'static str,
+    pub backend: String,
     pub deploy_s: f64,
     pub spilled_contexts: usize,
     pub dead_letters: usize,

@@ -129,15 +129,29 @@ pub async fn run_report(
     args: &CommonRunArgs,
     nexmark_query: Option<u32>,
 ) -> Result<(Report, Option<Comparison>)> {
+    let regs = registries();
+    let opts = args.options();
+    let prepared = prepare(&regs.catalog, sql, &opts)
+        .await
+        .context("planning the query")?;
+    run_prepared(regs, prepared, args, nexmark_query).await
+}
+
+/// Run a prepared query (planned from SQL text or built as a DataFrame,
+/// `crate::dataframe`) on the in-process runtime of `regs`' catalog; see
+/// [`run_report`].
+pub(crate) async fn run_prepared(
+    regs: Registries,
+    prepared: Prepared,
+    args: &CommonRunArgs,
+    nexmark_query: Option<u32>,
+) -> Result<(Report, Option<Comparison>)> {
     if let Some(addr) = args.metrics {
         serve_metrics(addr)?;
     }
-    let Registries { catalog, collect } = registries();
-    let mut opts = args.plan.options();
-    opts.interval = args.interval;
-    let Prepared { plan, ctx, .. } = prepare(&catalog, sql, &opts)
-        .await
-        .context("planning the query")?;
+    let Registries { catalog, collect } = regs;
+    let opts = args.options();
+    let Prepared { plan, ctx, .. } = prepared;
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();

@@ -1,7 +1,7 @@
 //! From what a run measured to dollars: per million events, and per month
 //! of a standing query at a given rate.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::Prices;
 
@@ -22,7 +22,7 @@ const SHARD_BYTES_S: f64 = 1024.0 * 1024.0;
 const FLINK_STORAGE_GB_PER_KPU: f64 = 50.0;
 
 /// What one run measured.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Measured {
     /// Source records, each once.
     pub events: u64,
@@ -65,7 +65,7 @@ impl Default for ModelOptions {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     X86_64,
@@ -73,7 +73,7 @@ pub enum Arch {
 }
 
 /// Where the checkpoints are kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ObjectStore {
     /// S3 Standard (a general purpose bucket).
@@ -83,7 +83,7 @@ pub enum ObjectStore {
 }
 
 /// The query on Lambda, one architecture, its checkpoints on one store.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LambdaCost {
     pub arch: Arch,
     pub memory_mb: u32,
@@ -98,7 +98,7 @@ pub struct LambdaCost {
 }
 
 /// The query on always-on capacity (VMs or Flink KPUs).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerCost {
     /// The instance type or "KPU".
     pub unit: String,
@@ -110,7 +110,7 @@ pub struct ServerCost {
 }
 
 /// The cost section of a report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostReport {
     pub prices: String,
     pub rate: Option<f64>,

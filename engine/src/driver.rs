@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::join_all;
 use object_store::ObjectStore;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::CheckpointStore;
 use crate::context::function_name;
@@ -148,7 +148,7 @@ pub async fn fire_epoch(
 }
 
 /// The summary line of `skein run --json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunReport {
     /// The query's code.
     pub query_code: String,

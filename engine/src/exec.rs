@@ -116,9 +116,40 @@ pub(crate) fn leaf_properties(schema: SchemaRef, partitions: usize) -> Arc<PlanP
     ))
 }
 
-/// Scans a whole source as a bounded table: one partition per source
-/// instance. Used by single-process runs (`--verify`); a staged run replaces
-/// it with a [`StageInputExec`] fed per epoch.
+/// Scans a whole source as one bounded table: the leaf a table of a
+/// readable kind plans as.
+///
+/// Partition *i* is source instance *i*: it pulls that instance's share of
+/// the input as a single epoch (`epoch 0 of 1`), projects the columns asked
+/// for and yields the pulled batches. Single-process runs (`--verify`, and
+/// what the planner sees before it cuts) execute it directly; a staged run
+/// never does: the cut replaces it with a [`StageInputExec`] of
+/// [`StageInput::Source`] that a source function binds to each epoch's pull.
+///
+/// ```text
+///            SourceScanExec: table=bids kind=KAFKA instances=3
+///        partition 0        partition 1        partition 2
+///             |                  |                  |
+///   Source::pull(instance 0/3) (1/3)              (2/3)     epoch 0 of 1
+///             |                  |                  |
+///      [batches, projected] [batches, ...]   [batches, ...]
+/// ```
+///
+/// # Errors
+///
+/// A failed pull (the source unreachable, its data refused) ends that
+/// partition's stream with the source's error wrapped as
+/// [`DataFusionError::External`]; a
+/// projection that does not fit the source's schema fails in [`Self::new`].
+///
+/// # Ordering and partitioning
+///
+/// Output partitioning is `UnknownPartitioning(instances)`: rows are split
+/// by the source's own instances (Kafka partitions, Kinesis shards,
+/// generator slices), not by any key. Within a partition rows come in the
+/// order the source produced them (offset order per source partition); no
+/// order across partitions, and no sort order is declared. Bounded: each
+/// partition ends after its one pull.
 #[derive(Debug)]
 pub struct SourceScanExec {
     /// The table scanned.
@@ -228,8 +259,44 @@ pub enum StageInput {
     },
 }
 
-/// A leaf that stands for a stage's input. Before running, the function
-/// binds it to the batches of the epoch ([`StageInputExec::bind`]).
+/// The leaf that stands for a stage's input: where a cut plan's data comes
+/// in from outside the stage.
+///
+/// The planner leaves one where a stage reads a source table
+/// ([`StageInput::Source`], in place of a [`SourceScanExec`]) or an
+/// exchange from the stage below ([`StageInput::Shuffle`], in place of the
+/// repartition or merge that ended that stage). It travels unbound in the
+/// plan codec. Each epoch, the function makes a copy of its sub-plan whose
+/// leaves are bound ([`StageInputExec::bind`]) to what arrived: the
+/// batches its sources pulled, or the payloads its arena collected from
+/// every sender of the edge (and, in a stateful stage, the windows the
+/// watermark has closed). Running the copy yields exactly those batches.
+///
+/// ```text
+///   stage 2 (group)                    stage 1 (source)
+///   AggregateExec                      RepartitionExec: Hash([auction], 4)
+///     StageInputExec: shuffle=1  <--     ProjectionExec
+///       bound per epoch to the             StageInputExec: source=bids
+///       payloads of edge 1                   bound per epoch to the pull
+/// ```
+///
+/// # Errors
+///
+/// Executing a leaf that was never bound is a
+/// [`DataFusionError::Internal`] naming the input: the function runs only
+/// bound copies, so it means a plan ran outside a function. A bound leaf
+/// cannot fail; decoding and schema checks happen before binding (the
+/// payload is refused, naming its sender and stage).
+///
+/// # Ordering and partitioning
+///
+/// One partition (`UnknownPartitioning(1)`): a function instance is one
+/// partition of its stage, and the exchange has already routed to it the
+/// rows of its hash range. Batches come out in the order they were bound;
+/// rows of one sender keep the order it sent them in, and no order across
+/// senders is promised. No sort order is declared, so an operator that
+/// needs one sorts above the leaf.
+/// Bounded: the stream ends after the bound batches.
 #[derive(Debug)]
 pub struct StageInputExec {
     /// What the leaf stands for.

@@ -34,6 +34,18 @@ pub async fn prepare(catalog: &Catalog, sql: &str, options: &PlanOptions) -> Res
     finish(catalog, ctx, plan).await
 }
 
+/// [`prepare`] for a query built with DataFusion's DataFrame API in `ctx`
+/// (a session over `catalog`) instead of SQL text.
+pub async fn prepare_dataframe(
+    catalog: &Catalog,
+    ctx: SessionContext,
+    frame: datafusion::dataframe::DataFrame,
+    options: &PlanOptions,
+) -> Result<Prepared> {
+    let plan = crate::planner::plan_dataframe(&ctx, frame, options).await?;
+    finish(catalog, ctx, plan).await
+}
+
 /// The rest of [`prepare`] for a plan made some other way (a DataFrame).
 pub async fn finish(
     catalog: &Catalog,

@@ -49,6 +49,31 @@ pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
     ctx
 }
 
+/// Declare table `name` in `ctx` from code, as `CREATE EXTERNAL TABLE name
+/// STORED AS <kind> LOCATION '<location>' OPTIONS (...)` does in SQL: the
+/// catalog `ctx` plans with checks the kind and options and makes the
+/// table. `schema`: its columns, or none for a kind that knows its own
+/// (the generators).
+pub fn register_table(
+    ctx: &SessionContext,
+    name: &str,
+    config: crate::source::SourceConfig,
+    schema: Option<datafusion::arrow::datatypes::SchemaRef>,
+) -> crate::Result<()> {
+    let catalog = catalog_of(ctx).ok_or_else(|| {
+        crate::EngineError::plan("a table is registered in a session made by session()")
+    })?;
+    let factory = CatalogTableFactory {
+        catalog: (*catalog).clone(),
+    };
+    let schema = schema.unwrap_or_else(|| Arc::new(datafusion::arrow::datatypes::Schema::empty()));
+    let table = factory
+        .declare(name, config, schema)
+        .map_err(|e| crate::EngineError::plan(format!("table {name}: {e}")))?;
+    ctx.register_table(name, table)?;
+    Ok(())
+}
+
 /// The catalog a session made by [`session`] plans with.
 pub fn catalog_of(ctx: &SessionContext) -> Option<Arc<Catalog>> {
     ctx.state().config().get_extension::<Catalog>()

@@ -440,3 +440,10 @@ pub fn repo_path(relative: &str) -> std::path::PathBuf {
         .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
     root.join(relative)
 }
+
+/// The typed report of `skein run --json`: its last stdout line, read back
+/// into the report the command printed, so a test checks figures by name.
+pub fn run_report(stdout: &str) -> skein::report::Report {
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not a run report ({e}): {stdout}"))
+}

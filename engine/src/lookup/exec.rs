@@ -261,8 +261,47 @@ impl LookupHandle {
     }
 }
 
-/// Joins each batch of its input with a lookup table on one key column;
-/// outputs the input's columns, then the table's projected ones.
+/// Joins each batch of a stream with a lookup table on one key column,
+/// fetching the keys it needs as batches pass: the table is never scanned
+/// or held whole, and the join keeps no state between batches.
+///
+/// Our physical optimizer rule (`lookup/plan.rs`) puts it where DataFusion
+/// planned a hash join of a stream with a table declared with `lookup.key`:
+/// the table side goes away, so no exchange is planned for it and the join
+/// stays in the stage that reads the stream. Per input batch it casts the
+/// stream's key column to text, asks the [`LookupHandle`] for the distinct
+/// keys (a cache with a time to live in front of the table: only misses go
+/// out, in one request per batch), and outputs the input's columns followed
+/// by the table's projected ones, typed as the table declares them.
+///
+/// ```text
+///   LookupJoinExec: table=customers kind=REDIS customer=id join=Inner missing=Join
+///                 |                          |
+///     input batch (stream side)    LookupHandle: cache -> Lookup::get(keys)
+///       rows r1 r2 r3                 k1 -> row   k2 -> none
+///                 \_______ by key ________/
+///                            |
+///           r1 + table columns (r2 no match: dropped for Inner, NULLs
+///           for Outer, set aside with 'lookup.missing' 'dead-letter')
+/// ```
+///
+/// # Errors
+///
+/// A failed fetch (the table unreachable, or fewer answers than keys asked)
+/// fails the batch, and with it the invocation, so the epoch is not
+/// committed. A value the table holds that does not parse as the
+/// column's declared type is a [`DataFusionError::Execution`] naming the
+/// table and column. Rows without a match are not errors: the join type
+/// and `lookup.missing` decide (see [`MissingPolicy`]); dead-lettered rows
+/// are collected here and sent by [`send_misses`] before the epoch's output
+/// leaves, with keys that are the same when the epoch is run again.
+///
+/// # Ordering and partitioning
+///
+/// Keeps its input's partitioning and boundedness, and its order
+/// (`maintains_input_order`): output rows are the input rows that survive,
+/// in input order, one output batch per input batch. It adds no
+/// repartition and needs none: any partition can look any key up.
 #[derive(Debug)]
 pub struct LookupJoinExec {
     /// The stream side.

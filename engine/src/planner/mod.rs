@@ -275,6 +275,35 @@ pub async fn plan_query(
         ctx.sql(stmt).await?.collect().await?;
     }
     let logical = ctx.state().create_logical_plan(query).await?;
+    plan_logical(ctx, logical, sql, options).await
+}
+
+/// Plan a query built with DataFusion's DataFrame API over the tables of
+/// `ctx` (a [`session`] over the catalog, where the frame was built) into
+/// stages, as [`plan_query`] plans SQL text. The plan's text, for its query
+/// code and for what a checkpoint records, is the frame's logical plan.
+pub async fn plan_dataframe(
+    ctx: &SessionContext,
+    frame: datafusion::dataframe::DataFrame,
+    options: &PlanOptions,
+) -> Result<QueryPlan> {
+    if options.group_size == 0 {
+        return Err(EngineError::plan("the group size must be at least 1"));
+    }
+    let logical = frame.into_unoptimized_plan();
+    let text = format!("-- a DataFrame\n{}", logical.display_indent());
+    plan_logical(ctx, logical, &text, options).await
+}
+
+/// The query of `sql` (its text, for the code), as DataFusion planned it,
+/// cut into stages: a plain query goes to the collector, `INSERT INTO` to
+/// its sink table.
+async fn plan_logical(
+    ctx: &SessionContext,
+    logical: LogicalPlan,
+    sql: &str,
+    options: &PlanOptions,
+) -> Result<QueryPlan> {
     let mut sink_table = None;
     let (logical, sink) = match logical {
         LogicalPlan::Dml(DmlStatement {

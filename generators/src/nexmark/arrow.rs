@@ -8,7 +8,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::NexmarkConfig;
+use super::config::NexmarkConfig;
 use super::model::{AuctionRef, BidRef, EventKind, EventRef, PersonRef};
 use crate::error::Result;
 

@@ -24,7 +24,7 @@ use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
 pub const KIND: &str = "BLACKHOLE";
 
 /// What a blackhole was given and dropped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Discarded {
     pub rows: u64,
     /// Non-empty record batches.
