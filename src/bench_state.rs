@@ -186,7 +186,11 @@ async fn recovery_once(query: u32, args: &StateBenchArgs) -> Result<f64> {
             anyhow::Ok(())
         })?;
         let _ = rx.recv();
-        rt.shutdown_background();
+        // Wait until its worker has stopped: a task in the middle of a poll
+        // runs on until it yields, and a crashed process would not. Resuming
+        // beside a run that still writes is two writers on one directory,
+        // which the engine refuses ("in the offsets log already").
+        rt.shutdown_timeout(std::time::Duration::from_secs(60));
         Ok(())
     })
     .join()
