@@ -19,8 +19,8 @@ use tracing::{debug, warn};
 use super::consumer::{BatchConsumer, Fetched};
 use super::dead_letters::{DeadLetter, publish_letters};
 use super::source::{KafkaSourceConfig, Startup};
-use crate::decode::RecordDecoder;
 use crate::error::{ConnectorError, Result};
+use skein_formats::decode::RecordDecoder;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a pull waits for an unreachable broker before it fails.

@@ -52,9 +52,10 @@ use skein_engine::source::{
 use super::dead_letters::KafkaDeadLetters;
 use super::offsets::{format_offsets, parse_offsets};
 use super::reader::{PartitionReader, latest_offsets};
-use crate::decode::{Format, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
+use skein_formats::Format;
+use skein_formats::decode::RecordDecoder;
 
 /// The Kafka source's own options.
 pub const SOURCE_OPTIONS: &[&str] = &[
@@ -73,7 +74,7 @@ pub const SOURCE_OPTIONS: &[&str] = &[
 /// Protobuf, the schema registry) and any librdkafka property.
 fn source_options() -> TableOptions {
     TableOptions::only(SOURCE_OPTIONS)
-        .and(&crate::formats::all_options())
+        .and(&skein_formats::all_options())
         .passing_dotted("librdkafka property")
 }
 
@@ -327,5 +328,46 @@ impl SourceFactory for KafkaSourceFactory {
         let source = KafkaSource::new(kafka, schema)
             .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kafka_table_says_when_its_registry_does_not_answer() {
+        use skein_engine::source::{Source, SourceConfig};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let config = SourceConfig {
+            kind: "KAFKA".into(),
+            location: "t".into(),
+            options: [
+                ("bootstrap.servers", "127.0.0.1:1"),
+                ("format", "avro-confluent"),
+                ("schema.registry.url", &format!("http://{addr}")),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        };
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+            datafusion::arrow::datatypes::Field::new(
+                "id",
+                datafusion::arrow::datatypes::DataType::Int64,
+                true,
+            ),
+        ]));
+        // Planning needs no registry when the table declares its columns.
+        let kafka = KafkaSourceConfig::from_source_config(&config).unwrap();
+        let source = KafkaSource::new(kafka, schema).unwrap();
+        let problems = source.problems().await;
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains(&format!("schema registry http://{addr}")),
+            "{problems:?}"
+        );
     }
 }

@@ -45,10 +45,12 @@ use tracing::warn;
 
 use super::reader::*;
 use super::shards::{SHARD_END, shard_id};
-use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
 use crate::error::{ConnectorError, Result};
 use crate::options;
 use skein_engine::source::partition_number as shard_number;
+use skein_formats::Format;
+use skein_formats::decode::RecordDecoder;
+use skein_formats::decode::rejected::{DEAD_LETTER_PREFIX_BYTES, LetterRecord};
 
 /// Where a shard is first read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -454,7 +456,7 @@ impl SourceFactory for KinesisSourceFactory {
             SOURCE_OPTIONS
                 .iter()
                 .copied()
-                .chain(crate::formats::all_options())
+                .chain(skein_formats::all_options())
                 .collect()
         }))
     }
