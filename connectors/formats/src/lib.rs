@@ -4,8 +4,10 @@
 //! * [`format`]: the [`Format`] a table declares (`'format'` and the
 //!   options that go with it);
 //! * [`decode`]: records straight into Arrow columns of the table's schema
-//!   ([`decode::RecordDecoder`]), and what a rejected record's dead letter
-//!   carries;
+//!   ([`decode::RecordDecoder`]), by format; [`rejected`]: what it says of
+//!   a record it did not decode, and what of it a dead letter carries;
+//! * `text/`: the text formats (JSON, CSV, raw): scanners and the column
+//!   builders Protobuf shares;
 //! * [`avro`]: plain Avro (`'avro.schema'`) and the Confluent wire format,
 //!   decoded by arrow-avro with the table's columns as reader schema, and
 //!   the encoder of rows as Avro records;
@@ -33,6 +35,8 @@ pub mod protobuf;
 #[cfg(test)]
 mod recorded;
 pub mod registry;
+pub mod rejected;
+pub(crate) mod text;
 
 pub use format::{FORMAT_NAMES, Format};
 pub use options::{FORMAT_OPTIONS, all_options, is_format_option};

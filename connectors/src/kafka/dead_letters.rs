@@ -14,7 +14,7 @@ use skein_engine::error::Result as EngineResult;
 use skein_engine::source::{DeadLetter as LateLetter, DeadLetterSink};
 
 use crate::error::Result;
-use skein_formats::decode::rejected::LetterRecord;
+use skein_formats::rejected::LetterRecord;
 
 /// What goes to the dead-letter topic for one undecodable record.
 #[derive(Debug, Serialize)]

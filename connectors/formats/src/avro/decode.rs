@@ -14,7 +14,7 @@ use super::reader::{Plan, columns_of};
 use super::{AvroFormat, Plans};
 use crate::confluent::{confluent_header, confluent_prefix};
 use crate::conform::{apply, nulls};
-use crate::decode::rejected::Rejected;
+use crate::rejected::Rejected;
 use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes Avro records into batches of the table's columns.

@@ -5,9 +5,9 @@
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::{Change, tagged};
-use crate::decode::json::scan_json;
-use crate::decode::scanned::Raw;
-use crate::decode::text::{TextBuilder, TextDecoder};
+use crate::text::json::scan_json;
+use crate::text::scanned::Raw;
+use crate::text::{TextBuilder, TextDecoder};
 use skein_clients::error::Result;
 
 const KEYS: [&[u8]; 4] = [b"before", b"after", b"op", b"payload"];

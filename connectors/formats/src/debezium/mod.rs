@@ -27,8 +27,8 @@ pub use avro::DebeziumAvroBuilder;
 pub use json::DebeziumJsonBuilder;
 
 use crate::avro::AvroFormat;
-use crate::decode::scanned::TextFormat;
-use crate::decode::text::TextDecoder;
+use crate::text::TextDecoder;
+use crate::text::scanned::TextFormat;
 use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes Debezium events into changelog batches of the table's columns.

@@ -1,7 +1,7 @@
 //! Record decoders: records of a table's format straight into Arrow
 //! columns of its declared schema.
 //!
-//! The formats: JSON, CSV and raw bytes (`text.rs`, with the scanners in
+//! The formats: JSON, CSV and raw bytes (`text/`, with the scanners in
 //! `json.rs` and `csv.rs` and the column builders in `columns.rs`); Avro and
 //! Protobuf, plain or in the Confluent wire format with a schema registry,
 //! and Debezium change events, which make an updating table (in
@@ -15,14 +15,7 @@
 //! with its reason and adds no row: the caller sends it to the dead-letter
 //! destination.
 
-pub(crate) mod columns;
-mod csv;
-pub(crate) mod json;
-pub mod rejected;
-pub(crate) mod scanned;
-pub(crate) mod text;
-
-pub use rejected::{DEAD_LETTER_PREFIX_BYTES, LetterRecord, Rejected};
+pub use crate::rejected::{DEAD_LETTER_PREFIX_BYTES, LetterRecord, Rejected};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -33,8 +26,8 @@ use crate::avro::{AvroBuilder, AvroDecoder};
 use crate::debezium::{DebeziumBuilder, DebeziumDecoder};
 use crate::format::Format;
 use crate::protobuf::{ProtobufBuilder, ProtobufDecoder};
-use scanned::TextFormat;
-use text::{TextBuilder, TextDecoder};
+use crate::text::scanned::TextFormat;
+use crate::text::{TextBuilder, TextDecoder};
 
 /// Decodes records of one format into batches of one schema.
 #[derive(Debug)]

@@ -1,14 +1,19 @@
 //! The text formats: JSON, CSV and raw bytes, scanned for the raw value
 //! of each declared field, then checked against its column type.
 
+pub(crate) mod columns;
+mod csv;
+pub(crate) mod json;
+pub(crate) mod scanned;
+
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::columns::{ColumnBuilder, Typed, typed_value};
-use super::csv::scan_csv;
-use super::json::{fast_scan_json, scan_json};
-use super::scanned::{Raw, Scanned, TextFormat};
+use columns::{ColumnBuilder, Typed, typed_value};
+use csv::scan_csv;
+use json::{fast_scan_json, scan_json};
+use scanned::{Raw, Scanned, TextFormat};
 use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes text records into batches of one schema.
