@@ -1,8 +1,7 @@
 //! Kafka: the source reads partitions per epoch with offsets it logs
 //! (`source.rs` the table, `config.rs` its options, `reader.rs` the pull
-//! engine,
-//! `consumer.rs` the batch consumer, `offsets.rs` the offsets text,
-//! `dead_letters.rs` the dead-letter topic). The sink is in skein-sinks;
+//! engine, `consumer.rs` the batch consumer, `offsets.rs` the offsets
+//! text, `dead_letters.rs` the dead-letter topic). The sink is in skein-sinks;
 //! the client setup both sides share in skein-clients.
 
 mod config;
