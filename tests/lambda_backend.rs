@@ -1,7 +1,8 @@
 //! The Lambda backend end to end on ministack: `skein deploy / run / status /
 //! destroy --backend lambda` as a user runs them, with the real
 //! `skein-function` binary as every function's bootstrap. Results must equal
-//! single-process DataFusion and the in-process backend on the same input.
+//! single-process DataFusion and the in-process backend on the same input,
+//! in as many rows as a count computed here from the generated events.
 
 mod common;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use skein_engine::EngineError;
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
+use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 use skein_lambda::LambdaInvoker;
 
 /// Runs the CLI against ministack with its own bucket; returns stdout, or
@@ -48,8 +50,29 @@ fn nexmark_tables(events: u64, partitions: usize) -> String {
         .join("\n")
 }
 
-/// Runs `file` on Lambda and in-process; both must verify, with the same rows.
-fn run_both(store: &str, file: &str, group_size: &str, epochs: &str) -> (Value, Value) {
+/// The first `events` events of the generator NEXMark tables read at
+/// `rate` events per second of event time (seed 0).
+fn nexmark_events(events: u64, rate: u64) -> Vec<Event> {
+    NexmarkGenerator::new(NexmarkConfig {
+        first_event_rate: rate,
+        max_events: Some(events),
+        ..Default::default()
+    })
+    .expect("generator")
+    .into_events()
+    .collect()
+}
+
+/// Runs `file` on Lambda and in-process; both must verify, with the same
+/// rows, and as many as `expected_rows`: a count the test computed from
+/// the generated events without the planner or DataFusion.
+fn run_both(
+    store: &str,
+    file: &str,
+    group_size: &str,
+    epochs: &str,
+    expected_rows: usize,
+) -> (Value, Value) {
     let common_args = [
         "--group-size",
         group_size,
@@ -78,9 +101,11 @@ fn run_both(store: &str, file: &str, group_size: &str, epochs: &str) -> (Value, 
         on_lambda["functions"], local["functions"],
         "lambda {on_lambda} local {local}"
     );
-    assert!(
-        on_lambda["result_rows"].as_u64().unwrap_or(0) > 0,
-        "{on_lambda}"
+    assert!(expected_rows > 0, "a reference with no rows proves little");
+    assert_eq!(
+        on_lambda["result_rows"].as_u64(),
+        Some(expected_rows as u64),
+        "rows computed from the generated events: {on_lambda}"
     );
     (on_lambda, local)
 }
@@ -142,7 +167,15 @@ async fn shuffled_group_by_on_lambda() {
         assert_eq!(c.reserved_concurrent_executions(), Some(1), "{m}");
     }
 
-    let (on_lambda, _) = run_both(&store, &file, "4", "3");
+    // One row per auction that has bids (no channel equals the literal).
+    let auctions: std::collections::BTreeSet<i64> = nexmark_events(4000, 1000)
+        .iter()
+        .filter_map(|e| match e {
+            Event::Bid(b) => Some(b.auction),
+            _ => None,
+        })
+        .collect();
+    let (on_lambda, _) = run_both(&store, &file, "4", "3", auctions.len());
     assert_eq!(on_lambda["query_code"], Value::String(code.clone()));
     assert!(
         on_lambda["spilled_contexts"].as_u64().unwrap_or(0) > 0,
@@ -185,7 +218,8 @@ async fn windowed_aggregate_on_lambda() {
     let store = format!("s3://{}", common::unique_name("skein-lambda-window"));
     let query = std::fs::read_to_string(common::repo_path("queries/nexmark/q7.sql")).expect("q7");
     let file = write_sql("q7", &format!("{}\n{query}", nexmark_tables(6000, 2)));
-    run_both(&store, &file, "2", "4");
+    let q7 = common::nexmark_reference::q7(&nexmark_events(6000, 1000));
+    run_both(&store, &file, "2", "4", q7.len());
     skein(&store, &["destroy", &file]);
 }
 

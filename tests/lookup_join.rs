@@ -14,6 +14,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use object_store::memory::InMemory;
 use skein_engine::catalog::Catalog;
+use skein_engine::clock::{Clock, ManualClock};
 use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, plan_query, session};
@@ -43,6 +44,11 @@ fn with_events(ads: &[Option<&str>]) -> Run {
 
 /// Events whose `ad_id` column is `keys` (of any type).
 fn with_keys(keys: ArrayRef) -> Run {
+    with_keys_on(keys, skein_engine::clock::system())
+}
+
+/// [`with_keys`], the lookup caches reading the time from `clock`.
+fn with_keys_on(keys: ArrayRef, clock: Arc<dyn Clock>) -> Run {
     let key_type = match keys.data_type() {
         DataType::Utf8 => "VARCHAR",
         DataType::Int64 => "BIGINT",
@@ -60,6 +66,7 @@ fn with_keys(keys: ArrayRef) -> Run {
     let memory = Arc::new(MemorySourceFactory::default());
     memory.insert("events", MemorySource::new(schema, vec![vec![batch]]));
     let mut catalog = Catalog::default();
+    catalog.set_clock(clock);
     catalog.register_source("MEMORY", memory);
     let results = CollectSinkFactory::default();
     catalog.register_sink("COLLECT", Arc::new(results.clone()));
@@ -221,15 +228,23 @@ async fn a_changed_value_is_seen_once_the_cache_ttl_expires() {
     let p = common::unique_name("lookup-ttl");
     let columns = "ad_id VARCHAR NOT NULL, campaign_id VARCHAR";
     let query = "SELECT e.n, c.campaign_id FROM events e JOIN t c ON e.ad_id = c.ad_id";
-    for (ttl_ms, second_sees) in [(200, "new"), (60_000, "old")] {
-        let key = format!("{p}:{ttl_ms}");
+    // The cache reads a clock the test moves between the two epochs: at
+    // the TTL the cached answer has expired, a millisecond short of it it
+    // has not, however long the epochs take in real time.
+    let ttl_ms = 200;
+    for (advance_ms, second_sees) in [(ttl_ms, "new"), (ttl_ms - 1, "old")] {
+        let key = format!("{p}:{advance_ms}");
         let _: () = redis::cmd("SET")
             .arg(&key)
             .arg("old")
             .query(&mut con)
             .unwrap();
         // Two epochs, one row each, from the same function instance.
-        let r = with_events(&[Some(&key), Some(&key)]);
+        let clock = Arc::new(ManualClock::new());
+        let r = with_keys_on(
+            Arc::new(StringArray::from(vec![Some(key.as_str()); 2])),
+            clock.clone(),
+        );
         let url = common::redis_url();
         let change = key.clone();
         let rows = run(
@@ -248,7 +263,7 @@ async fn a_changed_value_is_seen_once_the_cache_ttl_expires() {
                         .arg("new")
                         .query(&mut con)
                         .unwrap();
-                    std::thread::sleep(Duration::from_millis(400));
+                    clock.advance(Duration::from_millis(advance_ms));
                 }
             },
         )
@@ -257,7 +272,7 @@ async fn a_changed_value_is_seen_once_the_cache_ttl_expires() {
         assert_eq!(
             rows,
             vec![some(&["0", "old"]), some(&["1", second_sees])],
-            "ttl {ttl_ms} ms"
+            "ttl {ttl_ms} ms, clock moved {advance_ms} ms"
         );
     }
 }

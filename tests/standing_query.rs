@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::kills::committed_epoch;
 use common::rows::read_rows;
@@ -23,9 +23,9 @@ const SPAN_MS: i64 = 250_000;
 const INTERVAL: &str = "200ms";
 /// Undecodable records produced before the last run, one per partition.
 const BAD_RECORDS: usize = PARTITIONS;
-/// How long a stop may take: the epoch in flight, its commit and exit, on
-/// a loaded 2-core machine (the interval is 0.2 s).
-const STOP_WITHIN: Duration = Duration::from_secs(10);
+/// A hang guard only: a stop is judged by the process exiting after the
+/// signal and by what it committed, not by how long that took.
+const HANG_GUARD: Duration = Duration::from_secs(300);
 
 /// Reads back what the sink holds.
 type Written = dyn Fn() -> Vec<Map<String, Value>>;
@@ -62,21 +62,25 @@ impl Standing {
         c
     }
 
-    /// Start a standing run, produce `records` while it runs, wait until
-    /// it writes windows of them, check it is still running, stop it with
-    /// `signal`; it exits 0 within [`STOP_WITHIN`] saying it was stopped by
-    /// the signal.
-    fn run_then_stop(&self, records: &[(usize, String)], signal: &str, written: &Written) {
+    /// Start a standing run (resuming after the commit `resumes`), produce
+    /// `records` while it runs, wait until it writes windows of them, check
+    /// it is still running, stop it with `signal`: it exits 0 saying it was
+    /// stopped by the signal, its last commit at or after the last one seen
+    /// before the signal. Returns that commit.
+    fn run_then_stop(
+        &self,
+        records: &[(usize, String)],
+        signal: &str,
+        written: &Written,
+        resumes: Option<u64>,
+    ) -> Option<u64> {
         let rows_before = written().len();
         let mut child = self.command(&[]).spawn().expect("starting skein");
-        let mut at = self.wait_for_commit_after(&mut child, None);
+        let mut at = self.wait_for_commit_after(&mut child, resumes);
         windowed::produce(&self.topic, records);
-        let started = Instant::now();
         while written().len() == rows_before {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no window written within 120 s"
-            );
+            // Each commit without a window is one more epoch that read
+            // nothing of them yet; the hang guard is the commit's.
             at = self.wait_for_commit_after(&mut child, at);
         }
         // A few more epochs: the stop may come in any of them.
@@ -87,35 +91,40 @@ impl Standing {
             child.try_wait().expect("polling skein").is_none(),
             "a standing query keeps running without a bound"
         );
-        let asked = Instant::now();
         let sent = Command::new("kill")
             .args(["-s", signal, &child.id().to_string()])
             .status()
             .expect("running kill");
         assert!(sent.success(), "kill -s {signal}");
-        let output = common::wait_with_timeout(child, Duration::from_secs(120));
-        let took = asked.elapsed();
+        let output = common::wait_with_timeout(child, HANG_GUARD);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             output.status.success(),
             "{signal}: exit {}:\n{stderr}",
             output.status
         );
-        assert!(
-            took < STOP_WITHIN,
-            "{signal}: stopped after {took:?}:\n{stderr}"
-        );
         let stdout = String::from_utf8_lossy(&output.stdout);
         let report: Value = serde_json::from_str(stdout.lines().last().expect("a summary line"))
             .unwrap_or_else(|e| panic!("{e}: {stdout}"));
         assert_eq!(report["stopped"], "signal", "{report}");
         assert!(report["epochs"].as_u64() > Some(3), "{report}");
+        assert_eq!(
+            report["resumed_after"].as_u64(),
+            resumes,
+            "{signal}: the run resumed after the commit before it: {report}"
+        );
+        let committed = committed_epoch(&self.checkpoints());
+        assert!(
+            committed.is_some() && committed >= at,
+            "{signal}: the stop left commit {committed:?}, before {at:?} seen while running"
+        );
+        committed
     }
 
     /// Waits until the run has committed an epoch after `after`.
     fn wait_for_commit_after(&self, child: &mut Child, after: Option<u64>) -> Option<u64> {
         let what = format!("a commit after {after:?}");
-        common::wait_until(child, Duration::from_secs(120), &what, || {
+        common::wait_until(child, HANG_GUARD, &what, || {
             let now = committed_epoch(&self.checkpoints());
             (now.is_some() && now > after).then_some(now)
         })
@@ -127,7 +136,7 @@ impl Standing {
             .command(&["--until-drained"])
             .spawn()
             .expect("starting skein");
-        let output = common::wait_with_timeout(child, Duration::from_secs(300));
+        let output = common::wait_with_timeout(child, HANG_GUARD);
         let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
@@ -146,9 +155,9 @@ impl Standing {
     fn run(&self, signals: [&str; 2], written: &Written) {
         let (records, reference) = windowed::records(RECORDS, PARTITIONS, SPAN_MS);
         let third = records.len() / 3;
-        self.run_then_stop(&records[..third], signals[0], written);
+        let first = self.run_then_stop(&records[..third], signals[0], written, None);
         assert_partial(&written(), &reference, "after the first stop");
-        self.run_then_stop(&records[third..2 * third], signals[1], written);
+        let second = self.run_then_stop(&records[third..2 * third], signals[1], written, first);
         assert_partial(&written(), &reference, "after the second stop");
         windowed::produce(&self.topic, &records[2 * third..]);
         // Records that do not decode: dropped (no dead-letter topic) and
@@ -156,7 +165,11 @@ impl Standing {
         let bad: Vec<(usize, String)> = (0..BAD_RECORDS).map(|i| (i, "{not json".into())).collect();
         windowed::produce(&self.topic, &bad);
         let report = self.drain();
-        assert!(report["resumed_after"].is_u64(), "{report}");
+        assert_eq!(
+            report["resumed_after"].as_u64(),
+            second,
+            "the draining run resumed after the second stop's commit: {report}"
+        );
         assert_exact(&written(), &reference, &format!("standing runs {report}"));
         self.assert_status_caught_up();
     }

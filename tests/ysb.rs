@@ -40,6 +40,9 @@ fn ysb(cmd: &str, topic: &str, dir: &Path, seed: u64, extra: &[&str]) -> (bool, 
     common::ysb::output(ysb_command(cmd, topic, dir, seed).args(extra))
 }
 
+/// A hang guard only: each wait below has its own condition.
+const HANG_GUARD: Duration = Duration::from_secs(300);
+
 fn require_services() {
     common::require_kafka();
     common::require_redis();
@@ -127,11 +130,11 @@ fn read_whole_topic(topic: &str) -> Vec<(i32, i64, Vec<u8>)> {
         return out;
     }
     consumer.assign(&tpl).expect("assign");
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + HANG_GUARD;
     while !ends.is_empty() {
         assert!(
             Instant::now() < deadline,
-            "reading {topic}: partitions {ends:?} not read to their end after 120 s"
+            "reading {topic}: partitions {ends:?} not read to their end (hang guard)"
         );
         let Some(m) = consumer.poll(Duration::from_millis(500)) else {
             continue;
@@ -288,54 +291,45 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     let mut redis = redis::Client::open(common::redis_url())
         .and_then(|c| c.get_connection())
         .expect("Redis connection");
-    let deadline = Instant::now() + Duration::from_secs(120);
     let mut child = child;
-    loop {
-        let fields: i64 = redis::cmd("HLEN")
-            .arg(&key)
-            .query(&mut redis)
-            .expect("HLEN");
-        if fields == 4 {
-            break;
-        }
-        if child.try_wait().expect("waiting").is_some() {
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "ysb run ended before its first epoch was committed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        assert!(Instant::now() < deadline, "no epoch committed after 120 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Scraped while it runs: what it read, and its checkpoint writes (the
-    // commit follows the sink's write at the run's checkpoint cadence, up to
-    // about 10 s later).
+    common::wait_until(
+        &mut child,
+        HANG_GUARD,
+        "the first (empty) epoch's commit",
+        || {
+            let fields: i64 = redis::cmd("HLEN")
+                .arg(&key)
+                .query(&mut redis)
+                .expect("HLEN");
+            (fields == 4).then_some(())
+        },
+    );
+    // Now a producer writes, while the run goes on.
+    let generated = prepare_events(&topic, &dir, seed, 50_000);
+    // Scraped while it runs: what it read (some of the records written
+    // after its empty epochs), and its checkpoint writes (the commit
+    // follows the sink's write at the run's checkpoint cadence).
     let names = [
         "skein_source_records_total",
         "skein_checkpoint_write_seconds_bucket",
         "skein_commit_duration_seconds_bucket",
         "skein_checkpoint_written_bytes_total",
     ];
-    let scraped = Instant::now();
-    let mut body = String::new();
-    while scraped.elapsed() < Duration::from_secs(60) {
-        body = common::scrape(&metrics).unwrap_or_default();
-        if names.iter().all(|n| body.contains(n)) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    for name in names {
-        assert!(
-            body.contains(name),
-            "{name} missing from {metrics}:\n{body}"
-        );
-    }
-    // Now a producer writes, while the run goes on.
-    let generated = prepare_events(&topic, &dir, seed, 50_000);
-    let out = child.wait_with_output().expect("waiting for ysb run");
+    common::wait_until(
+        &mut child,
+        HANG_GUARD,
+        "metrics of records read after the empty epochs",
+        || {
+            let body = common::scrape(&metrics)?;
+            let read: f64 = body
+                .lines()
+                .filter(|l| l.starts_with("skein_source_records_total"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum();
+            (names.iter().all(|n| body.contains(n)) && read > 0.0).then_some(())
+        },
+    );
+    let out = common::wait_with_timeout(child, HANG_GUARD);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -344,12 +338,17 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     );
     let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
-    assert_eq!(run["events"].as_u64(), Some(50_000), "{run}");
+    assert!(run["events"].as_u64() > Some(0), "{run}");
     let lambda = &run["cost"]["lambda"][0];
     assert!(
         lambda["usd_per_million_events"].as_f64() > Some(0.0),
         "{run}"
     );
+    // What its duration left unread, a run to the end of the topic takes:
+    // how much that is depends on the machine, the sum does not.
+    let (ok, drained, log) = ysb("run", &topic, &dir, seed, &["--until-drained"]);
+    assert!(ok, "the draining ysb run failed: {log}");
+    assert!(drained["resumed_after"].is_u64(), "{drained}");
     assert_exact(&topic, &dir, seed, generated["views"].as_u64().unwrap());
 }
 

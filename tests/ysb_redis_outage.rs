@@ -1,6 +1,6 @@
 //! A Redis outage in the middle of `skein ysb run`: Redis is stopped, kept
-//! down for a few seconds and started again with its data (append-only
-//! file); the run waits it out, retries the epoch's write and ends with
+//! down until the run is retrying a write, and started again with its data
+//! (append-only file); the run waits it out, retries the epoch's write and ends with
 //! exact counts. The Redis server is this test's own (`redis-server` on a
 //! free port), so the shared one on 6379 is never stopped.
 
@@ -10,7 +10,10 @@ use common::services::PrivateRedis;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// A hang guard only: each wait has its own condition.
+const HANG_GUARD: Duration = Duration::from_secs(300);
 
 use serde_json::Value;
 
@@ -49,7 +52,8 @@ fn a_redis_outage_is_waited_out_and_the_counts_stay_exact() {
     run_ok(ysb("setup", &topic, &dir, &url, &[]));
     let generated = run_ok(ysb("generate", &topic, &dir, &url, &["--events", "200000"]));
     // Small epochs, spaced out, so the run is still writing when Redis goes.
-    let run = ysb(
+    let log = dir.join("run.log");
+    let mut run = ysb(
         "run",
         &topic,
         &dir,
@@ -57,31 +61,35 @@ fn a_redis_outage_is_waited_out_and_the_counts_stay_exact() {
         &["--max-records", "2000", "--interval", "200ms"],
     )
     .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
+    .stderr(std::fs::File::create(&log).expect("the run's log"))
     .spawn()
     .expect("ysb run");
 
-    // Wait for a first committed epoch, then stop Redis for 8 s.
+    // Wait for a first committed epoch, then stop Redis until the run has
+    // tried a write and is retrying it.
     let key = skein_sinks::redis::offsets_key(&format!("ysb:{topic}"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    common::wait_until(&mut run, HANG_GUARD, "a first committed epoch", || {
         let fields: i64 = redis::Client::open(url.as_str())
             .and_then(|c| c.get_connection())
             .and_then(|mut c| redis::cmd("HLEN").arg(&key).query(&mut c))
             .unwrap_or(0);
-        if fields > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no epoch committed after 120 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        (fields > 0).then_some(())
+    });
     redis.down();
-    std::thread::sleep(Duration::from_secs(8));
+    common::wait_until(
+        &mut run,
+        HANG_GUARD,
+        "a retried write to the stopped Redis",
+        || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("retrying").then_some(())
+        },
+    );
     redis.up();
 
-    let out = run.wait_with_output().expect("ysb run");
+    let out = common::wait_with_timeout(run, HANG_GUARD);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(out.status.success(), "ysb run failed: {stdout}{stderr}");
     assert!(
         stderr.contains("retrying"),

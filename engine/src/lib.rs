@@ -19,6 +19,7 @@ pub mod backoff;
 pub mod catalog;
 pub mod changelog;
 pub mod checkpoint;
+pub mod clock;
 pub mod codec;
 pub mod compaction;
 pub mod context;

@@ -33,6 +33,11 @@ pub struct RuntimeStats {
     /// Each invocation's handler time rounded up to the millisecond, summed:
     /// what Lambda would bill as duration (waits on synchronous callees included).
     pub billed_ms: AtomicU64,
+    /// Data payloads the `duplicate` fault delivered a second time.
+    pub duplicates_injected: AtomicU64,
+    /// Deliveries a function answered `duplicate`: it had taken the
+    /// payload already and dropped this copy.
+    pub duplicates_dropped: AtomicU64,
 }
 
 struct LocalFunction {
@@ -245,7 +250,13 @@ impl LocalRuntime {
         let response = instance.serve(request).await;
         let billed = started.elapsed().as_micros().div_ceil(1000) as u64;
         self.stats.billed_ms.fetch_add(billed, Ordering::Relaxed);
-        Ok(serde_json::to_vec(&response?).expect("response serialises"))
+        let response = response?;
+        if response.status == "duplicate" {
+            self.stats
+                .duplicates_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(serde_json::to_vec(&response).expect("response serialises"))
     }
 
     fn record_failure(&self, function: &str, e: EngineError) {
@@ -330,6 +341,11 @@ impl Invoker for LocalRuntime {
             }
         }
         let deliveries = if is_data && faults.duplicate { 2 } else { 1 };
+        if deliveries == 2 {
+            self.stats
+                .duplicates_injected
+                .fetch_add(1, Ordering::Relaxed);
+        }
         if deliveries == 2 && kind == InvocationType::Sync {
             let first = self.run(&f, &payload).await?;
             self.run(&f, &payload).await?;

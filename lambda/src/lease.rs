@@ -41,6 +41,33 @@ impl LeaseRecord {
     }
 }
 
+/// Where a lease reads the time, in Unix milliseconds: the system clock,
+/// or one a test moves by hand so that expiry does not wait on real time.
+#[derive(Clone)]
+pub struct LeaseClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl LeaseClock {
+    /// The system clock ([`now_ms`]).
+    pub fn system() -> Self {
+        LeaseClock(Arc::new(now_ms))
+    }
+
+    /// A clock that answers `now`.
+    pub fn new(now: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        LeaseClock(Arc::new(now))
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for LeaseClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseClock")
+    }
+}
+
 /// A lease this driver holds.
 #[derive(Debug)]
 pub struct Lease {
@@ -48,6 +75,7 @@ pub struct Lease {
     key: Path,
     holder: String,
     ttl: Duration,
+    clock: LeaseClock,
     version: UpdateVersion,
     /// The previous holder did not release it (it crashed or overran):
     /// the function instances may hold an epoch half run.
@@ -128,8 +156,20 @@ impl Lease {
         holder: &str,
         ttl: Duration,
     ) -> Result<Result<Lease, LeaseRecord>, LeaseError> {
+        Self::acquire_by(store, key, holder, ttl, LeaseClock::system()).await
+    }
+
+    /// [`Lease::acquire`] reading the time from `clock`, which the lease
+    /// goes on using for its renewals.
+    pub async fn acquire_by(
+        store: Arc<dyn ObjectStore>,
+        key: Path,
+        holder: &str,
+        ttl: Duration,
+        clock: LeaseClock,
+    ) -> Result<Result<Lease, LeaseRecord>, LeaseError> {
         let current = read(&store, &key).await?;
-        let now = now_ms();
+        let now = clock.now_ms();
         let (taken_over, previous) = match current {
             None => (false, None),
             Some((record, version)) => {
@@ -150,6 +190,7 @@ impl Lease {
                 key,
                 holder: holder.to_string(),
                 ttl,
+                clock,
                 version,
                 taken_over,
             })),
@@ -179,7 +220,7 @@ impl Lease {
     async fn write(&mut self, released: bool) -> Result<bool, LeaseError> {
         let record = LeaseRecord {
             holder: self.holder.clone(),
-            expires_ms: now_ms() + self.ttl.as_millis() as u64,
+            expires_ms: self.clock.now_ms() + self.ttl.as_millis() as u64,
             released,
         };
         match put_if(&self.store, &self.key, &record, Some(self.version.clone())).await? {
@@ -237,30 +278,44 @@ mod tests {
     async fn one_holder_at_a_time_until_released_or_expired() {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let key = Path::from("q/lease.json");
-        let ttl = Duration::from_millis(300);
-        let mut a = Lease::acquire(store.clone(), key.clone(), "a", ttl)
-            .await
-            .unwrap()
-            .expect("a free lease is taken");
+        // Time moves only when the test says: a loaded machine cannot
+        // expire a lease between two steps.
+        let now = Arc::new(std::sync::atomic::AtomicU64::new(1_700_000_000_000));
+        let clock = {
+            let now = now.clone();
+            LeaseClock::new(move || now.load(std::sync::atomic::Ordering::SeqCst))
+        };
+        let advance = |by: Duration| {
+            now.fetch_add(by.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+        };
+        let acquire = |holder: &'static str| {
+            Lease::acquire_by(store.clone(), key.clone(), holder, TTL, clock.clone())
+        };
+        const TTL: Duration = Duration::from_secs(30);
+        let mut a = acquire("a").await.unwrap().expect("a free lease is taken");
         assert!(!a.taken_over);
-        let held = Lease::acquire(store.clone(), key.clone(), "b", ttl)
-            .await
-            .unwrap()
-            .expect_err("a holds it");
+        advance(TTL - Duration::from_millis(1));
+        let held = acquire("b").await.unwrap().expect_err("a holds it");
         assert_eq!(held.holder, "a");
         assert!(a.renew().await.unwrap());
+        // The renewal pushed the expiry a whole TTL ahead of now.
+        advance(TTL - Duration::from_millis(1));
+        assert_eq!(
+            acquire("b").await.unwrap().expect_err("renewed").holder,
+            "a"
+        );
         assert!(a.release().await.unwrap());
-        let b = Lease::acquire(store.clone(), key.clone(), "b", ttl)
-            .await
-            .unwrap()
-            .expect("a released it");
+        let b = acquire("b").await.unwrap().expect("a released it");
         assert!(!b.taken_over, "a gave it back cleanly");
-        // b crashes: it never renews nor releases.
-        tokio::time::sleep(ttl + Duration::from_millis(50)).await;
-        let mut c = Lease::acquire(store.clone(), key.clone(), "c", ttl)
-            .await
-            .unwrap()
-            .expect("b's lease expired");
+        // b crashes: it never renews nor releases. One millisecond short of
+        // its expiry it still holds the lease; at the expiry it does not.
+        advance(TTL - Duration::from_millis(1));
+        assert_eq!(
+            acquire("c").await.unwrap().expect_err("b holds it").holder,
+            "b"
+        );
+        advance(Duration::from_millis(1));
+        let mut c = acquire("c").await.unwrap().expect("b's lease expired");
         assert!(c.taken_over);
         // b's renewal after c took over fails: b must stop.
         let mut b = b;

@@ -22,9 +22,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
 pub mod browser;
+pub mod cost;
+pub mod event_time;
 pub mod kafka;
 pub mod kills;
+pub mod nexmark_columns;
 pub mod nexmark_reference;
+pub mod publish;
 pub mod pushed;
 pub mod rows;
 pub mod sellers;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::interval::duration_option;
 use crate::lookup::exec::{LookupHandle, LookupSpec};
@@ -76,9 +77,20 @@ impl Kind {
 }
 
 /// The table kinds a binary knows, by `STORED AS` name (upper case).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Catalog {
     kinds: BTreeMap<String, Kind>,
+    /// Where lookup caches read the time for their TTL.
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Catalog {
+            kinds: BTreeMap::new(),
+            clock: crate::clock::system(),
+        }
+    }
 }
 
 impl fmt::Debug for Catalog {
@@ -90,6 +102,12 @@ impl fmt::Debug for Catalog {
 impl Catalog {
     fn entry(&mut self, kind: &str) -> &mut Kind {
         self.kinds.entry(kind.to_ascii_uppercase()).or_default()
+    }
+
+    /// Lookup caches opened from here read the time from `clock` (the
+    /// system clock unless a test sets one it can advance).
+    pub fn set_clock(&mut self, clock: Arc<dyn Clock>) {
+        self.clock = clock;
     }
 
     /// Tables of `kind` can be read through `factory`.
@@ -329,7 +347,9 @@ impl Catalog {
     /// rows without a match go.
     pub fn open_lookup(&self, spec: LookupSpec, table_schema: SchemaRef) -> Result<LookupHandle> {
         let (_, lookup) = self.create_lookup(&spec.config, &table_schema)?;
-        LookupHandle::open(spec, table_schema, lookup, |c| self.dead_letters(c))
+        LookupHandle::open(spec, table_schema, lookup, self.clock.clone(), |c| {
+            self.dead_letters(c)
+        })
     }
 
     /// The options and the lookup of a table declared as one; an unknown

@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 
 use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
+use crate::clock::Clock;
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
 use crate::metrics;
@@ -159,6 +160,8 @@ pub struct LookupHandle {
     pub table_schema: SchemaRef,
     lookup: Arc<dyn Lookup>,
     cache: Mutex<LookupCache>,
+    /// What the cache's TTL is measured against.
+    clock: Arc<dyn Clock>,
     dead_letters: Option<Arc<dyn DeadLetterSink>>,
 }
 
@@ -169,12 +172,14 @@ impl fmt::Debug for LookupHandle {
 }
 
 impl LookupHandle {
-    /// A handle on `lookup` (opened by the catalog, `Catalog::open_lookup`);
-    /// `dead_letters` gives a stream table's dead-letter destination.
+    /// A handle on `lookup` (opened by the catalog, `Catalog::open_lookup`)
+    /// whose cache reads the time from `clock`; `dead_letters` gives a
+    /// stream table's dead-letter destination.
     pub fn open(
         spec: LookupSpec,
         table_schema: SchemaRef,
         lookup: Arc<dyn Lookup>,
+        clock: Arc<dyn Clock>,
         dead_letters: impl FnOnce(&SourceConfig) -> Result<Option<Arc<dyn DeadLetterSink>>>,
     ) -> Result<Self> {
         let dead_letters = match (&spec.options.missing, &spec.letters_to) {
@@ -206,13 +211,14 @@ impl LookupHandle {
             table_schema,
             lookup,
             cache: Mutex::new(cache),
+            clock,
             dead_letters,
         })
     }
 
     /// The rows of `keys` (distinct), from the cache or one request.
     async fn rows(&self, keys: Vec<&str>) -> Result<HashMap<String, Option<LookupRow>>> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut known = HashMap::with_capacity(keys.len());
         let mut ask = vec![];
         {
