@@ -10,9 +10,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use datafusion::arrow::record_batch::RecordBatch;
 use serde_json::json;
-use skein_connectors::decode::{Format, RecordDecoder};
-use skein_connectors::formats::avro::encode::schema_for;
-use skein_connectors::formats::protobuf::descriptor_set_for;
+use skein_formats::Format;
+use skein_formats::avro::encode::schema_for;
+use skein_formats::decode::RecordDecoder;
+use skein_formats::protobuf::descriptor_set_for;
 use skein_sinks::encode::RowEncoder;
 
 use crate::measure::median;

@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use skein_connectors::decode::{Format, RecordDecoder};
-use skein_connectors::formats::avro::encode::schema_for;
+use skein_formats::Format;
+use skein_formats::avro::encode::schema_for;
+use skein_formats::decode::RecordDecoder;
 use skein_generators::nexmark::{auction_schema, bid_schema, person_schema};
 use skein_generators::ysb::ysb_schema;
 

@@ -1,22 +1,22 @@
 //! Skein's connectors: the sources and lookup tables, one module per
-//! external system, and the record decoders.
+//! external system.
 //! * Kafka and Kinesis: sources that pull per epoch (Kinesis also takes the
 //!   batches a Lambda event-source mapping pushes);
-//! * Redis: lookup tables joined with a stream;
-//! * record decoders (JSON, CSV, raw) straight into Arrow.
+//! * Redis: lookup tables joined with a stream.
 //!
-//! Sinks are in skein-sinks; client setup both share (Kafka properties, the
-//! Redis connection, the Kinesis client, the one error) in skein-clients.
+//! Sinks are in skein-sinks. What both share is below them: the record
+//! formats (decoders, encoders, the schema registry) in skein-formats;
+//! client setup (Kafka properties, the Redis connection, the Kinesis
+//! client, the one error) in skein-clients.
 
-pub mod decode;
-// Avro, Protobuf, the schema registry, Debezium.
-pub mod formats;
 pub mod kafka;
 pub mod kinesis;
 mod options;
 pub mod redis;
 
 pub use skein_clients::error;
+// The record formats under the paths they had when they lived here.
+pub use skein_formats::{self as formats, decode};
 
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //!   `'value' '<column>'` (default `value`), sent as they are.
 //! - `'format' 'avro' | 'avro-confluent' | 'protobuf' | 'protobuf-confluent'`:
 //!   the row as an Avro record or a Protobuf message, with the same options
-//!   as the sources take ([`skein_connectors::formats`], docs/formats.md).
+//!   as the sources take ([`skein_formats`], docs/formats.md).
 //! - `'format' 'debezium-json'`: the value is a Debezium change event,
 //!   `{"before": <row or null>, "after": <row or null>, "op": "c"|"u"|"d"}`,
 //!   rows as in `json`: what an updating query's changelog becomes on a
@@ -28,9 +28,9 @@ use datafusion::arrow::json::LineDelimitedWriter;
 use std::sync::Arc;
 
 use crate::error::{ConnectorError, Result};
-use skein_connectors::decode::Format;
-use skein_connectors::formats::avro::encode::AvroEncoder;
-use skein_connectors::formats::protobuf::encode::ProtobufEncoder;
+use skein_formats::Format;
+use skein_formats::avro::encode::AvroEncoder;
+use skein_formats::protobuf::encode::ProtobufEncoder;
 
 /// How a row's value is laid out.
 #[derive(Debug, Clone)]

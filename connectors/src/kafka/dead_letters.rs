@@ -13,8 +13,8 @@ use skein_clients::kafka::{KafkaRole, client_config};
 use skein_engine::error::Result as EngineResult;
 use skein_engine::source::{DeadLetter as LateLetter, DeadLetterSink};
 
-use crate::decode::LetterRecord;
 use crate::error::Result;
+use skein_formats::rejected::LetterRecord;
 
 /// What goes to the dead-letter topic for one undecodable record.
 #[derive(Debug, Serialize)]
@@ -24,7 +24,7 @@ pub struct DeadLetter<'a> {
     pub offset: i64,
     pub reason: &'a str,
     /// The record, as text (invalid UTF-8 replaced); only its first
-    /// [`crate::decode::DEAD_LETTER_PREFIX_BYTES`] when `truncated`.
+    /// [`skein_formats::decode::DEAD_LETTER_PREFIX_BYTES`] when `truncated`.
     pub payload: String,
     /// The record's size in bytes.
     pub size: usize,

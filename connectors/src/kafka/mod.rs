@@ -1,15 +1,17 @@
 //! Kafka: the source reads partitions per epoch with offsets it logs
-//! (`source.rs` the table and its options, `reader.rs` the pull engine,
-//! `consumer.rs` the batch consumer, `offsets.rs` the offsets text,
-//! `dead_letters.rs` the dead-letter topic). The sink is in skein-sinks;
+//! (`source.rs` the table, `config.rs` its options, `reader.rs` the pull
+//! engine, `consumer.rs` the batch consumer, `offsets.rs` the offsets
+//! text, `dead_letters.rs` the dead-letter topic). The sink is in skein-sinks;
 //! the client setup both sides share in skein-clients.
 
+mod config;
 mod consumer;
 mod dead_letters;
 mod offsets;
 mod reader;
 mod source;
 
+pub use config::{KafkaSourceConfig, SOURCE_OPTIONS, Startup};
 pub use consumer::{BatchConsumer, Fetched};
 pub use dead_letters::{DeadLetter, KafkaDeadLetters};
 pub use offsets::{format_offsets, parse_offsets};

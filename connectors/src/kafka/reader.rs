@@ -16,11 +16,11 @@ use skein_engine::payload::SourceOffset;
 use skein_engine::source::{EpochSpec, MicroBatch, PartitionProgress};
 use tracing::{debug, warn};
 
+use super::config::{KafkaSourceConfig, Startup};
 use super::consumer::{BatchConsumer, Fetched};
 use super::dead_letters::{DeadLetter, publish_letters};
-use super::source::{KafkaSourceConfig, Startup};
-use crate::decode::RecordDecoder;
 use crate::error::{ConnectorError, Result};
+use skein_formats::decode::RecordDecoder;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a pull waits for an unreachable broker before it fails.

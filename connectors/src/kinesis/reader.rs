@@ -17,7 +17,9 @@ use tracing::warn;
 use super::shards::{ListedShard, list_shards, owner, ready};
 use crate::error::ConnectorError;
 
-use super::source::*;
+use super::config::KinesisStartup;
+use super::stream::Stream;
+use tokio::sync::Mutex;
 
 /// GetRecords returns at most this many records per call.
 const MAX_RECORDS_PER_GET: i32 = 10_000;
@@ -56,15 +58,7 @@ impl ShardReader {
     }
 }
 
-/// A record that failed to decode, kept until it is dead-lettered.
-pub(super) struct Undecodable {
-    pub(super) shard: String,
-    pub(super) sequence_number: String,
-    pub(super) reason: String,
-    pub(super) data: Vec<u8>,
-}
-
-impl KinesisSource {
+impl Stream {
     /// Lists the stream's shards and takes the owned ones not yet known.
     /// A known shard gone from the listing (expired, or deleted by an
     /// emulator that drops closed parents) is finished: nothing of it can
@@ -180,7 +174,7 @@ pub(super) struct Target {
 
 use skein_engine::source::{partition_number as shard_number, position_after as sequence_after};
 
-impl KinesisSource {
+impl Stream {
     /// The logged offset of shard `id` among `at`.
     pub(super) fn logged<'a>(&self, at: &'a [SourceOffset], id: &str) -> Option<&'a SourceOffset> {
         at.iter()
@@ -193,11 +187,12 @@ impl KinesisSource {
     /// finished in this pull are read in it too.
     pub(super) async fn pull_to(
         &self,
+        slot: &Mutex<Option<ShardReader>>,
         spec: EpochSpec,
         targets: Option<BTreeMap<i32, Target>>,
     ) -> EngineResult<MicroBatch> {
-        let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
+        let mut guard = slot.lock().await;
+        let reader = self.reader(&mut guard, &spec).await?;
         let client = self.client().await;
         let started = Instant::now();
         let (budget, time) = match &targets {
@@ -358,12 +353,13 @@ impl KinesisSource {
     /// A shard the logged pull read from must still be there to read again.
     pub(super) async fn replayable(
         &self,
+        slot: &Mutex<Option<ShardReader>>,
         spec: EpochSpec,
         from: &[SourceOffset],
         to: &[SourceOffset],
     ) -> EngineResult<()> {
-        let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
+        let mut guard = slot.lock().await;
+        let reader = self.reader(&mut guard, &spec).await?;
         for o in to.iter().filter(|o| o.source == self.config.stream) {
             let known = reader
                 .shards

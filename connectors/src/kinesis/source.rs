@@ -25,307 +25,73 @@
 //! [`SHARD_END`] so a replay or a resume does not read it again.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_kinesis::Client;
-use aws_sdk_kinesis::primitives::Blob;
-use aws_sdk_kinesis::types::{PutRecordsRequestEntry, ShardIteratorType};
+use aws_sdk_kinesis::types::ShardIteratorType;
 use datafusion::arrow::datatypes::SchemaRef;
-use skein_engine::backoff::Backoff;
-use skein_engine::error::{Cause, EngineError, Result as EngineResult};
+use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
+use skein_engine::source::partition_number as shard_number;
 use skein_engine::source::{
     EpochSpec, MicroBatch, PushedRecord, ReplayMode, Source, SourceCapabilities, SourceConfig,
     SourceFactory, TableOptions,
 };
-use tokio::sync::{Mutex, OnceCell};
-use tracing::warn;
+use tokio::sync::Mutex;
 
-use super::reader::*;
+use super::config::{KinesisSourceConfig, SOURCE_OPTIONS, source_name};
+use super::reader::{ShardReader, Target};
 use super::shards::{SHARD_END, shard_id};
-use crate::decode::{DEAD_LETTER_PREFIX_BYTES, Format, LetterRecord, RecordDecoder};
-use crate::error::{ConnectorError, Result};
-use crate::options;
-use skein_engine::source::partition_number as shard_number;
-
-/// Where a shard is first read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KinesisStartup {
-    TrimHorizon,
-    Latest,
-    AtTimestamp { ms: i64 },
-}
-
-/// The Kinesis source's options, read by [`KinesisSourceConfig`]; the
-/// Kinesis sink and the Lambda deployer (`mode`) add theirs.
-pub const SOURCE_OPTIONS: &[&str] = &[
-    "format",
-    "parallelism",
-    "startup",
-    "startup.timestamp.ms",
-    "max.records.per.pull",
-    "max.record.bytes",
-    "pull.timeout.ms",
-    "dead.letter.stream",
-];
-
-#[derive(Debug, Clone)]
-pub struct KinesisSourceConfig {
-    pub stream: String,
-    pub format: Format,
-    pub parallelism: usize,
-    pub startup: KinesisStartup,
-    pub max_records_per_pull: usize,
-    pub max_record_bytes: usize,
-    pub pull_timeout: Duration,
-    pub dead_letter_stream: Option<String>,
-}
-
-impl KinesisSourceConfig {
-    pub fn from_source_config(config: &SourceConfig) -> Result<Self> {
-        let number = |k: &str, default: usize| options::number(config, k, default);
-        options::require_location(config, "stream")?;
-        let startup = match config.option("startup").unwrap_or("trim_horizon") {
-            "trim_horizon" | "earliest" => KinesisStartup::TrimHorizon,
-            "latest" => KinesisStartup::Latest,
-            "at_timestamp" => {
-                let v = config.option("startup.timestamp.ms").ok_or_else(|| {
-                    ConnectorError::Config(
-                        "startup 'at_timestamp' needs 'startup.timestamp.ms'".into(),
-                    )
-                })?;
-                KinesisStartup::AtTimestamp {
-                    ms: v
-                        .parse()
-                        .map_err(|_| options::bad("startup.timestamp.ms", v))?,
-                }
-            }
-            other => return Err(options::bad("startup", other)),
-        };
-        let parallelism = options::parallelism(config)?;
-        Ok(KinesisSourceConfig {
-            stream: config.location.clone(),
-            format: Format::from_options(&config.options, &config.location)?,
-            parallelism,
-            startup,
-            max_records_per_pull: number("max.records.per.pull", 100_000)?.max(1),
-            max_record_bytes: number("max.record.bytes", 1 << 20)?,
-            pull_timeout: Duration::from_millis(number("pull.timeout.ms", 2000)? as u64),
-            dead_letter_stream: config
-                .option("dead.letter.stream")
-                .filter(|s| !s.is_empty())
-                .map(str::to_string),
-        })
-    }
-}
+use super::stream::Stream;
+use crate::error::Result;
+use skein_formats::decode::RecordDecoder;
 
 /// Reads one Kinesis stream for one source instance.
 pub struct KinesisSource {
-    pub(super) config: Arc<KinesisSourceConfig>,
-    pub(super) decoder: Arc<RecordDecoder>,
+    stream: Stream,
     /// Opened on the first pull: planning must not need AWS.
-    pub(super) reader: Mutex<Option<ShardReader>>,
-    pub(super) client: OnceCell<Client>,
-    pub(super) dead_letters: Arc<AtomicU64>,
-}
-
-impl std::fmt::Debug for KinesisSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KinesisSource({})", self.config.stream)
-    }
-}
-
-/// How errors name a Kinesis source: by kind and stream.
-pub(super) fn source_name(stream: &str) -> String {
-    format!("kinesis stream {stream}")
+    reader: Mutex<Option<ShardReader>>,
 }
 
 impl KinesisSource {
     pub fn new(config: KinesisSourceConfig, schema: SchemaRef) -> Result<Self> {
-        let decoder = RecordDecoder::new(schema, config.format.clone(), config.max_record_bytes)?;
         Ok(KinesisSource {
-            config: Arc::new(config),
-            decoder: Arc::new(decoder),
+            stream: Stream::new(config, schema)?,
             reader: Mutex::new(None),
-            client: OnceCell::new(),
-            dead_letters: Arc::new(AtomicU64::new(0)),
-        })
-    }
-
-    pub(super) async fn client(&self) -> &Client {
-        self.client
-            .get_or_init(skein_clients::kinesis::client)
-            .await
-    }
-
-    /// Decodes `records` (shard, sequence number, data) into a micro-batch;
-    /// the rejected ones are counted and dead-lettered, or, with `hold`
-    /// and no dead-letter stream, handed back in `rejected` (pushed
-    /// records: the function reports them to the platform).
-    pub(super) async fn decode_records(
-        &self,
-        records: &[(&str, &str, &[u8])],
-        hold: bool,
-    ) -> EngineResult<MicroBatch> {
-        let (batch, mut rejected) = self
-            .decoder
-            .decode(records.iter().map(|(_, _, d)| *d))
-            .map_err(|e| self.error(e))?;
-        let mut held = vec![];
-        if hold && self.config.dead_letter_stream.is_none() {
-            held = rejected.drain(..).map(|r| (r.index, r.reason)).collect();
-        }
-        let dead_letters = rejected.len() as u64;
-        let dead_letter_reason = rejected.last().map(|r| {
-            let (shard, seq, _) = records[r.index];
-            format!("shard {shard} sequence {seq}: {}", r.reason)
-        });
-        if !rejected.is_empty() {
-            self.dead_letters
-                .fetch_add(rejected.len() as u64, Ordering::Relaxed);
-            skein_engine::metrics::dead_letters(&self.config.stream, rejected.len() as u64);
-            let bad: Vec<Undecodable> = rejected
-                .into_iter()
-                .map(|r| {
-                    let (shard, seq, bytes) = records[r.index];
-                    Undecodable {
-                        shard: shard.to_string(),
-                        sequence_number: seq.to_string(),
-                        reason: r.reason,
-                        data: bytes.to_vec(),
-                    }
-                })
-                .collect();
-            if self.config.dead_letter_stream.is_none() {
-                for u in &bad {
-                    warn!(stream = %self.config.stream, shard = %u.shard, sequence = %u.sequence_number, reason = %u.reason, "undecodable record");
-                }
-            }
-            self.send_dead_letters(bad).await?;
-        }
-        let batches = if batch.num_rows() > 0 {
-            vec![batch]
-        } else {
-            vec![]
-        };
-        Ok(MicroBatch {
-            batches,
-            rejected: held,
-            dead_letters,
-            dead_letter_reason,
-            ..Default::default()
         })
     }
 
     /// Undecodable records this source has seen.
     pub fn dead_letters(&self) -> u64 {
-        self.dead_letters.load(Ordering::Relaxed)
+        self.stream.dead_letters()
     }
+}
 
-    pub(super) fn error(&self, cause: impl Into<Cause>) -> EngineError {
-        EngineError::source_failed(source_name(&self.config.stream), cause)
-    }
-
-    pub(super) async fn send_dead_letters(&self, bad: Vec<Undecodable>) -> EngineResult<()> {
-        let Some(stream) = &self.config.dead_letter_stream else {
-            return Ok(());
-        };
-        let client = self.client().await;
-        // PutRecords takes 500 records and 5 MiB a call; letters are up to
-        // a few hundred KiB (a bounded prefix of the record, escaped).
-        let mut chunks: Vec<&[Undecodable]> = vec![];
-        let (mut start, mut bytes) = (0, 0);
-        for (i, u) in bad.iter().enumerate() {
-            let size = u.data.len().min(DEAD_LETTER_PREFIX_BYTES) * 6 + 1024;
-            if i > start && (i - start == 500 || bytes + size > 4 << 20) {
-                chunks.push(&bad[start..i]);
-                (start, bytes) = (i, 0);
-            }
-            bytes += size;
-        }
-        if start < bad.len() {
-            chunks.push(&bad[start..]);
-        }
-        for chunk in chunks {
-            let mut entries: Vec<PutRecordsRequestEntry> = chunk
-                .iter()
-                .map(|u| {
-                    let letter = LetterRecord::new(&u.data);
-                    let body = serde_json::json!({
-                        "stream": self.config.stream,
-                        "shard": u.shard,
-                        "sequence_number": u.sequence_number,
-                        "reason": u.reason,
-                        "record": letter.record,
-                        "size": letter.size,
-                        "truncated": letter.truncated,
-                    });
-                    PutRecordsRequestEntry::builder()
-                        .partition_key(&u.sequence_number)
-                        .data(Blob::new(body.to_string().into_bytes()))
-                        .build()
-                        .map_err(|e| self.error(e))
-                })
-                .collect::<EngineResult<_>>()?;
-            let mut backoff = Backoff::new(Duration::from_secs(2));
-            for attempt in 1.. {
-                let resp = client
-                    .put_records()
-                    .stream_name(stream)
-                    .set_records(Some(entries.clone()))
-                    .send()
-                    .await;
-                let failed: Vec<PutRecordsRequestEntry> = match resp {
-                    Ok(r) if r.failed_record_count().unwrap_or(0) == 0 => break,
-                    Ok(r) => r
-                        .records()
-                        .iter()
-                        .zip(entries.iter())
-                        .filter(|(result, _)| result.error_code().is_some())
-                        .map(|(_, e)| e.clone())
-                        .collect(),
-                    Err(e) if attempt >= 20 => {
-                        let call = format!("PutRecords to dead-letter stream {stream}");
-                        return Err(self.error(ConnectorError::kinesis(call, e)));
-                    }
-                    Err(_) => entries.clone(),
-                };
-                if attempt >= 20 {
-                    return Err(self.error(format!(
-                        "dead-letter stream {stream}: {} records not put after 20 attempts",
-                        failed.len()
-                    )));
-                }
-                entries = failed;
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-        }
-        Ok(())
+impl std::fmt::Debug for KinesisSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KinesisSource({})", self.stream.config.stream)
     }
 }
 
 #[async_trait]
 impl Source for KinesisSource {
     fn schema(&self) -> SchemaRef {
-        self.decoder.schema().clone()
+        self.stream.decoder.schema().clone()
     }
 
     fn parallelism(&self) -> usize {
-        self.config.parallelism
+        self.stream.config.parallelism
     }
 
     fn changelog(&self) -> bool {
-        self.decoder.changelog()
+        self.stream.decoder.changelog()
     }
 
     async fn problems(&self) -> Vec<String> {
-        RecordDecoder::problems(&self.decoder).await
+        RecordDecoder::problems(&self.stream.decoder).await
     }
 
     async fn pull(&self, spec: EpochSpec) -> EngineResult<MicroBatch> {
-        self.pull_to(spec, None).await
+        self.stream.pull_to(&self.reader, spec, None).await
     }
 
     fn replay_mode(&self) -> ReplayMode {
@@ -337,17 +103,17 @@ impl Source for KinesisSource {
             .iter()
             .map(|r| (r.partition.as_str(), r.position.as_str(), r.data.as_slice()))
             .collect();
-        self.decode_records(&records, true).await
+        self.stream.decode_records(&records, true).await
     }
 
     async fn position(&self, spec: EpochSpec) -> EngineResult<Vec<SourceOffset>> {
         let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
+        let reader = self.stream.reader(&mut slot, &spec).await?;
         Ok(reader
             .shards
             .iter()
             .map(|s| SourceOffset {
-                source: self.config.stream.clone(),
+                source: self.stream.config.stream.clone(),
                 partition: shard_number(&s.id),
                 offset: if s.finished { SHARD_END } else { 0 },
                 position: s.last_sequence.clone(),
@@ -358,16 +124,16 @@ impl Source for KinesisSource {
     /// `MillisBehindLatest` of a one-record read just after each committed
     /// sequence number (finished shards are not behind).
     async fn behind_ms(&self, committed: &[SourceOffset]) -> EngineResult<Vec<(i32, i64)>> {
-        let client = self.client().await;
+        let client = self.stream.client().await;
         let mut out = vec![];
         for o in committed {
-            if o.offset == SHARD_END || o.source != self.config.stream {
+            if o.offset == SHARD_END || o.source != self.stream.config.stream {
                 continue;
             }
             let shard = shard_id(o.partition);
             let mut req = client
                 .get_shard_iterator()
-                .stream_name(&self.config.stream)
+                .stream_name(&self.stream.config.stream)
                 .shard_id(&shard);
             req = match &o.position {
                 Some(seq) => req
@@ -379,7 +145,7 @@ impl Source for KinesisSource {
             let it = match req.send().await {
                 Ok(it) => it,
                 Err(e) => {
-                    tracing::debug!(stream = %self.config.stream, %shard, error = %e, "no iterator for the delay");
+                    tracing::debug!(stream = %self.stream.config.stream, %shard, error = %e, "no iterator for the delay");
                     continue;
                 }
             };
@@ -392,7 +158,7 @@ impl Source for KinesisSource {
                 .limit(1)
                 .send()
                 .await
-                .map_err(|e| self.error(e))?;
+                .map_err(|e| self.stream.error(e))?;
             if let Some(ms) = page.millis_behind_latest() {
                 out.push((o.partition, ms));
             }
@@ -402,9 +168,9 @@ impl Source for KinesisSource {
 
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> EngineResult<()> {
         let mut slot = self.reader.lock().await;
-        let reader = self.reader(&mut slot, &spec).await?;
+        let reader = self.stream.reader(&mut slot, &spec).await?;
         for shard in reader.shards.iter_mut() {
-            let Some(o) = self.logged(at, &shard.id) else {
+            let Some(o) = self.stream.logged(at, &shard.id) else {
                 continue;
             };
             let finished = o.offset == SHARD_END;
@@ -426,10 +192,10 @@ impl Source for KinesisSource {
         to: &[SourceOffset],
     ) -> EngineResult<MicroBatch> {
         self.seek(spec, from).await?;
-        self.replayable(spec, from, to).await?;
+        self.stream.replayable(&self.reader, spec, from, to).await?;
         let targets = to
             .iter()
-            .filter(|o| o.source == self.config.stream)
+            .filter(|o| o.source == self.stream.config.stream)
             .map(|o| {
                 let target = Target {
                     last: o.position.clone(),
@@ -438,7 +204,7 @@ impl Source for KinesisSource {
                 (o.partition, target)
             })
             .collect();
-        self.pull_to(spec, Some(targets)).await
+        self.stream.pull_to(&self.reader, spec, Some(targets)).await
     }
 }
 
@@ -454,7 +220,7 @@ impl SourceFactory for KinesisSourceFactory {
             SOURCE_OPTIONS
                 .iter()
                 .copied()
-                .chain(crate::formats::all_options())
+                .chain(skein_formats::all_options())
                 .collect()
         }))
     }
@@ -471,57 +237,5 @@ impl SourceFactory for KinesisSourceFactory {
             .and_then(|c| KinesisSource::new(c, schema))
             .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    fn config(options: &[(&str, &str)]) -> SourceConfig {
-        SourceConfig {
-            kind: super::super::KIND.into(),
-            location: "s".into(),
-            options: options
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-        }
-    }
-
-    #[test]
-    fn options_parse_or_name_what_is_wrong() {
-        let c = KinesisSourceConfig::from_source_config(&config(&[])).unwrap();
-        assert_eq!(c.startup, KinesisStartup::TrimHorizon);
-        assert_eq!(c.parallelism, 1);
-        let c = KinesisSourceConfig::from_source_config(&config(&[
-            ("startup", "at_timestamp"),
-            ("startup.timestamp.ms", "1700000000000"),
-            ("parallelism", "3"),
-            ("dead.letter.stream", "bad"),
-        ]))
-        .unwrap();
-        assert_eq!(
-            c.startup,
-            KinesisStartup::AtTimestamp {
-                ms: 1_700_000_000_000
-            }
-        );
-        assert_eq!(c.dead_letter_stream.as_deref(), Some("bad"));
-        for (opts, needle) in [
-            (vec![("startup", "at_timestamp")], "startup.timestamp.ms"),
-            (vec![("startup", "yesterday")], "startup"),
-            (vec![("parallelism", "0")], "parallelism"),
-            (vec![("format", "avro")], "avro"),
-        ] {
-            let err = KinesisSourceConfig::from_source_config(&config(&opts))
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(needle), "{err}");
-        }
-        let mut empty = config(&[]);
-        empty.location.clear();
-        assert!(KinesisSourceConfig::from_source_config(&empty).is_err());
     }
 }

@@ -91,7 +91,7 @@ pub struct KafkaSinkFactory;
 fn sink_options() -> TableOptions {
     TableOptions::only(SINK_OPTIONS)
         .and(ENCODER_OPTIONS)
-        .and(&skein_connectors::formats::all_options())
+        .and(&skein_formats::all_options())
         .passing_dotted("librdkafka property")
 }
 

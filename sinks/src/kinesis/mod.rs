@@ -54,7 +54,7 @@ impl SinkFactory for KinesisSinkFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(SINK_OPTIONS)
             .and(ENCODER_OPTIONS)
-            .and(&skein_connectors::formats::all_options())
+            .and(&skein_formats::all_options())
     }
 
     fn create(&self, config: &SinkConfig) -> Result<Arc<dyn Sink>> {

@@ -5,9 +5,10 @@
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::{Change, tagged};
-use crate::decode::json::scan_json;
-use crate::decode::text::{Raw, TextBuilder, TextDecoder};
-use crate::error::Result;
+use crate::text::json::scan_json;
+use crate::text::scanned::Raw;
+use crate::text::{TextBuilder, TextDecoder};
+use skein_clients::error::Result;
 
 const KEYS: [&[u8]; 4] = [b"before", b"after", b"op", b"payload"];
 
@@ -94,7 +95,8 @@ mod tests {
     use datafusion::arrow::array::{AsArray, Int8Array};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 
-    use crate::decode::{Format, RecordDecoder};
+    use crate::decode::RecordDecoder;
+    use crate::format::Format;
 
     #[test]
     fn events_become_changelog_rows_and_bad_ones_are_rejected() {

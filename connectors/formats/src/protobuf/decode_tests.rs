@@ -13,9 +13,10 @@ use prost_reflect::prost_types::{
 };
 
 use super::*;
-use crate::decode::{Format, RecordDecoder};
-use crate::formats::confluent_prefix;
-use crate::formats::protobuf::wire::{put_message_indexes, put_tag, put_varint, zigzag_encode};
+use crate::confluent::confluent_prefix;
+use crate::decode::RecordDecoder;
+use crate::format::Format;
+use crate::protobuf::wire::{put_message_indexes, put_tag, put_varint, zigzag_encode};
 
 fn field(
     name: &str,
@@ -311,8 +312,8 @@ fn confluent_framing_checks_the_message_indexes() {
 
 #[test]
 fn rows_written_as_messages_of_a_generated_descriptor_read_back() {
-    use crate::formats::protobuf::descriptor_set_for;
-    use crate::formats::protobuf::encode::ProtobufEncoder;
+    use crate::protobuf::descriptor_set_for;
+    use crate::protobuf::encode::ProtobufEncoder;
     use datafusion::arrow::array::{BooleanArray, Float64Array, Int64Array, StringArray};
     use datafusion::arrow::record_batch::RecordBatch;
     let schema = Arc::new(Schema::new(vec![

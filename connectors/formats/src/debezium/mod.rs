@@ -26,9 +26,10 @@ use skein_engine::changelog::{INSERT, RETRACT};
 pub use avro::DebeziumAvroBuilder;
 pub use json::DebeziumJsonBuilder;
 
-use crate::decode::text::{TextDecoder, TextFormat};
-use crate::error::{ConnectorError, Result};
-use crate::formats::avro::AvroFormat;
+use crate::avro::AvroFormat;
+use crate::text::TextDecoder;
+use crate::text::scanned::TextFormat;
+use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes Debezium events into changelog batches of the table's columns.
 #[derive(Debug)]

@@ -9,9 +9,10 @@ use datafusion::arrow::datatypes::{
 };
 
 use super::*;
-use crate::decode::{Format, RecordDecoder};
-use crate::formats::avro::encode::zigzag;
-use crate::formats::recorded::Recorded;
+use crate::avro::encode::zigzag;
+use crate::decode::RecordDecoder;
+use crate::format::Format;
+use crate::recorded::Recorded;
 
 fn long(n: i64) -> Vec<u8> {
     zigzag(n)
@@ -200,7 +201,7 @@ fn a_table_without_columns_takes_the_subjects_latest_schema() {
 
 #[test]
 fn a_sink_registers_value_and_key_schemas_and_its_records_read_back() {
-    use crate::formats::avro::encode::AvroEncoder;
+    use crate::avro::encode::AvroEncoder;
     use datafusion::arrow::array::{Int64Array, StringArray, TimestampMillisecondArray};
     let server = Recorded::start(&[
         ("POST /subjects/out-value/versions", 200, r#"{"id":21}"#),

@@ -8,7 +8,7 @@ use datafusion::arrow::array::{ArrayRef, new_null_array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
-use crate::error::Result;
+use skein_clients::error::Result;
 
 /// How one decoded column becomes the table's.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,7 +11,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Schema, TimeUnit};
 
-use super::text::{Raw, Scanned, TextFormat};
+use super::scanned::{Raw, Scanned, TextFormat};
 
 /// A value checked against its column type, ready to append.
 #[derive(Debug)]

@@ -1,11 +1,12 @@
 //! Record decoders: records of a table's format straight into Arrow
 //! columns of its declared schema.
 //!
-//! The formats: JSON, CSV and raw bytes (`text.rs`, with the scanners in
+//! The formats: JSON, CSV and raw bytes (`text/`, with the scanners in
 //! `json.rs` and `csv.rs` and the column builders in `columns.rs`); Avro and
 //! Protobuf, plain or in the Confluent wire format with a schema registry,
-//! and Debezium change events, which make an updating table (all in
-//! [`crate::formats`]).
+//! and Debezium change events, which make an updating table (in
+//! [`crate::avro`], [`crate::protobuf`] and [`crate::debezium`]). What a
+//! rejection says is in `rejected.rs`.
 //!
 //! Only the declared fields are decoded; other fields are skipped. A record
 //! that does not fit the schema (bad syntax, a missing non-nullable field, a
@@ -14,101 +15,19 @@
 //! with its reason and adds no row: the caller sends it to the dead-letter
 //! destination.
 
-pub(crate) mod columns;
-mod csv;
-pub(crate) mod json;
-pub(crate) mod text;
-
-use std::collections::BTreeMap;
-use std::str::FromStr;
+pub use crate::rejected::{DEAD_LETTER_PREFIX_BYTES, LetterRecord, Rejected};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::error::{ConnectorError, Result};
-use crate::formats::avro::{AvroBuilder, AvroDecoder, AvroFormat};
-use crate::formats::debezium::{DebeziumBuilder, DebeziumDecoder};
-use crate::formats::protobuf::{ProtobufBuilder, ProtobufDecoder, ProtobufFormat};
-use text::{TextBuilder, TextDecoder, TextFormat};
+use skein_clients::error::Result;
 
-/// How record bytes are laid out: a table's `'format'` and the options
-/// that go with it.
-#[derive(Debug, Clone)]
-pub enum Format {
-    /// One flat JSON object per record.
-    Json,
-    /// One line of delimited text per record, fields in declared order.
-    Csv { delimiter: u8 },
-    /// The whole record in the first declared column (Utf8 or Binary).
-    Raw,
-    /// Avro records, plain or in the Confluent wire format.
-    Avro(AvroFormat),
-    /// Protobuf messages, plain or in the Confluent wire format.
-    Protobuf(ProtobufFormat),
-    /// Debezium change events as JSON: an updating table.
-    DebeziumJson,
-    /// Debezium change events as Confluent Avro: an updating table.
-    DebeziumAvro(AvroFormat),
-}
-
-/// The names `'format'` takes.
-pub const FORMAT_NAMES: &str = "json, csv, raw, avro, avro-confluent, protobuf, \
-                                protobuf-confluent, debezium-json, debezium-avro-confluent";
-
-impl FromStr for Format {
-    type Err = ConnectorError;
-    /// The formats that need no other option.
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "json" => Ok(Format::Json),
-            "csv" => Ok(Format::Csv { delimiter: b',' }),
-            "raw" => Ok(Format::Raw),
-            "debezium-json" => Ok(Format::DebeziumJson),
-            other => Err(ConnectorError::Config(format!(
-                "unknown format {other:?}; known: {FORMAT_NAMES}"
-            ))),
-        }
-    }
-}
-
-impl Format {
-    /// The format a table's options declare (`'format'`, default `json`,
-    /// with the options of Avro, Protobuf and the registry). `location`
-    /// (the topic or stream) names the registry subject by default.
-    pub fn from_options(options: &BTreeMap<String, String>, location: &str) -> Result<Self> {
-        let name = options
-            .get("format")
-            .map(|f| f.trim().to_ascii_lowercase())
-            .unwrap_or_else(|| "json".into());
-        Ok(match name.as_str() {
-            "avro" => Format::Avro(AvroFormat::from_options(options, location, false)?),
-            "avro-confluent" => Format::Avro(AvroFormat::from_options(options, location, true)?),
-            "protobuf" => Format::Protobuf(ProtobufFormat::from_options(options, location, false)?),
-            "protobuf-confluent" => {
-                Format::Protobuf(ProtobufFormat::from_options(options, location, true)?)
-            }
-            "debezium-avro-confluent" => {
-                Format::DebeziumAvro(AvroFormat::from_options(options, location, true)?)
-            }
-            other => other.parse()?,
-        })
-    }
-
-    /// Whether records of this format are changes to a table (Debezium).
-    pub fn is_changelog(&self) -> bool {
-        matches!(self, Format::DebeziumJson | Format::DebeziumAvro(_))
-    }
-}
-
-/// A record that was not decoded, by its index in the input.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejected {
-    pub index: usize,
-    pub reason: String,
-    /// The record, for a rejection found only when the batch was built
-    /// (its caller no longer holds it); None when `push` said so.
-    pub record: Option<Vec<u8>>,
-}
+use crate::avro::{AvroBuilder, AvroDecoder};
+use crate::debezium::{DebeziumBuilder, DebeziumDecoder};
+use crate::format::Format;
+use crate::protobuf::{ProtobufBuilder, ProtobufDecoder};
+use crate::text::scanned::TextFormat;
+use crate::text::{TextBuilder, TextDecoder};
 
 /// Decodes records of one format into batches of one schema.
 #[derive(Debug)]
@@ -298,36 +217,6 @@ impl BatchBuilder<'_> {
     }
 }
 
-/// The most of a rejected record a dead letter carries. A letter must fit
-/// its destination (a Kafka message, about 1 MiB by default; a Kinesis
-/// record, 1 MiB): one embedding a whole oversized record is refused, and
-/// the query would fail on it at every restart. Even escaped (at most six
-/// bytes a byte) 64 KiB stays well under.
-pub const DEAD_LETTER_PREFIX_BYTES: usize = 64 << 10;
-
-/// A rejected record as its dead letter carries it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LetterRecord {
-    /// The record as text (invalid UTF-8 replaced), or its first
-    /// [`DEAD_LETTER_PREFIX_BYTES`] when it is longer.
-    pub record: String,
-    /// The record's size in bytes.
-    pub size: usize,
-    pub truncated: bool,
-}
-
-impl LetterRecord {
-    pub fn new(record: &[u8]) -> Self {
-        let truncated = record.len() > DEAD_LETTER_PREFIX_BYTES;
-        let kept = &record[..record.len().min(DEAD_LETTER_PREFIX_BYTES)];
-        LetterRecord {
-            record: String::from_utf8_lossy(kept).into_owned(),
-            size: record.len(),
-            truncated,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,23 +320,6 @@ mod tests {
                 .reason
                 .contains("expected a number, got a string")
         );
-    }
-
-    #[test]
-    fn dead_letters_keep_a_bounded_prefix() {
-        let small = LetterRecord::new(b"{\"a\": 1}");
-        assert_eq!(
-            (small.record.as_str(), small.size, small.truncated),
-            ("{\"a\": 1}", 8, false)
-        );
-        let big = vec![b'x'; 3 << 20];
-        let letter = LetterRecord::new(&big);
-        assert_eq!(letter.record.len(), DEAD_LETTER_PREFIX_BYTES);
-        assert_eq!((letter.size, letter.truncated), (3 << 20, true));
-        // Cut inside a character: replaced, never a panic.
-        let mut text = vec![b'a'; DEAD_LETTER_PREFIX_BYTES - 1];
-        text.extend_from_slice("é".repeat(10).as_bytes());
-        assert!(LetterRecord::new(&text).record.ends_with('\u{FFFD}'));
     }
 
     #[test]

@@ -15,12 +15,12 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde_json::{Map, Value};
 
 use super::{Change, tagged};
-use crate::error::Result;
-use crate::formats::avro::decode::feed;
-use crate::formats::avro::reader::{as_record, decoder, field_name, named_types, select_fields};
-use crate::formats::avro::{AvroFormat, Plans};
-use crate::formats::confluent_header;
-use crate::formats::conform::{Conversion, apply, conversion, nulls};
+use crate::avro::decode::feed;
+use crate::avro::reader::{as_record, decoder, field_name, named_types, select_fields};
+use crate::avro::{AvroFormat, Plans};
+use crate::confluent::confluent_header;
+use crate::conform::{Conversion, apply, conversion, nulls};
+use skein_clients::error::Result;
 
 /// How events of one writer schema are read.
 #[derive(Debug)]

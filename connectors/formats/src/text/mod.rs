@@ -1,25 +1,20 @@
 //! The text formats: JSON, CSV and raw bytes, scanned for the raw value
 //! of each declared field, then checked against its column type.
 
+pub(crate) mod columns;
+mod csv;
+pub(crate) mod json;
+pub(crate) mod scanned;
+
 use datafusion::arrow::array::ArrayRef;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::columns::{ColumnBuilder, Typed, typed_value};
-use super::csv::scan_csv;
-use super::json::{fast_scan_json, scan_json};
-use crate::error::{ConnectorError, Result};
-
-/// How a text record is laid out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TextFormat {
-    /// One flat JSON object per record.
-    Json,
-    /// One line of delimited text per record, fields in declared order.
-    Csv { delimiter: u8 },
-    /// The whole record in the first declared column (Utf8 or Binary).
-    Raw,
-}
+use columns::{ColumnBuilder, Typed, typed_value};
+use csv::scan_csv;
+use json::{fast_scan_json, scan_json};
+use scanned::{Raw, Scanned, TextFormat};
+use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes text records into batches of one schema.
 #[derive(Debug, Clone)]
@@ -27,39 +22,6 @@ pub(crate) struct TextDecoder {
     schema: SchemaRef,
     format: TextFormat,
     names: Vec<Vec<u8>>,
-}
-
-/// One value as found in a record, before it is checked against its type.
-/// Positions are byte offsets into the record, so that the scratch space
-/// holding them can outlive any one record.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Raw {
-    Null,
-    /// String contents without quotes; `escaped` if they hold a backslash.
-    Str {
-        start: u32,
-        end: u32,
-        escaped: bool,
-    },
-    Num {
-        start: u32,
-        end: u32,
-    },
-    Bool(bool),
-    /// An object or array (its bytes, brackets included): no declared
-    /// type takes one; a Debezium envelope holds its rows in them.
-    Nested {
-        start: u32,
-        end: u32,
-    },
-}
-
-/// What the scanner found about a record as a whole.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Scanned {
-    /// The whole record is known to be UTF-8 (all ASCII, or checked), so
-    /// every slice of it between quotes is too.
-    pub(crate) utf8: bool,
 }
 
 impl TextDecoder {

@@ -24,9 +24,9 @@ use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
 
 pub use decode::{ProtobufBuilder, ProtobufDecoder};
 
-use super::registry::Registry;
-use super::{registry_of, value_subject};
-use crate::error::{ConnectorError, Result};
+use crate::options::{registry_of, value_subject};
+use crate::registry::Registry;
+use skein_clients::error::{ConnectorError, Result};
 
 /// A table's Protobuf options.
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::formats::recorded::Recorded;
+use crate::recorded::Recorded;
 
 fn config(url: &str) -> RegistryConfig {
     RegistryConfig {
@@ -154,40 +154,4 @@ fn options_name_what_is_wrong() {
     .unwrap();
     let err = Registry::new(missing_ca).unwrap_err().to_string();
     assert!(err.contains("/nonexistent/ca.pem"), "{err}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kafka_table_says_when_its_registry_does_not_answer() {
-    use skein_engine::source::{Source, SourceConfig};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    let config = SourceConfig {
-        kind: "KAFKA".into(),
-        location: "t".into(),
-        options: [
-            ("bootstrap.servers", "127.0.0.1:1"),
-            ("format", "avro-confluent"),
-            ("schema.registry.url", &format!("http://{addr}")),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
-    };
-    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
-        datafusion::arrow::datatypes::Field::new(
-            "id",
-            datafusion::arrow::datatypes::DataType::Int64,
-            true,
-        ),
-    ]));
-    // Planning needs no registry when the table declares its columns.
-    let kafka = crate::kafka::KafkaSourceConfig::from_source_config(&config).unwrap();
-    let source = crate::kafka::KafkaSource::new(kafka, schema).unwrap();
-    let problems = source.problems().await;
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(
-        problems[0].contains(&format!("schema registry http://{addr}")),
-        "{problems:?}"
-    );
 }

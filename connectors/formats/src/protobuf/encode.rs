@@ -13,9 +13,9 @@ use prost_reflect::{Cardinality, FieldDescriptor, Kind, MessageDescriptor, Synta
 
 use super::wire::{I32, I64, LEN, VARINT, put_message_indexes, put_tag, put_varint, zigzag_encode};
 use super::{ProtobufFormat, TIMESTAMP};
-use crate::error::{ConnectorError, Result};
-use crate::formats::confluent_prefix;
-use crate::formats::registry::SchemaType;
+use crate::confluent::confluent_prefix;
+use crate::registry::SchemaType;
+use skein_clients::error::{ConnectorError, Result};
 
 /// Encodes rows as messages of the table's message.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use serde::Deserialize;
 use skein_engine::backoff::Backoff;
 use tracing::{info, warn};
 
-use crate::error::{ConnectorError, Result};
+use skein_clients::error::{ConnectorError, Result};
 
 /// The table options of a registry.
 pub const REGISTRY_OPTIONS: &[&str] = &[
@@ -95,7 +95,11 @@ impl RegistryConfig {
         let verify = match get("schema.registry.ssl.verify").unwrap_or("true") {
             "true" => true,
             "false" => false,
-            other => return Err(crate::options::bad("schema.registry.ssl.verify", other)),
+            other => {
+                return Err(ConnectorError::Config(format!(
+                    "option schema.registry.ssl.verify = {other:?}"
+                )));
+            }
         };
         Ok(Some(RegistryConfig {
             url: url.trim_end_matches('/').to_string(),

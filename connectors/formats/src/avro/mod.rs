@@ -28,9 +28,9 @@ use datafusion::arrow::datatypes::{Field, SchemaRef};
 
 pub use decode::{AvroBuilder, AvroDecoder};
 
-use super::registry::{Registry, SchemaType};
-use super::{inline_or_file, registry_of, value_subject};
-use crate::error::{ConnectorError, Result};
+use crate::options::{inline_or_file, registry_of, value_subject};
+use crate::registry::{Registry, SchemaType};
+use skein_clients::error::{ConnectorError, Result};
 
 /// A table's Avro options.
 #[derive(Debug, Clone)]
@@ -96,14 +96,14 @@ impl AvroFormat {
     pub(crate) fn writer_schema(&self, id: u32) -> std::result::Result<Arc<str>, String> {
         match (&self.registry, &self.schema) {
             (Some(registry), _) if self.confluent => match registry.schema_by_id(id) {
-                super::registry::ById::Found(s) if s.schema_type == SchemaType::Avro => {
+                crate::registry::ById::Found(s) if s.schema_type == SchemaType::Avro => {
                     Ok(Arc::from(s.schema.as_str()))
                 }
-                super::registry::ById::Found(s) => Err(format!(
+                crate::registry::ById::Found(s) => Err(format!(
                     "schema id {id} is a {:?} schema, not Avro",
                     s.schema_type
                 )),
-                super::registry::ById::Missing(why) => Err(why),
+                crate::registry::ById::Missing(why) => Err(why),
             },
             (_, Some(schema)) => Ok(schema.clone()),
             _ => Err("no writer schema: set 'avro.schema' or a registry".into()),

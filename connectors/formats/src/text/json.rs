@@ -1,7 +1,7 @@
 //! The JSON scanner: the raw value of each declared field of one flat
 //! object, with a vectorised fast path for the common case.
 
-use super::text::{Raw, Scanned};
+use super::scanned::{Raw, Scanned};
 
 /// The positions of every `"` of `record` into `quotes`, 16 bytes at a time.
 /// Returns `None` if the record holds a backslash (its quotes may be

@@ -18,9 +18,9 @@ use datafusion::arrow::datatypes::{
 };
 
 use super::AvroFormat;
-use crate::error::{ConnectorError, Result};
-use crate::formats::confluent_prefix;
-use crate::formats::registry::SchemaType;
+use crate::confluent::confluent_prefix;
+use crate::registry::SchemaType;
+use skein_clients::error::{ConnectorError, Result};
 
 /// Encodes rows as Avro records (and keys as Avro primitives).
 #[derive(Debug)]

@@ -1,6 +1,6 @@
 //! The CSV scanner: one delimited line into the declared columns.
 
-use super::text::Raw;
+use super::scanned::Raw;
 
 /// Split one delimited line into the declared columns, in order. Fields may
 /// be quoted with `"` (a doubled quote inside is one quote).

@@ -2,7 +2,7 @@
 //! the fields the table declares, in the table's order, each kept as the
 //! writer wrote it (type, default, aliases). Avro's resolution then skips
 //! the other fields; promotions to the column types happen after decoding
-//! ([`crate::formats::conform`]), where every kind of value converts the
+//! ([`crate::conform`]), where every kind of value converts the
 //! same way whatever the writer's logical type.
 
 use std::collections::{HashMap, HashSet};
@@ -12,7 +12,7 @@ use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaSt
 use datafusion::arrow::datatypes::{Field, Schema};
 use serde_json::{Map, Value};
 
-use crate::formats::conform::{Conversion, conversion, declared_schema};
+use crate::conform::{Conversion, conversion, declared_schema};
 
 /// Rows decoded per arrow-avro batch.
 pub(crate) const BATCH_ROWS: usize = 4096;

@@ -12,10 +12,10 @@ use prost_reflect::{Kind, MessageDescriptor};
 
 use super::wire::{I32, I64, LEN, Reader, VARINT, message_indexes, zigzag_decode};
 use super::{ColumnField, ProtobufFormat, column_fields, columns_of};
-use crate::decode::columns::{ColumnBuilder, Typed};
-use crate::error::Result;
-use crate::formats::confluent_header;
-use crate::formats::registry::{ById, SchemaType};
+use crate::confluent::confluent_header;
+use crate::registry::{ById, SchemaType};
+use crate::text::columns::{ColumnBuilder, Typed};
+use skein_clients::error::Result;
 
 /// Field numbers below this are looked up in a table.
 const NEAR: usize = 4096;

@@ -12,10 +12,10 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use super::reader::{Plan, columns_of};
 use super::{AvroFormat, Plans};
-use crate::decode::Rejected;
-use crate::error::{ConnectorError, Result};
-use crate::formats::conform::{apply, nulls};
-use crate::formats::{confluent_header, confluent_prefix};
+use crate::confluent::{confluent_header, confluent_prefix};
+use crate::conform::{apply, nulls};
+use crate::rejected::Rejected;
+use skein_clients::error::{ConnectorError, Result};
 
 /// Decodes Avro records into batches of the table's columns.
 #[derive(Debug)]
