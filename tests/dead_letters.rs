@@ -9,7 +9,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use skein_connectors::decode::DEAD_LETTER_PREFIX_BYTES;
+use skein_formats::decode::DEAD_LETTER_PREFIX_BYTES;
 
 /// Over the broker's default message limit (about 1 MiB).
 const BIG: usize = 1_500_000;

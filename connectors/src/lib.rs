@@ -15,8 +15,6 @@ mod options;
 pub mod redis;
 
 pub use skein_clients::error;
-// The record formats under the paths they had when they lived here.
-pub use skein_formats::{self as formats, decode};
 
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@
 //! wire format with their schema inline (or, in `evolution.rs`, from the
 //! schemas that registry assigned, served over HTTP by the test), and the
 //! registry client is tested against recorded answers
-//! (connectors/src/formats/registry_tests.rs).
+//! (connectors/formats/src/registry_tests.rs).
 
 #[path = "../common/mod.rs"]
 mod common;

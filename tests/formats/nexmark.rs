@@ -230,7 +230,7 @@ fn gen_writes_avro_that_q5_reads() {
     let prefix = common::unique_name("formats-gen");
     let to = format!("kafka://{brokers}/{prefix}");
     gen_nexmark(&to, &["--format", "avro", "--table", "bid"]);
-    let schema = skein_connectors::formats::avro::encode::schema_for(&bid_schema()).unwrap();
+    let schema = skein_formats::avro::encode::schema_for(&bid_schema()).unwrap();
     let table = |query: &str| {
         format!(
             "CREATE EXTERNAL TABLE bid STORED AS KAFKA LOCATION '{prefix}' OPTIONS (
