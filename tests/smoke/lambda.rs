@@ -4,7 +4,7 @@
 //! (RequestResponse) and asynchronously (Event); both must see the function's
 //! environment, and a bad payload must come back as an error, not a crash.
 
-mod common;
+use crate::common;
 
 use std::io::{Cursor, Write};
 use std::time::Duration;

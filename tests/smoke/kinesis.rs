@@ -1,7 +1,7 @@
 //! Kinesis smoke test: aws-sdk-kinesis puts records on a fresh 2-shard stream
 //! of ministack and reads all of them back, shard by shard.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -1,7 +1,7 @@
 //! Redis smoke test: plain commands and an atomic MULTI/EXEC pipeline (the
 //! shape of the Redis sink's result + offset write) on the real server.
 
-mod common;
+use crate::common;
 
 use redis::AsyncCommands;
 

@@ -1,7 +1,7 @@
 //! S3 smoke test: object_store (the crate the S3 sink and checkpoints use)
 //! puts, gets and lists objects on ministack's S3.
 
-mod common;
+use crate::common;
 
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;

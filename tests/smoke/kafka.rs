@@ -1,7 +1,7 @@
 //! Kafka smoke test: rdkafka produces to and consumes from every partition of
 //! a fresh 4-partition topic on the real broker.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
