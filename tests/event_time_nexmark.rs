@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use common::kafka::{end_offsets, first_records};
+use common::nexmark_topics::NexmarkTopics;
 use common::rows::{int, millis, read_rows, text};
-use serde_json::Value;
-use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
+use skein_generators::nexmark::Event;
 
 use common::event_time::*;
 
@@ -21,66 +20,11 @@ use common::event_time::*;
 /// 40 s of event time at the generator's 10,000 events/s.
 const NEXMARK_EVENTS: u64 = 400_000;
 
-/// Topics `<prefix>-person|auction|bid` written by `skein gen`, and the
-/// same events generated in this process.
-struct NexmarkTopics {
-    prefix: String,
-    events: Vec<Event>,
-}
-
+/// The NEXMark topics every test here reads, published once.
 fn nexmark_topics() -> &'static NexmarkTopics {
     static TOPICS: OnceLock<NexmarkTopics> = OnceLock::new();
-    TOPICS.get_or_init(|| {
-        let brokers = common::require_kafka();
-        let prefix = common::unique_name("event-time-nexmark");
-        let events = NEXMARK_EVENTS.to_string();
-        let (ok, _, stderr) = common::skein(&[
-            "gen",
-            "nexmark",
-            "--to",
-            &format!("kafka://{brokers}/{prefix}"),
-            "--events",
-            &events,
-            "--partitions",
-            "4",
-            "--json",
-        ]);
-        assert!(ok, "skein gen nexmark failed:\n{stderr}");
-        // `skein gen` starts event time at the wall clock; event 0 is the
-        // first person, at exactly that time.
-        let base_time_ms = first_records(&brokers, &format!("{prefix}-person"))
-            .iter()
-            .map(|payload| {
-                let v: Value = serde_json::from_slice(payload).expect("a JSON person");
-                v["date_time"].as_i64().expect("date_time in ms")
-            })
-            .min()
-            .expect("the person topic has records");
-        let events: Vec<Event> = NexmarkGenerator::new(NexmarkConfig {
-            base_time_ms,
-            max_events: Some(NEXMARK_EVENTS),
-            ..NexmarkConfig::default()
-        })
-        .expect("a NEXMark generator")
-        .into_events()
-        .collect();
-        // The same stream: as many records per table as generated here.
-        for (table, kind) in [("person", 0), ("auction", 1), ("bid", 2)] {
-            let generated = events
-                .iter()
-                .filter(|e| match e {
-                    Event::Person(_) => kind == 0,
-                    Event::Auction(_) => kind == 1,
-                    Event::Bid(_) => kind == 2,
-                })
-                .count() as i64;
-            let published: i64 = end_offsets(&brokers, &format!("{prefix}-{table}"))
-                .iter()
-                .sum();
-            assert_eq!(published, generated, "{prefix}-{table}: records");
-        }
-        NexmarkTopics { prefix, events }
-    })
+    TOPICS
+        .get_or_init(|| common::nexmark_topics::publish("event-time-nexmark", NEXMARK_EVENTS, None))
 }
 
 fn bids(events: &[Event]) -> impl Iterator<Item = (i64, i64, i64, i64)> + '_ {

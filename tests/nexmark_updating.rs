@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use common::kafka::{end_offsets, first_records};
 use common::nexmark_columns::{Kind, columns};
 use common::nexmark_reference::{self as reference, Row, float};
+use common::nexmark_topics::NexmarkTopics;
 use common::rows::read_rows;
 use serde_json::{Map, Value};
-use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
+use skein_generators::nexmark::Event;
 
 const EVENTS: u64 = 40_000;
 /// Events per second of event time: 40,000 events span 200 s, so tumbling
@@ -31,59 +31,11 @@ const EVENTS: u64 = 40_000;
 /// end and start again.
 const EVENT_RATE: u64 = 200;
 
-/// Topics `<prefix>-person|auction|bid` written by `skein gen`, and the
-/// same events generated here.
-struct Topics {
-    prefix: String,
-    events: Vec<Event>,
-}
-
-fn topics() -> &'static Topics {
-    static TOPICS: OnceLock<Topics> = OnceLock::new();
+/// The NEXMark topics every test here reads, published once.
+fn topics() -> &'static NexmarkTopics {
+    static TOPICS: OnceLock<NexmarkTopics> = OnceLock::new();
     TOPICS.get_or_init(|| {
-        let brokers = common::require_kafka();
-        let prefix = common::unique_name("nexmark-updating");
-        let (ok, _, stderr) = common::skein(&[
-            "gen",
-            "nexmark",
-            "--to",
-            &format!("kafka://{brokers}/{prefix}"),
-            "--events",
-            &EVENTS.to_string(),
-            "--event-rate",
-            &EVENT_RATE.to_string(),
-            "--partitions",
-            "4",
-            "--json",
-        ]);
-        assert!(ok, "skein gen nexmark failed:\n{stderr}");
-        let base_time_ms = first_records(&brokers, &format!("{prefix}-person"))
-            .iter()
-            .map(|payload| {
-                let v: Value = serde_json::from_slice(payload).expect("a JSON person");
-                v["date_time"].as_i64().expect("date_time in ms")
-            })
-            .min()
-            .expect("the person topic has records");
-        let events: Vec<Event> = NexmarkGenerator::new(NexmarkConfig {
-            base_time_ms,
-            max_events: Some(EVENTS),
-            first_event_rate: EVENT_RATE,
-            ..NexmarkConfig::default()
-        })
-        .expect("a NEXMark generator")
-        .into_events()
-        .collect();
-        let published: i64 = ["person", "auction", "bid"]
-            .iter()
-            .map(|t| {
-                end_offsets(&brokers, &format!("{prefix}-{t}"))
-                    .iter()
-                    .sum::<i64>()
-            })
-            .sum();
-        assert_eq!(published as u64, EVENTS, "{prefix}: every event published");
-        Topics { prefix, events }
+        common::nexmark_topics::publish("nexmark-updating", EVENTS, Some(EVENT_RATE))
     })
 }
 

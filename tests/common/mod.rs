@@ -28,6 +28,7 @@ pub mod kafka;
 pub mod kills;
 pub mod nexmark_columns;
 pub mod nexmark_reference;
+pub mod nexmark_topics;
 pub mod publish;
 pub mod pushed;
 pub mod rows;
