@@ -98,6 +98,10 @@ pub struct Arena {
     stage: String,
     expected_edges: Vec<u32>,
     slots: HashMap<(String, u64), Slot>,
+    /// Epochs completed here but not yet run: a payload for one of them
+    /// is a retry. Once an epoch has run, the member's own epoch counter
+    /// recognises its retries, so the arena forgets it: a standing query
+    /// runs for months, and this set must not grow with every epoch.
     finished: HashSet<(String, u64)>,
 }
 
@@ -113,9 +117,20 @@ impl Arena {
     }
 
     /// Collect one payload; its batches are decoded by the caller so that a
-    /// corrupt payload is rejected before it touches the arena.
-    pub fn collect(&mut self, payload: &Payload, batches: Vec<RecordBatch>) -> Result<Collected> {
+    /// corrupt payload is rejected before it touches the arena. Epochs
+    /// below `run_before` have run at this member: their payloads are
+    /// retries, and the arena keeps nothing about them.
+    pub fn collect(
+        &mut self,
+        payload: &Payload,
+        batches: Vec<RecordBatch>,
+        run_before: u64,
+    ) -> Result<Collected> {
         payload.validate(&self.stage)?;
+        self.finished.retain(|(_, epoch)| *epoch >= run_before);
+        if payload.epoch < run_before {
+            return Ok(Collected::Duplicate);
+        }
         if !self.expected_edges.contains(&payload.shuffle_id) {
             return Err(EngineError::BadPayload {
                 uuid: payload.uuid_string(),
@@ -251,20 +266,20 @@ mod tests {
     fn completes_only_when_every_fragment_of_every_edge_arrived() {
         let mut a = Arena::new("s1", vec![1, 2]);
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 0), vec![]).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 0), vec![], 0).unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 2), 0), vec![]).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 2), 0), vec![], 0).unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(2, 0, 1, (0, 1), 0), vec![]).unwrap(),
+            a.collect(&payload(2, 0, 1, (0, 1), 0), vec![], 0).unwrap(),
             Collected::NotReady
         ));
         assert_eq!(a.pending().len(), 1, "{:?}", a.pending());
         assert!(a.pending()[0].contains("seq 1 fragment 1"));
-        match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![]).unwrap() {
+        match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![], 0).unwrap() {
             Collected::Complete(input) => assert_eq!(input.watermark.value, Some(100)),
             other => panic!("{other:?}"),
         }
@@ -275,33 +290,59 @@ mod tests {
     fn duplicates_are_dropped_before_and_after_completion() {
         let mut a = Arena::new("s1", vec![1]);
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![], 0).unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![]).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![], 0).unwrap(),
             Collected::Duplicate
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![], 0).unwrap(),
             Collected::Complete(_)
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![]).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![], 0).unwrap(),
             Collected::Duplicate
         ));
+    }
+
+    #[test]
+    fn run_epochs_are_forgotten_and_their_retries_still_dropped() {
+        let mut a = Arena::new("s1", vec![1]);
+        for epoch in 0..10_000 {
+            // The member runs each epoch as soon as it completes.
+            assert!(matches!(
+                a.collect(&payload(1, 0, 1, (0, 1), epoch), vec![], epoch)
+                    .unwrap(),
+                Collected::Complete(_)
+            ));
+        }
+        assert_eq!(a.finished.len(), 1, "only the epoch not yet run");
+        // Epoch 9,999 completed but has not run: the arena recognises it.
+        let retry = payload(1, 0, 1, (0, 1), 9_999);
+        assert!(matches!(
+            a.collect(&retry, vec![], 9_999).unwrap(),
+            Collected::Duplicate
+        ));
+        // Run now: the member's counter recognises it, the arena forgets it.
+        assert!(matches!(
+            a.collect(&retry, vec![], 10_000).unwrap(),
+            Collected::Duplicate
+        ));
+        assert!(a.finished.is_empty() && a.slots.is_empty());
     }
 
     #[test]
     fn bad_sequence_numbers_are_errors() {
         let mut a = Arena::new("s1", vec![1]);
         let err = a
-            .collect(&payload(1, 3, 2, (0, 1), 0), vec![])
+            .collect(&payload(1, 3, 2, (0, 1), 0), vec![], 0)
             .unwrap_err()
             .to_string();
         assert!(err.contains("seq_num 3") && err.contains("s1"), "{err}");
         let err = a
-            .collect(&payload(9, 0, 2, (0, 1), 0), vec![])
+            .collect(&payload(9, 0, 2, (0, 1), 0), vec![], 0)
             .unwrap_err()
             .to_string();
         assert!(err.contains("shuffle id 9"), "{err}");

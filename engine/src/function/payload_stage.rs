@@ -40,6 +40,7 @@ impl StageFunction {
                 ..Default::default()
             });
         }
+        let run_before = state.next_epoch;
         let arena = state
             .arena
             .as_mut()
@@ -48,7 +49,7 @@ impl StageFunction {
                 stage: self.name.clone(),
                 reason: "this stage takes no payloads (it reads a source)".into(),
             })?;
-        match arena.collect(&p, batches)? {
+        match arena.collect(&p, batches, run_before)? {
             Collected::Duplicate => {
                 return Ok(Response {
                     status: "duplicate".into(),
