@@ -9,8 +9,10 @@
 //!
 //! Counts are kept per query code in this process, per (epoch, member), so a
 //! replayed write replaces its count instead of adding to it; the run reads
-//! them with [`take`]. Each write also logs its count at debug level, which is
-//! what a function on another machine (Lambda) leaves behind.
+//! them with [`take`]. Only the latest [`REPLAY_HORIZON`] epochs are kept
+//! apart; older ones are added into one sum, so a standing query that runs
+//! for months holds a fixed amount. Each write also logs its count at debug
+//! level, which is what a function on another machine (Lambda) leaves behind.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -31,25 +33,59 @@ pub struct Discarded {
     pub batches: u64,
 }
 
-/// Query code -> (epoch, member) -> what that write dropped.
-type Tally = HashMap<String, BTreeMap<(u64, u32), Discarded>>;
+/// Epochs whose counts are kept per write, so that a replay of one of them
+/// replaces its count. A replay reruns the epochs after the last commit,
+/// so this is far more than any checkpoint interval in use.
+pub const REPLAY_HORIZON: u64 = 1024;
+
+/// What one query's blackholes dropped.
+#[derive(Default)]
+struct QueryTally {
+    /// (epoch, member) -> what that write dropped, for recent epochs.
+    recent: BTreeMap<(u64, u32), Discarded>,
+    /// Everything dropped in epochs older than those.
+    older: Discarded,
+}
+
+impl QueryTally {
+    fn record(&mut self, epoch: u64, member: u32, discarded: Discarded) {
+        self.recent.insert((epoch, member), discarded);
+        let newest = self.recent.last_key_value().map_or(0, |(k, _)| k.0);
+        let keep_from = newest.saturating_sub(REPLAY_HORIZON - 1);
+        let kept = self.recent.split_off(&(keep_from, 0));
+        for d in std::mem::replace(&mut self.recent, kept).into_values() {
+            self.older = self.older.plus(d);
+        }
+    }
+
+    fn total(&self) -> Discarded {
+        self.recent.values().fold(self.older, |sum, &d| sum.plus(d))
+    }
+}
+
+impl Discarded {
+    fn plus(self, other: Discarded) -> Discarded {
+        Discarded {
+            rows: self.rows + other.rows,
+            batches: self.batches + other.batches,
+        }
+    }
+}
+
+/// Query code -> what its blackholes dropped.
+type Tally = HashMap<String, QueryTally>;
 
 static DISCARDED: LazyLock<Mutex<Tally>> = LazyLock::new(Mutex::default);
 
 /// What every blackhole of `query` dropped so far; forgets it, so a later
 /// run of the same query in this process starts from zero.
 pub fn take(query: &str) -> Discarded {
-    let writes = DISCARDED
+    DISCARDED
         .lock()
         .expect("blackhole tally")
         .remove(query)
-        .unwrap_or_default();
-    writes
-        .values()
-        .fold(Discarded::default(), |sum, d| Discarded {
-            rows: sum.rows + d.rows,
-            batches: sum.batches + d.batches,
-        })
+        .unwrap_or_default()
+        .total()
 }
 
 pub struct BlackholeSinkFactory;
@@ -94,7 +130,7 @@ impl Sink for BlackholeSink {
             .expect("blackhole tally")
             .entry(write.query.to_string())
             .or_default()
-            .insert((write.epoch, write.member), discarded);
+            .record(write.epoch, write.member, discarded);
         Ok(())
     }
 }
@@ -162,6 +198,27 @@ mod tests {
             Discarded {
                 rows: 100,
                 batches: 1
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_long_run_keeps_a_bounded_tally_and_counts_every_row() {
+        let sink = BlackholeSinkFactory.create(&config(&[])).unwrap();
+        let epochs = 3 * REPLAY_HORIZON;
+        for epoch in 0..epochs {
+            write(&sink, "q-long", epoch, 0, &[2]).await;
+            write(&sink, "q-long", epoch, 1, &[1]).await;
+        }
+        // A replay of a recent epoch replaces its count.
+        write(&sink, "q-long", epochs - 1, 1, &[1]).await;
+        let kept = DISCARDED.lock().unwrap()["q-long"].recent.len() as u64;
+        assert_eq!(kept, 2 * REPLAY_HORIZON, "two members' latest epochs");
+        assert_eq!(
+            take("q-long"),
+            Discarded {
+                rows: 3 * epochs,
+                batches: 2 * epochs
             }
         );
     }
