@@ -56,7 +56,11 @@ struct Setup {
 
 async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
     let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, 1)?;
-    let regs = registries();
+    let mut regs = registries();
+    regs.catalog.register_sink(
+        skein_engine::sink::COLLECT_KIND,
+        Arc::new(skein_sinks::blackhole::BlackholeSinkFactory),
+    );
     let ctx = session(&regs.catalog, args.group_size);
     let mut options = PlanOptions {
         group_size: args.group_size,
@@ -89,11 +93,12 @@ fn scratch_dir(query: u32, what: &str) -> PathBuf {
     dir
 }
 
-/// One run: seconds, bytes written to the checkpoint store, the series,
-/// and what the cost model takes.
+/// One run: seconds, bytes written to the checkpoint store, result rows
+/// (counted, not kept), the series, and what the cost model takes.
 struct Run {
     seconds: f64,
     written: u64,
+    rows: u64,
     series: EpochSeries,
     measured: skein_cost::Measured,
 }
@@ -101,6 +106,7 @@ struct Run {
 async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<Run> {
     let dir = checkpoint.then(|| scratch_dir(query, "run"));
     let s = setup(query, args, dir.as_deref()).await?;
+    let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     let started = std::time::Instant::now();
     let cpu_before = crate::cost::process_cpu_s();
     let mut series = vec![];
@@ -112,6 +118,7 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     .await
     .with_context(|| format!("running NEXMark q{query}"))?;
     let written = s.store.as_ref().map_or(0, |s| s.bytes_written());
+    let rows = skein_sinks::blackhole::take(&s.plan.query_code).rows;
     if let Some(dir) = dir {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -123,6 +130,7 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     Ok(Run {
         seconds: report.elapsed_s,
         written,
+        rows,
         series,
         measured,
     })
@@ -204,6 +212,7 @@ async fn recovery_once(query: u32, args: &StateBenchArgs) -> Result<f64> {
     .await
     .with_context(|| format!("resuming NEXMark q{query}"))?;
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     if report.resumed_after.is_none() {
         anyhow::bail!("q{query}: the resumed run found no commit to resume after");
     }
@@ -223,12 +232,24 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
     let mut costs = vec![];
     for &query in &args.queries {
         let (mut off, mut on, mut bytes, mut recovery) = (vec![], vec![], 0, vec![]);
+        let mut rows_per_setting = None;
         let mut measured = None;
         // Alternate the settings so drift on a noisy machine hits both.
         for i in 0..args.repeat {
-            off.push(run_once(query, &args, false).await?.seconds);
+            let unsaved = run_once(query, &args, false).await?;
+            off.push(unsaved.seconds);
             let run = run_once(query, &args, true).await?;
             on.push(run.seconds);
+            // Both settings must give the same result, or a ratio of their
+            // times compares different work.
+            if unsaved.rows != run.rows {
+                anyhow::bail!(
+                    "q{query}: {} result rows without checkpoints, {} with",
+                    unsaved.rows,
+                    run.rows
+                );
+            }
+            rows_per_setting = Some(run.rows);
             bytes = run.written;
             if let (Some(file), 0) = (&args.plot, i) {
                 plot(
@@ -252,6 +273,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
             "events_per_s_on": (events / on).round(),
             "cost_ratio": on / off,
             "checkpoint_bytes_per_epoch": bytes / args.epochs,
+            "result_rows": rows_per_setting,
             "recovery_s": recovery,
             // The last checkpointed run priced per million events (docs/cost.md).
             "cost": cost.as_ref().map(crate::cost::to_json),
