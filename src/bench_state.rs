@@ -43,6 +43,12 @@ pub struct StateBenchArgs {
     /// run of each query to this SVG (FILE-q5.svg, ... with several queries).
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
+    /// Keep the checkpointed runs' stores under this directory (a fresh
+    /// one per run, removed after it) [default: the temporary directory].
+    /// What a file system charges for creating and deleting files is part
+    /// of the figure.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<PathBuf>,
 }
 
 /// A query planned onto a fresh in-process runtime; with `dir`, it
@@ -84,8 +90,12 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     })
 }
 
-fn scratch_dir(query: u32, what: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
+fn scratch_dir(args: &StateBenchArgs, query: u32, what: &str) -> PathBuf {
+    let parent = args
+        .checkpoint_dir
+        .clone()
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = parent.join(format!(
         "skein-bench-state-{}-q{query}-{what}",
         std::process::id()
     ));
@@ -104,7 +114,7 @@ struct Run {
 }
 
 async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<Run> {
-    let dir = checkpoint.then(|| scratch_dir(query, "run"));
+    let dir = checkpoint.then(|| scratch_dir(args, query, "run"));
     let s = setup(query, args, dir.as_deref()).await?;
     let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     let started = std::time::Instant::now();
@@ -172,7 +182,7 @@ fn plot(file: &Path, query: u32, args: &StateBenchArgs, series: &EpochSeries) ->
 /// resume's start until it has finished its first epoch: deploying,
 /// restoring each member's state and re-running the epoch after the commit.
 async fn recovery_once(query: u32, args: &StateBenchArgs) -> Result<f64> {
-    let dir = scratch_dir(query, "recovery");
+    let dir = scratch_dir(args, query, "recovery");
     let kill_at = args.epochs / 2;
     let (killed_dir, bench) = (dir.clone(), args.clone());
     std::thread::spawn(move || -> Result<()> {

@@ -132,6 +132,21 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
         bail!("--interval must be longer than zero");
     }
     let k = args.checkpoint_interval();
+    // Without --group-size, the group is sized from the query's work: a
+    // probe at one member per group, in-process.
+    let mut probe = None;
+    let mut sized = None;
+    if args.plan.group_size.is_none() {
+        args.plan.group_size = Some(1);
+        let run = measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?;
+        let busy_ms = run.measured.billed_ms as f64 / run.epochs.max(1) as f64;
+        let members = members_for(busy_ms, args.interval);
+        args.plan.group_size = Some(members);
+        sized = Some(GroupSizing { members, busy_ms });
+        if members == 1 {
+            probe = Some(run);
+        }
+    }
     if args.lambda.backend == Backend::Lambda {
         let epochs = ((args.seconds as f64 / args.interval.as_secs_f64()).round() as u64).max(1);
         let events = (args.rate * args.seconds as f64).round().max(1.0) as u64;
@@ -141,9 +156,12 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
         let m = Measured { events, ..m };
         let on = Some(lambda_note(args.plan.invoke_async));
         let shape = (epochs, functions, plan.query_code.as_str());
-        return print_cost(&args, &name, m, on, shape, None);
+        return print_cost(&args, &name, m, on, shape, sized, None);
     }
-    let run = measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?;
+    let run = match probe {
+        Some(run) => run,
+        None => measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?,
+    };
     let model = args.model.options(Some(args.rate));
     let mut sweep = vec![];
     for interval in crate::cost_sweep::intervals(&args.sweep_intervals)? {
@@ -164,8 +182,32 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
         run.steady(k),
         None,
         shape,
+        sized,
         Some((&run, k, sweep)),
     )
+}
+
+/// How busy a member may be in an epoch, as a share of the interval: the
+/// rest is headroom for bursts and for the epoch's own latency.
+const BUSY_SHARE: f64 = 0.5;
+
+/// A group size chosen from measured work.
+#[derive(Debug, Clone, Copy)]
+struct GroupSizing {
+    members: usize,
+    /// Billed milliseconds of all functions per epoch with one member per
+    /// group: an upper bound on what any one member does.
+    busy_ms: f64,
+}
+
+/// Members per group so that none is busy more than [`BUSY_SHARE`] of an
+/// epoch, given the whole query's billed time per epoch at one member
+/// (sources included, so this errs towards more members). Every member
+/// is invoked by every source member each epoch, so a member more than
+/// the work needs costs requests for nothing.
+fn members_for(busy_ms: f64, interval: Duration) -> usize {
+    let budget_ms = interval.as_secs_f64() * 1000.0 * BUSY_SHARE;
+    ((busy_ms / budget_ms).ceil() as usize).max(1)
 }
 
 /// `sql` planned, every table a generator set to `events`.
@@ -176,7 +218,7 @@ async fn plan_generated(
     events: u64,
 ) -> Result<skein_engine::planner::QueryPlan> {
     let regs = registries();
-    let ctx = session(&regs.catalog, args.plan.group_size);
+    let ctx = session(&regs.catalog, args.plan.group_size());
     let plan = plan_query(&ctx, sql, &args.plan.options())
         .await
         .with_context(|| format!("planning {name}"))?;
@@ -191,6 +233,7 @@ fn print_cost(
     m: Measured,
     measured_on: Option<String>,
     (epochs, functions, query_code): (u64, usize, &str),
+    sized: Option<GroupSizing>,
     local: Option<(
         &crate::cost_sweep::LocalRun,
         u64,
@@ -207,6 +250,14 @@ fn print_cost(
         v["interval_s"] = json!(args.interval.as_secs_f64());
         v["functions"] = json!(functions);
         v["query_code"] = json!(query_code);
+        v["group_size"] = json!(args.plan.group_size());
+        if let Some(g) = sized {
+            v["group_sized_from"] = json!({
+                "busy_ms_per_epoch_at_one_member": g.busy_ms,
+                "interval_ms": args.interval.as_secs_f64() * 1000.0,
+                "busy_share": BUSY_SHARE,
+            });
+        }
         v["backend"] = json!(match args.lambda.backend {
             Backend::Local => "local",
             Backend::Lambda => "lambda",
@@ -220,6 +271,18 @@ fn print_cost(
         println!("{v}");
     } else {
         print!("{}", table(name, &c, epochs, functions));
+        match sized {
+            Some(g) => println!(
+                "group size {}: sized from the work measured at one member per group \
+                 ({:.1} billed ms per {:.0} ms epoch; no member busy over {:.0}% of an epoch); \
+                 --group-size N prices another",
+                g.members,
+                g.busy_ms,
+                args.interval.as_secs_f64() * 1000.0,
+                BUSY_SHARE * 100.0
+            ),
+            None => println!("group size {} (--group-size)", args.plan.group_size()),
+        }
         if let Some((run, k, sweep)) = &local {
             println!(
                 "checkpoint writes: {:.2} per epoch at a commit every {k} epochs ({} log entries, \
@@ -420,6 +483,17 @@ async fn clean_up(scratch: &str, query_code: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_has_the_members_its_work_needs() {
+        let second = Duration::from_secs(1);
+        assert_eq!(members_for(0.0, second), 1);
+        assert_eq!(members_for(120.0, second), 1);
+        assert_eq!(members_for(500.0, second), 1);
+        assert_eq!(members_for(501.0, second), 2);
+        assert_eq!(members_for(3_900.0, second), 8);
+        assert_eq!(members_for(3_900.0, Duration::from_secs(10)), 1);
+    }
 
     #[test]
     fn generator_options_are_set() {

@@ -29,7 +29,7 @@ impl DataFrameQuery {
     /// `skein run` would with `args` (see [`CommonRunArgs::from_flags`]).
     pub fn new(args: CommonRunArgs) -> Self {
         let regs = registries();
-        let ctx = session(&regs.catalog, args.plan.group_size);
+        let ctx = session(&regs.catalog, args.plan.group_size());
         DataFrameQuery { regs, ctx, args }
     }
 

@@ -65,7 +65,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
     let sql = crate::nexmark::nexmark_sql(args.query, 10_000, 1_000, 2)?;
     let b = args.lambda.connect().await?;
     let p = PlanArgs {
-        group_size: args.group_size,
+        group_size: Some(args.group_size),
         encoding: Default::default(),
         invoke_async: false,
         state_ttl: None,

@@ -34,9 +34,10 @@ use skein_engine::payload::Encoding;
 /// How a query is planned.
 #[derive(Args, Clone, Debug)]
 pub struct PlanArgs {
-    /// Members of each function group (hash partitions of a shuffle).
-    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE, value_parser = positive)]
-    pub group_size: usize,
+    /// Members of each function group (hash partitions of a shuffle)
+    /// [default: 8; `skein cost`: sized from the query's measured work].
+    #[arg(long, value_parser = positive)]
+    pub group_size: Option<usize>,
     /// Compression of payload data: zstd, lz4 or none.
     #[arg(long, default_value = "zstd")]
     pub encoding: Encoding,
@@ -50,11 +51,17 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
+    /// Members of each function group: as given, else the planner's default.
+    pub fn group_size(&self) -> usize {
+        self.group_size
+            .unwrap_or(skein_engine::planner::DEFAULT_GROUP_SIZE)
+    }
+
     /// The planner's options; the run's lineage and checkpointing are the
     /// runner's to fill in.
     pub fn options(&self) -> skein_engine::planner::PlanOptions {
         skein_engine::planner::PlanOptions {
-            group_size: self.group_size,
+            group_size: self.group_size(),
             encoding: self.encoding,
             invoke_async: self.invoke_async,
             state_ttl: self.state_ttl,

@@ -69,7 +69,7 @@ pub async fn explain(file: &Path, plan_args: &PlanArgs, as_json: bool) -> Result
 
 async fn explain_sql(sql: &str, plan_args: &PlanArgs, as_json: bool) -> Result<()> {
     let regs = registries();
-    let ctx = session(&regs.catalog, plan_args.group_size);
+    let ctx = session(&regs.catalog, plan_args.group_size());
     let plan = plan_query(&ctx, sql, &plan_args.options()).await?;
     if as_json {
         println!("{}", plan.explain_json());

@@ -61,7 +61,7 @@ pub async fn status(args: StatusArgs) -> Result<()> {
 
 async fn plan_sql(sql: &str, plan: &PlanArgs) -> Result<QueryPlan> {
     let regs = registries();
-    let ctx = session(&regs.catalog, plan.group_size);
+    let ctx = session(&regs.catalog, plan.group_size());
     plan_query(&ctx, sql, &plan.options())
         .await
         .context("planning the query")
@@ -99,7 +99,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
             )
         })?;
     let plan_args = PlanArgs {
-        group_size: spec.group_size,
+        group_size: Some(spec.group_size),
         encoding: spec.encoding,
         invoke_async: false,
         state_ttl: None,

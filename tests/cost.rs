@@ -79,3 +79,44 @@ fn bad_cost_input_is_a_one_line_error() {
     let _ = std::fs::remove_file(live);
     let _ = std::fs::remove_file(prices);
 }
+
+#[test]
+fn without_group_size_the_group_is_sized_from_the_measured_work() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "cost",
+            "queries/cost/ysb.sql",
+            "--rate",
+            "20000",
+            "--seconds",
+            "4",
+            "--sweep-intervals",
+            "",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = skein(&args);
+        assert!(ok, "{stderr}");
+        serde_json::from_str::<serde_json::Value>(stdout.trim()).expect("one JSON object")
+    };
+    let sized = run(&[]);
+    let from = &sized["group_sized_from"];
+    let busy = from["busy_ms_per_epoch_at_one_member"]
+        .as_f64()
+        .expect("the probe's busy time");
+    let interval = from["interval_ms"].as_f64().unwrap();
+    assert_eq!(interval, 1000.0, "{sized}");
+    // No member busy over half an epoch, at least one member.
+    let expected = ((busy / (interval * 0.5)).ceil() as u64).max(1);
+    assert_eq!(sized["group_size"].as_u64(), Some(expected), "{sized}");
+    let fixed = run(&["--group-size", "3"]);
+    assert_eq!(fixed["group_size"].as_u64(), Some(3), "{fixed}");
+    assert!(fixed["group_sized_from"].is_null(), "{fixed}");
+    // Each of YSB's two source members invokes every member of the group
+    // each epoch: per epoch its two triggers and two payloads per member.
+    let per_epoch = |v: &serde_json::Value| {
+        v["measured"]["invocations"].as_u64().unwrap() / v["epochs"].as_u64().unwrap()
+    };
+    assert_eq!(per_epoch(&fixed), 2 + 2 * 3, "{fixed}");
+    assert_eq!(per_epoch(&sized), 2 + 2 * expected, "{sized}");
+}

@@ -1,6 +1,7 @@
 //! A stateful member's state as bytes: a JSON header (watermark, what has
 //! been emitted) and the held rows of each input edge as an Arrow IPC
-//! stream, the whole zstd-compressed.
+//! stream, the whole LZ4-compressed (stores written before that hold zstd
+//! frames, which still decode).
 //!
 //! A state is whole, or the changes since an earlier state (its base): the
 //! rows kept and the watermarks that released windows, in order. Changes
@@ -19,6 +20,49 @@ use crate::watermark::Watermark;
 use crate::window_state::{Change, SavedWindows};
 
 const MAGIC: &[u8; 8] = b"SKSTATE1";
+
+/// What an LZ4-compressed state starts with, then its raw length (u64 LE).
+/// LZ4 rather than zstd: a member compresses its state every epoch on the
+/// epoch's path, and zstd at level 1 cost several times what LZ4 does for
+/// the same Arrow data (bytes are cheap on an object store; requests and
+/// milliseconds are what a checkpoint is billed for).
+const LZ4_TAG: &[u8; 4] = b"SKL4";
+
+/// LZ4 cannot expand its input more than 255-fold: a state claiming more
+/// is corrupt, and refusing it keeps it from allocating without bound.
+const LZ4_MAX_RATIO: u64 = 255;
+
+fn compress(raw: &[u8]) -> Vec<u8> {
+    let head = LZ4_TAG.len() + 8;
+    let mut out = vec![0u8; head + lz4_flex::block::get_maximum_output_size(raw.len())];
+    out[..LZ4_TAG.len()].copy_from_slice(LZ4_TAG);
+    out[LZ4_TAG.len()..head].copy_from_slice(&(raw.len() as u64).to_le_bytes());
+    let n = lz4_flex::block::compress_into(raw, &mut out[head..])
+        .expect("the output has room for the worst case");
+    out.truncate(head + n);
+    out
+}
+
+/// The raw bytes of a state: LZ4 as [`compress`] writes it, or a zstd frame
+/// from an older store.
+fn decompress(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let Some(rest) = bytes.strip_prefix(LZ4_TAG) else {
+        return zstd::stream::decode_all(bytes).map_err(|e| e.to_string());
+    };
+    let (len, data) = rest
+        .split_first_chunk::<8>()
+        .ok_or("truncated LZ4 header")?;
+    let len = u64::from_le_bytes(*len);
+    if len > (data.len() as u64).saturating_mul(LZ4_MAX_RATIO) + 16 {
+        return Err(format!("claims {len} bytes from {} compressed", data.len()));
+    }
+    let mut raw = vec![0u8; len as usize];
+    let n = lz4_flex::block::decompress_into(data, &mut raw).map_err(|e| e.to_string())?;
+    if n as u64 != len {
+        return Err(format!("{n} bytes where it claims {len}"));
+    }
+    Ok(raw)
+}
 
 /// A member's state as of the end of an epoch, decoded.
 #[derive(Debug, Default)]
@@ -99,7 +143,7 @@ fn frame(
         raw.extend_from_slice(&(ipc.len() as u64).to_le_bytes());
         raw.extend_from_slice(&ipc);
     }
-    zstd::bulk::compress(&raw, 1).map_err(EngineError::Io)
+    Ok(compress(&raw))
 }
 
 /// Encode the changes a member made since its state at `base`.
@@ -182,8 +226,7 @@ pub fn decode_state(
     what: &str,
 ) -> Result<Snapshot> {
     let bad = |reason: String| EngineError::Context(format!("state {what}: {reason}"));
-    let raw =
-        zstd::stream::decode_all(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
+    let raw = decompress(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
     let mut pos = 0usize;
     let mut take = |n: usize| -> Result<&[u8]> {
         let end = pos
@@ -308,7 +351,31 @@ mod tests {
         };
         assert_eq!((back.epoch, back.base, back.watermark), (5, 3, wm));
         assert_eq!(back.changes, changes);
-        let other = zstd::bulk::compress(b"SKSTATE1\xff\xff\xff\xff\xff\xff\xff\xff", 1).unwrap();
+        let other = compress(b"SKSTATE1\xff\xff\xff\xff\xff\xff\xff\xff");
         assert!(decode_state(&other, &schemas, "t").is_err());
+        let mut bomb = LZ4_TAG.to_vec();
+        bomb.extend_from_slice(&u64::MAX.to_le_bytes());
+        bomb.extend_from_slice(&[0; 16]);
+        let err = decode_state(&bomb, &schemas, "t").unwrap_err().to_string();
+        assert!(err.contains("claims"), "{err}");
+    }
+
+    #[test]
+    fn a_zstd_state_from_an_older_store_still_decodes() {
+        let schema: SchemaRef =
+            Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![4, 5]))])
+                .unwrap();
+        let schemas: BTreeMap<u32, SchemaRef> = [(1, schema)].into();
+        let changes = vec![Change::Rows { edge: 1, batch }];
+        let lz4 = encode_changes(2, 1, Watermark::default(), &changes, &schemas).unwrap();
+        assert!(lz4.starts_with(LZ4_TAG));
+        let raw = decompress(&lz4).unwrap();
+        let old = zstd::bulk::compress(&raw, 1).unwrap();
+        let Snapshot::Changes(back) = decode_state(&old, &schemas, "t").unwrap() else {
+            panic!("changes decode as changes");
+        };
+        assert_eq!(back.changes, changes);
     }
 }
