@@ -15,53 +15,40 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 use crate::ipc_decode::decode_stream;
-use crate::payload::ipc_bytes;
+use crate::payload::{Encoding, decompress_within, ipc_bytes};
 use crate::watermark::Watermark;
 use crate::window_state::{Change, SavedWindows};
 
 const MAGIC: &[u8; 8] = b"SKSTATE1";
 
-/// What an LZ4-compressed state starts with, then its raw length (u64 LE).
-/// LZ4 rather than zstd: a member compresses its state every epoch on the
-/// epoch's path, and zstd at level 1 cost several times what LZ4 does for
-/// the same Arrow data (bytes are cheap on an object store; requests and
-/// milliseconds are what a checkpoint is billed for).
+/// What an LZ4-compressed state starts with, before the payload codec's
+/// LZ4 frame (the raw length, then the block). LZ4 rather than zstd: a
+/// member compresses its state every epoch on the epoch's path, and zstd
+/// at level 1 cost several times what LZ4 does for the same Arrow data
+/// (bytes are cheap on an object store; requests and milliseconds are what
+/// a checkpoint is billed for).
 const LZ4_TAG: &[u8; 4] = b"SKL4";
 
 /// LZ4 cannot expand its input more than 255-fold: a state claiming more
 /// is corrupt, and refusing it keeps it from allocating without bound.
-const LZ4_MAX_RATIO: u64 = 255;
+const LZ4_MAX_RATIO: usize = 255;
 
 fn compress(raw: &[u8]) -> Vec<u8> {
-    let head = LZ4_TAG.len() + 8;
-    let mut out = vec![0u8; head + lz4_flex::block::get_maximum_output_size(raw.len())];
-    out[..LZ4_TAG.len()].copy_from_slice(LZ4_TAG);
-    out[LZ4_TAG.len()..head].copy_from_slice(&(raw.len() as u64).to_le_bytes());
-    let n = lz4_flex::block::compress_into(raw, &mut out[head..])
-        .expect("the output has room for the worst case");
-    out.truncate(head + n);
+    let mut out = LZ4_TAG.to_vec();
+    out.extend_from_slice(&crate::payload::compress(Encoding::Lz4, raw));
     out
 }
 
 /// The raw bytes of a state: LZ4 as [`compress`] writes it, or a zstd frame
 /// from an older store.
 fn decompress(bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
-    let Some(rest) = bytes.strip_prefix(LZ4_TAG) else {
-        return zstd::stream::decode_all(bytes).map_err(|e| e.to_string());
-    };
-    let (len, data) = rest
-        .split_first_chunk::<8>()
-        .ok_or("truncated LZ4 header")?;
-    let len = u64::from_le_bytes(*len);
-    if len > (data.len() as u64).saturating_mul(LZ4_MAX_RATIO) + 16 {
-        return Err(format!("claims {len} bytes from {} compressed", data.len()));
+    match bytes.strip_prefix(LZ4_TAG) {
+        Some(frame) => {
+            let cap = frame.len().saturating_mul(LZ4_MAX_RATIO).saturating_add(16);
+            decompress_within(Encoding::Lz4, frame, cap).map_err(|e| e.to_string())
+        }
+        None => zstd::stream::decode_all(bytes).map_err(|e| e.to_string()),
     }
-    let mut raw = vec![0u8; len as usize];
-    let n = lz4_flex::block::decompress_into(data, &mut raw).map_err(|e| e.to_string())?;
-    if n as u64 != len {
-        return Err(format!("{n} bytes where it claims {len}"));
-    }
-    Ok(raw)
 }
 
 /// A member's state as of the end of an epoch, decoded.
@@ -354,7 +341,7 @@ mod tests {
         let other = compress(b"SKSTATE1\xff\xff\xff\xff\xff\xff\xff\xff");
         assert!(decode_state(&other, &schemas, "t").is_err());
         let mut bomb = LZ4_TAG.to_vec();
-        bomb.extend_from_slice(&u64::MAX.to_le_bytes());
+        bomb.extend_from_slice(&u32::MAX.to_le_bytes());
         bomb.extend_from_slice(&[0; 16]);
         let err = decode_state(&bomb, &schemas, "t").unwrap_err().to_string();
         assert!(err.contains("claims"), "{err}");

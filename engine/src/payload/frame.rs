@@ -38,7 +38,7 @@ impl std::str::FromStr for Encoding {
     }
 }
 
-pub(super) fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
+pub(crate) fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
     match encoding {
         Encoding::None => raw.to_vec(),
         Encoding::Zstd => zstd::bulk::compress(raw, 1).expect("zstd compression of memory"),
@@ -48,9 +48,9 @@ pub(super) fn compress(encoding: Encoding, raw: &[u8]) -> Vec<u8> {
 
 /// Why a compressed frame of a payload does not decompress.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum FrameError {
-    #[error("frame claims {0} bytes, above the cap of {MAX_DECODED_BYTES}")]
-    TooLarge(u64),
+pub(crate) enum FrameError {
+    #[error("frame claims {0} bytes, above the cap of {1}")]
+    TooLarge(u64, usize),
     #[error("zstd frame without content size")]
     NoContentSize,
     #[error("no zstd frame header")]
@@ -67,9 +67,18 @@ pub(super) fn decompress(
     encoding: Encoding,
     data: &[u8],
 ) -> std::result::Result<Vec<u8>, FrameError> {
+    decompress_within(encoding, data, MAX_DECODED_BYTES)
+}
+
+/// Decompress at most `cap` bytes, checked as [`decompress`] does.
+pub(crate) fn decompress_within(
+    encoding: Encoding,
+    data: &[u8],
+    cap: usize,
+) -> std::result::Result<Vec<u8>, FrameError> {
     let check = |size: u64| {
-        if size > MAX_DECODED_BYTES as u64 {
-            Err(FrameError::TooLarge(size))
+        if size > cap as u64 {
+            Err(FrameError::TooLarge(size, cap))
         } else {
             Ok(size as usize)
         }

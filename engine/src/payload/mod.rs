@@ -20,4 +20,5 @@ pub use envelope::{
     SourceOffset,
 };
 pub use frame::{Encoding, MAX_DECODED_BYTES, UnknownEncoding};
+pub(crate) use frame::{compress, decompress_within};
 pub use send::{PayloadHeader, encode_data, encode_payloads, ipc_bytes};

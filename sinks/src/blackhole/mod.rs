@@ -52,9 +52,11 @@ impl QueryTally {
         self.recent.insert((epoch, member), discarded);
         let newest = self.recent.last_key_value().map_or(0, |(k, _)| k.0);
         let keep_from = newest.saturating_sub(REPLAY_HORIZON - 1);
-        let kept = self.recent.split_off(&(keep_from, 0));
-        for d in std::mem::replace(&mut self.recent, kept).into_values() {
-            self.older = self.older.plus(d);
+        while let Some(oldest) = self.recent.first_entry() {
+            if oldest.key().0 >= keep_from {
+                break;
+            }
+            self.older = self.older.plus(oldest.remove());
         }
     }
 
