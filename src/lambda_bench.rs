@@ -135,7 +135,7 @@ async fn priced_run(
     epochs: u64,
 ) -> Result<(u64, skein_cost::CostReport)> {
     let metered = MeteredInvoker::new(invoker);
-    let runtime = LambdaEpochs::new(plan, &metered, b.store.clone(), None);
+    let runtime = LambdaEpochs::new(plan.shape(), &metered, b.store.clone(), None);
     let run = run_epochs(
         &runtime,
         &EpochLog::new(None, 1),

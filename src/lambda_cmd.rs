@@ -20,7 +20,7 @@ use serde_json::json;
 use skein_engine::invoke::FunctionService;
 use skein_lambda::deploy::{DeployedQuery, StandingOptions};
 use skein_lambda::deployment::{Deployment, LambdaOptions};
-use skein_lambda::package::{bootstrap_zip, function_binary, stripped};
+use skein_lambda::package::{bootstrap_zip, carries_sql_front_end, function_binary, stripped};
 use skein_lambda::{LambdaFunctionService, dead_letter};
 
 use crate::PlanArgs;
@@ -235,7 +235,17 @@ pub fn package(args: PackageArgs) -> Result<()> {
         );
     }
     let binary = function_binary(args.function_binary.as_deref())?;
-    let zip = bootstrap_zip(&stripped(&binary)?, true)?;
+    let bootstrap = stripped(&binary)?;
+    let sql_front_end = carries_sql_front_end(&bootstrap);
+    if sql_front_end {
+        eprintln!(
+            "note: {} links DataFusion's SQL front end, which a function never runs; for a \
+             smaller package build it on its own: cargo build --release --bin skein-function \
+             --no-default-features --features jemalloc",
+            binary.display()
+        );
+    }
+    let zip = bootstrap_zip(&bootstrap, true)?;
     let out = args
         .out
         .unwrap_or_else(|| binary.with_file_name("bootstrap.zip"));
@@ -243,7 +253,9 @@ pub fn package(args: PackageArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            json!({"path": out.display().to_string(), "bytes": zip.len(), "arch": args.arch.name()})
+            json!({"path": out.display().to_string(), "bytes": zip.len(),
+                   "unzipped_bytes": bootstrap.len(), "sql_front_end": sql_front_end,
+                   "arch": args.arch.name()})
         );
     } else {
         println!(

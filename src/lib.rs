@@ -3,30 +3,39 @@
 //! that run a query locally, on Lambda and as YSB, and the reports they print.
 //! `src/main.rs` only parses the command line and calls in here.
 
-pub mod args;
-pub mod bench;
-mod bench_formats;
-pub mod bench_state;
-pub mod checkpoint_dir;
-pub mod cost;
-pub mod cost_cmd;
-mod cost_sweep;
-pub mod dataframe;
-pub mod gen_args;
-pub mod lambda_bench;
-pub mod lambda_cmd;
-pub mod lambda_run;
-pub mod measure;
-pub mod nexmark;
-pub mod publish;
-mod publish_format;
+/// Modules of the `skein` command (the `cli` feature); the Lambda bootstrap
+/// builds without them, and so without the SQL front end.
+macro_rules! cli_modules {
+    ($($vis:vis mod $name:ident;)*) => { $( #[cfg(feature = "cli")] $vis mod $name; )* };
+}
+
+cli_modules! {
+    pub mod args;
+    pub mod bench;
+    mod bench_formats;
+    pub mod bench_state;
+    pub mod checkpoint_dir;
+    pub mod cost;
+    pub mod cost_cmd;
+    mod cost_sweep;
+    pub mod dataframe;
+    pub mod gen_args;
+    pub mod lambda_bench;
+    pub mod lambda_cmd;
+    pub mod lambda_run;
+    pub mod measure;
+    pub mod nexmark;
+    pub mod publish;
+    mod publish_format;
+    pub mod report;
+    pub mod run;
+    pub mod standing;
+    pub mod status_cmd;
+    pub mod ui_cmd;
+    pub mod ysb;
+}
+
 pub mod registry;
-pub mod report;
-pub mod run;
-pub mod standing;
-pub mod status_cmd;
-pub mod ui_cmd;
-pub mod ysb;
 
 use clap::Args;
 use skein_engine::payload::Encoding;

@@ -94,10 +94,7 @@ impl Setup {
             .env("AWS_ACCESS_KEY_ID", id)
             .env("AWS_SECRET_ACCESS_KEY", secret)
             .env("SKEIN_STORE", format!("s3://{}", self.bucket))
-            .env(
-                "SKEIN_FUNCTION_BINARY",
-                env!("CARGO_BIN_EXE_skein-function"),
-            )
+            .env("SKEIN_FUNCTION_BINARY", common::function_binary())
             .env("RUST_LOG", "skein_engine::epochs=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

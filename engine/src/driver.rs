@@ -20,7 +20,7 @@ use crate::function::{Request, Response, Trigger};
 use crate::invoke::{FunctionService, FunctionSpec, InvocationType, Invoker, invoke_with_retry};
 use crate::local::{LocalRuntime, environment};
 use crate::payload::SourceOffset;
-use crate::planner::{PlanOptions, QueryPlan};
+use crate::planner::{PlanOptions, PlanShape, QueryPlan};
 use crate::sink_health::BoundNow;
 
 pub use crate::epochs::{DrainCheck, EpochFire, EpochOutcome, StopAfter};
@@ -91,46 +91,42 @@ pub async fn trigger_epoch(
         last,
         ..Default::default()
     };
-    Ok(fire_epoch(plan, invoker, fire).await?.events)
+    Ok(fire_epoch(&plan.shape(), invoker, fire).await?.events)
 }
 
-/// Fire every source instance for one epoch.
+/// Fire every source instance of the plan `shape` for one epoch.
 pub async fn fire_epoch(
-    plan: &QueryPlan,
+    shape: &PlanShape,
     invoker: &dyn Invoker,
     fire: EpochFire,
 ) -> Result<EpochOutcome> {
-    let calls = plan
-        .source_stages()
-        .flat_map(|s| (0..s.members).map(move |m| (s.id, m)))
-        .map(|(stage, m)| {
-            let name = function_name(&plan.query_code, stage, m);
-            let req = Request::Trigger(Trigger {
-                qid: plan.query_code.clone(),
-                epoch: fire.epoch,
-                last: fire.last,
-                checkpoint: fire.checkpoint,
-                fresh: fire.fresh,
-            })
-            .to_json();
-            async move {
-                let answer = invoke_with_retry(
-                    invoker,
-                    &name,
-                    req,
-                    InvocationType::Sync,
-                    Duration::from_secs(2),
-                    100,
+    let calls = shape.source_functions().into_iter().map(|(_, name)| {
+        let req = Request::Trigger(Trigger {
+            qid: shape.query_code.clone(),
+            epoch: fire.epoch,
+            last: fire.last,
+            checkpoint: fire.checkpoint,
+            fresh: fire.fresh,
+        })
+        .to_json();
+        async move {
+            let answer = invoke_with_retry(
+                invoker,
+                &name,
+                req,
+                InvocationType::Sync,
+                Duration::from_secs(2),
+                100,
+            )
+            .await?;
+            serde_json::from_slice::<Response>(&answer).map_err(|e| {
+                EngineError::invocation_failed(
+                    name.clone(),
+                    format!("answer is not a response: {e}"),
                 )
-                .await?;
-                serde_json::from_slice::<Response>(&answer).map_err(|e| {
-                    EngineError::invocation_failed(
-                        name.clone(),
-                        format!("answer is not a response: {e}"),
-                    )
-                })
-            }
-        });
+            })
+        }
+    });
     // Every call is waited for, failed or not: nothing of this epoch is
     // still running when the driver goes on (or runs it again).
     let answers = join_all(calls)
@@ -257,7 +253,7 @@ pub async fn run_local_drained_by<'a>(
         options.checkpoint.as_ref().map_or(1, |c| c.interval),
     );
     let local = LocalEpochs {
-        plan,
+        shape: plan.shape(),
         runtime,
         failed_before: runtime.dead_letters().len(),
         drain: drain.map(tokio::sync::Mutex::new),
@@ -314,7 +310,7 @@ pub async fn run_local_drained_by<'a>(
 /// The in-process runtime under the epoch loop. It cannot replace
 /// instances mid-run (a failed epoch fails the run; a restart resumes).
 struct LocalEpochs<'a> {
-    plan: &'a QueryPlan,
+    shape: PlanShape,
     runtime: &'a Arc<LocalRuntime>,
     /// Async invocations that had failed before the run.
     failed_before: usize,
@@ -324,7 +320,7 @@ struct LocalEpochs<'a> {
 #[async_trait]
 impl EpochRuntime for LocalEpochs<'_> {
     async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
-        let outcome = fire_epoch(self.plan, self.runtime.as_ref(), fire).await?;
+        let outcome = fire_epoch(&self.shape, self.runtime.as_ref(), fire).await?;
         self.runtime.wait_idle().await;
         Ok(outcome)
     }

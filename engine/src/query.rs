@@ -10,8 +10,7 @@ use datafusion::prelude::SessionContext;
 
 use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
-use crate::planner::{PlanOptions, QueryPlan, plan_query};
-use crate::session::session;
+use crate::planner::{PlanOptions, QueryPlan};
 use crate::source::ReplayMode;
 
 /// A planned query and the session it was planned in (a `--verify` run
@@ -28,9 +27,10 @@ pub struct Prepared {
 
 /// Plan `sql` (its tables, then one query) over `catalog`, and resolve
 /// the tables that resume from the sink (`'startup' 'checkpoint'`).
+#[cfg(feature = "sql")]
 pub async fn prepare(catalog: &Catalog, sql: &str, options: &PlanOptions) -> Result<Prepared> {
-    let ctx = session(catalog, options.group_size);
-    let plan = plan_query(&ctx, sql, options).await?;
+    let ctx = crate::session::session(catalog, options.group_size);
+    let plan = crate::planner::plan_query(&ctx, sql, options).await?;
     finish(catalog, ctx, plan).await
 }
 

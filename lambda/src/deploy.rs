@@ -204,6 +204,7 @@ pub async fn deploy_standing(
         checkpoints: cp.url.clone(),
         store: deployment.store_url.clone(),
         run_for_ms: StandingSpec::run_for(service.timeout_s).as_millis() as u64,
+        shape: Some(plan.shape()),
     };
     standing::put_spec(&deployment.store, &spec).await?;
 

@@ -15,7 +15,7 @@ use object_store::ObjectStore;
 use serde::Deserialize;
 use skein_engine::epochs::{EpochFire, EpochOutcome, EpochRuntime, not_committed};
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
-use skein_engine::planner::QueryPlan;
+use skein_engine::planner::PlanShape;
 use skein_engine::usage::{MeteredInvoker, Usage};
 use skein_engine::{EngineError, Result};
 
@@ -38,7 +38,7 @@ pub struct ProbeAnswer {
 }
 
 pub struct LambdaEpochs<'a> {
-    plan: &'a QueryPlan,
+    shape: PlanShape,
     invoker: &'a dyn Invoker,
     /// The deployment's store, where dead letters are recorded.
     store: Arc<dyn ObjectStore>,
@@ -50,23 +50,16 @@ pub struct LambdaEpochs<'a> {
 }
 
 impl<'a> LambdaEpochs<'a> {
+    /// The runtime of the query whose plan has `shape`.
     pub fn new(
-        plan: &'a QueryPlan,
+        shape: PlanShape,
         invoker: &'a dyn Invoker,
         store: Arc<dyn ObjectStore>,
         redeploy: Option<&'a dyn Redeploy>,
     ) -> Self {
-        let receivers = plan
-            .stages
-            .iter()
-            .filter(|s| !s.inputs.is_empty())
-            .flat_map(|s| {
-                (0..s.members)
-                    .map(|m| skein_engine::context::function_name(&plan.query_code, s.id, m))
-            })
-            .collect();
+        let receivers = shape.receivers();
         LambdaEpochs {
-            plan,
+            shape,
             invoker,
             store,
             receivers,
@@ -114,11 +107,11 @@ impl<'a> LambdaEpochs<'a> {
 #[async_trait]
 impl EpochRuntime for LambdaEpochs<'_> {
     async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
-        skein_engine::driver::fire_epoch(self.plan, self.invoker, fire).await
+        skein_engine::driver::fire_epoch(&self.shape, self.invoker, fire).await
     }
 
     async fn check_complete(&self, epoch: u64) -> Result<()> {
-        let dead = dead_letter::list(&self.store, &self.plan.query_code)
+        let dead = dead_letter::list(&self.store, &self.shape.query_code)
             .await
             .map_err(|e| not_committed(epoch, format!("reading dead letters: {e}")))?;
         if let Some(first) = dead.first() {
@@ -149,7 +142,7 @@ impl EpochRuntime for LambdaEpochs<'_> {
         r.redeploy().await?;
         // The failures of the attempt that was given up are run again from
         // the last commit; left in place they would hold up every commit.
-        let moved = dead_letter::set_aside(&self.store, &self.plan.query_code).await?;
+        let moved = dead_letter::set_aside(&self.store, &self.shape.query_code).await?;
         if moved > 0 {
             tracing::warn!(moved, "dead letters of the failed attempt set aside");
         }

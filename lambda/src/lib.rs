@@ -25,7 +25,10 @@
 pub mod bench_scope;
 pub mod checkpoints;
 pub mod dead_letter;
+// Deploying and running SQL: the CLI's side, which plans.
+#[cfg(feature = "sql")]
 pub mod deploy;
+#[cfg(feature = "sql")]
 pub mod deployment;
 pub mod emf;
 pub mod epochs;
@@ -37,6 +40,7 @@ pub mod invoker;
 pub mod lease;
 pub mod package;
 pub mod pushed;
+#[cfg(feature = "sql")]
 pub mod run;
 pub mod schedule;
 pub mod service;

@@ -78,6 +78,16 @@ pub fn stripped(binary: &Path) -> Result<Vec<u8>> {
     })
 }
 
+/// Whether `binary` links DataFusion's SQL front end, which a function
+/// never runs: sqlparser leaves its source paths in the code's panic
+/// locations. True of a `skein-function` built together with `skein`
+/// (cargo unifies features within one build); the package is built on its
+/// own without it (docs/lambda.md, "Package size").
+pub fn carries_sql_front_end(binary: &[u8]) -> bool {
+    const MARK: &[u8] = b"/sqlparser-";
+    binary.windows(MARK.len()).any(|w| w == MARK)
+}
+
 /// The zip to deploy: `zip` as it is, or the stripped `binary` stored
 /// (deflating a debug build takes minutes).
 pub fn deployable_zip(zip: Option<&Path>, binary: Option<&Path>) -> Result<Vec<u8>> {
@@ -99,6 +109,16 @@ pub fn deployable_zip(zip: Option<&Path>, binary: Option<&Path>) -> Result<Vec<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_sql_front_end_by_its_source_paths() {
+        assert!(carries_sql_front_end(
+            b"\0registry/src/index.crates.io-1/sqlparser-0.62.0/src/ast/mod.rs\0"
+        ));
+        assert!(!carries_sql_front_end(
+            b"\0datafusion-expr-55.2.0/src/expr.rs\0"
+        ));
+    }
 
     #[test]
     fn one_executable_entry() {

@@ -224,8 +224,8 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
     let redeploy = checkpoints
         .is_some()
         .then_some(&redeployment as &dyn Redeploy);
-    let lambda =
-        LambdaEpochs::new(&plan, &invoker, deployment.store.clone(), redeploy).metered(&invoker);
+    let lambda = LambdaEpochs::new(plan.shape(), &invoker, deployment.store.clone(), redeploy)
+        .metered(&invoker);
     let start = Instant::now();
     let epochs_run = run_epochs(&lambda, &log, stop, |_, _| {}).await;
     // Given back only after a clean run: after a failure it expires, and

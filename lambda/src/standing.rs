@@ -15,7 +15,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use skein_engine::epochs::{EpochLog, StopAfter, run_epochs, stop_signal};
 use skein_engine::payload::Encoding;
-use skein_engine::planner::QueryPlan;
+use skein_engine::planner::{PlanShape, QueryPlan};
 use skein_engine::usage::MeteredInvoker;
 use skein_sinks::results;
 
@@ -77,6 +77,11 @@ pub struct StandingSpec {
     /// How long a tick runs epochs, ms: the shorter of the tick and the
     /// function's timeout, less [`SAFETY_MARGIN`].
     pub run_for_ms: u64,
+    /// The plan's stages and members, which is all a tick needs of the
+    /// plan: the function binary has no SQL front end to plan `sql` with.
+    /// Absent from specs deployed before it was written (deploy again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<PlanShape>,
 }
 
 impl StandingSpec {
@@ -217,12 +222,11 @@ pub struct TickReport {
     pub lost_lease: bool,
 }
 
-/// One tick of `spec`'s driver, `holder` naming this invocation: `plan` is
-/// the query planned from the spec (by the caller, which knows the source
-/// kinds).
+/// One tick of `spec`'s driver, `holder` naming this invocation; `shape`
+/// is the deployed plan's (the spec's).
 pub async fn tick(
     spec: &StandingSpec,
-    plan: &QueryPlan,
+    shape: &PlanShape,
     holder: &str,
 ) -> Result<TickReport, StandingError> {
     let code = spec.query_code.clone();
@@ -250,13 +254,7 @@ pub async fn tick(
     let invoker = LambdaInvoker::new(&sdk);
     let refresh = RefreshInstances {
         service: LambdaFunctionService::new(&sdk, None),
-        functions: plan
-            .stages
-            .iter()
-            .flat_map(|s| {
-                (0..s.members).map(|m| skein_engine::context::function_name(&code, s.id, m))
-            })
-            .collect(),
+        functions: shape.functions(),
     };
     if lease.taken_over {
         // A driver died mid-tick: an instance may hold half an epoch.
@@ -281,8 +279,8 @@ pub async fn tick(
         })
     };
     let metered = MeteredInvoker::new(&invoker);
-    let runtime =
-        LambdaEpochs::new(plan, &invoker, deployment_store, Some(&refresh)).metered(&metered);
+    let runtime = LambdaEpochs::new(shape.clone(), &invoker, deployment_store, Some(&refresh))
+        .metered(&metered);
     let log = EpochLog::new(Some(checkpoints), spec.checkpoint_interval);
     let stop_after = StopAfter::Signalled {
         interval: Duration::from_millis(spec.interval_ms),

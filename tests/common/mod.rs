@@ -271,6 +271,14 @@ pub fn skein_command_on_aws() -> std::process::Command {
     command
 }
 
+/// The bootstrap the Lambda tests deploy: the one cargo built for this run,
+/// or `SKEIN_TEST_FUNCTION_BINARY` (e.g. the release build packaged
+/// without the SQL front end, docs/lambda.md), to run them against that.
+pub fn function_binary() -> String {
+    std::env::var("SKEIN_TEST_FUNCTION_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_skein-function").to_string())
+}
+
 /// Run `skein` with the AWS stand-in's settings in its environment, and,
 /// given a store, the object store and function binary the Lambda backend
 /// deploys with: (success, stdout, stderr).
@@ -279,10 +287,9 @@ pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String
     let mut command = skein_command_on_aws();
     command.args(args);
     if let Some(store) = store {
-        command.env("SKEIN_STORE", store).env(
-            "SKEIN_FUNCTION_BINARY",
-            env!("CARGO_BIN_EXE_skein-function"),
-        );
+        command
+            .env("SKEIN_STORE", store)
+            .env("SKEIN_FUNCTION_BINARY", function_binary());
     }
     let out = command.output().expect("run skein");
     (

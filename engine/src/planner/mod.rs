@@ -41,6 +41,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+mod shape;
 mod static_join;
 mod updating;
 mod window_edges;
@@ -48,6 +49,7 @@ mod window_edges;
 use classify::is_ordered;
 pub use classify::is_stateful;
 use cut::Cutter;
+pub use shape::{PlanShape, StageShape};
 use window_edges::window_sizes;
 
 /// Concurrency of source functions: each trigger is independent.
@@ -259,6 +261,7 @@ pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Durat
 pub use crate::catalog::options::{EMIT_OPTION, EMIT_UPDATES};
 
 /// Run the script's DDL in `ctx` and plan its one query into stages.
+#[cfg(feature = "sql")]
 pub async fn plan_query(
     ctx: &SessionContext,
     sql: &str,

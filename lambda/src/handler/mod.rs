@@ -44,7 +44,6 @@ use skein_engine::EngineError;
 use skein_engine::catalog::Catalog;
 use skein_engine::context::{CONTEXT_ENV, CloudContext};
 use skein_engine::function::{FunctionEnv, StageFunction};
-use skein_engine::planner::{PlanOptions, plan_query, session};
 use skein_engine::request::Request;
 use skein_engine::usage::{Usage, process_cpu_s};
 use tokio::sync::OnceCell;
@@ -347,9 +346,8 @@ async fn build_stage(catalog: &Catalog) -> Result<StageFunction, EngineError> {
     Ok(stage)
 }
 
-/// One tick of a standing query: its spec from the store, the plan made
-/// again from the query text (the source kinds are known here), the rest
-/// in `crate::standing`.
+/// One tick of a standing query: its spec from the store, the plan's
+/// shape from the spec, the rest in `crate::standing`.
 async fn drive_tick(catalog: &Catalog, query: &str, holder: &str) -> Result<TickReport, String> {
     let url = std::env::var(STORE_ENV)
         .map_err(|_| format!("a driver tick arrived but {STORE_ENV} is not set"))?;
@@ -358,19 +356,47 @@ async fn drive_tick(catalog: &Catalog, query: &str, holder: &str) -> Result<Tick
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("no standing spec of {query} in {url} (deploy it again)"))?;
+    let shape = match &spec.shape {
+        Some(shape) => shape.clone(),
+        None => shape_from_sql(catalog, &spec)
+            .await
+            .map_err(|e| format!("{query}: {e}"))?,
+    };
+    standing::tick(&spec, &shape, holder)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The shape of a spec deployed before specs carried one: planned from its
+/// SQL where this binary has the SQL front end.
+#[cfg(feature = "sql")]
+async fn shape_from_sql(
+    catalog: &Catalog,
+    spec: &standing::StandingSpec,
+) -> Result<skein_engine::planner::PlanShape, String> {
+    use skein_engine::planner::{PlanOptions, plan_query, session};
     let ctx = session(catalog, spec.group_size);
     let options = PlanOptions {
         group_size: spec.group_size,
         encoding: spec.encoding,
         ..Default::default()
     };
-    let mut plan = plan_query(&ctx, &spec.sql, &options)
+    let plan = plan_query(&ctx, &spec.sql, &options)
         .await
-        .map_err(|e| format!("planning {query}: {e}"))?;
-    standing::route_collect(&mut plan, &spec.store);
-    standing::tick(&spec, &plan, holder)
-        .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| format!("planning: {e}"))?;
+    Ok(plan.shape())
+}
+
+#[cfg(not(feature = "sql"))]
+async fn shape_from_sql(
+    _catalog: &Catalog,
+    _spec: &standing::StandingSpec,
+) -> Result<skein_engine::planner::PlanShape, String> {
+    Err(
+        "its spec predates plan shapes and this function has no SQL planner; \
+         deploy the query again"
+            .into(),
+    )
 }
 
 /// The invoker and store of the exchange benchmark, once per instance.
