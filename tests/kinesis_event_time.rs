@@ -38,7 +38,8 @@ async fn windows_over_unevenly_read_shards_come_out_once_and_whole() {
         common::put_records(&kinesis, &stream, entries).await;
     }
     let path = std::env::temp_dir().join(format!("{}.sql", common::unique_name("et-shards")));
-    // Pulls of 150 records take one shard far ahead of the other.
+    // Pulls of 150 records, 75 from each shard: keys spread the records
+    // unevenly, so one shard runs ahead of the other in event time.
     std::fs::write(
         &path,
         format!(

@@ -20,7 +20,7 @@ use super::config::{KafkaSourceConfig, Startup};
 use super::consumer::{BatchConsumer, Fetched};
 use super::dead_letters::{DeadLetter, publish_letters};
 use crate::error::{ConnectorError, Result};
-use skein_formats::decode::RecordDecoder;
+use skein_formats::decode::{BatchBuilder, RecordDecoder};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a pull waits for an unreachable broker before it fails.
@@ -44,6 +44,70 @@ struct Undecodable {
     offset: i64,
     reason: String,
     payload: Vec<u8>,
+}
+
+/// What one pull has read so far, per owned partition.
+struct PullState<'a> {
+    topic: &'a str,
+    /// A replay reads exactly up to its targets, and no further.
+    replay: bool,
+    /// Whether the decoder rejects records only when it builds the batch
+    /// (then `pushed` keeps their offsets).
+    late: bool,
+    /// (partition, next offset, target) per owned partition.
+    parts: Vec<(i32, i64, i64)>,
+    /// Partitions still short of their target.
+    lagging: usize,
+    builders: Vec<BatchBuilder<'a>>,
+    pushed: Vec<Vec<i64>>,
+    undecodable: Vec<Undecodable>,
+    records: usize,
+    bytes: usize,
+}
+
+impl PullState<'_> {
+    /// Takes one item of a consumer queue.
+    fn take(&mut self, fetched: Fetched<'_>) {
+        let (partition, offset, payload) = match fetched {
+            Fetched::Error(e) => {
+                warn!(topic = %self.topic, "kafka consumer: {e}");
+                return;
+            }
+            Fetched::Record {
+                partition,
+                offset,
+                payload,
+            } => (partition, offset, payload),
+        };
+        let Some(i) = self.parts.iter().position(|(p, _, _)| *p == partition) else {
+            return;
+        };
+        let part = &mut self.parts[i];
+        if offset < part.1 {
+            return; // already read (a refetch after a reconnect)
+        }
+        if self.replay && offset >= part.2 {
+            return; // past what the replayed pull read
+        }
+        let was_behind = part.1 < part.2;
+        part.1 = offset + 1;
+        if was_behind && part.1 >= part.2 {
+            self.lagging -= 1;
+        }
+        self.records += 1;
+        self.bytes += payload.len();
+        if self.late {
+            self.pushed[i].push(offset);
+        }
+        if let Some(reason) = self.builders[i].push(payload) {
+            self.undecodable.push(Undecodable {
+                partition,
+                offset,
+                reason: reason.to_string(),
+                payload: payload.to_vec(),
+            });
+        }
+    }
 }
 
 /// The high watermark of every partition of the topic.
@@ -142,14 +206,18 @@ impl PartitionReader {
             positions.insert(p, start);
             assignment.add_partition_offset(&config.topic, p, Offset::Offset(start))?;
         }
-        consumer.assign(&assignment)?;
+        // Each partition gets a queue of its own before it is assigned, so
+        // that a pull takes a share of every one (see `pull`).
+        let consumer = BatchConsumer::with_partition_queues(consumer, &config.topic, &owned)
+            .map_err(ConnectorError::Other)?;
+        consumer.consumer().assign(&assignment)?;
         debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source assigned");
         let dead_letter_producer = match &config.dead_letter_topic {
             Some(_) => Some(config.client_config(KafkaRole::Producer).create()?),
             None => None,
         };
         Ok(PartitionReader {
-            consumer: BatchConsumer::new(consumer),
+            consumer,
             positions: Mutex::new(positions),
             ends_at_open,
             dead_letter_producer,
@@ -236,21 +304,27 @@ impl PartitionReader {
                 }
             }
         }
-        let mut lagging = parts.iter().filter(|(_, pos, high)| pos < high).count();
+        let lagging = parts.iter().filter(|(_, pos, high)| pos < high).count();
         // One builder per partition, so event time is tracked per partition.
-        let mut builders: Vec<_> = parts
+        let builders: Vec<_> = parts
             .iter()
             .map(|(_, pos, high)| {
                 decoder.builder(((high - pos).max(0) as usize).min(config.max_records_per_pull))
             })
             .collect();
-        // The offset of each record pushed, per partition, where the
-        // decoder may reject a record only when it builds the batch (Avro).
-        let late = decoder.rejects_late();
-        let mut pushed: Vec<Vec<i64>> = vec![vec![]; parts.len()];
         let targets_known = started.elapsed();
-        let mut undecodable: Vec<Undecodable> = Vec::new();
-        let (mut records, mut bytes) = (0usize, 0usize);
+        let mut read = PullState {
+            topic: &config.topic,
+            replay: targets.is_some(),
+            late: decoder.rejects_late(),
+            pushed: vec![vec![]; parts.len()],
+            parts,
+            lagging,
+            builders,
+            undecodable: Vec::new(),
+            records: 0,
+            bytes: 0,
+        };
         // A replay has no budget: it must read all it read before.
         let (max_records, max_bytes, deadline) = match targets {
             Some(_) => (usize::MAX, usize::MAX, Instant::now() + BROKER_WAIT),
@@ -261,55 +335,60 @@ impl PartitionReader {
             ),
         };
         // Records are decoded straight from librdkafka's buffers, a batch at
-        // a time; the byte budget is checked between batches.
-        while lagging > 0 && records < max_records && bytes < max_bytes {
+        // a time; the byte budget is checked between batches. Each lagging
+        // partition takes an equal share of what is left of the budget from
+        // its own queue, so a small budget still moves every partition (and
+        // so event time, which closes windows at the slowest partition).
+        let mut rounds = 0usize;
+        while read.lagging > 0 && read.records < max_records && read.bytes < max_bytes {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            let wait = (deadline - now).min(Duration::from_millis(100));
-            let budget = (max_records - records).min(config.max_records_per_pull);
-            let seen = self.consumer.read(wait, budget, |fetched| match fetched {
-                Fetched::Error(e) => warn!(topic = %config.topic, "kafka consumer: {e}"),
-                Fetched::Record {
-                    partition,
-                    offset,
-                    payload,
-                } => {
-                    let Some(i) = parts.iter().position(|(p, _, _)| *p == partition) else {
-                        return;
-                    };
-                    let part = &mut parts[i];
-                    if offset < part.1 {
-                        return; // already read (a refetch after a reconnect)
-                    }
-                    if targets.is_some() && offset >= part.2 {
-                        return; // past what the replayed pull read
-                    }
-                    let was_behind = part.1 < part.2;
-                    part.1 = offset + 1;
-                    if was_behind && part.1 >= part.2 {
-                        lagging -= 1;
-                    }
-                    records += 1;
-                    bytes += payload.len();
-                    if late {
-                        pushed[i].push(offset);
-                    }
-                    if let Some(reason) = builders[i].push(payload) {
-                        undecodable.push(Undecodable {
-                            partition,
-                            offset,
-                            reason: reason.to_string(),
-                            payload: payload.to_vec(),
-                        });
-                    }
+            // Errors, and records of any partition without a queue of its own.
+            let left = (max_records - read.records).min(config.max_records_per_pull);
+            let mut seen = self.consumer.read(Duration::ZERO, left, |f| read.take(f));
+            let behind: Vec<i32> = read
+                .parts
+                .iter()
+                .filter(|(p, pos, target)| pos < target && self.consumer.has_partition_queue(*p))
+                .map(|(p, _, _)| *p)
+                .collect();
+            let left = (max_records - read.records).min(config.max_records_per_pull);
+            let share = (left / behind.len().max(1)).max(1);
+            for &p in &behind {
+                if read.bytes >= max_bytes {
+                    break;
                 }
-            });
+                seen += self
+                    .consumer
+                    .read_partition(p, Duration::ZERO, share, |f| read.take(f));
+            }
             if seen == 0 {
-                lagging = self.step_over_markers(config, &mut parts);
+                // Nothing queued anywhere: wait a little on one lagging
+                // partition (in turn), then look at all of them again.
+                let wait = (deadline - now).min(Duration::from_millis(10));
+                seen = match behind.get(rounds % behind.len().max(1)) {
+                    Some(&p) => self
+                        .consumer
+                        .read_partition(p, wait, share, |f| read.take(f)),
+                    None => self.consumer.read(wait, left, |f| read.take(f)),
+                };
+                rounds += 1;
+            }
+            if seen == 0 {
+                read.lagging = self.step_over_markers(config, &mut read.parts);
             }
         }
+        let PullState {
+            parts,
+            builders,
+            pushed,
+            mut undecodable,
+            records,
+            bytes,
+            ..
+        } = read;
         for (p, pos, _) in &parts {
             positions.insert(*p, *pos);
         }

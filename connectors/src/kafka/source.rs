@@ -5,7 +5,8 @@
 //! instance` and assigns them directly (no consumer-group rebalancing, so the
 //! split is deterministic). A pull reads its partitions up to the high
 //! watermark seen when the pull began, or until a record / byte budget or a
-//! time limit is reached, decodes the records into Arrow with the declared
+//! time limit is reached (each partition reads an equal share of the record
+//! budget from a queue of its own), decodes the records into Arrow with the declared
 //! schema and reports the next offset of every owned partition. Records that
 //! do not decode go to the dead-letter topic, if one is configured, and are
 //! always counted.
@@ -18,7 +19,7 @@
 //! | `parallelism`          | source instances (default 1)                          |
 //! | `startup`              | `earliest` (default), `latest`, `committed`, `offsets`, `checkpoint` (the offsets the query's sink committed; see `skein run`) |
 //! | `offsets`              | `partition:offset,...` for `startup = offsets`; partitions not listed start at the earliest |
-//! | `max.records.per.pull` | record budget of one pull (default 200000)            |
+//! | `max.records.per.pull` | record budget of one pull (default 200000), shared equally by the partitions behind their ends |
 //! | `max.bytes.per.pull`   | byte budget of one pull (default 64 MiB), checked between batches of up to 1024 records |
 //! | `max.record.bytes`     | larger records are dead letters (default 1 MiB)       |
 //! | `pull.timeout.ms`      | time limit of one pull (default 2000)                 |

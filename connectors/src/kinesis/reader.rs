@@ -47,6 +47,8 @@ pub(super) struct ShardReader {
     /// The stream's shards as last listed.
     pub(super) listed: BTreeMap<String, ListedShard>,
     pub(super) listed_once: bool,
+    /// Pulls so far: which shard a pull reads first turns with it.
+    pub(super) pulls: usize,
 }
 
 impl ShardReader {
@@ -202,24 +204,40 @@ impl Stream {
         let mut data: Vec<(usize, String, Vec<u8>)> = vec![];
         let mut backoff = Backoff::new(Duration::from_secs(1));
         let mut caught_up = vec![];
+        if targets.is_none() {
+            reader.pulls += 1;
+        }
         let mut list = true;
         while list {
             list = false;
             self.refresh(reader, &spec).await?;
             caught_up.resize(reader.shards.len(), false);
-            for index in 0..reader.shards.len() {
+            // Each readable shard takes an equal share of what is left of
+            // the budget, starting at a shard that turns with every pull:
+            // a small budget still moves every shard (and so event time,
+            // which closes windows at the slowest shard).
+            let count = reader.shards.len();
+            let readable: Vec<bool> = (0..count)
+                .map(|index| match targets.as_ref() {
+                    // A replay reads what the log says; a pull what is ready.
+                    Some(t) => t
+                        .get(&shard_number(&reader.shards[index].id))
+                        .is_some_and(|t| t.end || t.last.is_some()),
+                    None => reader.is_ready(&reader.shards[index]),
+                })
+                .collect();
+            let mut sharing = readable.iter().filter(|r| **r).count();
+            let first = reader.pulls % count.max(1);
+            for index in (0..count).map(|k| (first + k) % count) {
+                if !readable[index] {
+                    continue;
+                }
                 let target = targets
                     .as_ref()
                     .map(|t| t.get(&shard_number(&reader.shards[index].id)).cloned());
-                // A replay reads what the log says; a pull what is ready.
-                let readable = match &target {
-                    Some(None) => false,
-                    Some(Some(t)) => t.end || t.last.is_some(),
-                    None => reader.is_ready(&reader.shards[index]),
-                };
-                if !readable {
-                    continue;
-                }
+                let share = (budget.saturating_sub(data.len()) / sharing.max(1)).max(1);
+                sharing -= 1;
+                let share_ends = data.len().saturating_add(share).min(budget);
                 let shard = &mut reader.shards[index];
                 let target = target.flatten();
                 let was_finished = shard.finished;
@@ -228,7 +246,7 @@ impl Stream {
                     .filter(|t| !t.end)
                     .and_then(|t| t.last.clone());
                 loop {
-                    if data.len() >= budget || started.elapsed() >= time || shard.finished {
+                    if data.len() >= share_ends || started.elapsed() >= time || shard.finished {
                         break;
                     }
                     // A replay stops where the logged pull stopped.
@@ -245,7 +263,8 @@ impl Stream {
                             }
                         },
                     };
-                    let limit = ((budget - data.len()) as i32).clamp(1, MAX_RECORDS_PER_GET);
+                    let limit =
+                        (share_ends - data.len()).clamp(1, MAX_RECORDS_PER_GET as usize) as i32;
                     let resp = client
                         .get_records()
                         .shard_iterator(iterator)

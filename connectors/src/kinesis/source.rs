@@ -11,7 +11,8 @@
 //! Options:
 //! - `format` (`json`, `csv`, `raw`, and Avro, Protobuf and Debezium with
 //!   their options: docs/formats.md), `parallelism` (source instances),
-//!   `max.records.per.pull` (default 100,000), `max.record.bytes`,
+//!   `max.records.per.pull` (default 100,000, shared equally by the shards),
+//!   `max.record.bytes`,
 //!   `pull.timeout.ms` (default 2,000);
 //! - `startup`: `trim_horizon` (or `earliest`, the default), `latest`, or
 //!   `at_timestamp` with `startup.timestamp.ms`;

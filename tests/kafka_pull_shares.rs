@@ -1,0 +1,139 @@
+//! A Kafka source with a small pull budget over a backlog in several
+//! partitions: every pull takes a share of every partition that has
+//! records, rather than draining the partition whose records came first.
+//!
+//! librdkafka fetches a megabyte or more per partition at a time; on one
+//! shared queue, a 300-record budget would read only the first partition's
+//! fetch for many epochs, and event time (the slowest partition's) would
+//! not move, so no window would close. Checked against the records the test
+//! wrote: each pull stays within its budget, every partition moves within
+//! the first pulls, and draining reads every record exactly once.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, Int64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use skein_connectors::kafka::KafkaSourceFactory;
+use skein_engine::source::{EpochSpec, SourceConfig, SourceFactory};
+
+use common::kafka::{PartitionWriter, create_topic};
+
+const PARTITIONS: i32 = 3;
+const PER_PARTITION: i64 = 20_000;
+const BUDGET: usize = 300;
+
+#[test]
+fn a_small_pull_budget_moves_every_partition_of_a_backlog() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("pull-shares");
+    create_topic(&brokers, &topic, PARTITIONS);
+    let writer = PartitionWriter::new(&brokers, &topic);
+    // v identifies the record: partition * PER_PARTITION + its index.
+    for p in 0..PARTITIONS {
+        for i in 0..PER_PARTITION {
+            let v = p as i64 * PER_PARTITION + i;
+            writer.send(p, &format!(r#"{{"k":"key-{}","v":{v}}}"#, i % 7));
+        }
+    }
+    writer.flush();
+
+    let config = SourceConfig {
+        kind: "KAFKA".into(),
+        location: topic.clone(),
+        options: [
+            ("bootstrap.servers", brokers.as_str()),
+            ("format", "json"),
+            ("max.records.per.pull", &BUDGET.to_string()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Utf8, true),
+        Field::new("v", DataType::Int64, true),
+    ]));
+    let source = KafkaSourceFactory.create(&config, schema).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+
+    let mut seen: BTreeMap<i64, u32> = BTreeMap::new();
+    let mut moved_at: BTreeMap<String, u64> = BTreeMap::new();
+    let total = PARTITIONS as i64 * PER_PARTITION;
+    let mut epoch = 0u64;
+    let mut read_at_half: Option<Vec<i64>> = None;
+    while (seen.len() as i64) < total {
+        epoch += 1;
+        assert!(
+            epoch <= 2 * total as u64 / BUDGET as u64 + 50,
+            "{epoch} pulls read only {} of {total} records",
+            seen.len()
+        );
+        let spec = EpochSpec {
+            instance: 0,
+            instances: 1,
+            epoch,
+            epochs: None,
+        };
+        let pulled = runtime.block_on(source.pull(spec)).unwrap();
+        let mut records = 0;
+        for batch in &pulled.batches {
+            records += batch.num_rows();
+            let v = batch
+                .column(1)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            for i in 0..v.len() {
+                *seen.entry(v.value(i)).or_default() += 1;
+            }
+        }
+        assert!(
+            records <= BUDGET,
+            "pull {epoch} read {records} records, over its budget of {BUDGET}"
+        );
+        if read_at_half.is_none() && seen.len() as i64 >= total / 2 {
+            let mut per = vec![0i64; PARTITIONS as usize];
+            for v in seen.keys() {
+                per[(v / PER_PARTITION) as usize] += 1;
+            }
+            read_at_half = Some(per);
+        }
+        for (progress, offset) in pulled.partitions.iter().zip(&pulled.offsets) {
+            if offset.offset > 0 {
+                moved_at.entry(progress.partition.clone()).or_insert(epoch);
+            }
+        }
+    }
+    // A fair share is BUDGET / PARTITIONS per pull; the first pull may see
+    // only the partitions whose first fetch has arrived.
+    assert_eq!(
+        moved_at.len(),
+        PARTITIONS as usize,
+        "partitions that moved: {moved_at:?}"
+    );
+    for (partition, at) in &moved_at {
+        assert!(
+            *at <= 3,
+            "partition {partition} first moved at pull {at}: a pull did not take a share of it \
+             ({moved_at:?})"
+        );
+    }
+    // Halfway through, every partition is about halfway through too.
+    let per = read_at_half.unwrap();
+    assert!(
+        per.iter().all(|n| *n * 10 >= PER_PARTITION * 4),
+        "records read per partition when half the backlog was read: {per:?} of {PER_PARTITION}"
+    );
+    let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(doubled.is_empty(), "records read twice: {doubled:?}");
+    assert_eq!(seen.len() as i64, total);
+    assert_eq!(seen.keys().next(), Some(&0));
+    assert_eq!(seen.keys().last(), Some(&(total - 1)));
+    assert!(
+        epoch <= total as u64 / BUDGET as u64 + 10,
+        "{epoch} pulls for {total} records at {BUDGET} a pull"
+    );
+}
