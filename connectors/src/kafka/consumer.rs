@@ -145,11 +145,6 @@ impl BatchConsumer {
             None => 0,
         }
     }
-
-    /// Whether `partition` is read from a queue of its own.
-    pub fn has_partition_queue(&self, partition: i32) -> bool {
-        self.partition_queues.contains_key(&partition)
-    }
 }
 
 /// Reads up to `max` items of `queue` (see [`BatchConsumer::read`]).

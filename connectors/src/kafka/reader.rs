@@ -345,13 +345,13 @@ impl PartitionReader {
             if now >= deadline {
                 break;
             }
-            // Errors, and records of any partition without a queue of its own.
-            let left = (max_records - read.records).min(config.max_records_per_pull);
-            let mut seen = self.consumer.read(Duration::ZERO, left, |f| read.take(f));
+            // The shared queue holds only errors: every owned partition has
+            // a queue of its own (`open`).
+            let mut seen = self.consumer.read(Duration::ZERO, 1, |f| read.take(f));
             let behind: Vec<i32> = read
                 .parts
                 .iter()
-                .filter(|(p, pos, target)| pos < target && self.consumer.has_partition_queue(*p))
+                .filter(|(_, pos, target)| pos < target)
                 .map(|(p, _, _)| *p)
                 .collect();
             let left = (max_records - read.records).min(config.max_records_per_pull);
@@ -364,16 +364,15 @@ impl PartitionReader {
                     .consumer
                     .read_partition(p, Duration::ZERO, share, |f| read.take(f));
             }
-            if seen == 0 {
-                // Nothing queued anywhere: wait a little on one lagging
-                // partition (in turn), then look at all of them again.
+            // Nothing queued anywhere: wait a little on one lagging
+            // partition (in turn), then look at all of them again.
+            if seen == 0
+                && let Some(&p) = behind.get(rounds % behind.len().max(1))
+            {
                 let wait = (deadline - now).min(Duration::from_millis(10));
-                seen = match behind.get(rounds % behind.len().max(1)) {
-                    Some(&p) => self
-                        .consumer
-                        .read_partition(p, wait, share, |f| read.take(f)),
-                    None => self.consumer.read(wait, left, |f| read.take(f)),
-                };
+                seen = self
+                    .consumer
+                    .read_partition(p, wait, share, |f| read.take(f));
                 rounds += 1;
             }
             if seen == 0 {

@@ -212,34 +212,31 @@ impl Stream {
             list = false;
             self.refresh(reader, &spec).await?;
             caught_up.resize(reader.shards.len(), false);
-            // Each readable shard takes an equal share of what is left of
-            // the budget, starting at a shard that turns with every pull:
-            // a small budget still moves every shard (and so event time,
-            // which closes windows at the slowest shard).
+            // The shards to read now with their replay targets (a replay
+            // reads what the log says, a pull what is ready), starting at a
+            // shard that turns with every pull. Each takes an equal share of
+            // what is left of the budget: a small budget still moves every
+            // shard (and so event time, which closes windows at the slowest).
             let count = reader.shards.len();
-            let readable: Vec<bool> = (0..count)
-                .map(|index| match targets.as_ref() {
-                    // A replay reads what the log says; a pull what is ready.
-                    Some(t) => t
-                        .get(&shard_number(&reader.shards[index].id))
-                        .is_some_and(|t| t.end || t.last.is_some()),
-                    None => reader.is_ready(&reader.shards[index]),
+            let first = reader.pulls % count.max(1);
+            let reads: Vec<(usize, Option<Target>)> = (0..count)
+                .map(|k| (first + k) % count)
+                .filter_map(|index| {
+                    let shard = &reader.shards[index];
+                    match targets.as_ref() {
+                        Some(t) => t
+                            .get(&shard_number(&shard.id))
+                            .filter(|t| t.end || t.last.is_some())
+                            .map(|t| (index, Some(t.clone()))),
+                        None => reader.is_ready(shard).then_some((index, None)),
+                    }
                 })
                 .collect();
-            let mut sharing = readable.iter().filter(|r| **r).count();
-            let first = reader.pulls % count.max(1);
-            for index in (0..count).map(|k| (first + k) % count) {
-                if !readable[index] {
-                    continue;
-                }
-                let target = targets
-                    .as_ref()
-                    .map(|t| t.get(&shard_number(&reader.shards[index].id)).cloned());
-                let share = (budget.saturating_sub(data.len()) / sharing.max(1)).max(1);
-                sharing -= 1;
+            let sharing = reads.len();
+            for (k, (index, target)) in reads.into_iter().enumerate() {
+                let share = (budget.saturating_sub(data.len()) / (sharing - k)).max(1);
                 let share_ends = data.len().saturating_add(share).min(budget);
                 let shard = &mut reader.shards[index];
-                let target = target.flatten();
                 let was_finished = shard.finished;
                 let stop_at = target
                     .as_ref()
