@@ -113,6 +113,15 @@ impl WindowBuffer {
             .sum()
     }
 
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.buffered
+            .values()
+            .flatten()
+            .map(RecordBatch::num_rows)
+            .sum()
+    }
+
     /// Keep an epoch's rows of one edge; rows whose window was already
     /// emitted are returned instead.
     pub fn add(&mut self, edge: u32, batches: Vec<RecordBatch>) -> Result<Vec<LateRows>> {

@@ -198,12 +198,27 @@ impl CheckpointStore {
         epoch: u64,
     ) -> Result<Option<MemberRead>> {
         for kind in [StateKind::Whole, StateKind::Changes] {
-            let key = self.member_key(stage, member, epoch, Some(kind));
-            if let Some(bytes) = self.backend.get(&key).await? {
-                return decode(&key, bytes).map(Some);
+            if let Some(read) = self.member_state_of(stage, member, epoch, kind).await? {
+                return Ok(Some(read));
             }
         }
         Ok(None)
+    }
+
+    /// [`Self::member_state`] when the kind of the state is known: one
+    /// request.
+    pub async fn member_state_of(
+        &self,
+        stage: u32,
+        member: u32,
+        epoch: u64,
+        kind: StateKind,
+    ) -> Result<Option<MemberRead>> {
+        let key = self.member_key(stage, member, epoch, Some(kind));
+        match self.backend.get(&key).await? {
+            Some(bytes) => decode(&key, bytes).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Delete a member's states of epochs after `commit` (all of them when

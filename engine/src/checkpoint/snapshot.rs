@@ -73,6 +73,10 @@ pub struct MemberChanges {
     pub epoch: u64,
     /// The epoch of the state they apply to.
     pub base: u64,
+    /// The epochs of every object a restore of this state reads before
+    /// this one, the whole state first and `base` last; empty in states
+    /// written before chains were listed (then only `base` is known).
+    pub chain: Vec<u64>,
     /// The member's input watermark at `epoch`.
     pub watermark: Watermark,
     /// The changes, in the order they were made.
@@ -109,6 +113,10 @@ struct Header {
     base: Option<u64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     changes: Vec<ChangeHead>,
+    /// With `base`: the epochs of the chain it ends, whole state first, so
+    /// that a restore can read them all at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    chain: Vec<u64>,
 }
 
 /// Header, then per edge the length and bytes of its IPC stream, compressed.
@@ -133,14 +141,19 @@ fn frame(
     Ok(compress(&raw))
 }
 
-/// Encode the changes a member made since its state at `base`.
+/// Encode the changes a member made since its state at the end of
+/// `chain`, which lists the epochs of the states a restore reads before
+/// these, the whole one first.
 pub fn encode_changes(
     epoch: u64,
-    base: u64,
+    chain: &[u64],
     watermark: Watermark,
     changes: &[Change],
     schemas: &BTreeMap<u32, SchemaRef>,
 ) -> Result<Vec<u8>> {
+    let base = *chain
+        .last()
+        .ok_or_else(|| EngineError::Context("changes with no state to build on".into()))?;
     let mut rows: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
     let heads = changes
         .iter()
@@ -161,6 +174,7 @@ pub fn encode_changes(
         edges: rows.keys().copied().collect(),
         base: Some(base),
         changes: heads,
+        chain: chain.to_vec(),
     };
     let streams: Vec<(u32, &[RecordBatch])> =
         rows.iter().map(|(e, b)| (*e, b.as_slice())).collect();
@@ -197,6 +211,7 @@ pub fn encode_state(
         edges: edges.clone(),
         base: None,
         changes: vec![],
+        chain: vec![],
     };
     let streams: Vec<(u32, &[RecordBatch])> = edges
         .iter()
@@ -265,6 +280,7 @@ pub fn decode_state(
         return Ok(Snapshot::Changes(MemberChanges {
             epoch: header.epoch,
             base,
+            chain: header.chain,
             watermark,
             changes,
         }));
@@ -332,12 +348,14 @@ mod tests {
             Change::Released(9),
             Change::Rows { edge: 4, batch },
         ];
-        let bytes = encode_changes(5, 3, wm, &changes, &schemas).unwrap();
+        let bytes = encode_changes(5, &[1, 3], wm, &changes, &schemas).unwrap();
         let Snapshot::Changes(back) = decode_state(&bytes, &schemas, "t").unwrap() else {
             panic!("changes decode as changes");
         };
         assert_eq!((back.epoch, back.base, back.watermark), (5, 3, wm));
+        assert_eq!(back.chain, [1, 3]);
         assert_eq!(back.changes, changes);
+        assert!(encode_changes(5, &[], wm, &changes, &schemas).is_err());
         let other = compress(b"SKSTATE1\xff\xff\xff\xff\xff\xff\xff\xff");
         assert!(decode_state(&other, &schemas, "t").is_err());
         let mut bomb = LZ4_TAG.to_vec();
@@ -356,7 +374,7 @@ mod tests {
                 .unwrap();
         let schemas: BTreeMap<u32, SchemaRef> = [(1, schema)].into();
         let changes = vec![Change::Rows { edge: 1, batch }];
-        let lz4 = encode_changes(2, 1, Watermark::default(), &changes, &schemas).unwrap();
+        let lz4 = encode_changes(2, &[1], Watermark::default(), &changes, &schemas).unwrap();
         assert!(lz4.starts_with(LZ4_TAG));
         let raw = decompress(&lz4).unwrap();
         let old = zstd::bulk::compress(&raw, 1).unwrap();

@@ -286,6 +286,11 @@ impl UpdatingState {
         self.edges.values().map(KeyedRows::len).sum()
     }
 
+    /// Rows a whole checkpoint holds: every input edge's and the emitted.
+    pub fn checkpoint_rows(&self) -> usize {
+        self.rows() + self.emitted.len()
+    }
+
     /// Bytes kept, inputs and emitted rows.
     pub fn bytes(&self) -> usize {
         self.edges.values().map(KeyedRows::bytes).sum::<usize>() + self.emitted.bytes()
