@@ -199,12 +199,12 @@ impl WindowBuffer {
         self.buffered.get(&edge).map_or(0, Vec::len)
     }
 
-    /// Take an edge's held rows to rewrite them (merge partial aggregates);
-    /// [`WindowBuffer::put_back`] returns them. Changes cannot say this: the
-    /// next checkpoint is whole.
+    /// Take an edge's held partial aggregates to merge them;
+    /// [`WindowBuffer::put_back`] returns them merged. The changes go on as
+    /// they were: the rows as they came say the same state unmerged (the
+    /// final aggregate merges them all the same), so a merge does not make
+    /// the next checkpoint whole.
     pub fn take_edge(&mut self, edge: u32) -> Vec<RecordBatch> {
-        self.journal.whole = true;
-        self.journal.changes.clear();
         self.buffered.remove(&edge).unwrap_or_default()
     }
 
@@ -582,6 +582,39 @@ mod tests {
         live.take_all();
         assert!(live.take_changes().is_none());
         assert_eq!(live.take_changes(), Some(vec![]));
+    }
+
+    #[test]
+    fn a_merge_leaves_the_changes_as_the_rows_came() {
+        let windows: BTreeMap<u32, Option<EdgeWindow>> = [(
+            1,
+            Some(EdgeWindow::Fixed(WindowColumn {
+                index: 1,
+                size_ms: 100,
+            })),
+        )]
+        .into();
+        let mut live = WindowBuffer::new(windows);
+        live.keep_changes();
+        assert_eq!(live.take_changes(), Some(vec![]));
+        let (first, second) = (rows(&["a"], &[10]), rows(&["a"], &[20]));
+        live.add(1, vec![first.clone()]).unwrap();
+        live.add(1, vec![second.clone()]).unwrap();
+        assert_eq!(live.take_edge(1).len(), 2);
+        // Stands for the two partial rows merged into one.
+        live.put_back(1, vec![first.clone()]);
+        assert_eq!(live.rows(), 1);
+        let changes = live
+            .take_changes()
+            .expect("a merge is no reason for a whole state");
+        let batches: Vec<_> = changes
+            .into_iter()
+            .map(|c| match c {
+                Change::Rows { edge: 1, batch } => batch,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(batches, vec![first, second]);
     }
 
     #[test]

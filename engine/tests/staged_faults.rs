@@ -103,7 +103,7 @@ async fn a_lost_payload_never_completes_silently() {
         ..Default::default()
     });
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
-    let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
+    let plan = plan_query(&h.ctx, &sql, &h.options).await.unwrap();
     let err = run_local(&plan, &h.runtime, &h.options, 3, |_, _| {})
         .await
         .unwrap_err()
@@ -118,7 +118,7 @@ async fn a_lost_payload_never_completes_silently() {
 async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
     let h = harness(4, 3_000);
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
-    let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
+    let plan = plan_query(&h.ctx, &sql, &h.options).await.unwrap();
     run_local(&plan, &h.runtime, &h.options, 2, |_, _| {})
         .await
         .unwrap();
@@ -222,19 +222,33 @@ async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
 async fn recycled_members_resume_from_the_checkpoint() {
     let mut h = harness(4, 20_000);
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    for (i, sql) in [
-        "SELECT tumble(date_time, INTERVAL '10' SECOND) AS w, auction, count(*) AS n, sum(price) AS s \
-         FROM bid GROUP BY 1, 2",
-        "SELECT b.auction, a.category, count(*) AS n FROM bid b JOIN auction a ON b.auction = a.id \
-         GROUP BY 1, 2",
+    let aggregate = |seconds: u32| {
+        format!(
+            "SELECT tumble(date_time, INTERVAL '{seconds}' SECOND) AS w, auction, count(*) AS n, \
+             sum(price) AS s FROM bid GROUP BY 1, 2"
+        )
+    };
+    // The aggregate again with one window over the whole input (200 s of
+    // event time) and 40 epochs: its members merge the partial rows they
+    // hold (every 32 held batches), and a recycled one restores them from
+    // changes written before and after a merge.
+    for (i, (sql, epochs)) in [
+        (aggregate(10), 12),
+        (
+            "SELECT b.auction, a.category, count(*) AS n FROM bid b JOIN auction a ON b.auction = a.id \
+             GROUP BY 1, 2"
+                .to_string(),
+            12,
+        ),
+        (aggregate(300), 40),
     ]
     .into_iter()
     .enumerate()
     {
-        let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
+        let plan = plan_query(&h.ctx, &sql, &h.options).await.unwrap();
         checkpoint_and_recycle(&mut h, store.clone(), &format!("q{i}"), &plan, 0.5).await;
         let before = h.runtime.stats().cold_starts.load(Ordering::Relaxed);
-        run_local(&plan, &h.runtime, &h.options, 12, |_, _| {})
+        run_local(&plan, &h.runtime, &h.options, epochs, |_, _| {})
             .await
             .unwrap_or_else(|e| panic!("run {sql}: {e}"));
         let cold = h.runtime.stats().cold_starts.load(Ordering::Relaxed) - before;
