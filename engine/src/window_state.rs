@@ -59,6 +59,11 @@ pub enum Change {
     Released(i64),
 }
 
+/// Rows in per-edge batches, as a buffer or a saved state holds them.
+pub fn rows_held(buffered: &BTreeMap<u32, Vec<RecordBatch>>) -> usize {
+    buffered.values().flatten().map(RecordBatch::num_rows).sum()
+}
+
 /// The changes since the last checkpoint, when a checkpoint wants them.
 #[derive(Debug, Default)]
 struct Journal {
@@ -115,11 +120,7 @@ impl WindowBuffer {
 
     /// Rows held.
     pub fn rows(&self) -> usize {
-        self.buffered
-            .values()
-            .flatten()
-            .map(RecordBatch::num_rows)
-            .sum()
+        rows_held(&self.buffered)
     }
 
     /// Keep an epoch's rows of one edge; rows whose window was already

@@ -19,7 +19,7 @@ use crate::checkpoint::{
 };
 use crate::context::StageMode;
 use crate::error::{EngineError, Result};
-use crate::window_state::{Change, SavedWindows};
+use crate::window_state::{Change, SavedWindows, rows_held};
 
 /// Longest chain of changes before a whole state, whatever the sizes: it
 /// bounds how many objects a restore reads.
@@ -73,17 +73,6 @@ fn change_rows(changes: &[Change]) -> u64 {
             Change::Rows { batch, .. } => batch.num_rows() as u64,
             Change::Released(_) => 0,
         })
-        .sum()
-}
-
-/// Rows in a state's buffers.
-fn buffered_rows(
-    buffered: &BTreeMap<u32, Vec<datafusion::arrow::record_batch::RecordBatch>>,
-) -> u64 {
-    buffered
-        .values()
-        .flatten()
-        .map(|b| b.num_rows() as u64)
         .sum()
 }
 
@@ -223,7 +212,7 @@ impl StageFunction {
                     epoch: w.epoch,
                     whole: true,
                     len: bytes,
-                    rows: buffered_rows(&w.buffered),
+                    rows: rows_held(&w.buffered) as u64,
                 });
                 w
             }
@@ -316,27 +305,21 @@ impl StageFunction {
                 false,
                 change_rows(&changes),
             ),
-            _ => match &state.updating {
-                Some(u) => {
-                    let rows = u.whole()?;
-                    let saved = SavedWindows {
-                        buffered: &rows,
-                        released: None,
-                        emitted_sessions: &Default::default(),
-                    };
-                    let bytes = encode_state(epoch, state.watermark, saved, &schemas)?;
-                    (bytes, true, buffered_rows(&rows))
-                }
-                None => {
-                    let saved = state.windows.saved();
-                    let rows = buffered_rows(saved.buffered);
-                    (
-                        encode_state(epoch, state.watermark, saved, &schemas)?,
-                        true,
-                        rows,
-                    )
-                }
-            },
+            _ => {
+                let bytes = match &state.updating {
+                    Some(u) => {
+                        let rows = u.whole()?;
+                        let saved = SavedWindows {
+                            buffered: &rows,
+                            released: None,
+                            emitted_sessions: &Default::default(),
+                        };
+                        encode_state(epoch, state.watermark, saved, &schemas)?
+                    }
+                    None => encode_state(epoch, state.watermark, state.windows.saved(), &schemas)?,
+                };
+                (bytes, true, live_rows)
+            }
         };
         crate::metrics::checkpoint_bytes(&self.name, bytes.len());
         Ok(Some(StateWrite {
