@@ -34,7 +34,19 @@ pub(super) fn read_latest(
         .set("isolation.level", "read_committed")
         .create()
         .map_err(|e| ConnectorError::kafka("offsets reader", e))?;
-    let metadata = consumer
+    // The ends are the log's, not what read_committed sees yet: a
+    // read_committed client is told the last stable offset, which an open
+    // transaction (another writer's, left by a crash) holds back below
+    // records committed after it. Reading only that far missed a marker
+    // committed just before a crash, and its epoch was written twice.
+    let ends_of: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "skein-offsets-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_uncommitted")
+        .create()
+        .map_err(|e| ConnectorError::kafka("offsets reader", e))?;
+    let metadata = ends_of
         .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
         .map_err(|e| ConnectorError::kafka(format!("metadata of {offsets_topic}"), e))?;
     let partitions: Vec<i32> = metadata
@@ -44,7 +56,7 @@ pub(super) fn read_latest(
         .unwrap_or_default();
     let mut ends = BTreeMap::new();
     for p in partitions {
-        let (low, high) = consumer
+        let (low, high) = ends_of
             .fetch_watermarks(offsets_topic, p, Duration::from_secs(30))
             .map_err(|e| ConnectorError::kafka(format!("watermarks of {offsets_topic}/{p}"), e))?;
         if high > low {
