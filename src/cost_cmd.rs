@@ -55,6 +55,12 @@ pub struct CostArgs {
     /// (in-process only; empty: none).
     #[arg(long, default_value = "1s,2s,5s,10s", value_name = "1s,10s,...")]
     pub sweep_intervals: String,
+    /// The input the generator stands for: kafka (source members keep
+    /// their offsets log between commits in the consumer group's committed
+    /// offsets) or kinesis (one object-store write per source member every
+    /// epoch).
+    #[arg(long, value_enum, default_value = "kafka")]
+    pub input: crate::cost_sweep::Input,
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
@@ -264,6 +270,7 @@ fn print_cost(
         });
         if let Some((run, k, sweep)) = &local {
             v["checkpoint_interval"] = json!(k);
+            v["input"] = json!(run.input);
             v["checkpoint_puts_per_epoch"] = json!(run.puts_per_epoch(*k));
             v["checkpoint_puts_in_run"] = json!(run.puts);
             v["sweep"] = json!(sweep);
@@ -286,11 +293,20 @@ fn print_cost(
         if let Some((run, k, sweep)) = &local {
             println!(
                 "checkpoint writes: {:.2} per epoch at a commit every {k} epochs ({} log entries, \
-                 {} states, {} driver objects in the run's {epochs} epochs)",
+                 {} states, {} driver objects in the run's {epochs} epochs); {}",
                 run.puts_per_epoch(*k),
                 run.puts.entries,
                 run.puts.states,
-                run.puts.driver
+                run.puts.driver,
+                match run.input {
+                    crate::cost_sweep::Input::Kafka => {
+                        "priced as Kafka input: log entries between commits ride in Kafka's \
+                         committed offsets (--input kinesis: one per source member every epoch)"
+                    }
+                    crate::cost_sweep::Input::Kinesis => {
+                        "priced as Kinesis input: a log entry per source member every epoch"
+                    }
+                }
             );
             if !sweep.is_empty() {
                 print!("{}", crate::cost_sweep::table(sweep));
@@ -339,6 +355,7 @@ async fn measure_local(
         checkpoint_interval: k,
         puts: store.put_counts(),
         query_code: plan.query_code.clone(),
+        input: args.input,
     })
 }
 

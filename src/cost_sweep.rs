@@ -3,12 +3,16 @@
 //! checkpoint writes counted by kind, and the month priced at each commit
 //! cadence on S3 Standard and on S3 Express One Zone.
 //!
-//! A standing query writes every epoch one log entry per source member;
-//! at every commit one object per stateful member and one for the driver
-//! (the commit, carrying the decisions up to the next one). A run counts
-//! the objects of each kind; the steady state at a commit every `k` epochs
-//! is then `entries / epochs + (states / commits + 1) / k` per epoch, free
-//! of the run's first decision and its last commit.
+//! A standing query writes one log entry per source member every epoch if
+//! its input is Kinesis (or pushed batches), and only at commits if it is
+//! Kafka (between them the entries ride in Kafka's committed offsets); at
+//! every commit one object per stateful member and one for the driver (the
+//! commit, carrying the decisions up to the next one). A run (over a
+//! generator, which logs every epoch) counts the objects of each kind; the
+//! steady state at a commit every `k` epochs is then
+//! `entries / epochs + (states / commits + 1) / k` per epoch on Kinesis,
+//! `(entries / epochs + states / commits + 1) / k` on Kafka, free of the
+//! run's first decision and its last commit.
 
 use std::time::Duration;
 
@@ -31,6 +35,21 @@ pub(crate) struct LocalRun {
     /// Its checkpoint writes, by kind.
     pub puts: PutCounts,
     pub query_code: String,
+    /// The input the generator stands for.
+    pub input: Input,
+}
+
+/// The input a priced query reads, which decides where its source members
+/// keep their offsets log between commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Input {
+    /// Kafka: in the consumer group's committed offsets (no object-store
+    /// write), and in the store at commits.
+    Kafka,
+    /// Kinesis or pushed batches: an object-store write per source member
+    /// every epoch.
+    Kinesis,
 }
 
 /// Epochs a run of `epochs` commits: every `k`-th from the first, and the last.
@@ -47,7 +66,12 @@ impl LocalRun {
         let epochs = self.epochs.max(1) as f64;
         let commits = commits(self.epochs, self.checkpoint_interval).max(1) as f64;
         let per_commit = self.puts.states as f64 / commits + 1.0;
-        self.puts.entries as f64 / epochs + per_commit / k.max(1) as f64
+        let entries = self.puts.entries as f64 / epochs;
+        let k = k.max(1) as f64;
+        match self.input {
+            Input::Kinesis => entries + per_commit / k,
+            Input::Kafka => (entries + per_commit) / k,
+        }
     }
 
     /// What the run measured, with the checkpoint writes of the steady
@@ -214,10 +238,18 @@ mod tests {
                 other: 0,
             },
             query_code: String::new(),
+            input: Input::Kinesis,
         };
         assert!((run.puts_per_epoch(10) - (2.0 + 0.9)).abs() < 1e-9);
         assert!((run.puts_per_epoch(1) - 11.0).abs() < 1e-9);
         assert_eq!(run.steady(10).checkpoint_puts, 58);
+        // Kafka keeps the entries between commits: only commits write.
+        let kafka = LocalRun {
+            input: Input::Kafka,
+            ..run
+        };
+        assert!((kafka.puts_per_epoch(10) - 1.1).abs() < 1e-9);
+        assert!((kafka.puts_per_epoch(1) - 11.0).abs() < 1e-9);
         assert_eq!(cadences(Duration::from_secs(1)), [1, 10, 60]);
         assert_eq!(cadences(Duration::from_secs(60)), [1]);
     }

@@ -194,11 +194,7 @@ impl Setup {
     fn files_sink(&self) -> (std::path::PathBuf, String) {
         let out = self.dir.join("out");
         std::fs::create_dir_all(&out).expect("an output directory");
-        let ddl = format!(
-            "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
-               FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
-            out.display()
-        );
+        let ddl = windowed::files_sink(&out);
         (out, ddl)
     }
 

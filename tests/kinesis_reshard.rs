@@ -202,11 +202,7 @@ async fn a_split_and_a_merge_mid_run_count_every_record_once() {
            LOCATION '{stream}' OPTIONS ('format' 'json', 'event_time' 'ts', \
            'max.records.per.pull' '300');"
     );
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
-           FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
-        out.display()
-    );
+    let sink = windowed::files_sink(&out);
     let sql = dir.join("q.sql");
     std::fs::write(&sql, windowed::query(&source, &sink)).unwrap();
 

@@ -107,6 +107,7 @@ pub async fn fire_epoch(
             last: fire.last,
             checkpoint: fire.checkpoint,
             fresh: fire.fresh,
+            committed: fire.committed,
         })
         .to_json();
         async move {

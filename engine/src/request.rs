@@ -65,6 +65,10 @@ pub struct Trigger {
     /// fired it): a source member need not look for its entry first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fresh: bool,
+    /// The last epoch the driver committed: a source member keeps the log
+    /// entries of the epochs after it (a restart reads those again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<u64>,
 }
 
 /// A probe: the function reports its name and environment.

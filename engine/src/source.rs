@@ -197,6 +197,25 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         vec![]
     }
 
+    /// Keep `note` (a member's offsets log since the last commit) durably
+    /// in the source's own system under `key`, with this instance's
+    /// position, so an epoch between checkpoints writes nothing to the
+    /// object store. `Ok(false)`: this source cannot keep it (it has no
+    /// place, owns no partition, or the note is too long); the caller
+    /// writes the entry to the object store instead.
+    async fn keep_note(&self, spec: EpochSpec, key: &str, note: &str) -> Result<bool> {
+        let _ = (spec, key, note);
+        Ok(false)
+    }
+
+    /// The note last kept under `key`, if any. The first call fences
+    /// every earlier writer of `key`: a note kept by an instance of a run
+    /// that was replaced cannot land after it is read.
+    async fn kept_note(&self, spec: EpochSpec, key: &str) -> Result<Option<String>> {
+        let _ = (spec, key);
+        Ok(None)
+    }
+
     /// Stand at `at` (from the offsets log) before the next pull.
     async fn seek(&self, spec: EpochSpec, at: &[SourceOffset]) -> Result<()> {
         let _ = (spec, at);

@@ -129,6 +129,15 @@ pub fn kafka_sink() -> (String, String) {
     (out, ddl)
 }
 
+/// The files table `out` writing JSON files into `dir`.
+pub fn files_sink(dir: &std::path::Path) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE out (w TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) STORED AS \
+           FILES LOCATION 'file://{}' OPTIONS ('format' 'json');",
+        dir.display()
+    )
+}
+
 /// The rows of the committed records of `topic` (read_committed).
 pub fn kafka_rows(topic: &str) -> Vec<Map<String, Value>> {
     super::kafka::committed_records(&super::kafka_brokers(), topic)

@@ -24,6 +24,7 @@ pub const SOURCE_OPTIONS: &[&str] = &[
     "max.record.bytes",
     "pull.timeout.ms",
     "dead.letter.topic",
+    "offsets.log",
 ];
 
 /// The options a Kafka source takes: its own, its format's (Avro,
@@ -60,6 +61,10 @@ pub struct KafkaSourceConfig {
     pub max_record_bytes: usize,
     pub pull_timeout: Duration,
     pub dead_letter_topic: Option<String>,
+    /// `'offsets.log'`: a checkpointing member keeps its log between
+    /// checkpoints in Kafka (`kafka`, the default; needs transactions) or
+    /// writes it to the checkpoint store every epoch (`store`).
+    pub log_in_kafka: bool,
     /// librdkafka properties.
     pub client: BTreeMap<String, String>,
 }
@@ -83,6 +88,11 @@ impl KafkaSourceConfig {
             other => return Err(options::bad("startup", other)),
         };
         let parallelism = options::parallelism(config)?;
+        let log_in_kafka = match config.option("offsets.log").unwrap_or("kafka") {
+            "kafka" => true,
+            "store" => false,
+            other => return Err(options::bad("offsets.log", other)),
+        };
         Ok(KafkaSourceConfig {
             topic: config.location.clone(),
             format: Format::from_options(&config.options, &config.location)?,
@@ -96,6 +106,7 @@ impl KafkaSourceConfig {
                 .option("dead.letter.topic")
                 .filter(|t| !t.is_empty())
                 .map(str::to_string),
+            log_in_kafka,
             client,
         })
     }

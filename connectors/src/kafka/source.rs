@@ -24,9 +24,13 @@
 //! | `max.record.bytes`     | larger records are dead letters (default 1 MiB)       |
 //! | `pull.timeout.ms`      | time limit of one pull (default 2000)                 |
 //! | `dead.letter.topic`    | where undecodable records go                          |
+//! | `offsets.log`          | `kafka` (default): a checkpointing query keeps its offsets log between checkpoints in Kafka, in a transaction; `store`: in the checkpoint store every epoch (for brokers without transactions) |
 //!
 //! Every other option with a dot in its name is a librdkafka property and is
 //! passed through (`bootstrap.servers`, `security.protocol`, ...).
+//!
+//! A checkpointing query's member keeps its offsets log between checkpoints
+//! in Kafka, not in the checkpoint store (`log_note.rs`; docs/sources.md).
 //!
 //! The pull engine is `reader.rs`; records are read in batches
 //! ([`super::BatchConsumer`], librdkafka's
@@ -49,6 +53,7 @@ use skein_engine::source::{
 
 use super::config::{KafkaSourceConfig, source_options};
 use super::dead_letters::KafkaDeadLetters;
+use super::log_note::{MAX_NOTE_BYTES, NoteKeeper};
 use super::offsets::format_offsets;
 use super::reader::{PartitionReader, latest_offsets};
 use crate::error::{ConnectorError, Result};
@@ -59,6 +64,8 @@ pub struct KafkaSource {
     decoder: Arc<RecordDecoder>,
     /// Opened on the first pull: planning must not need a broker.
     reader: tokio::sync::Mutex<Option<Arc<PartitionReader>>>,
+    /// The member's offsets note (`log_note.rs`), opened on first use.
+    note: tokio::sync::Mutex<Option<Arc<NoteKeeper>>>,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -74,7 +81,24 @@ impl KafkaSource {
             config: Arc::new(config),
             decoder: Arc::new(decoder),
             reader: tokio::sync::Mutex::new(None),
+            note: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// The note kept under `key`, opened (fencing earlier writers) on the
+    /// first call.
+    async fn note_keeper(&self, key: &str) -> Result<Arc<NoteKeeper>> {
+        let mut slot = self.note.lock().await;
+        if let Some(k) = slot.as_ref().filter(|k| k.key() == key) {
+            return Ok(k.clone());
+        }
+        let (config, key) = (self.config.clone(), key.to_string());
+        let k = tokio::task::spawn_blocking(move || NoteKeeper::open(&config, &key))
+            .await
+            .map_err(|e| ConnectorError::Task("opening the offsets note", e))??;
+        let k = Arc::new(k);
+        *slot = Some(k.clone());
+        Ok(k)
     }
 
     async fn reader(&self, spec: EpochSpec) -> Result<Arc<PartitionReader>> {
@@ -128,6 +152,45 @@ impl Source for KafkaSource {
         tokio::task::spawn_blocking(move || latest_offsets(&config))
             .await
             .map_err(|e| self.error(ConnectorError::Task("latest offsets", e)))?
+            .map_err(|e| self.error(e))
+    }
+
+    async fn keep_note(&self, spec: EpochSpec, key: &str, note: &str) -> EngineResult<bool> {
+        if !self.config.log_in_kafka || note.len() > MAX_NOTE_BYTES {
+            return Ok(false);
+        }
+        let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
+        let topic = self.config.topic.clone();
+        let at = self.owned_offsets(&reader.offsets(&topic));
+        if at.is_empty() {
+            return Ok(false);
+        }
+        let keeper = self.note_keeper(key).await.map_err(|e| self.error(e))?;
+        let note = note.to_string();
+        tokio::task::spawn_blocking(move || keeper.keep(&topic, &at, &note))
+            .await
+            .map_err(|e| self.error(ConnectorError::Task("keeping the offsets note", e)))?
+            .map_err(|e| self.error(e))?;
+        Ok(true)
+    }
+
+    async fn kept_note(&self, spec: EpochSpec, key: &str) -> EngineResult<Option<String>> {
+        if !self.config.log_in_kafka {
+            return Ok(None);
+        }
+        let reader = self.reader(spec).await.map_err(|e| self.error(e))?;
+        let topic = self.config.topic.clone();
+        let partitions: Vec<i32> = self
+            .owned_offsets(&reader.offsets(&topic))
+            .into_keys()
+            .collect();
+        if partitions.is_empty() {
+            return Ok(None);
+        }
+        let keeper = self.note_keeper(key).await.map_err(|e| self.error(e))?;
+        tokio::task::spawn_blocking(move || keeper.read(&topic, &partitions))
+            .await
+            .map_err(|e| self.error(ConnectorError::Task("reading the offsets note", e)))?
             .map_err(|e| self.error(e))
     }
 

@@ -16,7 +16,9 @@
 //!                                     and its progress for `skein ui` (progress.rs)
 //! epochs/<e>.json                     decisions for epochs from e that no commit carried
 //! members/<stage>-<member>/<e>.bin          a member's object for epoch e: its offsets-log
-//!                                           entry (a source member), its counts and figures
+//!                                           entry (a source member; a Kafka source's only at
+//!                                           checkpoints, between them its source keeps it:
+//!                                           function/source_note.rs), its counts and figures
 //! members/<stage>-<member>/<e>.state.bin    ... with its whole state as of the end of e
 //! members/<stage>-<member>/<e>.changes.bin  ... with its changes since an earlier state
 //! tally/<stage>-<member>.json         the counts and figures of a member that writes no

@@ -33,6 +33,8 @@ struct LogState {
     pending: Option<Commit>,
     /// What the driver saw of the epochs since the last commit.
     records: Vec<EpochRecord>,
+    /// The last epoch committed (read at the start or written since).
+    committed: Option<u64>,
     /// The progress the commit object carries for `skein ui`.
     tracking: Tracking,
 }
@@ -106,6 +108,7 @@ impl EpochLog {
         let mut state = self.state.lock().await;
         *state = LogState {
             fired: log.highest(),
+            committed: log.committed.map(|c| c.epoch),
             decided: log.decided,
             tracking: Tracking {
                 progress: log.progress,
@@ -187,6 +190,7 @@ impl EpochLog {
                 last: last_wanted,
                 checkpoint: false,
                 fresh: true,
+                committed: None,
             });
         };
         let mut state = self.state.lock().await;
@@ -211,6 +215,7 @@ impl EpochLog {
             last,
             checkpoint: last || checkpoint_wanted || epoch.is_multiple_of(self.interval),
             fresh,
+            committed: state.committed,
         })
     }
 
@@ -338,6 +343,7 @@ async fn write_commit(
     // Decisions of committed epochs are never asked again.
     state.decided.retain(|d| d.through > commit.epoch);
     state.decided.extend(decided);
+    state.committed = Some(commit.epoch);
     cs.forget_before(commit.epoch).await?;
     Ok(())
 }

@@ -42,6 +42,8 @@ pub struct EpochFire {
     /// No earlier run can have fired it, so no source member has logged
     /// it: a source member need not look for its entry first.
     pub fresh: bool,
+    /// The last epoch committed when it fires.
+    pub committed: Option<u64>,
 }
 
 /// Where the functions run, as the epoch loop sees it.

@@ -41,6 +41,7 @@ mod payload_stage;
 mod pushed;
 mod routing;
 mod sink_write;
+mod source_note;
 mod source_stage;
 mod updating;
 
@@ -167,6 +168,9 @@ struct StageState {
     /// A pushed source: where each shard's taken records end, and the
     /// next epoch a push takes.
     pushed: pushed::PushedLog,
+    /// A source member: the log entries after the last commit that its
+    /// source keeps (`source_note.rs`).
+    kept: source_note::KeptEntries,
     /// An updating stage's rows by key, and what it emitted.
     updating: Option<crate::updating::UpdatingState>,
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::source_note::{KeptEntries, note_key, read_note};
 use super::{EpochMarks, Response, StageFunction, StageState, Trigger, bind_leaves};
 use crate::checkpoint::{CheckpointStore, MemberObject, OffsetsEntry, TableRead};
 use crate::error::{EngineError, Result};
@@ -57,11 +58,16 @@ impl StageFunction {
         let mut logged = None;
         if let Some(cs) = &checkpoints {
             if !state.restored {
-                self.stand_where_the_log_ends(cs, &mut state, spec).await?;
+                self.stand_where_the_log_ends(cs, &mut state, spec, t.committed)
+                    .await?;
                 state.restored = true;
             }
+            state.kept.committed(t.committed);
             if !t.fresh {
-                logged = cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?;
+                logged = match state.kept.get(t.epoch) {
+                    Some(entry) => Some(entry.clone()),
+                    None => cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?,
+                };
             }
         }
         let mut reads = vec![];
@@ -128,7 +134,6 @@ impl StageFunction {
             offsets.extend(mb.offsets);
             bound.insert(r.table.clone(), mb.batches);
         }
-        drop(state);
         let mut watermark = watermark.result();
         let mut entry = None;
         match (&checkpoints, &logged) {
@@ -154,6 +159,16 @@ impl StageFunction {
             }
             (None, None) => {}
         }
+        // Between checkpoints the entry goes to the source's note, with the
+        // entries before it since the last commit.
+        let note = match &entry {
+            Some(entry) if !t.checkpoint => {
+                state.kept.insert(t.epoch, entry.clone());
+                Some(state.kept.note()?)
+            }
+            _ => None,
+        };
+        drop(state);
         crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
         let marks = EpochMarks {
             last: t.last,
@@ -192,10 +207,22 @@ impl StageFunction {
             Ok::<_, EngineError>(out)
         };
         let logging = async {
-            match (&checkpoints, entry) {
-                (Some(cs), Some(entry)) => self.log_entry(cs, t.epoch, entry).await,
-                _ => Ok(()),
+            let (Some(cs), Some(entry)) = (&checkpoints, entry) else {
+                return Ok(());
+            };
+            if let Some(note) = &note {
+                match self.keep_note(cs, spec, note).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.state.lock().await.kept.remove(t.epoch);
+                        return Err(e);
+                    }
+                }
+                // Nowhere in the source to keep it: the store has it.
+                self.state.lock().await.kept.remove(t.epoch);
             }
+            self.log_entry(cs, t.epoch, entry).await
         };
         let (computed, logged) = tokio::join!(computed, logging);
         logged?;
@@ -250,14 +277,49 @@ impl StageFunction {
         ))
     }
 
+    /// Keep `note` in the first of this member's sources that can.
+    async fn keep_note(&self, cs: &CheckpointStore, spec: EpochSpec, note: &str) -> Result<bool> {
+        let key = note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member);
+        for r in &self.readers {
+            if r.source
+                .keep_note(spec, &key, note)
+                .await
+                .map_err(|e| e.at_source(&r.table, &self.name))?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The entries this member's sources keep, from every one that keeps a
+    /// note. Reading a note fences the instance that wrote it.
+    async fn read_notes(&self, cs: &CheckpointStore, spec: EpochSpec) -> Result<KeptEntries> {
+        let key = note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member);
+        let mut kept = KeptEntries::default();
+        for r in &self.readers {
+            let note = r
+                .source
+                .kept_note(spec, &key)
+                .await
+                .map_err(|e| e.at_source(&r.table, &self.name))?;
+            if let Some(note) = note {
+                kept.merge(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
+            }
+        }
+        Ok(kept)
+    }
+
     /// A cold source member of a checkpointing query: stand where the
     /// offsets log says the previous epoch ended, with the event-time
-    /// clocks as they were then.
+    /// clocks as they were then. The entry is in the source's note when
+    /// the previous epoch was between checkpoints, else in the store.
     async fn stand_where_the_log_ends(
         &self,
         cs: &CheckpointStore,
         state: &mut StageState,
         spec: EpochSpec,
+        committed: Option<u64>,
     ) -> Result<()> {
         for r in &self.readers {
             if r.source.replay_mode() == ReplayMode::Unsupported {
@@ -271,17 +333,34 @@ impl StageFunction {
                 ));
             }
         }
+        state.kept = self.read_notes(cs, spec).await?;
+        state.kept.committed(committed);
         if spec.epoch == 0 {
             return Ok(());
         }
         let previous = spec.epoch - 1;
-        let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
-        self.tally
-            .counted_before(object.as_ref().and_then(|o| o.tally.clone()));
-        let entry = object.and_then(|o| o.offsets).ok_or_else(|| {
+        let entry = match state.kept.get(previous) {
+            Some(entry) => {
+                // The counts ride in the store's objects only: take the
+                // commit's (what this member counted since is not known).
+                let counted = match committed {
+                    Some(c) => cs.member(self.ctx.stage, self.ctx.member, c).await?,
+                    None => None,
+                };
+                self.tally.counted_before(counted.and_then(|o| o.tally));
+                Some(entry.clone())
+            }
+            None => {
+                let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
+                self.tally
+                    .counted_before(object.as_ref().and_then(|o| o.tally.clone()));
+                object.and_then(|o| o.offsets)
+            }
+        };
+        let entry = entry.ok_or_else(|| {
             EngineError::Context(format!(
-                "{}: the offsets log in {} has no epoch {previous}, so epoch {} cannot \
-                     start where it ended",
+                "{}: the offsets log in {} (and the note kept in the source) has no epoch \
+                 {previous}, so epoch {} cannot start where it ended",
                 self.name,
                 cs.root(),
                 spec.epoch
