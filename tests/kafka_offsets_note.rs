@@ -167,15 +167,49 @@ fn member_epochs(checkpoints: &std::path::Path) -> BTreeSet<u64> {
 
 #[test]
 fn between_checkpoints_a_kafka_query_writes_no_member_objects_and_stays_exact() {
+    let (records, reference) = common::windowed::records(40_000, 2, 120_000);
+    let source = common::windowed::kafka_table(&records, 2, 2000);
+    run_committing_every_4_epochs(&source, "ev", &reference);
+}
+
+/// Two Kafka tables read by the same source member: each keeps a note of
+/// its own (one transactional id would fence the other).
+#[test]
+fn a_member_reading_two_kafka_tables_keeps_a_note_in_each_and_stays_exact() {
     use common::windowed;
     let (records, reference) = windowed::records(40_000, 2, 120_000);
-    let source = windowed::kafka_table(&records, 2, 2000);
+    let (even, odd): (Vec<_>, Vec<_>) = records
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    let strip =
+        |v: Vec<(usize, (usize, String))>| v.into_iter().map(|(_, r)| r).collect::<Vec<_>>();
+    let first = windowed::kafka_table(&strip(even), 2, 1000);
+    let second = windowed::kafka_table(&strip(odd), 2, 1000).replacen("TABLE ev ", "TABLE ev2 ", 1);
+    let source = format!("{first}\n{second}");
+    run_committing_every_4_epochs(
+        &source,
+        "(SELECT * FROM ev UNION ALL SELECT * FROM ev2) AS both_tables",
+        &reference,
+    );
+}
+
+/// Runs the windowed count over `from` (tables `source` declares) for 24
+/// epochs committing every 4th, and checks the store and the result.
+fn run_committing_every_4_epochs(
+    source: &str,
+    from: &str,
+    reference: &common::windowed::Reference,
+) {
+    use common::windowed;
     let dir = std::env::temp_dir().join(common::unique_name("offsets-note"));
     let out = dir.join("out");
     std::fs::create_dir_all(&out).unwrap();
     let sink = windowed::files_sink(&out);
     let sql = dir.join("q.sql");
-    std::fs::write(&sql, windowed::query(&source, &sink)).unwrap();
+    let query = windowed::query(source, &sink)
+        .replace("FROM ev GROUP BY", &format!("FROM {from} GROUP BY"));
+    std::fs::write(&sql, query).unwrap();
     let checkpoints = dir.join("checkpoints");
     // 40,000 records at 2,000 a pull: the 20 epochs of the run read them all.
     let (ok, stdout, stderr) = common::skein(&[
@@ -199,7 +233,7 @@ fn between_checkpoints_a_kafka_query_writes_no_member_objects_and_stays_exact() 
     );
     windowed::assert_exact(
         &common::rows::read_rows(&out, true),
-        &reference,
+        reference,
         &format!("files {stdout}"),
     );
     let _ = std::fs::remove_dir_all(&dir);

@@ -53,9 +53,16 @@ impl NoteKeeper {
         producer.set("transaction.timeout.ms", "60000");
         producer.set("message.timeout.ms", "60000");
         let producer: BaseProducer = producer.create()?;
-        producer
-            .init_transactions(TIMEOUT)
-            .map_err(|e| ConnectorError::kafka("opening the offsets note", e))?;
+        producer.init_transactions(TIMEOUT).map_err(|e| {
+            ConnectorError::kafka(
+                format!(
+                    "opening the offsets log kept in Kafka (transactional id {group}: the \
+                     brokers must allow transactions and the principal Write on it; or set \
+                     'offsets.log' 'store')"
+                ),
+                e,
+            )
+        })?;
         let mut consumer = config.client_config(KafkaRole::Consumer);
         consumer.set("group.id", &group);
         consumer.set("enable.auto.commit", "false");

@@ -11,14 +11,18 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use crate::checkpoint::OffsetsEntry;
+use super::{StageFunction, StageState};
+use crate::checkpoint::{CheckpointStore, OffsetsEntry};
 use crate::error::{EngineError, Result};
+use crate::source::EpochSpec;
 
 /// The entries kept in the source, by epoch: this instance's copy of the
 /// note it last kept (or read when it started).
 #[derive(Debug, Default)]
 pub(super) struct KeptEntries {
     entries: BTreeMap<u64, OffsetsEntry>,
+    /// The notes an earlier instance left were taken in.
+    taken_in: bool,
 }
 
 impl KeptEntries {
@@ -34,11 +38,22 @@ impl KeptEntries {
         self.entries.remove(&epoch);
     }
 
-    /// Take in what a note held (another instance's, before this one).
+    /// Add what a note held (another instance's, before this one).
     pub(super) fn merge(&mut self, note: BTreeMap<u64, OffsetsEntry>) {
         for (epoch, entry) in note {
             self.entries.entry(epoch).or_insert(entry);
         }
+    }
+
+    /// Whether the notes earlier instances left are in already.
+    pub(super) fn taken_in(&self) -> bool {
+        self.taken_in
+    }
+
+    /// Take in the entries of the notes earlier instances left.
+    pub(super) fn take_in(&mut self, notes: KeptEntries) {
+        self.merge(notes.entries);
+        self.taken_in = true;
     }
 
     /// Drop what no restart reads again: the commit and everything before.
@@ -60,7 +75,7 @@ impl KeptEntries {
 }
 
 /// The entries of a note written by [`KeptEntries::note`].
-pub(super) fn read_note(note: &str) -> Result<BTreeMap<u64, OffsetsEntry>> {
+fn read_note(note: &str) -> Result<BTreeMap<u64, OffsetsEntry>> {
     let bad =
         |why: String| EngineError::Context(format!("the offsets note kept in the source: {why}"));
     let packed = base64::engine::general_purpose::STANDARD_NO_PAD
@@ -71,10 +86,71 @@ pub(super) fn read_note(note: &str) -> Result<BTreeMap<u64, OffsetsEntry>> {
     serde_json::from_slice(&json).map_err(|e| bad(format!("not a log: {e}")))
 }
 
-/// The key a member's note is kept under: its run lineage, stage and
-/// member, so a new lineage (a fresh store) never reads an old one's.
-pub(super) fn note_key(run: &str, stage: u32, member: u32) -> String {
-    format!("{run}.{stage}.{member}")
+/// The key a member's note is kept under in one table's source: its run
+/// lineage, stage, member and the table, so a new lineage (a fresh store)
+/// never reads an old one's.
+fn note_key(run: &str, stage: u32, member: u32, table: &str) -> String {
+    format!("{run}.{stage}.{member}.{table}")
+}
+
+impl StageFunction {
+    /// Keep `note` in the first of this member's sources that can.
+    pub(super) async fn keep_note(
+        &self,
+        cs: &CheckpointStore,
+        spec: EpochSpec,
+        note: &str,
+    ) -> Result<bool> {
+        for r in &self.readers {
+            let key = self.note_key(cs, &r.table);
+            if r.source
+                .keep_note(spec, &key, note)
+                .await
+                .map_err(|e| e.at_source(&r.table, &self.name))?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The key of the note this member keeps in `table`'s source: one per
+    /// table, since one key is one writer (a second would fence the first).
+    fn note_key(&self, cs: &CheckpointStore, table: &str) -> String {
+        note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member, table)
+    }
+
+    /// Take in the entries this member's sources keep (every table's
+    /// note), once per instance: before it keeps a note of its own, which
+    /// replaces them, or when it needs an entry the store does not have.
+    /// Reading a note fences the instance that wrote it. A run whose every
+    /// epoch is a checkpoint never gets here.
+    pub(super) async fn take_in_notes(
+        &self,
+        cs: &CheckpointStore,
+        state: &mut StageState,
+        spec: EpochSpec,
+        committed: Option<u64>,
+    ) -> Result<()> {
+        if state.kept.taken_in() {
+            return Ok(());
+        }
+        let mut kept = KeptEntries::default();
+        for r in &self.readers {
+            let key = self.note_key(cs, &r.table);
+            let note = r
+                .source
+                .kept_note(spec, &key)
+                .await
+                .map_err(|e| e.at_source(&r.table, &self.name))?;
+            if let Some(note) = note {
+                kept.merge(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
+            }
+        }
+        state.kept.take_in(kept);
+        state.kept.committed(committed);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

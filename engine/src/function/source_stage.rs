@@ -8,7 +8,6 @@ use std::time::Instant;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::source_note::{KeptEntries, note_key, read_note};
 use super::{EpochMarks, Response, StageFunction, StageState, Trigger, bind_leaves};
 use crate::checkpoint::{CheckpointStore, MemberObject, OffsetsEntry, TableRead};
 use crate::error::{EngineError, Result};
@@ -68,6 +67,11 @@ impl StageFunction {
                     Some(entry) => Some(entry.clone()),
                     None => cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?,
                 };
+                if logged.is_none() && !state.kept.taken_in() {
+                    self.take_in_notes(cs, &mut state, spec, t.committed)
+                        .await?;
+                    logged = state.kept.get(t.epoch).cloned();
+                }
             }
         }
         let mut reads = vec![];
@@ -161,8 +165,12 @@ impl StageFunction {
         }
         // Between checkpoints the entry goes to the source's note, with the
         // entries before it since the last commit.
-        let note = match &entry {
-            Some(entry) if !t.checkpoint => {
+        let note = match (&checkpoints, &entry) {
+            (Some(cs), Some(entry)) if !t.checkpoint => {
+                // A note replaces the one before: what an earlier instance
+                // kept goes into it.
+                self.take_in_notes(cs, &mut state, spec, t.committed)
+                    .await?;
                 state.kept.insert(t.epoch, entry.clone());
                 Some(state.kept.note()?)
             }
@@ -277,39 +285,6 @@ impl StageFunction {
         ))
     }
 
-    /// Keep `note` in the first of this member's sources that can.
-    async fn keep_note(&self, cs: &CheckpointStore, spec: EpochSpec, note: &str) -> Result<bool> {
-        let key = note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member);
-        for r in &self.readers {
-            if r.source
-                .keep_note(spec, &key, note)
-                .await
-                .map_err(|e| e.at_source(&r.table, &self.name))?
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// The entries this member's sources keep, from every one that keeps a
-    /// note. Reading a note fences the instance that wrote it.
-    async fn read_notes(&self, cs: &CheckpointStore, spec: EpochSpec) -> Result<KeptEntries> {
-        let key = note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member);
-        let mut kept = KeptEntries::default();
-        for r in &self.readers {
-            let note = r
-                .source
-                .kept_note(spec, &key)
-                .await
-                .map_err(|e| e.at_source(&r.table, &self.name))?;
-            if let Some(note) = note {
-                kept.merge(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
-            }
-        }
-        Ok(kept)
-    }
-
     /// A cold source member of a checkpointing query: stand where the
     /// offsets log says the previous epoch ended, with the event-time
     /// clocks as they were then. The entry is in the source's note when
@@ -333,14 +308,19 @@ impl StageFunction {
                 ));
             }
         }
-        state.kept = self.read_notes(cs, spec).await?;
-        state.kept.committed(committed);
         if spec.epoch == 0 {
             return Ok(());
         }
         let previous = spec.epoch - 1;
-        let entry = match state.kept.get(previous) {
-            Some(entry) => {
+        let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
+        let entry = match object {
+            Some(object) => {
+                self.tally.counted_before(object.tally);
+                object.offsets
+            }
+            // Between checkpoints: the source's note has it.
+            None => {
+                self.take_in_notes(cs, state, spec, committed).await?;
                 // The counts ride in the store's objects only: take the
                 // commit's (what this member counted since is not known).
                 let counted = match committed {
@@ -348,13 +328,7 @@ impl StageFunction {
                     None => None,
                 };
                 self.tally.counted_before(counted.and_then(|o| o.tally));
-                Some(entry.clone())
-            }
-            None => {
-                let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
-                self.tally
-                    .counted_before(object.as_ref().and_then(|o| o.tally.clone()));
-                object.and_then(|o| o.offsets)
+                state.kept.get(previous).cloned()
             }
         };
         let entry = entry.ok_or_else(|| {
