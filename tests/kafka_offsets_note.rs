@@ -168,7 +168,13 @@ fn member_epochs(checkpoints: &std::path::Path) -> BTreeSet<u64> {
 #[test]
 fn between_checkpoints_a_kafka_query_writes_no_member_objects_and_stays_exact() {
     let (records, reference) = common::windowed::records(40_000, 2, 120_000);
-    let source = common::windowed::kafka_table(&records, 2, 2000);
+    // Two source members, a partition each, each keeping its own note.
+    let source = common::windowed::kafka_table(&records, 2, 2000).replacen(
+        "'format' 'json',",
+        "'format' 'json', 'parallelism' '2',",
+        1,
+    );
+    assert!(source.contains("'parallelism' '2'"), "{source}");
     run_committing_every_4_epochs(&source, "ev", &reference);
 }
 

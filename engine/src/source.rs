@@ -197,6 +197,13 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         vec![]
     }
 
+    /// Whether this source may keep a member's offsets note
+    /// ([`Source::keep_note`]); no I/O. A member none of whose sources may
+    /// does not build one.
+    fn keeps_notes(&self) -> bool {
+        false
+    }
+
     /// Keep `note` (a member's offsets log since the last commit) durably
     /// in the source's own system under `key`, with this instance's
     /// position, so an epoch between checkpoints writes nothing to the

@@ -155,6 +155,10 @@ impl Source for KafkaSource {
             .map_err(|e| self.error(e))
     }
 
+    fn keeps_notes(&self) -> bool {
+        self.config.log_in_kafka
+    }
+
     async fn keep_note(&self, spec: EpochSpec, key: &str, note: &str) -> EngineResult<bool> {
         if !self.config.log_in_kafka || note.len() > MAX_NOTE_BYTES {
             return Ok(false);

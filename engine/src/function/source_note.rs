@@ -38,22 +38,19 @@ impl KeptEntries {
         self.entries.remove(&epoch);
     }
 
-    /// Add what a note held (another instance's, before this one).
-    pub(super) fn merge(&mut self, note: BTreeMap<u64, OffsetsEntry>) {
-        for (epoch, entry) in note {
-            self.entries.entry(epoch).or_insert(entry);
-        }
-    }
-
     /// Whether the notes earlier instances left are in already.
     pub(super) fn taken_in(&self) -> bool {
         self.taken_in
     }
 
-    /// Take in the entries of the notes earlier instances left.
-    pub(super) fn take_in(&mut self, notes: KeptEntries) {
-        self.merge(notes.entries);
+    /// Take in the entries of the notes earlier instances left (this
+    /// instance's own win), keeping those after `committed`.
+    fn take_in(&mut self, notes: BTreeMap<u64, OffsetsEntry>, committed: Option<u64>) {
+        for (epoch, entry) in notes {
+            self.entries.entry(epoch).or_insert(entry);
+        }
         self.taken_in = true;
+        self.committed(committed);
     }
 
     /// Drop what no restart reads again: the commit and everything before.
@@ -94,6 +91,11 @@ fn note_key(run: &str, stage: u32, member: u32, table: &str) -> String {
 }
 
 impl StageFunction {
+    /// Whether any of this member's sources may keep a note.
+    pub(super) fn keeps_notes(&self) -> bool {
+        self.readers.iter().any(|r| r.source.keeps_notes())
+    }
+
     /// Keep `note` in the first of this member's sources that can.
     pub(super) async fn keep_note(
         &self,
@@ -101,7 +103,7 @@ impl StageFunction {
         spec: EpochSpec,
         note: &str,
     ) -> Result<bool> {
-        for r in &self.readers {
+        for r in self.readers.iter().filter(|r| r.source.keeps_notes()) {
             let key = self.note_key(cs, &r.table);
             if r.source
                 .keep_note(spec, &key, note)
@@ -135,8 +137,8 @@ impl StageFunction {
         if state.kept.taken_in() {
             return Ok(());
         }
-        let mut kept = KeptEntries::default();
-        for r in &self.readers {
+        let mut notes = BTreeMap::new();
+        for r in self.readers.iter().filter(|r| r.source.keeps_notes()) {
             let key = self.note_key(cs, &r.table);
             let note = r
                 .source
@@ -144,11 +146,10 @@ impl StageFunction {
                 .await
                 .map_err(|e| e.at_source(&r.table, &self.name))?;
             if let Some(note) = note {
-                kept.merge(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
+                notes.extend(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
             }
         }
-        state.kept.take_in(kept);
-        state.kept.committed(committed);
+        state.kept.take_in(notes, committed);
         Ok(())
     }
 }

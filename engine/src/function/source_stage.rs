@@ -166,7 +166,7 @@ impl StageFunction {
         // Between checkpoints the entry goes to the source's note, with the
         // entries before it since the last commit.
         let note = match (&checkpoints, &entry) {
-            (Some(cs), Some(entry)) if !t.checkpoint => {
+            (Some(cs), Some(entry)) if !t.checkpoint && self.keeps_notes() => {
                 // A note replaces the one before: what an earlier instance
                 // kept goes into it.
                 self.take_in_notes(cs, &mut state, spec, t.committed)

@@ -27,25 +27,22 @@ pub(super) fn read_latest(
     prefix: &str,
     wait: Duration,
 ) -> Result<BTreeMap<String, String>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "skein-offsets-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .map_err(|e| ConnectorError::kafka("offsets reader", e))?;
+    let reader = |isolation: &str| -> Result<BaseConsumer> {
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", "skein-offsets-reader")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", isolation)
+            .create()
+            .map_err(|e| ConnectorError::kafka("offsets reader", e))
+    };
+    let consumer = reader("read_committed")?;
     // The ends are the log's, not what read_committed sees yet: a
     // read_committed client is told the last stable offset, which an open
     // transaction (another writer's, left by a crash) holds back below
     // records committed after it. Reading only that far missed a marker
     // committed just before a crash, and its epoch was written twice.
-    let ends_of: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "skein-offsets-reader")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_uncommitted")
-        .create()
-        .map_err(|e| ConnectorError::kafka("offsets reader", e))?;
+    let ends_of = reader("read_uncommitted")?;
     let metadata = ends_of
         .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
         .map_err(|e| ConnectorError::kafka(format!("metadata of {offsets_topic}"), e))?;
