@@ -7,10 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use datafusion::arrow::record_batch::RecordBatch;
-
 use crate::error::{EngineError, Result};
-use crate::payload::{Payload, SourceOffset};
+use crate::payload::{Arrived, Payload, SourceOffset};
 use crate::watermark::{Watermark, WatermarkMin};
 
 /// What the arena says about one payload.
@@ -29,8 +27,8 @@ pub enum Collected {
 pub struct EpochInput {
     /// The epoch this input belongs to.
     pub epoch: u64,
-    /// Batches per input edge.
-    pub edges: BTreeMap<u32, Vec<RecordBatch>>,
+    /// What arrived per input edge, payload by payload.
+    pub edges: BTreeMap<u32, Vec<Arrived>>,
     /// The lowest watermark among the senders that are not idle: every one
     /// of them has passed it (see [`WatermarkMin`]).
     pub watermark: Watermark,
@@ -49,7 +47,7 @@ struct EdgeSlot {
     /// arrived. A set, not a bitmap: memory follows what arrived, never a
     /// count a payload claims.
     received: HashMap<u32, (u32, BTreeSet<u32>)>,
-    batches: Vec<RecordBatch>,
+    arrived: Vec<Arrived>,
 }
 
 impl EdgeSlot {
@@ -123,7 +121,7 @@ impl Arena {
     pub fn collect(
         &mut self,
         payload: &Payload,
-        batches: Vec<RecordBatch>,
+        arrived: Arrived,
         run_before: u64,
     ) -> Result<Collected> {
         payload.validate(&self.stage)?;
@@ -176,7 +174,7 @@ impl Arena {
         if !got.insert(payload.fragment.index) {
             return Ok(Collected::Duplicate);
         }
-        edge.batches.extend(batches);
+        edge.arrived.push(arrived);
         // Fragments of one send repeat its watermark; adding it again does
         // not change a minimum.
         slot.watermark.add(Watermark {
@@ -199,7 +197,7 @@ impl Arena {
         let edges = slot
             .edges
             .into_iter()
-            .map(|(id, e)| (id, e.batches))
+            .map(|(id, e)| (id, e.arrived))
             .collect();
         Ok(Collected::Complete(EpochInput {
             epoch: key.1,
@@ -266,20 +264,26 @@ mod tests {
     fn completes_only_when_every_fragment_of_every_edge_arrived() {
         let mut a = Arena::new("s1", vec![1, 2]);
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 0), vec![], 0).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 0), Arrived::default(), 0)
+                .unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 2), 0), vec![], 0).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 2), 0), Arrived::default(), 0)
+                .unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(2, 0, 1, (0, 1), 0), vec![], 0).unwrap(),
+            a.collect(&payload(2, 0, 1, (0, 1), 0), Arrived::default(), 0)
+                .unwrap(),
             Collected::NotReady
         ));
         assert_eq!(a.pending().len(), 1, "{:?}", a.pending());
         assert!(a.pending()[0].contains("seq 1 fragment 1"));
-        match a.collect(&payload(1, 1, 2, (1, 2), 0), vec![], 0).unwrap() {
+        match a
+            .collect(&payload(1, 1, 2, (1, 2), 0), Arrived::default(), 0)
+            .unwrap()
+        {
             Collected::Complete(input) => assert_eq!(input.watermark.value, Some(100)),
             other => panic!("{other:?}"),
         }
@@ -290,19 +294,23 @@ mod tests {
     fn duplicates_are_dropped_before_and_after_completion() {
         let mut a = Arena::new("s1", vec![1]);
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![], 0).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 7), Arrived::default(), 0)
+                .unwrap(),
             Collected::NotReady
         ));
         assert!(matches!(
-            a.collect(&payload(1, 0, 2, (0, 1), 7), vec![], 0).unwrap(),
+            a.collect(&payload(1, 0, 2, (0, 1), 7), Arrived::default(), 0)
+                .unwrap(),
             Collected::Duplicate
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![], 0).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 1), 7), Arrived::default(), 0)
+                .unwrap(),
             Collected::Complete(_)
         ));
         assert!(matches!(
-            a.collect(&payload(1, 1, 2, (0, 1), 7), vec![], 0).unwrap(),
+            a.collect(&payload(1, 1, 2, (0, 1), 7), Arrived::default(), 0)
+                .unwrap(),
             Collected::Duplicate
         ));
     }
@@ -313,7 +321,7 @@ mod tests {
         for epoch in 0..10_000 {
             // The member runs each epoch as soon as it completes.
             assert!(matches!(
-                a.collect(&payload(1, 0, 1, (0, 1), epoch), vec![], epoch)
+                a.collect(&payload(1, 0, 1, (0, 1), epoch), Arrived::default(), epoch)
                     .unwrap(),
                 Collected::Complete(_)
             ));
@@ -322,12 +330,12 @@ mod tests {
         // Epoch 9,999 completed but has not run: the arena recognises it.
         let retry = payload(1, 0, 1, (0, 1), 9_999);
         assert!(matches!(
-            a.collect(&retry, vec![], 9_999).unwrap(),
+            a.collect(&retry, Arrived::default(), 9_999).unwrap(),
             Collected::Duplicate
         ));
         // Run now: the member's counter recognises it, the arena forgets it.
         assert!(matches!(
-            a.collect(&retry, vec![], 10_000).unwrap(),
+            a.collect(&retry, Arrived::default(), 10_000).unwrap(),
             Collected::Duplicate
         ));
         assert!(a.finished.is_empty() && a.slots.is_empty());
@@ -337,12 +345,12 @@ mod tests {
     fn bad_sequence_numbers_are_errors() {
         let mut a = Arena::new("s1", vec![1]);
         let err = a
-            .collect(&payload(1, 3, 2, (0, 1), 0), vec![], 0)
+            .collect(&payload(1, 3, 2, (0, 1), 0), Arrived::default(), 0)
             .unwrap_err()
             .to_string();
         assert!(err.contains("seq_num 3") && err.contains("s1"), "{err}");
         let err = a
-            .collect(&payload(9, 0, 2, (0, 1), 0), vec![], 0)
+            .collect(&payload(9, 0, 2, (0, 1), 0), Arrived::default(), 0)
             .unwrap_err()
             .to_string();
         assert!(err.contains("shuffle id 9"), "{err}");

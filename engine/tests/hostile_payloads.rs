@@ -197,7 +197,7 @@ fn decoder_cases(seed: u64, cases: usize) -> usize {
             }))
         };
         let saved = |what: &str| {
-            let ext = match (case % 10 == 0).then(|| case / 10 % 3) {
+            let ext = match (case % 10 == 0).then_some(case / 10 % 3) {
                 None => "ipc",
                 Some(0) => "none",
                 Some(1) => "zstd",

@@ -103,7 +103,7 @@ async fn a_lost_payload_never_completes_silently() {
         ..Default::default()
     });
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
-    let plan = plan_query(&h.ctx, &sql, &h.options).await.unwrap();
+    let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
     let err = run_local(&plan, &h.runtime, &h.options, 3, |_, _| {})
         .await
         .unwrap_err()
@@ -118,7 +118,7 @@ async fn a_lost_payload_never_completes_silently() {
 async fn corrupt_payloads_are_errors_and_the_runtime_keeps_serving() {
     let h = harness(4, 3_000);
     let sql = "SELECT auction, count(*) AS n FROM bid GROUP BY auction";
-    let plan = plan_query(&h.ctx, &sql, &h.options).await.unwrap();
+    let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
     run_local(&plan, &h.runtime, &h.options, 2, |_, _| {})
         .await
         .unwrap();

@@ -8,6 +8,7 @@
 //! cost what an epoch added rather than every row of the open windows.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
 use crate::ipc_decode::decode_stream;
-use crate::payload::{Encoding, decompress_within, ipc_bytes};
+use crate::payload::{Encoding, WireFrame, decompress_within, ipc_bytes};
 use crate::watermark::Watermark;
 use crate::window_state::{Change, SavedWindows};
 
@@ -29,6 +30,12 @@ const MAGIC: &[u8; 8] = b"SKSTATE1";
 /// a checkpoint is billed for).
 const LZ4_TAG: &[u8; 4] = b"SKL4";
 
+/// What a state holding senders' frames starts with: the length of the
+/// LZ4 part (header and re-encoded rows, as after [`LZ4_TAG`]), that part,
+/// then each frame as its encoding, length and bytes. The frames are
+/// already compressed, so they sit beside the LZ4 part, not inside it.
+const FRAMES_TAG: &[u8; 4] = b"SKLF";
+
 /// LZ4 cannot expand its input more than 255-fold: a state claiming more
 /// is corrupt, and refusing it keeps it from allocating without bound.
 const LZ4_MAX_RATIO: usize = 255;
@@ -37,6 +44,74 @@ fn compress(raw: &[u8]) -> Vec<u8> {
     let mut out = LZ4_TAG.to_vec();
     out.extend_from_slice(&crate::payload::compress(Encoding::Lz4, raw));
     out
+}
+
+/// [`compress`], with `frames` after the LZ4 part when there are any.
+fn compress_with(raw: &[u8], frames: &[&WireFrame]) -> Vec<u8> {
+    if frames.is_empty() {
+        return compress(raw);
+    }
+    let lz4 = crate::payload::compress(Encoding::Lz4, raw);
+    let framed: usize = frames.iter().map(|f| f.bytes.len() + 9).sum();
+    let mut out = Vec::with_capacity(FRAMES_TAG.len() + 8 + lz4.len() + framed);
+    out.extend_from_slice(FRAMES_TAG);
+    out.extend_from_slice(&(lz4.len() as u64).to_le_bytes());
+    out.extend_from_slice(&lz4);
+    for f in frames {
+        out.push(encoding_code(f.encoding));
+        out.extend_from_slice(&(f.bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&f.bytes);
+    }
+    out
+}
+
+fn encoding_code(encoding: Encoding) -> u8 {
+    match encoding {
+        Encoding::None => 0,
+        Encoding::Zstd => 1,
+        Encoding::Lz4 => 2,
+    }
+}
+
+fn code_encoding(code: u8) -> std::result::Result<Encoding, String> {
+    match code {
+        0 => Ok(Encoding::None),
+        1 => Ok(Encoding::Zstd),
+        2 => Ok(Encoding::Lz4),
+        other => Err(format!("unknown frame encoding {other}")),
+    }
+}
+
+/// The raw bytes of a state and the frames after them: [`compress_with`]'s
+/// layout, or [`decompress`]'s.
+fn decompress_with(bytes: &[u8]) -> std::result::Result<(Vec<u8>, Vec<WireFrame>), String> {
+    let Some(rest) = bytes.strip_prefix(FRAMES_TAG) else {
+        return Ok((decompress(bytes)?, vec![]));
+    };
+    let mut rest = rest;
+    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
+        if n > rest.len() {
+            return Err("frames cut short".into());
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let len = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let n = usize::try_from(len(take(8)?)).map_err(|_| "frames cut short")?;
+    let lz4 = take(n)?;
+    let cap = lz4.len().saturating_mul(LZ4_MAX_RATIO).saturating_add(16);
+    let raw = decompress_within(Encoding::Lz4, lz4, cap).map_err(|e| e.to_string())?;
+    let mut frames = vec![];
+    while let Ok(code) = take(1) {
+        let encoding = code_encoding(code[0])?;
+        let n = usize::try_from(len(take(8)?)).map_err(|_| "frames cut short")?;
+        frames.push(WireFrame {
+            encoding,
+            bytes: take(n)?.to_vec(),
+        });
+    }
+    Ok((raw, frames))
 }
 
 /// The raw bytes of a state: LZ4 as [`compress`] writes it, or a zstd frame
@@ -96,6 +171,8 @@ pub enum Snapshot {
 #[derive(Serialize, Deserialize)]
 enum ChangeHead {
     Rows(u32),
+    /// The rows are the next of the frames after the LZ4 part.
+    Arrived(u32),
     Released(i64),
 }
 
@@ -123,6 +200,7 @@ struct Header {
 fn frame(
     header: &Header,
     streams: &[(u32, &[RecordBatch])],
+    frames: &[&WireFrame],
     schemas: &BTreeMap<u32, SchemaRef>,
 ) -> Result<Vec<u8>> {
     let json = serde_json::to_vec(header).map_err(|e| EngineError::Context(e.to_string()))?;
@@ -138,7 +216,7 @@ fn frame(
         raw.extend_from_slice(&(ipc.len() as u64).to_le_bytes());
         raw.extend_from_slice(&ipc);
     }
-    Ok(compress(&raw))
+    Ok(compress_with(&raw, frames))
 }
 
 /// Encode the changes a member made since its state at the end of
@@ -155,12 +233,17 @@ pub fn encode_changes(
         .last()
         .ok_or_else(|| EngineError::Context("changes with no state to build on".into()))?;
     let mut rows: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+    let mut frames = vec![];
     let heads = changes
         .iter()
         .map(|c| match c {
             Change::Rows { edge, batch } => {
                 rows.entry(*edge).or_default().push(batch.clone());
                 ChangeHead::Rows(*edge)
+            }
+            Change::Arrived { edge, frame, .. } => {
+                frames.push(frame.as_ref());
+                ChangeHead::Arrived(*edge)
             }
             Change::Released(w) => ChangeHead::Released(*w),
         })
@@ -178,7 +261,7 @@ pub fn encode_changes(
     };
     let streams: Vec<(u32, &[RecordBatch])> =
         rows.iter().map(|(e, b)| (*e, b.as_slice())).collect();
-    frame(&header, &streams, schemas)
+    frame(&header, &streams, &frames, schemas)
 }
 
 /// Encode a member's state; `schemas` gives each edge's row schema.
@@ -217,7 +300,7 @@ pub fn encode_state(
         .iter()
         .map(|e| (*e, windows.buffered[e].as_slice()))
         .collect();
-    frame(&header, &streams, schemas)
+    frame(&header, &streams, &[], schemas)
 }
 
 /// Decode what [`encode_state`] or [`encode_changes`] wrote; `what` names
@@ -228,7 +311,9 @@ pub fn decode_state(
     what: &str,
 ) -> Result<Snapshot> {
     let bad = |reason: String| EngineError::Context(format!("state {what}: {reason}"));
-    let raw = decompress(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
+    let (raw, frames) =
+        decompress_with(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
+    let mut frames = frames.into_iter();
     let mut pos = 0usize;
     let mut take = |n: usize| -> Result<&[u8]> {
         let end = pos
@@ -274,9 +359,28 @@ pub fn decode_state(
                     .and_then(Iterator::next)
                     .map(|batch| Change::Rows { edge, batch })
                     .ok_or_else(|| bad(format!("edge {edge} has fewer batches than its changes"))),
+                ChangeHead::Arrived(edge) => {
+                    let frame = frames
+                        .next()
+                        .ok_or_else(|| bad(format!("edge {edge}: fewer frames than changes")))?;
+                    let schema = schemas
+                        .get(&edge)
+                        .ok_or_else(|| bad(format!("edge {edge} is not an input of this stage")))?;
+                    let batches = frame
+                        .decode(schema)
+                        .map_err(|e| bad(format!("edge {edge}: frame {e}")))?;
+                    Ok(Change::Arrived {
+                        edge,
+                        batches,
+                        frame: Arc::new(frame),
+                    })
+                }
                 ChangeHead::Released(w) => Ok(Change::Released(w)),
             })
             .collect::<Result<Vec<_>>>()?;
+        if frames.next().is_some() {
+            return Err(bad("more frames than changes".into()));
+        }
         return Ok(Snapshot::Changes(MemberChanges {
             epoch: header.epoch,
             base,
@@ -284,6 +388,9 @@ pub fn decode_state(
             watermark,
             changes,
         }));
+    }
+    if frames.next().is_some() {
+        return Err(bad("a whole state with frames".into()));
     }
     Ok(Snapshot::Whole(MemberState {
         epoch: header.epoch,
@@ -382,5 +489,77 @@ mod tests {
             panic!("changes decode as changes");
         };
         assert_eq!(back.changes, changes);
+    }
+
+    #[test]
+    fn rows_that_arrived_compressed_are_written_in_their_frame() {
+        let schema: SchemaRef =
+            Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let rows = |v: Vec<i64>| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(v))]).unwrap()
+        };
+        let schemas: BTreeMap<u32, SchemaRef> = [(2, schema.clone())].into();
+        let wm = Watermark::default();
+        for encoding in [Encoding::Zstd, Encoding::Lz4] {
+            let sent = vec![rows((0..1000).collect()), rows(vec![7, 8])];
+            let ipc = ipc_bytes(&schema, &sent).unwrap();
+            let frame = Arc::new(WireFrame {
+                encoding,
+                bytes: crate::payload::compress(encoding, &ipc),
+            });
+            let changes = vec![
+                Change::Arrived {
+                    edge: 2,
+                    batches: sent.clone(),
+                    frame: frame.clone(),
+                },
+                Change::Rows {
+                    edge: 2,
+                    batch: rows(vec![1]),
+                },
+                Change::Released(9),
+                Change::Arrived {
+                    edge: 2,
+                    batches: sent.clone(),
+                    frame: frame.clone(),
+                },
+            ];
+            let bytes = encode_changes(5, &[3], wm, &changes, &schemas).unwrap();
+            assert!(bytes.starts_with(FRAMES_TAG));
+            // The frames are written as they came, not encoded again.
+            let tail = &bytes[bytes.len() - frame.bytes.len()..];
+            assert_eq!(tail, frame.bytes.as_slice());
+            let Snapshot::Changes(back) = decode_state(&bytes, &schemas, "t").unwrap() else {
+                panic!("changes decode as changes");
+            };
+            assert_eq!(back.changes, changes, "{encoding:?}");
+            for cut in [0, 4, 12, bytes.len() / 2, bytes.len() - 1] {
+                assert!(
+                    decode_state(&bytes[..cut], &schemas, "t").is_err(),
+                    "cut {cut}"
+                );
+            }
+            // One frame fewer than the changes say, or one more.
+            let short = &bytes[..bytes.len() - frame.bytes.len() - 9];
+            let err = decode_state(short, &schemas, "t").unwrap_err().to_string();
+            assert!(err.contains("fewer frames"), "{err}");
+            let mut long = bytes.clone();
+            long.extend_from_slice(&bytes[bytes.len() - frame.bytes.len() - 9..]);
+            let err = decode_state(&long, &schemas, "t").unwrap_err().to_string();
+            assert!(err.contains("more frames"), "{err}");
+            // An encoding nobody wrote, and rows of another schema.
+            let mut odd = bytes.clone();
+            let at = bytes.len() - frame.bytes.len() - 9;
+            odd[at] = 9;
+            let err = decode_state(&odd, &schemas, "t").unwrap_err().to_string();
+            assert!(err.contains("unknown frame encoding"), "{err}");
+            let other: SchemaRef =
+                Arc::new(Schema::new(vec![Field::new("b", DataType::Utf8, true)]));
+            let only_frames = encode_changes(5, &[3], wm, &changes[..1], &schemas).unwrap();
+            let err = decode_state(&only_frames, &[(2, other)].into(), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("edge 2: frame"), "{err}");
+        }
     }
 }

@@ -67,13 +67,7 @@ impl SavedChain {
 
 /// Rows in a set of changes.
 fn change_rows(changes: &[Change]) -> u64 {
-    changes
-        .iter()
-        .map(|c| match c {
-            Change::Rows { batch, .. } => batch.num_rows() as u64,
-            Change::Released(_) => 0,
-        })
-        .sum()
+    changes.iter().map(|c| c.rows() as u64).sum()
 }
 
 /// One state object of a chain, read and decoded.

@@ -11,7 +11,7 @@ use crate::arena::{Collected, EpochInput};
 use crate::context::StageMode;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
-use crate::payload::Payload;
+use crate::payload::{Payload, batches_of};
 use crate::source::DeadLetter;
 use crate::watermark::Watermark;
 use crate::window_state::{LateRows, rows_as_json};
@@ -27,7 +27,7 @@ impl StageFunction {
                     stage: self.name.clone(),
                     reason: format!("no leaf of this stage reads edge {}", p.shuffle_id),
                 })?;
-        let batches = p.decode_batches(&self.name, expected)?;
+        let arrived = p.decode_arrived(&self.name, expected)?;
         let mut state = self.state.lock().await;
         if !state.restored {
             self.restore(&mut state).await?;
@@ -49,7 +49,7 @@ impl StageFunction {
                 stage: self.name.clone(),
                 reason: "this stage takes no payloads (it reads a source)".into(),
             })?;
-        match arena.collect(&p, batches, run_before)? {
+        match arena.collect(&p, arrived, run_before)? {
             Collected::Duplicate => {
                 return Ok(Response {
                     status: "duplicate".into(),
@@ -133,12 +133,18 @@ impl StageFunction {
             input.offsets.clone(),
         );
         let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
-            StageMode::Stream => Some(input.edges),
+            StageMode::Stream => Some(
+                input
+                    .edges
+                    .into_iter()
+                    .map(|(edge, arrived)| (edge, batches_of(arrived)))
+                    .collect(),
+            ),
             // Handled above.
             StageMode::Updating => None,
             StageMode::Complete | StageMode::Accumulate => {
-                for (edge, batches) in input.edges {
-                    let late = state.windows.add(edge, batches)?;
+                for (edge, arrived) in input.edges {
+                    let late = state.windows.add_arrived(edge, arrived)?;
                     self.set_aside_late(epoch, late).await?;
                 }
                 if input.last {

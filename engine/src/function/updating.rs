@@ -57,9 +57,9 @@ impl StageFunction {
             .as_mut()
             .ok_or_else(|| EngineError::Context(format!("{}: no updating state", self.name)))?;
         u.begin_epoch(epoch);
-        for (edge, batches) in input.edges {
+        for (edge, arrived) in input.edges {
             let updating = updating_edges.get(&edge).copied().unwrap_or(false);
-            for b in batches {
+            for b in crate::payload::batches_of(arrived) {
                 u.take_input(edge, b, updating)?;
             }
         }

@@ -1,12 +1,15 @@
 //! The envelope: who sent a payload, which fragment it is, what it carries,
 //! and decoding its data back into batches.
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
+use super::arrived::{Arrived, WireFrame};
 use super::frame::{Encoding, decompress};
 use crate::error::{EngineError, Result};
 
@@ -155,13 +158,19 @@ impl Payload {
     /// stage; the IPC stream is checked before arrow reads it
     /// ([`crate::ipc_decode`]).
     pub fn decode_batches(&self, stage: &str, expected: &SchemaRef) -> Result<Vec<RecordBatch>> {
+        Ok(self.decode_arrived(stage, expected)?.batches)
+    }
+
+    /// Decode `data` as [`Payload::decode_batches`] does, keeping the
+    /// compressed stream beside the batches (see [`Arrived`]).
+    pub fn decode_arrived(&self, stage: &str, expected: &SchemaRef) -> Result<Arrived> {
         let bad = |reason: String| EngineError::BadPayload {
             uuid: self.uuid_string(),
             stage: stage.to_string(),
             reason,
         };
         if self.data.is_empty() {
-            return Ok(vec![]);
+            return Ok(Arrived::default());
         }
         let compressed = B64
             .decode(self.data.as_bytes())
@@ -175,14 +184,21 @@ impl Payload {
         // The last line of defence: an arrow path the checks missed must
         // not take the instance down. (Only where panics unwind; under
         // `panic = "abort"` the checks in ipc_decode are what holds.)
-        std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
+        let batches = std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
             .unwrap_or_else(|panic| {
                 Err(format!(
                     "the Arrow decoder panicked: {}",
                     panic_text(&*panic)
                 ))
             })
-            .map_err(|e| bad(format!("data is not a valid Arrow IPC stream: {e}")))
+            .map_err(|e| bad(format!("data is not a valid Arrow IPC stream: {e}")))?;
+        let frame = (self.encoding != Encoding::None).then(|| {
+            Arc::new(WireFrame {
+                encoding: self.encoding,
+                bytes: compressed,
+            })
+        });
+        Ok(Arrived { batches, frame })
     }
 }
 

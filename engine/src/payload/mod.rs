@@ -9,12 +9,14 @@
 //! is split into fragments, and `fragment.count` says how many to expect.
 //! Bytes always travel as base64 text: Lambda payloads must be JSON.
 
+mod arrived;
 mod envelope;
 mod frame;
 mod send;
 #[cfg(test)]
 mod tests;
 
+pub use arrived::{Arrived, WireFrame, batches_of};
 pub use envelope::{
     ASYNC_PAYLOAD_LIMIT, Fragment, MAX_FRAGMENTS, Payload, PayloadId, SYNC_PAYLOAD_LIMIT,
     SourceOffset,

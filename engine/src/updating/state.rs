@@ -360,6 +360,11 @@ impl UpdatingState {
         for change in changes.into_iter().flatten() {
             match change {
                 Change::Rows { edge, batch } => self.apply_saved(edge, &batch)?,
+                Change::Arrived { edge, batches, .. } => {
+                    for batch in batches {
+                        self.apply_saved(edge, &batch)?;
+                    }
+                }
                 Change::Released(_) => {
                     return Err(EngineError::Context(
                         "an updating stage's checkpoint holds a window release".into(),
