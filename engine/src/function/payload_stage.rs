@@ -27,7 +27,14 @@ impl StageFunction {
                     stage: self.name.clone(),
                     reason: format!("no leaf of this stage reads edge {}", p.shuffle_id),
                 })?;
-        let arrived = p.decode_arrived(&self.name, expected)?;
+        let mut arrived = p.decode_arrived(&self.name, expected)?;
+        // Only a window buffer's checkpoints write frames: elsewhere the
+        // compressed bytes would only wait in the arena for nothing.
+        let keeps_frames = self.checkpoints().is_some()
+            && matches!(self.ctx.mode, StageMode::Complete | StageMode::Accumulate);
+        if !keeps_frames {
+            arrived.frame = None;
+        }
         let mut state = self.state.lock().await;
         if !state.restored {
             self.restore(&mut state).await?;
