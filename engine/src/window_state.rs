@@ -147,22 +147,17 @@ impl WindowBuffer {
         rows_held(&self.buffered)
     }
 
-    /// Keep an epoch's rows of one edge; rows whose window was already
-    /// emitted are returned instead.
-    pub fn add(&mut self, edge: u32, batches: Vec<RecordBatch>) -> Result<Vec<LateRows>> {
-        self.add_arrived(edge, batches.into_iter().map(|b| vec![b].into()).collect())
-    }
-
-    /// Keep rows of one edge payload by payload, as [`WindowBuffer::add`]
-    /// does; a payload whose rows are all kept is journalled with its frame.
-    pub fn add_arrived(&mut self, edge: u32, arrived: Vec<Arrived>) -> Result<Vec<LateRows>> {
+    /// Keep an epoch's rows of one edge, payload by payload; rows whose
+    /// window was already emitted are returned instead. A payload whose
+    /// rows are all kept is journalled with its frame.
+    pub fn add(&mut self, edge: u32, arrived: Vec<Arrived>) -> Result<Vec<LateRows>> {
         let mut late = vec![];
         let window = self.windows.get(&edge).cloned().flatten();
         // Open sessions per key, computed once per call and only if needed.
         let mut open = None;
         for a in arrived {
             let mut kept = vec![];
-            let mut whole = true;
+            let mut none_late = true;
             for b in a.batches.into_iter().filter(|b| b.num_rows() > 0) {
                 let (on_time, late_rows) = match (&window, self.released) {
                     (Some(w), Some(released)) => {
@@ -170,7 +165,7 @@ impl WindowBuffer {
                     }
                     _ => (b, None),
                 };
-                whole &= late_rows.is_none();
+                none_late &= late_rows.is_none();
                 late.extend(late_rows);
                 if on_time.num_rows() > 0 {
                     // Held at once: the open sessions above are read from
@@ -180,11 +175,13 @@ impl WindowBuffer {
                 }
             }
             match a.frame {
-                Some(frame) if whole && !kept.is_empty() => self.journal.push(|| Change::Arrived {
-                    edge,
-                    batches: kept,
-                    frame,
-                }),
+                Some(frame) if none_late && !kept.is_empty() => {
+                    self.journal.push(|| Change::Arrived {
+                        edge,
+                        batches: kept,
+                        frame,
+                    })
+                }
                 _ => {
                     for batch in kept {
                         self.journal.push(|| Change::Rows { edge, batch });

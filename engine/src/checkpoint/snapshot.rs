@@ -82,33 +82,45 @@ fn code_encoding(code: u8) -> std::result::Result<Encoding, String> {
     }
 }
 
+/// Reads bytes in order: `None` when fewer are left than asked for.
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.0.len() {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    /// A length, as written: eight bytes, little-endian.
+    fn len(&mut self) -> Option<usize> {
+        let b = self.take(8)?;
+        usize::try_from(u64::from_le_bytes(b.try_into().expect("8 bytes"))).ok()
+    }
+}
+
 /// The raw bytes of a state and the frames after them: [`compress_with`]'s
 /// layout, or [`decompress`]'s.
 fn decompress_with(bytes: &[u8]) -> std::result::Result<(Vec<u8>, Vec<WireFrame>), String> {
     let Some(rest) = bytes.strip_prefix(FRAMES_TAG) else {
         return Ok((decompress(bytes)?, vec![]));
     };
-    let mut rest = rest;
-    let mut take = |n: usize| -> std::result::Result<&[u8], String> {
-        if n > rest.len() {
-            return Err("frames cut short".into());
-        }
-        let (head, tail) = rest.split_at(n);
-        rest = tail;
-        Ok(head)
-    };
-    let len = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-    let n = usize::try_from(len(take(8)?)).map_err(|_| "frames cut short")?;
-    let lz4 = take(n)?;
+    let cut = || "frames cut short".to_string();
+    let mut bytes = Cursor(rest);
+    let n = bytes.len().ok_or_else(cut)?;
+    let lz4 = bytes.take(n).ok_or_else(cut)?;
     let cap = lz4.len().saturating_mul(LZ4_MAX_RATIO).saturating_add(16);
     let raw = decompress_within(Encoding::Lz4, lz4, cap).map_err(|e| e.to_string())?;
     let mut frames = vec![];
-    while let Ok(code) = take(1) {
+    while let Some(code) = bytes.take(1) {
         let encoding = code_encoding(code[0])?;
-        let n = usize::try_from(len(take(8)?)).map_err(|_| "frames cut short")?;
+        let n = bytes.len().ok_or_else(cut)?;
         frames.push(WireFrame {
             encoding,
-            bytes: take(n)?.to_vec(),
+            bytes: bytes.take(n).ok_or_else(cut)?.to_vec(),
         });
     }
     Ok((raw, frames))
@@ -314,31 +326,23 @@ pub fn decode_state(
     let (raw, frames) =
         decompress_with(bytes).map_err(|e| bad(format!("does not decompress: {e}")))?;
     let mut frames = frames.into_iter();
-    let mut pos = 0usize;
-    let mut take = |n: usize| -> Result<&[u8]> {
-        let end = pos
-            .checked_add(n)
-            .filter(|end| *end <= raw.len())
-            .ok_or_else(|| bad("truncated".into()))?;
-        let slice = &raw[pos..end];
-        pos = end;
-        Ok(slice)
-    };
-    if take(MAGIC.len())? != MAGIC {
+    let truncated = || bad("truncated".into());
+    let mut bytes = Cursor(&raw);
+    if bytes.take(MAGIC.len()).ok_or_else(truncated)? != MAGIC {
         return Err(bad("not a Skein state (bad magic)".into()));
     }
-    let len = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize;
-    let json_len = len(take(8)?);
-    let header: Header =
-        serde_json::from_slice(take(json_len)?).map_err(|e| bad(format!("header: {e}")))?;
+    let json_len = bytes.len().ok_or_else(truncated)?;
+    let json = bytes.take(json_len).ok_or_else(truncated)?;
+    let header: Header = serde_json::from_slice(json).map_err(|e| bad(format!("header: {e}")))?;
     let mut buffered = BTreeMap::new();
     for edge in &header.edges {
-        let n = len(take(8)?);
+        let n = bytes.len().ok_or_else(truncated)?;
         let schema = schemas
             .get(edge)
             .ok_or_else(|| bad(format!("edge {edge} is not an input of this stage")))?;
+        let stream = bytes.take(n).ok_or_else(truncated)?;
         let batches =
-            decode_stream(take(n)?, schema).map_err(|e| bad(format!("edge {edge}: {e}")))?;
+            decode_stream(stream, schema).map_err(|e| bad(format!("edge {edge}: {e}")))?;
         buffered.insert(*edge, batches);
     }
     let watermark = Watermark {
@@ -371,7 +375,7 @@ pub fn decode_state(
                         .map_err(|e| bad(format!("edge {edge}: frame {e}")))?;
                     Ok(Change::Arrived {
                         edge,
-                        batches,
+                        batches: batches.into_iter().filter(|b| b.num_rows() > 0).collect(),
                         frame: Arc::new(frame),
                     })
                 }

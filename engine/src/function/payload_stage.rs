@@ -151,7 +151,7 @@ impl StageFunction {
             StageMode::Updating => None,
             StageMode::Complete | StageMode::Accumulate => {
                 for (edge, arrived) in input.edges {
-                    let late = state.windows.add_arrived(edge, arrived)?;
+                    let late = state.windows.add(edge, arrived)?;
                     self.set_aside_late(epoch, late).await?;
                 }
                 if input.last {

@@ -24,16 +24,44 @@ pub struct WireFrame {
     pub bytes: Vec<u8>,
 }
 
+/// Why a frame does not decode.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameDecodeError {
+    /// The bytes do not decompress.
+    #[error("not a valid {0:?} frame: {1}")]
+    Compression(Encoding, String),
+    /// What they decompress to is not an Arrow IPC stream of the schema.
+    #[error("not a valid Arrow IPC stream: {0}")]
+    Ipc(String),
+}
+
 impl WireFrame {
-    /// The non-empty batches the frame holds, checked against `expected`
-    /// as a payload's data is; every failure is a message, never a panic.
-    pub fn decode(&self, expected: &SchemaRef) -> Result<Vec<RecordBatch>, String> {
+    /// The batches the frame holds, checked against `expected`: the IPC
+    /// stream is checked before arrow reads it ([`crate::ipc_decode`]), and
+    /// every failure is an error, never a panic.
+    pub fn decode(&self, expected: &SchemaRef) -> Result<Vec<RecordBatch>, FrameDecodeError> {
         let ipc = decompress(self.encoding, &self.bytes)
-            .map_err(|e| format!("not a valid {:?} frame: {e}", self.encoding))?;
-        let batches = std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
-            .unwrap_or_else(|_| Err("the Arrow decoder panicked".into()))?;
-        Ok(batches.into_iter().filter(|b| b.num_rows() > 0).collect())
+            .map_err(|e| FrameDecodeError::Compression(self.encoding, e.to_string()))?;
+        // The last line of defence: an arrow path the checks missed must
+        // not take the instance down. (Only where panics unwind; under
+        // `panic = "abort"` the checks in ipc_decode are what holds.)
+        std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
+            .unwrap_or_else(|panic| {
+                Err(format!(
+                    "the Arrow decoder panicked: {}",
+                    panic_text(&*panic)
+                ))
+            })
+            .map_err(FrameDecodeError::Ipc)
     }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The rows of one payload and, when it was compressed, its frame.
@@ -43,15 +71,6 @@ pub struct Arrived {
     pub batches: Vec<RecordBatch>,
     /// The frame they were decoded from.
     pub frame: Option<Arc<WireFrame>>,
-}
-
-impl From<Vec<RecordBatch>> for Arrived {
-    fn from(batches: Vec<RecordBatch>) -> Self {
-        Arrived {
-            batches,
-            frame: None,
-        }
-    }
 }
 
 /// Every batch of `arrived`, frames dropped.

@@ -10,7 +10,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
 use super::arrived::{Arrived, WireFrame};
-use super::frame::{Encoding, decompress};
+use super::frame::Encoding;
 use crate::error::{EngineError, Result};
 
 /// Lambda's limit for a synchronous (RequestResponse) invocation payload.
@@ -175,37 +175,14 @@ impl Payload {
         let compressed = B64
             .decode(self.data.as_bytes())
             .map_err(|e| bad(format!("data is not valid base64: {e}")))?;
-        let ipc = decompress(self.encoding, &compressed).map_err(|e| {
-            bad(format!(
-                "data is not a valid {:?} frame: {e}",
-                self.encoding
-            ))
-        })?;
-        // The last line of defence: an arrow path the checks missed must
-        // not take the instance down. (Only where panics unwind; under
-        // `panic = "abort"` the checks in ipc_decode are what holds.)
-        let batches = std::panic::catch_unwind(|| crate::ipc_decode::decode_stream(&ipc, expected))
-            .unwrap_or_else(|panic| {
-                Err(format!(
-                    "the Arrow decoder panicked: {}",
-                    panic_text(&*panic)
-                ))
-            })
-            .map_err(|e| bad(format!("data is not a valid Arrow IPC stream: {e}")))?;
-        let frame = (self.encoding != Encoding::None).then(|| {
-            Arc::new(WireFrame {
-                encoding: self.encoding,
-                bytes: compressed,
-            })
-        });
+        let frame = WireFrame {
+            encoding: self.encoding,
+            bytes: compressed,
+        };
+        let batches = frame
+            .decode(expected)
+            .map_err(|e| bad(format!("data is {e}")))?;
+        let frame = (self.encoding != Encoding::None).then(|| Arc::new(frame));
         Ok(Arrived { batches, frame })
     }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
 }

@@ -16,7 +16,7 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use arrived::{Arrived, WireFrame, batches_of};
+pub use arrived::{Arrived, FrameDecodeError, WireFrame, batches_of};
 pub use envelope::{
     ASYNC_PAYLOAD_LIMIT, Fragment, MAX_FRAGMENTS, Payload, PayloadId, SYNC_PAYLOAD_LIMIT,
     SourceOffset,

@@ -19,6 +19,17 @@ fn rows(keys: &[&str], times: &[i64]) -> RecordBatch {
     .unwrap()
 }
 
+/// Each batch as a payload of its own, sent uncompressed (no frame).
+fn plain(batches: Vec<RecordBatch>) -> Vec<Arrived> {
+    batches
+        .into_iter()
+        .map(|b| Arrived {
+            batches: vec![b],
+            frame: None,
+        })
+        .collect()
+}
+
 fn count(m: &BTreeMap<u32, Vec<RecordBatch>>) -> usize {
     m.values().flatten().map(|b| b.num_rows()).sum()
 }
@@ -32,14 +43,16 @@ fn tumbling_rows_wait_for_the_watermark_and_late_ones_are_set_aside() {
     });
     let mut buf = WindowBuffer::new([(1, Some(w))].into_iter().collect());
     assert!(
-        buf.add(1, vec![rows(&["a", "b"], &[0, 10_000])])
+        buf.add(1, plain(vec![rows(&["a", "b"], &[0, 10_000])]))
             .unwrap()
             .is_empty()
     );
     assert_eq!(count(&buf.release(9_999).unwrap()), 0);
     assert_eq!(count(&buf.release(10_000).unwrap()), 1);
     // The [0, 10 s) window was emitted: a row for it is late.
-    let late = buf.add(1, vec![rows(&["c", "d"], &[0, 10_000])]).unwrap();
+    let late = buf
+        .add(1, plain(vec![rows(&["c", "d"], &[0, 10_000])]))
+        .unwrap();
     assert_eq!(late.len(), 1);
     assert_eq!(late[0].batch.num_rows(), 1);
     assert_eq!(late[0].windows, vec![(0, 10_000)]);
@@ -64,13 +77,13 @@ fn a_payload_kept_whole_is_journalled_with_its_frame_and_one_cut_by_lateness_is_
     };
     let on_time = rows(&["a", "b"], &[0, 10_000]);
     let empty = rows(&[], &[]);
-    buf.add_arrived(1, vec![arrived(vec![on_time.clone(), empty])])
+    buf.add(1, vec![arrived(vec![on_time.clone(), empty])])
         .unwrap();
     buf.release(10_000).unwrap();
     // The [0, 10 s) window was emitted: "c" is late, so its payload's
     // frame no longer says what is held.
     let mixed = rows(&["c", "d"], &[0, 10_000]);
-    let late = buf.add_arrived(1, vec![arrived(vec![mixed])]).unwrap();
+    let late = buf.add(1, vec![arrived(vec![mixed])]).unwrap();
     assert_eq!(late[0].batch.num_rows(), 1);
     let changes = buf.take_changes().unwrap();
     assert_eq!(changes.len(), 3, "{changes:?}");
@@ -101,19 +114,19 @@ fn a_late_session_row_is_one_that_would_extend_an_emitted_session() {
         gap_ms: 10,
     };
     let mut buf = WindowBuffer::new([(1, Some(EdgeWindow::Session(spec)))].into_iter().collect());
-    buf.add(1, vec![rows(&["a", "a", "b"], &[80, 85, 100])])
+    buf.add(1, plain(vec![rows(&["a", "a", "b"], &[80, 85, 100])]))
         .unwrap();
     // a's session ends at 85 + 10 < 100: emitted; b stays open.
     assert_eq!(count(&buf.release(100).unwrap()), 2);
     // 90 would join a's emitted session: late. 130 opens a new one.
     // b at 95 reaches b's open session: on time.
     let late = buf
-        .add(1, vec![rows(&["a", "a", "b"], &[90, 130, 95])])
+        .add(1, plain(vec![rows(&["a", "a", "b"], &[90, 130, 95])]))
         .unwrap();
     assert_eq!(late.iter().map(|l| l.batch.num_rows()).sum::<usize>(), 1);
     assert_eq!(late[0].windows, vec![(90, 100)]);
     // A key never seen, whose lone session would already be closed.
-    let late = buf.add(1, vec![rows(&["z"], &[50])]).unwrap();
+    let late = buf.add(1, plain(vec![rows(&["z"], &[50])])).unwrap();
     assert_eq!(late.len(), 1);
 }
 
@@ -137,8 +150,10 @@ fn changes_applied_to_an_earlier_state_give_the_same_buffer() {
     .into();
     let mut live = WindowBuffer::new(windows.clone());
     live.keep_changes();
-    live.add(1, vec![rows(&["a", "b"], &[0, 100])]).unwrap();
-    live.add(2, vec![rows(&["a", "b"], &[80, 100])]).unwrap();
+    live.add(1, plain(vec![rows(&["a", "b"], &[0, 100])]))
+        .unwrap();
+    live.add(2, plain(vec![rows(&["a", "b"], &[80, 100])]))
+        .unwrap();
     live.release(50).unwrap();
     // The checkpoint: a whole state, then only changes.
     let saved = live.saved();
@@ -148,10 +163,11 @@ fn changes_applied_to_an_earlier_state_give_the_same_buffer() {
         saved.emitted_sessions.clone(),
     );
     assert!(live.take_changes().is_some());
-    live.add(1, vec![rows(&["c"], &[200])]).unwrap();
-    live.add(2, vec![rows(&["a", "c"], &[85, 300])]).unwrap();
+    live.add(1, plain(vec![rows(&["c"], &[200])])).unwrap();
+    live.add(2, plain(vec![rows(&["a", "c"], &[85, 300])]))
+        .unwrap();
     live.release(100).unwrap();
-    live.add(1, vec![rows(&["d"], &[0])]).unwrap(); // late: not a change
+    live.add(1, plain(vec![rows(&["d"], &[0])])).unwrap(); // late: not a change
     live.release(250).unwrap();
     let changes = live.take_changes().unwrap();
     let mut back = WindowBuffer::new(windows);
@@ -180,8 +196,8 @@ fn a_merge_leaves_the_changes_as_the_rows_came() {
     live.keep_changes();
     assert_eq!(live.take_changes(), Some(vec![]));
     let (first, second) = (rows(&["a"], &[10]), rows(&["a"], &[20]));
-    live.add(1, vec![first.clone()]).unwrap();
-    live.add(1, vec![second.clone()]).unwrap();
+    live.add(1, plain(vec![first.clone()])).unwrap();
+    live.add(1, plain(vec![second.clone()])).unwrap();
     assert_eq!(live.take_edge(1).len(), 2);
     // Stands for the two partial rows merged into one.
     live.put_back(1, vec![first.clone()]);
