@@ -4,8 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 
 use super::{
@@ -16,7 +14,6 @@ use crate::codec::{plan_from_bytes, schema_from_bytes};
 use crate::compaction::Compactor;
 use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
-use crate::exec::{StageInput, StageInputExec};
 use crate::ring::HashRing;
 use crate::session::session;
 use crate::watermark::{EventTimeOptions, SourceClock};
@@ -81,8 +78,7 @@ impl StageFunction {
             )),
             _ => None,
         };
-        let mut input_schemas = BTreeMap::new();
-        collect_leaf_schemas(&outputs[0].plan, &mut input_schemas);
+        let input_schemas = crate::updating::leaf_schemas(&outputs[0].plan);
         let wire_schemas = input_schemas
             .iter()
             .map(|(edge, schema)| {
@@ -191,16 +187,5 @@ impl StageFunction {
             state: Mutex::new(state),
             tally: Default::default(),
         })
-    }
-}
-
-fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {
-    if let Some(leaf) = plan.downcast_ref::<StageInputExec>()
-        && let StageInput::Shuffle { shuffle_id } = leaf.input
-    {
-        out.insert(shuffle_id, plan.schema());
-    }
-    for c in plan.children() {
-        collect_leaf_schemas(c, out);
     }
 }

@@ -300,7 +300,7 @@ impl StageFunction {
                 change_rows(&changes),
             ),
             _ => {
-                let bytes = match &state.updating {
+                let bytes = match &mut state.updating {
                     Some(u) => {
                         let rows = u.whole()?;
                         let saved = SavedWindows {

@@ -17,6 +17,9 @@ use crate::changelog::{self, INSERT, RETRACT};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::payload::PayloadHeader;
+use crate::updating::UpdatingState;
+use crate::updating::aggregate::AggregatePlan;
+use crate::updating::join::AppendJoin;
 use crate::updating::keyed::concat;
 use crate::updating::split::CORE_OUTPUT;
 use crate::updating::state::Due;
@@ -52,15 +55,54 @@ impl StageFunction {
             .iter()
             .map(|e| (e.shuffle_id, e.updating))
             .collect();
+        // An aggregate kept as accumulators takes the rows as its input
+        // operators make them; other stages keep the edge's rows.
+        let mut edges = input.edges;
+        let aggregate_input = match &plan.aggregate {
+            Some(agg) => {
+                let mut retract = vec![];
+                let mut insert = vec![];
+                for (edge, arrived) in std::mem::take(&mut edges) {
+                    let updating = updating_edges.get(&edge).copied().unwrap_or(false);
+                    for b in crate::payload::batches_of(arrived) {
+                        if updating {
+                            let (r, i) = changelog::split(&b)?;
+                            retract.push(r);
+                            insert.push(i);
+                        } else {
+                            insert.push(b);
+                        }
+                    }
+                }
+                Some((
+                    self.aggregate_input(agg, retract).await?,
+                    self.aggregate_input(agg, insert).await?,
+                ))
+            }
+            None => None,
+        };
         let u = state
             .updating
             .as_mut()
             .ok_or_else(|| EngineError::Context(format!("{}: no updating state", self.name)))?;
         u.begin_epoch(epoch);
-        for (edge, arrived) in input.edges {
-            let updating = updating_edges.get(&edge).copied().unwrap_or(false);
-            for b in crate::payload::batches_of(arrived) {
-                u.take_input(edge, b, updating)?;
+        // A join whose result appends emits what its new rows join to; with
+        // an emit interval, changes wait, and only the recompute path can
+        // tell after a restart what waited.
+        let append_join = plan.append_join.filter(|_| spec.emit_every <= 1);
+        let mut joined = None;
+        match (aggregate_input, append_join) {
+            (Some((retract, insert)), _) => u.take_aggregate_input(retract, insert)?,
+            (None, Some(join)) => {
+                joined = Some(self.join_new_rows(&plan.core, join, u, edges).await?);
+            }
+            (None, None) => {
+                for (edge, arrived) in edges {
+                    let updating = updating_edges.get(&edge).copied().unwrap_or(false);
+                    for b in crate::payload::batches_of(arrived) {
+                        u.take_input(edge, b, updating)?;
+                    }
+                }
             }
         }
         let expired = u.expire()?;
@@ -69,9 +111,14 @@ impl StageFunction {
         }
         let emit_now = input.last || epoch.is_multiple_of(spec.emit_every.max(1));
         let due = if emit_now { u.take_due() } else { Due::Nothing };
-        let changes = match &due {
-            Due::Nothing => None,
-            due => {
+        let changes = match (&due, joined) {
+            (_, Some(rows)) => Some((RecordBatch::new_empty(rows.schema()), rows)),
+            (Due::Nothing, None) => None,
+            (due, None) if u.aggregates() => {
+                let result = u.aggregate_result(due)?;
+                Some(u.emit(due, result)?)
+            }
+            (due, None) => {
                 let mut bound = BTreeMap::new();
                 for edge in plan.edge_keys.keys() {
                     bound.insert(*edge, u.input_rows(*edge, due)?);
@@ -89,7 +136,14 @@ impl StageFunction {
                 let result = self.execute(&core).await?;
                 let schema = plan.core.schema();
                 let result = concat(&schema, &result.into_iter().flatten().collect::<Vec<_>>())?;
+                let kept = match &plan.top_n {
+                    Some(top_n) => Some((top_n.edge, top_n.kept(&result)?)),
+                    None => None,
+                };
                 let changes = u.emit(due, result)?;
+                if let Some((edge, kept)) = kept {
+                    u.keep_only(edge, due, kept)?;
+                }
                 // Partial aggregates of a key pile up one per epoch it is
                 // touched: merged into one once there are a few.
                 for (edge, compactor) in &self.compactors {
@@ -149,6 +203,84 @@ impl StageFunction {
             state.saved.note(w);
         }
         rows
+    }
+
+    /// Keep an epoch's new rows of a join whose result appends, and the
+    /// pairs they make: new left rows with the right rows of their keys
+    /// (kept and new), and kept left rows with the new right rows.
+    async fn join_new_rows(
+        &self,
+        core: &Arc<dyn ExecutionPlan>,
+        join: AppendJoin,
+        u: &mut UpdatingState,
+        edges: BTreeMap<u32, Vec<crate::payload::Arrived>>,
+    ) -> Result<RecordBatch> {
+        let mut new: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+        for (edge, arrived) in edges {
+            new.entry(edge)
+                .or_default()
+                .extend(crate::payload::batches_of(arrived));
+        }
+        let side = |edge: u32| -> Result<RecordBatch> {
+            let schema = u.edge_schema(edge).ok_or_else(|| {
+                EngineError::Context(format!("{}: no input edge {edge}", self.name))
+            })?;
+            concat(&schema, new.get(&edge).map(Vec::as_slice).unwrap_or_default())
+        };
+        let (new_left, new_right) = (side(join.left)?, side(join.right)?);
+        let right_kept = u.rows_of(join.right, &u.keys_in(join.left, &new_left)?)?;
+        let left_kept = u.rows_of(join.left, &u.keys_in(join.right, &new_right)?)?;
+        for (edge, batches) in new {
+            for b in batches {
+                u.take_input(edge, b, false)?;
+            }
+        }
+        let mut pairs = vec![];
+        for (left, right) in [
+            (vec![new_left], vec![right_kept, new_right.clone()]),
+            (vec![left_kept], vec![new_right]),
+        ] {
+            if left.iter().chain(&right).all(|b| b.num_rows() == 0) {
+                continue;
+            }
+            let mut sides = BTreeMap::from([(join.left, left), (join.right, right)]);
+            let bound = bind_leaves(core, &mut |leaf| match leaf {
+                StageInput::Shuffle { shuffle_id } => {
+                    Ok(sides.remove(shuffle_id).unwrap_or_default())
+                }
+                StageInput::Source { table, .. } => Err(EngineError::plan(format!(
+                    "stage {} has a source leaf {table} beside exchanges",
+                    self.name
+                ))),
+            })?;
+            pairs.extend(self.execute(&bound).await?.into_iter().flatten());
+        }
+        concat(&core.schema(), &pairs)
+    }
+
+    /// An aggregate's input rows from its edge's `batches`: the operators
+    /// between the edge and the aggregate run on them, if there are any.
+    async fn aggregate_input(
+        &self,
+        agg: &AggregatePlan,
+        batches: Vec<RecordBatch>,
+    ) -> Result<RecordBatch> {
+        let batches: Vec<RecordBatch> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        let rows = match &agg.input {
+            _ if batches.is_empty() => vec![],
+            None => batches,
+            Some(below) => {
+                let mut once = Some(batches);
+                let bound = bind_leaves(below, &mut |_| Ok(once.take().unwrap_or_default()))?;
+                self.execute(&bound).await?.into_iter().flatten().collect()
+            }
+        };
+        let rows = concat(&agg.input_schema, &rows)?;
+        // The schema a checkpoint reads it back with.
+        Ok(rows
+            .clone()
+            .with_schema(agg.input_schema.clone())
+            .unwrap_or(rows))
     }
 
     /// A stateless stage over a changelog: its plan runs on the

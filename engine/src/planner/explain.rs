@@ -94,6 +94,9 @@ impl QueryPlan {
                 "\nstage {:02} [{:?}, {:?}] members {} concurrency {} -> {}\n  functions: {}",
                 s.id, s.kind, s.mode, s.members, s.concurrency, output, names
             );
+            if let Some(path) = self.state_path(s) {
+                let _ = writeln!(out, "  state: {path}");
+            }
             for (i, w) in s.windows.iter().enumerate() {
                 let edge = s.inputs[i].0;
                 let _ = match w {
@@ -170,6 +173,11 @@ impl QueryPlan {
                     "consumer": o.consumer,
                 })).collect::<Vec<_>>(),
                 "functions": (0..s.members).map(|m| function_name(&self.query_code, s.id, m)).collect::<Vec<_>>(),
+                "state": self.state_path(s).map(|p| serde_json::json!({
+                    "incremental": p.incremental,
+                    "operator": p.operator,
+                    "keeps": p.keeps,
+                })),
                 "operators": displayable(s.plan.as_ref()).indent(true).to_string().lines().map(|l| l.trim().to_string()).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         })

@@ -453,27 +453,7 @@ impl QueryPlan {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let inputs = s
-                .inputs
-                .iter()
-                .enumerate()
-                .map(|(i, (up, _))| {
-                    let tables = s.input_tables.get(i).cloned().unwrap_or_default();
-                    let late_letters = tables
-                        .iter()
-                        .find(|t| t.config.option(OPT_LATE) == Some("dead-letter"))
-                        .map(|t| t.config.clone());
-                    InputEdge {
-                        shuffle_id: *up,
-                        senders: self.sender(*up).members,
-                        window: s.windows.get(i).cloned().flatten(),
-                        tables: tables.into_iter().map(|t| t.table).collect(),
-                        late_letters,
-                        updating: self.sender(*up).updating,
-                        key: updating::edge_key(self.output_plan(*up)),
-                    }
-                })
-                .collect();
+            let inputs = self.input_edges(s);
             let updating = match s.mode {
                 StageMode::Updating => Some(self.updating_spec(s, options)?),
                 _ => None,
@@ -534,6 +514,41 @@ impl QueryPlan {
         self.stages
             .iter()
             .any(|s| s.output == Exchange::Sink && s.updating)
+    }
+
+    /// The edges stage `s` reads, as its functions' contexts carry them.
+    fn input_edges(&self, s: &Stage) -> Vec<InputEdge> {
+        s.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, (up, _))| {
+                let tables = s.input_tables.get(i).cloned().unwrap_or_default();
+                let late_letters = tables
+                    .iter()
+                    .find(|t| t.config.option(OPT_LATE) == Some("dead-letter"))
+                    .map(|t| t.config.clone());
+                InputEdge {
+                    shuffle_id: *up,
+                    senders: self.sender(*up).members,
+                    window: s.windows.get(i).cloned().flatten(),
+                    tables: tables.into_iter().map(|t| t.table).collect(),
+                    late_letters,
+                    updating: self.sender(*up).updating,
+                    key: updating::edge_key(self.output_plan(*up)),
+                }
+            })
+            .collect()
+    }
+
+    /// How an updating stage computes its changes and what it keeps, in
+    /// words; `None` for other stages.
+    pub fn state_path(&self, s: &Stage) -> Option<crate::updating::StatePath> {
+        if s.mode != StageMode::Updating {
+            return None;
+        }
+        let schemas = crate::updating::leaf_schemas(&s.plan);
+        let plan = crate::updating::UpdatingPlan::new(&s.plan, &self.input_edges(s), &schemas).ok()?;
+        Some(plan.path())
     }
 
     fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {

@@ -125,6 +125,14 @@ impl KeyedRows {
         self.index.keys()
     }
 
+    /// Rows kept under `keys`.
+    pub fn count_of(&self, keys: &HashSet<Key>) -> usize {
+        keys.iter()
+            .filter_map(|k| self.index.get(k))
+            .map(Vec::len)
+            .sum()
+    }
+
     /// Those of `keys` that have at least `rows` rows.
     pub fn crowded(&self, keys: &HashSet<Key>, rows: usize) -> HashSet<Key> {
         keys.iter()

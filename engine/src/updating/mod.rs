@@ -16,22 +16,33 @@
 //!
 //! * `split.rs`: where the stage compares (the core) and the row-by-row
 //!   operators above (the tail);
+//! * `aggregate.rs`: an aggregate kept as accumulators per group, which
+//!   an epoch's rows update and retract (no input row is kept);
+//! * `join.rs`: an inner join of two streams that append, which joins
+//!   each epoch's new rows only;
 //! * `keyed.rs`: rows kept by key;
 //! * `diff.rs`: the changes between two results, and consolidating a
 //!   changelog into a table;
-//! * `state.rs`: a member's state, its checkpoints and its epoch step.
+//! * `state.rs`: a member's state, its checkpoints and its epoch step;
+//! * `top_n.rs`: a row-number filter over rows that append, whose kept
+//!   rows are cut to its result.
 
+pub mod aggregate;
 pub mod diff;
+pub mod join;
 pub mod keyed;
 pub mod split;
 pub mod state;
+pub mod top_n;
 
 pub use diff::{Consolidated, consolidate};
 pub use split::UpdatingPlan;
 pub use state::UpdatingState;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -40,6 +51,47 @@ use datafusion::prelude::SessionContext;
 use crate::error::Result;
 use crate::exec::{StageInput, StageInputExec};
 use crate::planner::{Exchange, QueryPlan};
+
+/// How an updating stage computes its changes, for `skein explain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatePath {
+    /// Work per epoch follows the epoch's rows, not the touched keys'
+    /// history.
+    pub incremental: bool,
+    /// The operator that runs so.
+    pub operator: String,
+    /// What the state keeps.
+    pub keeps: String,
+}
+
+impl std::fmt::Display for StatePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.incremental {
+            "incremental"
+        } else {
+            "recompute"
+        };
+        write!(f, "{how} {}; keeps {}", self.operator, self.keeps)
+    }
+}
+
+/// The schema of each exchange leaf of `plan`, by edge.
+pub fn leaf_schemas(plan: &Arc<dyn ExecutionPlan>) -> BTreeMap<u32, SchemaRef> {
+    let mut out = BTreeMap::new();
+    collect_leaf_schemas(plan, &mut out);
+    out
+}
+
+fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, SchemaRef>) {
+    if let Some(leaf) = plan.downcast_ref::<StageInputExec>()
+        && let StageInput::Shuffle { shuffle_id } = leaf.input
+    {
+        out.insert(shuffle_id, plan.schema());
+    }
+    for c in plan.children() {
+        collect_leaf_schemas(c, out);
+    }
+}
 
 /// A consolidated result in the query's order: a changelog's table has the
 /// order of its changes, so a query that ends in ORDER BY and updates is

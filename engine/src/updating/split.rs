@@ -26,6 +26,9 @@ use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 
+use super::aggregate::AggregatePlan;
+use super::join::AppendJoin;
+use super::top_n::TopN;
 use crate::context::InputEdge;
 use crate::error::Result;
 use crate::exec::{StageInput, StageInputExec, passes_batches_through, recompute};
@@ -45,6 +48,14 @@ pub struct UpdatingPlan {
     pub edge_keys: BTreeMap<u32, Option<Vec<usize>>>,
     /// The key columns of the core's output (`None`: one group).
     pub out_key: Option<Vec<usize>>,
+    /// The core as accumulators, when it is an aggregate that can run so
+    /// (then no input row is kept).
+    pub aggregate: Option<Arc<AggregatePlan>>,
+    /// A top-N whose kept rows are cut to its result after each emission.
+    pub top_n: Option<TopN>,
+    /// An inner join of two streams that append: each epoch joins its new
+    /// rows only, and keeps nothing it emitted.
+    pub append_join: Option<AppendJoin>,
 }
 
 impl UpdatingPlan {
@@ -99,12 +110,43 @@ impl UpdatingPlan {
                 edges.iter().map(|e| (e.shuffle_id, None)).collect(),
             ),
         };
+        // An aggregate under operators that reshape its rows one at a time
+        // runs on accumulators; those operators then run on its changes.
+        let (core, above, aggregate) = {
+            let mut node = core.clone();
+            let mut peeled = vec![];
+            while node.downcast_ref::<AggregateExec>().is_none()
+                && is_row_by_row(&node)
+                && node.children().len() == 1
+            {
+                peeled.push(node.clone());
+                node = node.children()[0].clone();
+            }
+            match AggregatePlan::of(&node, edges) {
+                Some(agg) => {
+                    let mut above = above;
+                    above.extend(peeled);
+                    (node, above, Some(Arc::new(agg)))
+                }
+                None => (core, above, None),
+            }
+        };
         let tail = rebuild_over_leaf(&above, &core)?;
+        let top_n = match (&out_key, edges) {
+            (Some(_), [edge]) => schemas
+                .get(&edge.shuffle_id)
+                .and_then(|s| TopN::of(&core, edges, s.fields().len())),
+            _ => None,
+        };
+        let append_join = AppendJoin::of(&core, edges);
         Ok(UpdatingPlan {
             core,
             tail,
             edge_keys,
             out_key,
+            aggregate,
+            top_n,
+            append_join,
         })
     }
 
@@ -112,6 +154,46 @@ impl UpdatingPlan {
     /// an epoch's work to).
     pub fn whole(&self) -> bool {
         self.out_key.is_none()
+    }
+
+    /// How the stage computes its changes and what it keeps.
+    pub fn path(&self) -> super::StatePath {
+        let (incremental, operator, keeps) = if let Some(agg) = &self.aggregate {
+            (
+                true,
+                format!("aggregate: {}", agg.describe()),
+                "one entry per group, and the rows it emitted".to_string(),
+            )
+        } else if self.append_join.is_some() {
+            (
+                true,
+                "inner join of two streams that append: joins each epoch's new rows".into(),
+                "both sides' rows by join key; nothing it emitted".into(),
+            )
+        } else if self.top_n.is_some() {
+            (
+                false,
+                "top-N over rows that append, per touched key".into(),
+                "the rows in each key's result only".into(),
+            )
+        } else if self.whole() {
+            (
+                false,
+                "of the whole result every epoch".into(),
+                "every input row, and the rows it emitted".into(),
+            )
+        } else {
+            (
+                false,
+                "per touched key".into(),
+                "every input row of its keys, and the rows it emitted".into(),
+            )
+        };
+        super::StatePath {
+            incremental,
+            operator,
+            keeps,
+        }
     }
 }
 
@@ -155,7 +237,7 @@ fn key_in_output(
 
 /// The input edge and column an output column of `plan` is, unchanged and
 /// never null-padded, if it is one.
-fn trace(plan: &Arc<dyn ExecutionPlan>, j: usize) -> Option<(u32, usize)> {
+pub(super) fn trace(plan: &Arc<dyn ExecutionPlan>, j: usize) -> Option<(u32, usize)> {
     if let Some(leaf) = plan.downcast_ref::<StageInputExec>() {
         return match leaf.input {
             StageInput::Shuffle { shuffle_id } => Some((shuffle_id, j)),

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use datafusion::arrow::array::{Int8Array, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
 
+use super::aggregate::GroupAccumulators;
 use super::diff::diff;
 use super::keyed::{Key, KeyedRows, RowEncoder, concat};
 use super::split::UpdatingPlan;
@@ -16,6 +17,13 @@ use crate::window_state::Change;
 
 /// The pseudo edge that the emitted rows travel under in a checkpoint.
 pub const EMITTED: u32 = u32::MAX;
+
+/// The pseudo edge an aggregate's input rows travel under in a checkpoint
+/// (the rows its accumulators took since the last whole state).
+pub const AGGREGATE_INPUT: u32 = u32::MAX - 2;
+
+/// The pseudo edge an aggregate's groups travel under in a whole state.
+pub const GROUPS: u32 = u32::MAX - 3;
 
 /// Rows per batch of a whole checkpoint.
 const CHECKPOINT_BATCH_ROWS: usize = 64 * 1024;
@@ -35,6 +43,12 @@ pub enum Due {
 #[derive(Debug)]
 pub struct UpdatingState {
     edges: BTreeMap<u32, KeyedRows>,
+    /// An aggregate kept as accumulators, in place of its input rows
+    /// (`edges` is then empty).
+    aggregate: Option<GroupAccumulators>,
+    /// The journal cannot say what happened since the last checkpoint (an
+    /// aggregate's groups expired): the next one is whole.
+    whole_next: bool,
     emitted: KeyedRows,
     whole_rows: RowEncoder,
     /// Keys touched since the last emission.
@@ -65,10 +79,23 @@ impl UpdatingState {
             edges.insert(*edge, KeyedRows::new(schema.clone(), key.clone())?);
         }
         let core_schema = plan.core.schema();
+        let (aggregate, emitted_key) = match &plan.aggregate {
+            Some(agg) => {
+                edges.clear();
+                let g = agg.group_count();
+                (
+                    Some(GroupAccumulators::new(agg.clone())?),
+                    (g > 0).then(|| (0..g).collect()),
+                )
+            }
+            None => (None, plan.out_key.clone()),
+        };
         Ok(UpdatingState {
             edges,
+            aggregate,
+            whole_next: false,
             whole_rows: RowEncoder::whole(&core_schema)?,
-            emitted: KeyedRows::new(core_schema, plan.out_key.clone())?,
+            emitted: KeyedRows::new(core_schema, emitted_key)?,
             pending: HashSet::new(),
             pending_all: false,
             journal: None,
@@ -96,6 +123,9 @@ impl UpdatingState {
     /// afresh, and its result stays in the sink until its next row (see
     /// docs/updating.md). Returns the rows dropped.
     pub fn expire(&mut self) -> Result<usize> {
+        if self.aggregate.is_some() {
+            return self.expire_groups();
+        }
         let mut dropped = 0;
         let mut gone: HashSet<Key> = HashSet::new();
         for (edge, ttl) in &self.ttl {
@@ -137,6 +167,68 @@ impl UpdatingState {
             }
         }
         Ok(dropped)
+    }
+
+    /// An aggregate's groups whose TTL ran out, as [`Self::expire`] does
+    /// for rows. Returns the groups dropped.
+    fn expire_groups(&mut self) -> Result<usize> {
+        let Some(agg) = &mut self.aggregate else {
+            return Ok(0);
+        };
+        let Some(ttl) = self.ttl.values().min().copied() else {
+            return Ok(0);
+        };
+        let gone = agg.idle(self.epoch, ttl);
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        agg.remove(&gone);
+        self.emitted.remove_keys(&gone);
+        for k in &gone {
+            self.pending.remove(k);
+        }
+        self.whole_next = true;
+        Ok(gone.len())
+    }
+
+    /// Take an epoch's rows of an aggregate's input (its edge's rows after
+    /// the operators below it): rows taken back, and new rows.
+    pub fn take_aggregate_input(&mut self, retract: RecordBatch, insert: RecordBatch) -> Result<()> {
+        let agg = self
+            .aggregate
+            .as_mut()
+            .ok_or_else(|| EngineError::Context("updating stage: no aggregate".into()))?;
+        if retract.num_rows() == 0 && insert.num_rows() == 0 {
+            return Ok(());
+        }
+        if let Some(j) = &mut self.journal {
+            j.push(Change::Rows {
+                edge: AGGREGATE_INPUT,
+                batch: changes(&retract, &insert)?,
+            });
+        }
+        // New rows first: a group whose rows all go in one epoch is gone,
+        // not gone and back.
+        self.pending.extend(agg.apply(&insert, false, self.epoch)?);
+        self.pending.extend(agg.apply(&retract, true, self.epoch)?);
+        Ok(())
+    }
+
+    /// Whether this state keeps an aggregate as accumulators.
+    pub fn aggregates(&self) -> bool {
+        self.aggregate.is_some()
+    }
+
+    /// An aggregate's output for the `due` groups now.
+    pub fn aggregate_result(&mut self, due: &Due) -> Result<RecordBatch> {
+        let agg = self
+            .aggregate
+            .as_mut()
+            .ok_or_else(|| EngineError::Context("updating stage: no aggregate".into()))?;
+        match due {
+            Due::Keys(keys) => agg.evaluate(keys.iter()),
+            Due::All | Due::Nothing => agg.evaluate_all(),
+        }
     }
 
     /// Take an epoch's batch of one edge: a changelog, or (`updating`
@@ -251,6 +343,14 @@ impl UpdatingState {
         }
     }
 
+    /// The keys of the rows of `batch`, rows of `edge`.
+    pub fn keys_in(&self, edge: u32, batch: &RecordBatch) -> Result<HashSet<Key>> {
+        match self.edges.get(&edge) {
+            Some(rows) => Ok(rows.keys_of(batch)?.into_iter().collect()),
+            None => Ok(HashSet::new()),
+        }
+    }
+
     /// The schema of `edge`'s rows.
     pub fn edge_schema(&self, edge: u32) -> Option<SchemaRef> {
         self.edges.get(&edge).map(|r| r.schema().clone())
@@ -281,9 +381,31 @@ impl UpdatingState {
         rows.compact_if_sparse()
     }
 
-    /// Rows kept over every input edge.
+    /// Keep of `due` keys' rows on `edge` only `kept` (rows that stay in
+    /// the result, see [`super::top_n`]); nothing is written when they are
+    /// all that is kept already.
+    pub fn keep_only(&mut self, edge: u32, due: &Due, kept: RecordBatch) -> Result<()> {
+        let Some(rows) = self.edges.get(&edge) else {
+            return Ok(());
+        };
+        let keys: HashSet<Key> = match due {
+            Due::Keys(keys) => keys.clone(),
+            Due::All => rows.keys().cloned().collect(),
+            Due::Nothing => return Ok(()),
+        };
+        if rows.count_of(&keys) == kept.num_rows() {
+            return Ok(());
+        }
+        self.replace(edge, &keys, kept)
+    }
+
+    /// Entries kept for the input: rows over every input edge, or an
+    /// aggregate's groups.
     pub fn rows(&self) -> usize {
-        self.edges.values().map(KeyedRows::len).sum()
+        match &self.aggregate {
+            Some(agg) => agg.len(),
+            None => self.edges.values().map(KeyedRows::len).sum(),
+        }
     }
 
     /// Rows a whole checkpoint holds: every input edge's and the emitted.
@@ -293,7 +415,9 @@ impl UpdatingState {
 
     /// Bytes kept, inputs and emitted rows.
     pub fn bytes(&self) -> usize {
-        self.edges.values().map(KeyedRows::bytes).sum::<usize>() + self.emitted.bytes()
+        self.edges.values().map(KeyedRows::bytes).sum::<usize>()
+            + self.aggregate.as_ref().map_or(0, GroupAccumulators::bytes)
+            + self.emitted.bytes()
     }
 
     /// Retractions that named no kept row.
@@ -308,7 +432,11 @@ impl UpdatingState {
 
     /// The changes since the last call.
     pub fn take_changes(&mut self) -> Option<Vec<Change>> {
-        self.journal.as_mut().map(std::mem::take)
+        let changes = self.journal.as_mut().map(std::mem::take);
+        if std::mem::take(&mut self.whole_next) {
+            return None;
+        }
+        changes
     }
 
     /// The schema of each edge's rows in a checkpoint (with the op column),
@@ -320,12 +448,24 @@ impl UpdatingState {
             .map(|(e, rows)| (*e, changelog::with_op(rows.schema())))
             .collect();
         out.insert(EMITTED, changelog::with_op(self.emitted.schema()));
+        if let Some(agg) = self.aggregate.as_ref().map(GroupAccumulators::plan) {
+            out.insert(AGGREGATE_INPUT, changelog::with_op(&agg.input_schema));
+            out.insert(GROUPS, changelog::with_op(agg.saved_schema()));
+        }
         out
     }
 
     /// Everything kept, per edge (and [`EMITTED`]), as inserts.
-    pub fn whole(&self) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
+    pub fn whole(&mut self) -> Result<BTreeMap<u32, Vec<RecordBatch>>> {
         let mut out = BTreeMap::new();
+        if let Some(agg) = &mut self.aggregate {
+            let groups = agg
+                .whole()?
+                .iter()
+                .map(|b| changelog::tag(b, INSERT))
+                .collect::<Result<Vec<_>>>()?;
+            out.insert(GROUPS, groups);
+        }
         for (edge, rows) in self.edges.iter().chain([(&EMITTED, &self.emitted)]) {
             let chunks = rows
                 .chunks(CHECKPOINT_BATCH_ROWS)?
@@ -352,6 +492,10 @@ impl UpdatingState {
             rows.clear();
         }
         self.emitted.clear();
+        if let Some(agg) = &mut self.aggregate {
+            agg.clear();
+        }
+        self.whole_next = false;
         for (edge, batches) in whole {
             for b in batches {
                 self.apply_saved(edge, &b)?;
@@ -388,6 +532,23 @@ impl UpdatingState {
     }
 
     fn apply_saved(&mut self, edge: u32, batch: &RecordBatch) -> Result<()> {
+        if let Some(agg) = &mut self.aggregate {
+            match edge {
+                GROUPS => return agg.restore(&changelog::strip(batch)?, self.epoch),
+                AGGREGATE_INPUT => {
+                    let (retract, insert) = changelog::split(batch)?;
+                    agg.apply(&insert, false, self.epoch)?;
+                    agg.apply(&retract, true, self.epoch)?;
+                    return Ok(());
+                }
+                EMITTED => {}
+                other => {
+                    return Err(EngineError::Context(format!(
+                        "an aggregate's checkpoint holds rows of edge {other}"
+                    )));
+                }
+            }
+        }
         if edge != EMITTED {
             return self.apply_input(edge, batch, false);
         }
