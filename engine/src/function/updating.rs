@@ -59,7 +59,7 @@ impl StageFunction {
         // operators make them; other stages keep the edge's rows.
         let mut edges = input.edges;
         let aggregate_input = match &plan.aggregate {
-            Some(agg) => {
+            Some(agg) if agg.join.is_none() => {
                 let mut retract = vec![];
                 let mut insert = vec![];
                 for (edge, arrived) in std::mem::take(&mut edges) {
@@ -79,7 +79,7 @@ impl StageFunction {
                     self.aggregate_input(agg, insert).await?,
                 ))
             }
-            None => None,
+            _ => None,
         };
         let u = state
             .updating
@@ -91,12 +91,21 @@ impl StageFunction {
         // tell after a restart what waited.
         let append_join = plan.append_join.filter(|_| spec.emit_every <= 1);
         let mut joined = None;
-        match (aggregate_input, append_join) {
-            (Some((retract, insert)), _) => u.take_aggregate_input(retract, insert)?,
-            (None, Some(join)) => {
+        let joined_into = plan
+            .aggregate
+            .as_ref()
+            .and_then(|a| Some((a.join?, a.input.clone()?, a.input_schema.clone())));
+        match (aggregate_input, append_join, joined_into) {
+            (Some((retract, insert)), _, _) => u.take_aggregate_input(retract, insert)?,
+            (None, _, Some((join, below, schema))) => {
+                let pairs = self.join_new_rows(&below, join, u, edges).await?;
+                u.forget_touched_rows();
+                u.take_aggregate_input(RecordBatch::new_empty(schema), pairs)?;
+            }
+            (None, Some(join), None) => {
                 joined = Some(self.join_new_rows(&plan.core, join, u, edges).await?);
             }
-            (None, None) => {
+            (None, None, None) => {
                 for (edge, arrived) in edges {
                     let updating = updating_edges.get(&edge).copied().unwrap_or(false);
                     for b in crate::payload::batches_of(arrived) {

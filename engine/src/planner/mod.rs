@@ -371,6 +371,9 @@ async fn plan_logical(
     for warning in plan.unbounded_joins(options.state_ttl) {
         tracing::warn!("{warning}");
     }
+    for warning in plan.recomputing_stages(options.state_ttl) {
+        tracing::warn!("{warning}");
+    }
     if let (Some(table), true) = (&sink_table, plan.updates()) {
         let catalog = crate::session::catalog_of(ctx);
         if let Some(Err(reason)) = catalog.map(|c| c.sink_takes_updates(&plan.sink)) {

@@ -367,4 +367,36 @@ impl QueryPlan {
         }
         out
     }
+
+    /// The updating stages on the recompute path (no incremental operator
+    /// fits) whose keys never close: a key touched every epoch is computed
+    /// again from all its rows every epoch. Each as a line naming the
+    /// operator; none when every table (or the run) sets a TTL.
+    pub fn recomputing_stages(&self, default_ttl: Option<std::time::Duration>) -> Vec<String> {
+        if default_ttl.is_some() {
+            return vec![];
+        }
+        let mut out = vec![];
+        for s in &self.stages {
+            let Some(path) = self.state_path(s) else {
+                continue;
+            };
+            let bounded = s
+                .input_tables
+                .iter()
+                .flatten()
+                .all(|t| t.config.options.contains_key(super::STATE_TTL_OPTION));
+            if path.incremental || bounded {
+                continue;
+            }
+            out.push(format!(
+                "stage {} computes {} again from the rows it keeps ({}): a key that never \
+                 closes costs more every epoch it is touched; 'state.ttl' bounds it",
+                s.id,
+                stateful_operator(&s.plan),
+                path.keeps
+            ));
+        }
+        out
+    }
 }

@@ -11,8 +11,12 @@
 //!   states (the sender's partial aggregate ran; here they are merged) or
 //!   rows, without an `ORDER BY` inside the call;
 //! * over a changelog, `count`, `sum` and `avg` (not DISTINCT), whose
-//!   accumulators take a row back exactly. Anything else keeps the
-//!   recompute path ([`super::split`]).
+//!   accumulators take a row back exactly;
+//! * over an inner join of two streams that append (NEXMark q4's highest
+//!   bid per auction): the join's new pairs each epoch are the
+//!   aggregate's new rows, and the stage keeps the join's sides too.
+//!
+//! Anything else keeps the recompute path ([`super::split`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -34,6 +38,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 
+use super::join::AppendJoin;
 use super::keyed::Key;
 use crate::context::InputEdge;
 use crate::error::{EngineError, Result};
@@ -52,8 +57,11 @@ const ROWS_COLUMN: &str = "__skein_rows";
 /// How an updating stage's aggregate runs on accumulators.
 #[derive(Debug)]
 pub struct AggregatePlan {
-    /// The input edge.
+    /// The input edge (a join's left edge).
     pub edge: u32,
+    /// The inner join below the aggregate, when two streams feed it: each
+    /// epoch's new pairs are its new rows.
+    pub join: Option<AppendJoin>,
     /// The operators between the edge and the aggregate, if any: run on an
     /// epoch's rows before the accumulators take them.
     pub input: Option<Arc<dyn ExecutionPlan>>,
@@ -79,21 +87,27 @@ impl AggregatePlan {
     /// `edges`, if it is an aggregate that can run so.
     pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge]) -> Option<Self> {
         let agg = core.downcast_ref::<AggregateExec>()?;
-        let [edge] = edges else { return None };
         if !agg.group_expr().is_single()
             || agg.aggr_expr().iter().any(|a| !a.order_bys().is_empty())
         {
             return None;
         }
-        let (leaf, input) = leaf_below(agg.input())?;
-        if leaf != edge.shuffle_id {
-            return None;
-        }
-        let retracts = edge.updating;
+        let (leaf, input, join, retracts) = match (edges, leaf_below(agg.input())) {
+            ([edge], Some((leaf, input))) if leaf == edge.shuffle_id => {
+                (leaf, input, None, edge.updating)
+            }
+            // Fed by an inner join of two streams that append: its new
+            // pairs are new rows (see join.rs).
+            (_, None) => {
+                let join = AppendJoin::of(agg.input(), edges)?;
+                (join.left, Some(agg.input().clone()), Some(join), false)
+            }
+            _ => return None,
+        };
         let group_count = agg.group_expr().expr().len();
         let merge_columns = match agg.mode().input_mode() {
             AggregateInputMode::Raw => None,
-            AggregateInputMode::Partial if retracts => return None,
+            AggregateInputMode::Partial if retracts || join.is_some() => return None,
             AggregateInputMode::Partial => {
                 let mut at = group_count;
                 let mut ranges = vec![];
@@ -139,6 +153,7 @@ impl AggregatePlan {
         }
         Some(AggregatePlan {
             edge: leaf,
+            join,
             input,
             input_schema: agg.input().schema(),
             group_exprs: agg
@@ -174,15 +189,12 @@ impl AggregatePlan {
     /// What `skein explain` says of the state.
     pub fn describe(&self) -> String {
         let names: Vec<&str> = self.aggs.iter().map(|a| a.fun().name()).collect();
-        format!(
-            "accumulators per group ({}){}",
-            names.join(", "),
-            if self.retracts {
-                ", retracting"
-            } else {
-                ""
-            }
-        )
+        let over = match (self.retracts, self.join.is_some()) {
+            (true, _) => ", retracting",
+            (false, true) => ", over the new pairs of an inner join of two streams that append",
+            (false, false) => "",
+        };
+        format!("accumulators per group ({}){over}", names.join(", "))
     }
 
     fn accumulators(&self) -> Result<Vec<Box<dyn Accumulator>>> {

@@ -10,7 +10,7 @@ use datafusion::functions_aggregate::min_max::max_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::AggregateUDF;
 use datafusion::physical_expr::aggregate::AggregateExprBuilder;
-use datafusion::physical_expr::expressions::col;
+use datafusion::physical_expr::expressions::{cast, col};
 use datafusion::physical_plan::aggregates::{AggregateMode, PhysicalGroupBy};
 
 use super::*;
@@ -57,7 +57,7 @@ fn aggregate(functions: &[(Arc<AggregateUDF>, bool)]) -> Arc<dyn ExecutionPlan> 
         .enumerate()
         .map(|(i, (f, distinct))| {
             Arc::new(
-                AggregateExprBuilder::new(f.clone(), vec![col("v", &s).unwrap()])
+                AggregateExprBuilder::new(f.clone(), vec![argument(f, &s)])
                     .schema(s.clone())
                     .alias(format!("a{i}"))
                     .with_distinct(*distinct)
@@ -78,6 +78,16 @@ fn aggregate(functions: &[(Arc<AggregateUDF>, bool)]) -> Arc<dyn ExecutionPlan> 
         )
         .unwrap(),
     )
+}
+
+/// `v`, as SQL's type coercion gives it to the function: `avg` reads
+/// floats.
+fn argument(f: &AggregateUDF, s: &SchemaRef) -> Arc<dyn PhysicalExpr> {
+    let v = col("v", s).unwrap();
+    if f.name() == "avg" {
+        return cast(v, s, DataType::Float64).unwrap();
+    }
+    v
 }
 
 /// Each group's row as text, by key.
@@ -193,3 +203,4 @@ fn a_checkpoint_of_the_groups_restores_them_exactly() {
         assert_eq!(avg.value(0), want, "group a, updating {updating}");
     }
 }
+

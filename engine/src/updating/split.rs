@@ -159,10 +159,15 @@ impl UpdatingPlan {
     /// How the stage computes its changes and what it keeps.
     pub fn path(&self) -> super::StatePath {
         let (incremental, operator, keeps) = if let Some(agg) = &self.aggregate {
+            let sides = if agg.join.is_some() {
+                "both sides' rows by join key, "
+            } else {
+                ""
+            };
             (
                 true,
                 format!("aggregate: {}", agg.describe()),
-                "one entry per group, and the rows it emitted".to_string(),
+                format!("{sides}one entry per group, and the rows it emitted"),
             )
         } else if self.append_join.is_some() {
             (

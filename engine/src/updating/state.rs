@@ -81,7 +81,10 @@ impl UpdatingState {
         let core_schema = plan.core.schema();
         let (aggregate, emitted_key) = match &plan.aggregate {
             Some(agg) => {
-                edges.clear();
+                // A join's sides stay: the join needs them.
+                if agg.join.is_none() {
+                    edges.clear();
+                }
                 let g = agg.group_count();
                 (
                     Some(GroupAccumulators::new(agg.clone())?),
@@ -123,9 +126,13 @@ impl UpdatingState {
     /// afresh, and its result stays in the sink until its next row (see
     /// docs/updating.md). Returns the rows dropped.
     pub fn expire(&mut self) -> Result<usize> {
-        if self.aggregate.is_some() {
-            return self.expire_groups();
-        }
+        let groups = self.expire_groups()?;
+        Ok(groups + self.expire_rows()?)
+    }
+
+    /// The rows part of [`Self::expire`]: an aggregate's groups are not
+    /// keyed as its (joined) input rows are, and expire apart.
+    fn expire_rows(&mut self) -> Result<usize> {
         let mut dropped = 0;
         let mut gone: HashSet<Key> = HashSet::new();
         for (edge, ttl) in &self.ttl {
@@ -153,7 +160,7 @@ impl UpdatingState {
             }
             gone.extend(old);
         }
-        if !gone.is_empty() {
+        if !gone.is_empty() && self.aggregate.is_none() {
             let emitted = self.emitted.gather(&gone)?;
             self.emitted.remove_keys(&gone);
             if let Some(j) = &mut self.journal {
@@ -284,6 +291,12 @@ impl UpdatingState {
         rows.compact_if_sparse()
     }
 
+    /// Forget the keys rows touched (not a restore's "every key"): an
+    /// aggregate over a join follows its groups, not the join's keys.
+    pub fn forget_touched_rows(&mut self) {
+        self.pending.clear();
+    }
+
     /// The keys to compute now; they are no longer pending.
     pub fn take_due(&mut self) -> Due {
         if std::mem::take(&mut self.pending_all) {
@@ -399,13 +412,11 @@ impl UpdatingState {
         self.replace(edge, &keys, kept)
     }
 
-    /// Entries kept for the input: rows over every input edge, or an
+    /// Entries kept for the input: rows over every input edge, and an
     /// aggregate's groups.
     pub fn rows(&self) -> usize {
-        match &self.aggregate {
-            Some(agg) => agg.len(),
-            None => self.edges.values().map(KeyedRows::len).sum(),
-        }
+        self.aggregate.as_ref().map_or(0, GroupAccumulators::len)
+            + self.edges.values().map(KeyedRows::len).sum::<usize>()
     }
 
     /// Rows a whole checkpoint holds: every input edge's and the emitted.
@@ -541,12 +552,8 @@ impl UpdatingState {
                     agg.apply(&retract, true, self.epoch)?;
                     return Ok(());
                 }
-                EMITTED => {}
-                other => {
-                    return Err(EngineError::Context(format!(
-                        "an aggregate's checkpoint holds rows of edge {other}"
-                    )));
-                }
+                // The emitted rows, or a join's sides (below).
+                _ => {}
             }
         }
         if edge != EMITTED {
