@@ -108,8 +108,11 @@ impl StageFunction {
             (None, None, None) => {
                 for (edge, arrived) in edges {
                     let updating = updating_edges.get(&edge).copied().unwrap_or(false);
-                    for b in crate::payload::batches_of(arrived) {
-                        u.take_input(edge, b, updating)?;
+                    let batches = crate::payload::batches_of(arrived);
+                    // Kept as one batch: an epoch's payloads can be many
+                    // small batches, each with buffers of its own.
+                    if let Some(first) = batches.first() {
+                        u.take_input(edge, concat(&first.schema(), &batches)?, updating)?;
                     }
                 }
             }
@@ -239,11 +242,8 @@ impl StageFunction {
         let (new_left, new_right) = (side(join.left)?, side(join.right)?);
         let right_kept = u.rows_of(join.right, &u.keys_in(join.left, &new_left)?)?;
         let left_kept = u.rows_of(join.left, &u.keys_in(join.right, &new_right)?)?;
-        for (edge, batches) in new {
-            for b in batches {
-                u.take_input(edge, b, false)?;
-            }
-        }
+        u.take_input(join.left, new_left.clone(), false)?;
+        u.take_input(join.right, new_right.clone(), false)?;
         let mut pairs = vec![];
         for (left, right) in [
             (vec![new_left], vec![right_kept, new_right.clone()]),

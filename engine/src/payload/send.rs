@@ -19,11 +19,55 @@ pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>>
     {
         let mut w = StreamWriter::try_new(&mut buf, schema)?;
         for b in batches {
-            w.write(b)?;
+            w.write(&compact_views(b)?)?;
         }
         w.finish()?;
     }
     Ok(buf)
+}
+
+/// `batch` with each string or binary view column copied into buffers of
+/// its own where it refers into far larger ones. A view array's rows point
+/// into shared data buffers, which `take` and `slice` keep whole: a hash
+/// partition of a Kafka pull (VARCHAR columns are views) would otherwise
+/// carry the whole pull's strings to every member, and the IPC writer
+/// writes every buffer a column refers to.
+pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
+    use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+    use datafusion::arrow::datatypes::DataType;
+    let sparse = |used: usize, held: usize| held > 2 * used + 64 * 1024;
+    let mut changed = false;
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View => {
+                let a = c.as_string_view();
+                let held: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+                if sparse(a.total_buffer_bytes_used(), held) {
+                    changed = true;
+                    std::sync::Arc::new(a.gc()) as ArrayRef
+                } else {
+                    c.clone()
+                }
+            }
+            DataType::BinaryView => {
+                let a = c.as_binary_view();
+                let held: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+                if sparse(a.total_buffer_bytes_used(), held) {
+                    changed = true;
+                    std::sync::Arc::new(a.gc()) as ArrayRef
+                } else {
+                    c.clone()
+                }
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    if !changed {
+        return Ok(batch.clone());
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// Encode batches as `data`: IPC stream, compressed, base64.

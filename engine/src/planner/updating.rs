@@ -386,15 +386,16 @@ impl QueryPlan {
                 .iter()
                 .flatten()
                 .all(|t| t.config.options.contains_key(super::STATE_TTL_OPTION));
-            if path.incremental || bounded {
+            if !path.grows || bounded {
                 continue;
             }
+            let operator = stateful_operator(&s.plan);
             out.push(format!(
-                "stage {} computes {} again from the rows it keeps ({}): a key that never \
-                 closes costs more every epoch it is touched; 'state.ttl' bounds it",
+                "stage {} computes {} again from every row it keeps for a key, each epoch \
+                 the key is touched: a key that never closes costs more each time; \
+                 'state.ttl' bounds it",
                 s.id,
-                stateful_operator(&s.plan),
-                path.keeps
+                operator.split(" (").next().unwrap_or(&operator),
             ));
         }
         out

@@ -62,6 +62,9 @@ pub struct StatePath {
     pub operator: String,
     /// What the state keeps.
     pub keeps: String,
+    /// A key's work per epoch grows with everything it ever had (the
+    /// recompute path, but for a top-N cut to its result).
+    pub grows: bool,
 }
 
 impl std::fmt::Display for StatePath {

@@ -198,6 +198,7 @@ impl UpdatingPlan {
             incremental,
             operator,
             keeps,
+            grows: !incremental && self.top_n.is_none(),
         }
     }
 }

@@ -409,6 +409,8 @@ impl UpdatingState {
         if rows.count_of(&keys) == kept.num_rows() {
             return Ok(());
         }
+        // The result's names for the edge's columns.
+        let kept = kept.clone().with_schema(rows.schema().clone()).unwrap_or(kept);
         self.replace(edge, &keys, kept)
     }
 
