@@ -33,41 +33,35 @@ pub fn ipc_bytes(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>>
 /// carry the whole pull's strings to every member, and the IPC writer
 /// writes every buffer a column refers to.
 pub fn compact_views(batch: &RecordBatch) -> Result<RecordBatch> {
-    use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+    use datafusion::arrow::array::{ArrayRef, AsArray};
     use datafusion::arrow::datatypes::DataType;
-    let sparse = |used: usize, held: usize| held > 2 * used + 64 * 1024;
     let mut changed = false;
     let columns: Vec<ArrayRef> = batch
         .columns()
         .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View => {
-                let a = c.as_string_view();
-                let held: usize = a.data_buffers().iter().map(|b| b.len()).sum();
-                if sparse(a.total_buffer_bytes_used(), held) {
-                    changed = true;
-                    std::sync::Arc::new(a.gc()) as ArrayRef
-                } else {
-                    c.clone()
-                }
-            }
-            DataType::BinaryView => {
-                let a = c.as_binary_view();
-                let held: usize = a.data_buffers().iter().map(|b| b.len()).sum();
-                if sparse(a.total_buffer_bytes_used(), held) {
-                    changed = true;
-                    std::sync::Arc::new(a.gc()) as ArrayRef
-                } else {
-                    c.clone()
-                }
-            }
-            _ => c.clone(),
+        .map(|c| {
+            let compacted = match c.data_type() {
+                DataType::Utf8View => compact_if_sparse(c.as_string_view()),
+                DataType::BinaryView => compact_if_sparse(c.as_binary_view()),
+                _ => None,
+            };
+            changed |= compacted.is_some();
+            compacted.unwrap_or_else(|| c.clone())
         })
         .collect();
     if !changed {
         return Ok(batch.clone());
     }
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// A copy of `a` in buffers of its own, when it uses under half of the
+/// buffers it refers to.
+fn compact_if_sparse<T: datafusion::arrow::datatypes::ByteViewType + ?Sized>(
+    a: &datafusion::arrow::array::GenericByteViewArray<T>,
+) -> Option<datafusion::arrow::array::ArrayRef> {
+    let held: usize = a.data_buffers().iter().map(|b| b.len()).sum();
+    (held > 2 * a.total_buffer_bytes_used() + 64 * 1024).then(|| std::sync::Arc::new(a.gc()) as _)
 }
 
 /// Encode batches as `data`: IPC stream, compressed, base64.
