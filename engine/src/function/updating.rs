@@ -17,7 +17,7 @@ use crate::changelog::{self, INSERT, RETRACT};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::payload::PayloadHeader;
-use crate::updating::UpdatingState;
+use crate::updating::{UpdatingPlan, UpdatingState};
 use crate::updating::aggregate::AggregatePlan;
 use crate::updating::join::AppendJoin;
 use crate::updating::keyed::concat;
@@ -36,7 +36,9 @@ impl StageFunction {
         self.ctx.inputs.iter().any(|e| e.updating)
     }
 
-    /// One epoch of an updating stage.
+    /// One epoch of an updating stage: take its rows, drop what outlived
+    /// its TTL, compute the changes when they are due, and send them on
+    /// while the state is written.
     pub(super) async fn run_updating(
         &self,
         state: &mut StageState,
@@ -49,74 +51,12 @@ impl StageFunction {
             .ok_or_else(|| EngineError::Context(format!("{}: no updating plan", self.name)))?;
         let spec = self.ctx.updating.clone().unwrap_or_default();
         let epoch = input.epoch;
-        let updating_edges: BTreeMap<u32, bool> = self
-            .ctx
-            .inputs
-            .iter()
-            .map(|e| (e.shuffle_id, e.updating))
-            .collect();
-        // An aggregate kept as accumulators takes the rows as its input
-        // operators make them; other stages keep the edge's rows.
-        let mut edges = input.edges;
-        let aggregate_input = match &plan.aggregate {
-            Some(agg) if agg.join.is_none() => {
-                let mut retract = vec![];
-                let mut insert = vec![];
-                for (edge, arrived) in std::mem::take(&mut edges) {
-                    let updating = updating_edges.get(&edge).copied().unwrap_or(false);
-                    for b in crate::payload::batches_of(arrived) {
-                        if updating {
-                            let (r, i) = changelog::split(&b)?;
-                            retract.push(r);
-                            insert.push(i);
-                        } else {
-                            insert.push(b);
-                        }
-                    }
-                }
-                Some((
-                    self.aggregate_input(agg, retract).await?,
-                    self.aggregate_input(agg, insert).await?,
-                ))
-            }
-            _ => None,
-        };
         let u = state
             .updating
             .as_mut()
             .ok_or_else(|| EngineError::Context(format!("{}: no updating state", self.name)))?;
         u.begin_epoch(epoch);
-        // A join whose result appends emits what its new rows join to; with
-        // an emit interval, changes wait, and only the recompute path can
-        // tell after a restart what waited.
-        let append_join = plan.append_join.filter(|_| spec.emit_every <= 1);
-        let mut joined = None;
-        let joined_into = plan
-            .aggregate
-            .as_ref()
-            .and_then(|a| Some((a.join?, a.input.clone()?, a.input_schema.clone())));
-        match (aggregate_input, append_join, joined_into) {
-            (Some((retract, insert)), _, _) => u.take_aggregate_input(retract, insert)?,
-            (None, _, Some((join, below, schema))) => {
-                let pairs = self.join_new_rows(&below, join, u, edges).await?;
-                u.forget_touched_rows();
-                u.take_aggregate_input(RecordBatch::new_empty(schema), pairs)?;
-            }
-            (None, Some(join), None) => {
-                joined = Some(self.join_new_rows(&plan.core, join, u, edges).await?);
-            }
-            (None, None, None) => {
-                for (edge, arrived) in edges {
-                    let updating = updating_edges.get(&edge).copied().unwrap_or(false);
-                    let batches = crate::payload::batches_of(arrived);
-                    // Kept as one batch: an epoch's payloads can be many
-                    // small batches, each with buffers of its own.
-                    if let Some(first) = batches.first() {
-                        u.take_input(edge, concat(&first.schema(), &batches)?, updating)?;
-                    }
-                }
-            }
-        }
+        let joined = self.take_epoch(&plan, u, input.edges, spec.emit_every).await?;
         let expired = u.expire()?;
         if expired > 0 {
             tracing::debug!(stage = %self.name, rows = expired, "state TTL expired rows");
@@ -130,84 +70,23 @@ impl StageFunction {
                 let result = u.aggregate_result(due)?;
                 Some(u.emit(due, result)?)
             }
-            (due, None) => {
-                let mut bound = BTreeMap::new();
-                for edge in plan.edge_keys.keys() {
-                    bound.insert(*edge, u.input_rows(*edge, due)?);
-                }
-                let core = bind_leaves(&plan.core, &mut |leaf| match leaf {
-                    StageInput::Shuffle { shuffle_id } => Ok(bound
-                        .remove(shuffle_id)
-                        .map(|b| vec![b])
-                        .unwrap_or_default()),
-                    StageInput::Source { table, .. } => Err(EngineError::plan(format!(
-                        "stage {} has a source leaf {table} beside exchanges",
-                        self.name
-                    ))),
-                })?;
-                let result = self.execute(&core).await?;
-                let schema = plan.core.schema();
-                let result = concat(&schema, &result.into_iter().flatten().collect::<Vec<_>>())?;
-                let kept = match &plan.top_n {
-                    Some(top_n) => Some((top_n.edge, top_n.kept(&result)?)),
-                    None => None,
-                };
-                let changes = u.emit(due, result)?;
-                if let Some((edge, kept)) = kept {
-                    u.keep_only(edge, due, kept)?;
-                }
-                // Partial aggregates of a key pile up one per epoch it is
-                // touched: merged into one once there are a few.
-                for (edge, compactor) in &self.compactors {
-                    let keys = u.to_merge(*edge, due, MERGE_AT_ROWS);
-                    if keys.is_empty() {
-                        continue;
-                    }
-                    let rows = u.rows_of(*edge, &keys)?;
-                    let merged = compactor
-                        .merge(vec![rows.clone()], self.task_ctx.clone())
-                        .await?;
-                    let schema = rows.schema();
-                    u.replace(*edge, &keys, concat(&schema, &merged)?)?;
-                }
-                Some(changes)
-            }
+            (due, None) => Some(self.recompute(&plan, u, due).await?),
         };
         crate::metrics::state_bytes(&self.name, u.bytes());
         crate::metrics::state_rows(&self.ctx.stage_name(), self.ctx.member, u.rows());
         let to_save = self.state_to_save(state, epoch, input.last || input.checkpoint)?;
         let output = &self.outputs[0];
         let run = async {
-            let Some((retract, insert)) = changes else {
-                self.route_changes(output, header, None).await?;
-                return Ok(0);
+            let out = match changes {
+                Some((retract, insert)) => Some(self.through_tail(&plan, retract, insert).await?),
+                None => None,
             };
-            let (schema, parts) = match &plan.tail {
-                None => (
-                    retract.schema(),
-                    vec![vec![
-                        changelog::tag(&retract, RETRACT)?,
-                        changelog::tag(&insert, INSERT)?,
-                    ]],
-                ),
-                Some(tail) => {
-                    let over = |rows: RecordBatch| {
-                        bind_leaves(tail, &mut |leaf| match leaf {
-                            StageInput::Shuffle {
-                                shuffle_id: CORE_OUTPUT,
-                            } => Ok(vec![rows.clone()]),
-                            other => Err(EngineError::Context(format!(
-                                "an updating stage's tail reads {other:?}"
-                            ))),
-                        })
-                    };
-                    let (r, i) = (over(retract)?, over(insert)?);
-                    (tail.schema(), self.tagged(&r, &i).await?)
-                }
-            };
-            let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
-            self.route_changes(output, header, Some((schema, parts)))
-                .await?;
+            let rows = out
+                .iter()
+                .flat_map(|(_, parts)| parts.iter().flatten())
+                .map(|b| b.num_rows() as u64)
+                .sum();
+            self.route_changes(output, header, out).await?;
             Ok(rows)
         };
         let (written, rows) = tokio::join!(self.write_state(to_save), run);
@@ -215,6 +94,145 @@ impl StageFunction {
             state.saved.note(w);
         }
         rows
+    }
+
+    /// Take an epoch's rows into the state, as the stage's path wants
+    /// them; the pairs a join whose result appends made, if it is one.
+    async fn take_epoch(
+        &self,
+        plan: &UpdatingPlan,
+        u: &mut UpdatingState,
+        edges: BTreeMap<u32, Vec<crate::payload::Arrived>>,
+        emit_every: u64,
+    ) -> Result<Option<RecordBatch>> {
+        let updating = |edge: u32| self.ctx.inputs.iter().any(|e| e.shuffle_id == edge && e.updating);
+        // A join whose result appends emits what its new rows join to; with
+        // an emit interval, changes wait, and only the recompute path can
+        // tell after a restart what waited.
+        let append_join = plan.append_join.filter(|_| emit_every <= 1);
+        match (&plan.aggregate, append_join) {
+            (Some(agg), _) => match (agg.join, &agg.input) {
+                (Some(join), Some(below)) => {
+                    let pairs = self.join_new_rows(below, join, u, edges).await?;
+                    u.forget_touched_rows();
+                    let none = RecordBatch::new_empty(agg.input_schema.clone());
+                    u.take_aggregate_input(none, pairs)?;
+                }
+                _ => {
+                    // The accumulators take the rows as the operators
+                    // below the aggregate make them.
+                    let (mut retract, mut insert) = (vec![], vec![]);
+                    for (edge, arrived) in edges {
+                        for b in crate::payload::batches_of(arrived) {
+                            if updating(edge) {
+                                let (r, i) = changelog::split(&b)?;
+                                retract.push(r);
+                                insert.push(i);
+                            } else {
+                                insert.push(b);
+                            }
+                        }
+                    }
+                    let retract = self.aggregate_input(agg, retract).await?;
+                    let insert = self.aggregate_input(agg, insert).await?;
+                    u.take_aggregate_input(retract, insert)?;
+                }
+            },
+            (None, Some(join)) => {
+                return Ok(Some(self.join_new_rows(&plan.core, join, u, edges).await?));
+            }
+            (None, None) => {
+                for (edge, arrived) in edges {
+                    let batches = crate::payload::batches_of(arrived);
+                    // Kept as one batch: an epoch's payloads can be many
+                    // small batches, each with buffers of its own.
+                    if let Some(first) = batches.first() {
+                        u.take_input(edge, concat(&first.schema(), &batches)?, updating(edge))?;
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The recompute path: the core run again over the due keys' rows,
+    /// what changed since it last emitted, and the kept rows trimmed (a
+    /// top-N cut to its result, partial aggregates merged).
+    async fn recompute(
+        &self,
+        plan: &UpdatingPlan,
+        u: &mut UpdatingState,
+        due: &Due,
+    ) -> Result<(RecordBatch, RecordBatch)> {
+        let mut bound = BTreeMap::new();
+        for edge in plan.edge_keys.keys() {
+            bound.insert(*edge, u.input_rows(*edge, due)?);
+        }
+        let core = bind_leaves(&plan.core, &mut |leaf| match leaf {
+            StageInput::Shuffle { shuffle_id } => Ok(bound
+                .remove(shuffle_id)
+                .map(|b| vec![b])
+                .unwrap_or_default()),
+            StageInput::Source { table, .. } => Err(EngineError::plan(format!(
+                "stage {} has a source leaf {table} beside exchanges",
+                self.name
+            ))),
+        })?;
+        let result = self.execute(&core).await?;
+        let schema = plan.core.schema();
+        let result = concat(&schema, &result.into_iter().flatten().collect::<Vec<_>>())?;
+        let kept = match &plan.top_n {
+            Some(top_n) => Some((top_n.edge, top_n.kept(&result)?)),
+            None => None,
+        };
+        let changes = u.emit(due, result)?;
+        if let Some((edge, kept)) = kept {
+            u.keep_only(edge, due, kept)?;
+        }
+        // Partial aggregates of a key pile up one per epoch it is
+        // touched: merged into one once there are a few.
+        for (edge, compactor) in &self.compactors {
+            let keys = u.to_merge(*edge, due, MERGE_AT_ROWS);
+            if keys.is_empty() {
+                continue;
+            }
+            let rows = u.rows_of(*edge, &keys)?;
+            let merged = compactor
+                .merge(vec![rows.clone()], self.task_ctx.clone())
+                .await?;
+            let schema = rows.schema();
+            u.replace(*edge, &keys, concat(&schema, &merged)?)?;
+        }
+        Ok(changes)
+    }
+
+    /// The core's changes through the row-by-row operators above it, as
+    /// the tagged parts the stage sends.
+    async fn through_tail(
+        &self,
+        plan: &UpdatingPlan,
+        retract: RecordBatch,
+        insert: RecordBatch,
+    ) -> Result<(SchemaRef, Parts)> {
+        let Some(tail) = &plan.tail else {
+            let parts = vec![vec![
+                changelog::tag(&retract, RETRACT)?,
+                changelog::tag(&insert, INSERT)?,
+            ]];
+            return Ok((retract.schema(), parts));
+        };
+        let over = |rows: RecordBatch| {
+            bind_leaves(tail, &mut |leaf| match leaf {
+                StageInput::Shuffle {
+                    shuffle_id: CORE_OUTPUT,
+                } => Ok(vec![rows.clone()]),
+                other => Err(EngineError::Context(format!(
+                    "an updating stage's tail reads {other:?}"
+                ))),
+            })
+        };
+        let (r, i) = (over(retract)?, over(insert)?);
+        Ok((tail.schema(), self.tagged(&r, &i).await?))
     }
 
     /// Keep an epoch's new rows of a join whose result appends, and the
