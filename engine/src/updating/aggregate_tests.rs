@@ -3,7 +3,10 @@
 use std::collections::BTreeMap;
 
 use datafusion::arrow::array::{Float64Array, StringArray};
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::functions_aggregate::average::avg_udaf;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::min_max::max_udaf;
@@ -14,6 +17,8 @@ use datafusion::physical_expr::expressions::{cast, col};
 use datafusion::physical_plan::aggregates::{AggregateMode, PhysicalGroupBy};
 
 use super::*;
+use crate::context::InputEdge;
+use crate::exec::{StageInput, StageInputExec};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![

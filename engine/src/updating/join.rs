@@ -12,7 +12,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 
-use super::aggregate::leaf_below;
+use super::aggregate_plan::leaf_below;
 use crate::context::InputEdge;
 use crate::exec::passes_batches_through;
 

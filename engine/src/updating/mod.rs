@@ -28,6 +28,7 @@
 //!   rows are cut to its result.
 
 pub mod aggregate;
+pub mod aggregate_plan;
 pub mod diff;
 pub mod join;
 pub mod keyed;

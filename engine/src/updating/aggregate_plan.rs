@@ -1,0 +1,208 @@
+//! Which aggregates of an updating stage run on accumulators, and how:
+//! the plan [`super::aggregate::GroupAccumulators`] follows.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::logical_expr::Accumulator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateInputMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+
+use super::join::AppendJoin;
+use crate::context::InputEdge;
+use crate::error::Result;
+use crate::exec::{StageInput, StageInputExec, passes_batches_through};
+
+/// Aggregates whose accumulators take a row back exactly, and whose state
+/// says all they hold (so a checkpoint restores them whole).
+const RETRACTABLE: [&str; 3] = ["count", "sum", "avg"];
+
+/// The name of the column that counts a group's rows in a checkpoint.
+const ROWS_COLUMN: &str = "__skein_rows";
+
+/// How an updating stage's aggregate runs on accumulators.
+#[derive(Debug)]
+pub struct AggregatePlan {
+    /// The input edge (a join's left edge).
+    pub edge: u32,
+    /// The inner join below the aggregate, when two streams feed it: each
+    /// epoch's new pairs are its new rows.
+    pub join: Option<AppendJoin>,
+    /// The operators between the edge and the aggregate, if any: run on an
+    /// epoch's rows before the accumulators take them.
+    pub input: Option<Arc<dyn ExecutionPlan>>,
+    /// The aggregate's input schema.
+    pub input_schema: SchemaRef,
+    pub(super) group_exprs: Vec<Arc<dyn PhysicalExpr>>,
+    pub(super) aggs: Vec<Arc<AggregateFunctionExpr>>,
+    pub(super) filters: Vec<Option<Arc<dyn PhysicalExpr>>>,
+    /// Per aggregate, its state columns in the input, when the input is
+    /// partial states (merged, not updated).
+    pub(super) merge_columns: Option<Vec<std::ops::Range<usize>>>,
+    /// The input is a changelog: rows are taken back.
+    pub(super) retracts: bool,
+    /// The aggregate's output: group columns, then one per aggregate.
+    pub(super) output: SchemaRef,
+    /// A group as a checkpoint writes it: group columns, its row count,
+    /// each accumulator's state.
+    pub(super) saved: SchemaRef,
+}
+
+impl AggregatePlan {
+    /// The accumulator plan of `core`, an updating stage's core fed by
+    /// `edges`, if it is an aggregate that can run so.
+    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge]) -> Option<Self> {
+        let agg = core.downcast_ref::<AggregateExec>()?;
+        if !agg.group_expr().is_single()
+            || agg.aggr_expr().iter().any(|a| !a.order_bys().is_empty())
+        {
+            return None;
+        }
+        let (leaf, input, join, retracts) = match (edges, leaf_below(agg.input())) {
+            ([edge], Some((leaf, input))) if leaf == edge.shuffle_id => {
+                (leaf, input, None, edge.updating)
+            }
+            // Fed by an inner join of two streams that append: its new
+            // pairs are new rows (see join.rs).
+            (_, None) => {
+                let join = AppendJoin::of(agg.input(), edges)?;
+                (join.left, Some(agg.input().clone()), Some(join), false)
+            }
+            _ => return None,
+        };
+        let group_count = agg.group_expr().expr().len();
+        let merge_columns = match agg.mode().input_mode() {
+            AggregateInputMode::Raw => None,
+            AggregateInputMode::Partial if retracts || join.is_some() => return None,
+            AggregateInputMode::Partial => {
+                let mut at = group_count;
+                let mut ranges = vec![];
+                for a in agg.aggr_expr() {
+                    let n = a.state_fields().ok()?.len();
+                    ranges.push(at..at + n);
+                    at += n;
+                }
+                // Partial states: the input's columns (input_schema() is the
+                // schema the partial aggregate read).
+                if at != agg.input().schema().fields().len() {
+                    return None;
+                }
+                Some(ranges)
+            }
+        };
+        if retracts
+            && agg.aggr_expr().iter().any(|a| {
+                a.is_distinct()
+                    || !RETRACTABLE.contains(&a.fun().name())
+                    || a.create_sliding_accumulator().is_err()
+            })
+        {
+            return None;
+        }
+        let output = agg.schema();
+        let mut fields: Vec<Field> = output
+            .fields()
+            .iter()
+            .take(group_count)
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        fields.push(Field::new(ROWS_COLUMN, DataType::Int64, false));
+        for (i, a) in agg.aggr_expr().iter().enumerate() {
+            let mut probe = if retracts {
+                a.create_sliding_accumulator().ok()?
+            } else {
+                a.create_accumulator().ok()?
+            };
+            for (j, s) in probe.state().ok()?.iter().enumerate() {
+                fields.push(Field::new(format!("s{i}_{j}"), s.data_type(), true));
+            }
+        }
+        Some(AggregatePlan {
+            edge: leaf,
+            join,
+            input,
+            input_schema: agg.input().schema(),
+            group_exprs: agg
+                .group_expr()
+                .expr()
+                .iter()
+                .map(|(e, _)| e.clone())
+                .collect(),
+            aggs: agg.aggr_expr().to_vec(),
+            filters: agg.filter_expr().to_vec(),
+            merge_columns,
+            retracts,
+            output,
+            saved: Arc::new(Schema::new(fields)),
+        })
+    }
+
+    /// Group columns of the output.
+    pub fn group_count(&self) -> usize {
+        self.group_exprs.len()
+    }
+
+    /// The aggregate's output schema.
+    pub fn output(&self) -> &SchemaRef {
+        &self.output
+    }
+
+    /// The schema a checkpoint writes groups in.
+    pub fn saved_schema(&self) -> &SchemaRef {
+        &self.saved
+    }
+
+    /// What `skein explain` says of the state.
+    pub fn describe(&self) -> String {
+        let names: Vec<&str> = self.aggs.iter().map(|a| a.fun().name()).collect();
+        let over = match (self.retracts, self.join.is_some()) {
+            (true, _) => ", retracting",
+            (false, true) => ", over the new pairs of an inner join of two streams that append",
+            (false, false) => "",
+        };
+        format!("accumulators per group ({}){over}", names.join(", "))
+    }
+
+    pub(super) fn accumulators(&self) -> Result<Vec<Box<dyn Accumulator>>> {
+        (0..self.aggs.len()).map(|i| self.accumulator(i)).collect()
+    }
+
+    pub(super) fn accumulator(&self, i: usize) -> Result<Box<dyn Accumulator>> {
+        let a = &self.aggs[i];
+        Ok(if self.retracts {
+            a.create_sliding_accumulator()?
+        } else {
+            a.create_accumulator()?
+        })
+    }
+}
+
+/// The edge below `plan` through operators that pass or reshape rows one
+/// at a time, and those operators (`None` when `plan` is the leaf).
+pub(super) fn leaf_below(plan: &Arc<dyn ExecutionPlan>) -> Option<(u32, Option<Arc<dyn ExecutionPlan>>)> {
+    let mut node = plan.clone();
+    loop {
+        if let Some(leaf) = node.downcast_ref::<StageInputExec>() {
+            let StageInput::Shuffle { shuffle_id } = leaf.input else {
+                return None;
+            };
+            let only_leaf = Arc::ptr_eq(&node, plan);
+            return Some((shuffle_id, (!only_leaf).then(|| plan.clone())));
+        }
+        let row_by_row = node.downcast_ref::<ProjectionExec>().is_some()
+            || node.downcast_ref::<FilterExec>().is_some()
+            || node.downcast_ref::<RepartitionExec>().is_some()
+            || node.downcast_ref::<CoalescePartitionsExec>().is_some()
+            || passes_batches_through(&node);
+        if !row_by_row || node.children().len() != 1 {
+            return None;
+        }
+        node = node.children()[0].clone();
+    }
+}
