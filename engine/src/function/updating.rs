@@ -17,12 +17,12 @@ use crate::changelog::{self, INSERT, RETRACT};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::payload::PayloadHeader;
-use crate::updating::{UpdatingPlan, UpdatingState};
 use crate::updating::aggregate::AggregatePlan;
 use crate::updating::join::AppendJoin;
 use crate::updating::keyed::concat;
 use crate::updating::split::CORE_OUTPUT;
 use crate::updating::state::Due;
+use crate::updating::{UpdatingPlan, UpdatingState};
 
 /// Partial rows of one key past which an updating stage merges them.
 const MERGE_AT_ROWS: usize = 8;
@@ -56,7 +56,9 @@ impl StageFunction {
             .as_mut()
             .ok_or_else(|| EngineError::Context(format!("{}: no updating state", self.name)))?;
         u.begin_epoch(epoch);
-        let joined = self.take_epoch(&plan, u, input.edges, spec.emit_every).await?;
+        let joined = self
+            .take_epoch(&plan, u, input.edges, spec.emit_every)
+            .await?;
         let expired = u.expire()?;
         if expired > 0 {
             tracing::debug!(stage = %self.name, rows = expired, "state TTL expired rows");
@@ -105,7 +107,12 @@ impl StageFunction {
         edges: BTreeMap<u32, Vec<crate::payload::Arrived>>,
         emit_every: u64,
     ) -> Result<Option<RecordBatch>> {
-        let updating = |edge: u32| self.ctx.inputs.iter().any(|e| e.shuffle_id == edge && e.updating);
+        let updating = |edge: u32| {
+            self.ctx
+                .inputs
+                .iter()
+                .any(|e| e.shuffle_id == edge && e.updating)
+        };
         // A join whose result appends emits what its new rows join to; with
         // an emit interval, changes wait, and only the recompute path can
         // tell after a restart what waited.
@@ -255,7 +262,10 @@ impl StageFunction {
             let schema = u.edge_schema(edge).ok_or_else(|| {
                 EngineError::Context(format!("{}: no input edge {edge}", self.name))
             })?;
-            concat(&schema, new.get(&edge).map(Vec::as_slice).unwrap_or_default())
+            concat(
+                &schema,
+                new.get(&edge).map(Vec::as_slice).unwrap_or_default(),
+            )
         };
         let (new_left, new_right) = (side(join.left)?, side(join.right)?);
         let right_kept = u.rows_of(join.right, &u.keys_in(join.left, &new_left)?)?;

@@ -164,15 +164,25 @@ fn a_row_taken_from_a_large_view_column_travels_alone() {
     use datafusion::arrow::compute::take;
     // 10,000 strings past the 12 bytes a view holds inline, one row taken:
     // its view still points into the buffers of all of them.
-    let long: Vec<String> = (0..10_000).map(|i| format!("a string long enough {i}")).collect();
+    let long: Vec<String> = (0..10_000)
+        .map(|i| format!("a string long enough {i}"))
+        .collect();
     let all = StringViewArray::from_iter_values(long.iter());
     let one = take(&all, &UInt32Array::from(vec![7]), None).unwrap();
-    let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8View, false)]));
+    let schema = Arc::new(Schema::new(vec![Field::new(
+        "s",
+        DataType::Utf8View,
+        false,
+    )]));
     let batch = RecordBatch::try_new(schema.clone(), vec![one]).unwrap();
     let bytes = ipc_bytes(&schema, &[batch.clone()]).unwrap();
     assert!(bytes.len() < 4_096, "{} bytes for one row", bytes.len());
     let back = crate::ipc_decode::decode_stream(&bytes, &schema).unwrap();
-    let s = back[0].column(0).as_any().downcast_ref::<StringViewArray>().unwrap();
+    let s = back[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<StringViewArray>()
+        .unwrap();
     assert_eq!(s.value(0), "a string long enough 7");
     assert_eq!(s.len(), 1);
 }

@@ -550,7 +550,8 @@ impl QueryPlan {
             return None;
         }
         let schemas = crate::updating::leaf_schemas(&s.plan);
-        let plan = crate::updating::UpdatingPlan::new(&s.plan, &self.input_edges(s), &schemas).ok()?;
+        let plan =
+            crate::updating::UpdatingPlan::new(&s.plan, &self.input_edges(s), &schemas).ok()?;
         Some(plan.path())
     }
 

@@ -300,7 +300,10 @@ impl GroupAccumulators {
                 .map(|k| self.groups.get_mut(*k).expect("a group").accumulators[i].evaluate())
                 .collect::<datafusion::common::Result<Vec<ScalarValue>>>()?;
             let field = plan.output.field(plan.group_count() + i);
-            columns.push(as_type(ScalarValue::iter_to_array(values)?, field.data_type())?);
+            columns.push(as_type(
+                ScalarValue::iter_to_array(values)?,
+                field.data_type(),
+            )?);
         }
         Ok(RecordBatch::try_new(plan.output.clone(), columns)?)
     }
@@ -383,7 +386,9 @@ impl GroupAccumulators {
             .column(g)
             .as_any()
             .downcast_ref::<Int64Array>()
-            .ok_or_else(|| EngineError::Context("a checkpoint's group counts are not Int64".into()))?;
+            .ok_or_else(|| {
+                EngineError::Context("a checkpoint's group counts are not Int64".into())
+            })?;
         let mut state_at = g + 1;
         let mut ranges = vec![];
         for i in 0..plan.aggs.len() {

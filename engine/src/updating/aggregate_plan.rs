@@ -185,7 +185,9 @@ impl AggregatePlan {
 
 /// The edge below `plan` through operators that pass or reshape rows one
 /// at a time, and those operators (`None` when `plan` is the leaf).
-pub(super) fn leaf_below(plan: &Arc<dyn ExecutionPlan>) -> Option<(u32, Option<Arc<dyn ExecutionPlan>>)> {
+pub(super) fn leaf_below(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<(u32, Option<Arc<dyn ExecutionPlan>>)> {
     let mut node = plan.clone();
     loop {
         if let Some(leaf) = node.downcast_ref::<StageInputExec>() {

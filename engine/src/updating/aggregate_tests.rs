@@ -4,16 +4,16 @@ use std::collections::BTreeMap;
 
 use datafusion::arrow::array::{Float64Array, StringArray};
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::functions_aggregate::average::avg_udaf;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::min_max::max_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::AggregateUDF;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateExprBuilder;
 use datafusion::physical_expr::expressions::{cast, col};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::aggregates::{AggregateMode, PhysicalGroupBy};
 
 use super::*;
@@ -124,11 +124,19 @@ fn expect(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
 
 #[test]
 fn groups_take_new_rows_and_only_touched_groups_are_evaluated() {
-    let core = aggregate(&[(count_udaf(), false), (sum_udaf(), false), (max_udaf(), false)]);
+    let core = aggregate(&[
+        (count_udaf(), false),
+        (sum_udaf(), false),
+        (max_udaf(), false),
+    ]);
     let plan = Arc::new(AggregatePlan::of(&core, &[edge(false)]).expect("runs on accumulators"));
     let mut groups = GroupAccumulators::new(plan).unwrap();
     groups
-        .apply(&rows(&["a", "b", "a"], &[Some(1), Some(5), Some(7)]), false, 1)
+        .apply(
+            &rows(&["a", "b", "a"], &[Some(1), Some(5), Some(7)]),
+            false,
+            1,
+        )
         .unwrap();
     let touched = groups
         .apply(&rows(&["a", "c"], &[None, Some(2)]), false, 2)
@@ -146,11 +154,19 @@ fn groups_take_new_rows_and_only_touched_groups_are_evaluated() {
 
 #[test]
 fn a_changelog_retracts_and_an_emptied_group_is_gone() {
-    let core = aggregate(&[(count_udaf(), false), (sum_udaf(), false), (avg_udaf(), false)]);
+    let core = aggregate(&[
+        (count_udaf(), false),
+        (sum_udaf(), false),
+        (avg_udaf(), false),
+    ]);
     let plan = Arc::new(AggregatePlan::of(&core, &[edge(true)]).expect("retractable"));
     let mut groups = GroupAccumulators::new(plan).unwrap();
     groups
-        .apply(&rows(&["a", "a", "b"], &[Some(2), Some(4), Some(10)]), false, 1)
+        .apply(
+            &rows(&["a", "a", "b"], &[Some(2), Some(4), Some(10)]),
+            false,
+            1,
+        )
         .unwrap();
     groups
         .apply(&rows(&["a", "b"], &[Some(2), Some(10)]), true, 2)
@@ -173,9 +189,17 @@ fn max_and_distinct_over_a_changelog_keep_the_recompute_path() {
 fn a_checkpoint_of_the_groups_restores_them_exactly() {
     for updating in [false, true] {
         let functions: Vec<(Arc<AggregateUDF>, bool)> = if updating {
-            vec![(count_udaf(), false), (sum_udaf(), false), (avg_udaf(), false)]
+            vec![
+                (count_udaf(), false),
+                (sum_udaf(), false),
+                (avg_udaf(), false),
+            ]
         } else {
-            vec![(count_udaf(), true), (max_udaf(), false), (avg_udaf(), false)]
+            vec![
+                (count_udaf(), true),
+                (max_udaf(), false),
+                (avg_udaf(), false),
+            ]
         };
         let core = aggregate(&functions);
         let plan = Arc::new(AggregatePlan::of(&core, &[edge(updating)]).unwrap());
@@ -201,11 +225,17 @@ fn a_checkpoint_of_the_groups_restores_them_exactly() {
             before.apply(&rows(&["a"], &[Some(3)]), true, 3).unwrap();
             after.apply(&rows(&["a"], &[Some(3)]), true, 3).unwrap();
         }
-        let (b, a) = (before.evaluate_all().unwrap(), after.evaluate_all().unwrap());
+        let (b, a) = (
+            before.evaluate_all().unwrap(),
+            after.evaluate_all().unwrap(),
+        );
         assert_eq!(table(&b), table(&a), "updating {updating}");
         let avg = a.column(3).as_any().downcast_ref::<Float64Array>().unwrap();
-        let want = if updating { (3.0 + 5.0 + 9.0) / 3.0 } else { 5.0 };
+        let want = if updating {
+            (3.0 + 5.0 + 9.0) / 3.0
+        } else {
+            5.0
+        };
         assert_eq!(avg.value(0), want, "group a, updating {updating}");
     }
 }
-

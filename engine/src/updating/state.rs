@@ -200,7 +200,11 @@ impl UpdatingState {
 
     /// Take an epoch's rows of an aggregate's input (its edge's rows after
     /// the operators below it): rows taken back, and new rows.
-    pub fn take_aggregate_input(&mut self, retract: RecordBatch, insert: RecordBatch) -> Result<()> {
+    pub fn take_aggregate_input(
+        &mut self,
+        retract: RecordBatch,
+        insert: RecordBatch,
+    ) -> Result<()> {
         let agg = self
             .aggregate
             .as_mut()
@@ -410,7 +414,10 @@ impl UpdatingState {
             return Ok(());
         }
         // The result's names for the edge's columns.
-        let kept = kept.clone().with_schema(rows.schema().clone()).unwrap_or(kept);
+        let kept = kept
+            .clone()
+            .with_schema(rows.schema().clone())
+            .unwrap_or(kept);
         self.replace(edge, &keys, kept)
     }
 

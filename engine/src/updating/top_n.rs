@@ -36,7 +36,11 @@ pub struct TopN {
 impl TopN {
     /// The cut for `core` fed by `edges`, if `core` is a row-number filter
     /// over one edge that only appends, every input column in its output.
-    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge], leaf_width: usize) -> Option<Self> {
+    pub fn of(
+        core: &Arc<dyn ExecutionPlan>,
+        edges: &[InputEdge],
+        leaf_width: usize,
+    ) -> Option<Self> {
         let [edge] = edges else { return None };
         if edge.updating {
             return None;
@@ -91,7 +95,8 @@ fn bounds(predicate: &Arc<dyn PhysicalExpr>, rn: usize) -> bool {
     let Some(b) = predicate.downcast_ref::<BinaryExpr>() else {
         return false;
     };
-    let is_rn = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().is_some_and(|c| c.index() == rn);
+    let is_rn =
+        |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Column>().is_some_and(|c| c.index() == rn);
     let is_lit = |e: &Arc<dyn PhysicalExpr>| e.downcast_ref::<Literal>().is_some();
     let is_one = |e: &Arc<dyn PhysicalExpr>| {
         e.downcast_ref::<Literal>()
