@@ -106,11 +106,6 @@ impl GroupAccumulators {
         self.bytes
     }
 
-    /// Every group's key.
-    pub fn keys(&self) -> impl Iterator<Item = &Key> {
-        self.groups.keys()
-    }
-
     /// Drop everything.
     pub fn clear(&mut self) {
         self.groups.clear();

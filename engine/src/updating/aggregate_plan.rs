@@ -29,8 +29,6 @@ const ROWS_COLUMN: &str = "__skein_rows";
 /// How an updating stage's aggregate runs on accumulators.
 #[derive(Debug)]
 pub struct AggregatePlan {
-    /// The input edge (a join's left edge).
-    pub edge: u32,
     /// The inner join below the aggregate, when two streams feed it: each
     /// epoch's new pairs are its new rows.
     pub join: Option<AppendJoin>,
@@ -64,15 +62,15 @@ impl AggregatePlan {
         {
             return None;
         }
-        let (leaf, input, join, retracts) = match (edges, leaf_below(agg.input())) {
+        let (input, join, retracts) = match (edges, leaf_below(agg.input())) {
             ([edge], Some((leaf, input))) if leaf == edge.shuffle_id => {
-                (leaf, input, None, edge.updating)
+                (input, None, edge.updating)
             }
             // Fed by an inner join of two streams that append: its new
             // pairs are new rows (see join.rs).
             (_, None) => {
                 let join = AppendJoin::of(agg.input(), edges)?;
-                (join.left, Some(agg.input().clone()), Some(join), false)
+                (Some(agg.input().clone()), Some(join), false)
             }
             _ => return None,
         };
@@ -124,7 +122,6 @@ impl AggregatePlan {
             }
         }
         Some(AggregatePlan {
-            edge: leaf,
             join,
             input,
             input_schema: agg.input().schema(),
