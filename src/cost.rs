@@ -126,6 +126,9 @@ pub fn lambda_note(invoke_async: bool) -> String {
 
 /// One line for a text report.
 pub fn one_line(c: &CostReport) -> String {
+    if c.measured.events == 0 {
+        return "cost per million events: no events, nothing to price".into();
+    }
     let money = |x: f64| format!("${}", dollars(x));
     let mut line = format!(
         "cost per million events: Lambda {} (x86_64) / {} (arm64) at {} MB; {} {}; Managed Flink {} (prices of {})",

@@ -246,6 +246,11 @@ fn print_cost(
         Vec<crate::cost_sweep::SweepRow>,
     )>,
 ) -> Result<()> {
+    if m.events == 0 {
+        bail!(
+            "{name}: the measured run read no events, so there is nothing to price (are its tables empty?)"
+        );
+    }
     let prices = args.model.prices()?;
     let mut c = estimate(&m, &prices, &args.model.options(Some(args.rate)));
     c.measured_on = measured_on;

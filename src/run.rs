@@ -216,6 +216,10 @@ pub(crate) async fn run_prepared(
     };
     bar.set_style(ProgressStyle::with_template(template).expect("progress template"));
     bar.enable_steady_tick(Duration::from_millis(200));
+    if args.verify {
+        // The reference reads what the run's sources read.
+        skein_engine::verify::tap::start(&plan.query_code);
+    }
     let cpu_before = crate::cost::process_cpu_s();
     let mut report: RunReport = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);

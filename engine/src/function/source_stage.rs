@@ -136,6 +136,7 @@ impl StageFunction {
                 });
             }
             offsets.extend(mb.offsets);
+            crate::verify::tap::record(&self.ctx.query_code, &r.table, &mb.batches);
             bound.insert(r.table.clone(), mb.batches);
         }
         let mut watermark = watermark.result();

@@ -148,6 +148,12 @@ impl QueryPlan {
             "query_code": self.query_code,
             "group_size": self.group_size,
             "functions": self.function_count(),
+            "updates": self.updates(),
+            "output": self.output_schema.fields().iter().map(|f| serde_json::json!({
+                "name": f.name(),
+                "type": sql_type(f.data_type()),
+                "nullable": f.is_nullable(),
+            })).collect::<Vec<_>>(),
             "tables": self.distinct_source_leaves().iter().map(|leaf| serde_json::json!({
                 "name": leaf.table,
                 "kind": leaf.config.kind,

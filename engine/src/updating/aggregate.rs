@@ -122,7 +122,11 @@ impl GroupAccumulators {
     }
 
     /// Groups last touched more than `ttl` epochs before `epoch`.
+    /// An aggregate without `GROUP BY` keeps its one group.
     pub fn idle(&self, epoch: u64, ttl: u64) -> HashSet<Key> {
+        if self.keys.is_none() {
+            return HashSet::new();
+        }
         self.groups
             .iter()
             .filter(|(_, g)| epoch.saturating_sub(g.touched) > ttl)
@@ -279,6 +283,10 @@ impl GroupAccumulators {
     /// The aggregate's output rows of `keys` (those that are groups), in
     /// the order of their keys.
     pub fn evaluate<'a>(&mut self, keys: impl IntoIterator<Item = &'a Key>) -> Result<RecordBatch> {
+        let keys: Vec<&Key> = keys.into_iter().collect();
+        if self.keys.is_none() && !keys.is_empty() {
+            self.ensure_global_group()?;
+        }
         let mut keys: Vec<&Key> = keys
             .into_iter()
             .filter(|k| self.groups.contains_key(*k))
@@ -303,8 +311,25 @@ impl GroupAccumulators {
         Ok(RecordBatch::try_new(plan.output.clone(), columns)?)
     }
 
+    /// An aggregate without `GROUP BY` has its one row whatever its input
+    /// (`count(*)` 0, `sum` NULL over no rows): its group exists from the
+    /// start, and stays when every row is taken back.
+    fn ensure_global_group(&mut self) -> Result<()> {
+        if self.keys.is_none() && !self.groups.contains_key(&Key::default()) {
+            let fresh = Group {
+                accumulators: self.plan.accumulators()?,
+                rows: 0,
+                touched: 0,
+                bytes: 0,
+            };
+            self.groups.insert(Key::default(), fresh);
+        }
+        Ok(())
+    }
+
     /// Every group's output row.
     pub fn evaluate_all(&mut self) -> Result<RecordBatch> {
+        self.ensure_global_group()?;
         let keys: Vec<Key> = self.groups.keys().cloned().collect();
         self.evaluate(keys.iter())
     }

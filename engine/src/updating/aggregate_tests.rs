@@ -53,6 +53,22 @@ fn edge(updating: bool) -> InputEdge {
 /// `SELECT k, f(v) ... GROUP BY k` over edge 1, in one step.
 fn aggregate(functions: &[(Arc<AggregateUDF>, bool)]) -> Arc<dyn ExecutionPlan> {
     let s = schema();
+    aggregate_by(
+        functions,
+        PhysicalGroupBy::new_single(vec![(col("k", &s).unwrap(), "k".into())]),
+    )
+}
+
+/// `SELECT f(v) ...` (no `GROUP BY`) over edge 1.
+fn global_aggregate(functions: &[(Arc<AggregateUDF>, bool)]) -> Arc<dyn ExecutionPlan> {
+    aggregate_by(functions, PhysicalGroupBy::new_single(vec![]))
+}
+
+fn aggregate_by(
+    functions: &[(Arc<AggregateUDF>, bool)],
+    group_by: PhysicalGroupBy,
+) -> Arc<dyn ExecutionPlan> {
+    let s = schema();
     let leaf: Arc<dyn ExecutionPlan> = Arc::new(StageInputExec::new(
         StageInput::Shuffle { shuffle_id: 1 },
         s.clone(),
@@ -75,7 +91,7 @@ fn aggregate(functions: &[(Arc<AggregateUDF>, bool)]) -> Arc<dyn ExecutionPlan> 
     Arc::new(
         AggregateExec::try_new(
             AggregateMode::SinglePartitioned,
-            PhysicalGroupBy::new_single(vec![(col("k", &s).unwrap(), "k".into())]),
+            group_by,
             aggs,
             filters,
             leaf,
@@ -238,4 +254,38 @@ fn a_checkpoint_of_the_groups_restores_them_exactly() {
         };
         assert_eq!(avg.value(0), want, "group a, updating {updating}");
     }
+}
+
+#[test]
+fn a_global_aggregate_has_its_row_over_no_rows_and_after_every_row_is_taken_back() {
+    let core = global_aggregate(&[(count_udaf(), false), (sum_udaf(), false)]);
+    let plan = Arc::new(AggregatePlan::of(&core, &[edge(true)]).expect("retractable"));
+    let mut groups = GroupAccumulators::new(plan).unwrap();
+    let text = |b: &RecordBatch| {
+        (0..b.num_rows())
+            .map(|r| {
+                (0..b.num_columns())
+                    .map(|c| {
+                        datafusion::arrow::util::display::array_value_to_string(b.column(c), r)
+                            .unwrap()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect::<Vec<_>>()
+    };
+    // SQL: count 0 and sum NULL over no rows, one row.
+    assert_eq!(text(&groups.evaluate_all().unwrap()), ["0,"]);
+    groups
+        .apply(&rows(&["a", "b"], &[Some(2), Some(5)]), false, 1)
+        .unwrap();
+    assert_eq!(text(&groups.evaluate_all().unwrap()), ["2,7"]);
+    let touched = groups
+        .apply(&rows(&["a", "b"], &[Some(2), Some(5)]), true, 2)
+        .unwrap();
+    assert_eq!(text(&groups.evaluate(touched.iter()).unwrap()), ["0,"]);
+    assert!(
+        groups.idle(100, 1).is_empty(),
+        "its one group never expires"
+    );
 }

@@ -65,6 +65,10 @@ pub struct UpdatingState {
     touched: BTreeMap<u32, HashMap<Key, u64>>,
     /// The epoch being run.
     epoch: u64,
+    /// The result is one group (no key), and it has not been computed
+    /// since the state began: its first emission computes it even with no
+    /// input, so a global aggregate shows its row for an empty stream.
+    first_of_one_group: bool,
 }
 
 impl UpdatingState {
@@ -93,6 +97,7 @@ impl UpdatingState {
             }
             None => (None, plan.out_key.clone()),
         };
+        let first_of_one_group = emitted_key.is_none();
         Ok(UpdatingState {
             edges,
             aggregate,
@@ -106,6 +111,7 @@ impl UpdatingState {
             ttl: BTreeMap::new(),
             touched: BTreeMap::new(),
             epoch: 0,
+            first_of_one_group,
         })
     }
 
@@ -303,6 +309,9 @@ impl UpdatingState {
 
     /// The keys to compute now; they are no longer pending.
     pub fn take_due(&mut self) -> Due {
+        if std::mem::take(&mut self.first_of_one_group) {
+            self.pending.insert(Key::default());
+        }
         if std::mem::take(&mut self.pending_all) {
             self.pending.clear();
             return Due::All;

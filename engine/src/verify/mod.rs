@@ -10,13 +10,17 @@ use datafusion::prelude::SessionContext;
 use crate::error::Result;
 use crate::planner::QueryPlan;
 
-/// The query's result computed in one process, in one go.
+pub mod tap;
+
+/// The query's result computed in one process, in one go: over the rows
+/// the run's sources read, if they were tapped ([`tap::start`]), else over
+/// one pull of each source.
 pub async fn single_process(ctx: &SessionContext, plan: &QueryPlan) -> Result<Vec<RecordBatch>> {
-    Ok(ctx
-        .execute_logical_plan(plan.logical.clone())
-        .await?
-        .collect()
-        .await?)
+    let logical = match tap::take(&plan.query_code) {
+        Some(read) => tap::over_read_rows(&plan.logical, read)?,
+        None => plan.logical.clone(),
+    };
+    Ok(ctx.execute_logical_plan(logical).await?.collect().await?)
 }
 
 /// How a run's results compare with a reference.
