@@ -7,8 +7,9 @@
 //! * undecodable records go to the dead-letter topic with their reasons
 //!   (`dead_letters.rs`);
 //! * a schema that evolves mid-topic loses nothing, each record read by the
-//!   id it carries; an unknown id is a dead letter; a registry gone away
-//!   shows in `skein status` (`evolution.rs`);
+//!   id it carries; columns taken from the latest schema give older records
+//!   the defaults of fields added later; an unknown id is a dead letter; a
+//!   registry gone away shows in `skein status` (`evolution.rs`);
 //! * the Avro records on a Kinesis stream add up to the JSON ones
 //!   (`kinesis.rs`);
 //! * a Debezium topic joined with a stream and aggregated gives the final

@@ -39,6 +39,9 @@ pub(crate) fn conversion(
         (Int8 | Int16 | Int32, Float32) | (Float32, Float64) => true,
         (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
         (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
+        // Avro's `fixed` and `uuid`, which a table without columns declares
+        // as `BYTEA`.
+        (FixedSizeBinary(_), Binary | LargeBinary | BinaryView) => true,
         (Dictionary(_, v), Utf8 | LargeUtf8 | Utf8View) => {
             matches!(**v, Utf8 | LargeUtf8 | Utf8View)
         }

@@ -150,7 +150,8 @@ pub struct RegisteredSchema {
 #[derive(Debug, Clone)]
 pub enum ById {
     Found(Arc<RegisteredSchema>),
-    /// The registry answered that it has no such schema (or refused).
+    /// The registry answered that it has no such schema (or refused), and
+    /// how (the caller names the id).
     Missing(String),
 }
 
@@ -315,10 +316,10 @@ impl Registry {
                     schema_type: SchemaType::parse(b.schema_type.as_deref()),
                     schema: b.schema,
                 })),
-                Err(e) => ById::Missing(format!("schema id {id}: unreadable answer: {e}")),
+                Err(e) => ById::Missing(format!("unreadable answer: {e}")),
             },
-            Ok(a) => ById::Missing(format!("schema id {id}: {}", describe(&a))),
-            Err(Unreachable(e)) => ById::Missing(format!("schema id {id}: {e}")),
+            Ok(a) => ById::Missing(describe(&a)),
+            Err(Unreachable(e)) => ById::Missing(e),
         };
         self.by_id.lock().expect("cache").insert(id, found.clone());
         found

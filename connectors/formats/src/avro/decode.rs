@@ -13,7 +13,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use super::reader::{Plan, columns_of};
 use super::{AvroFormat, Plans};
 use crate::confluent::{confluent_header, confluent_prefix};
-use crate::conform::{apply, nulls};
 use crate::rejected::Rejected;
 use skein_clients::error::{ConnectorError, Result};
 
@@ -109,10 +108,7 @@ fn conform(plan: &Plan, schema: &SchemaRef, decoded: RecordBatch) -> Result<Reco
         .fields()
         .iter()
         .zip(&plan.columns)
-        .map(|(field, c)| match c {
-            Some((k, conversion)) => apply(conversion, decoded.column(*k)),
-            None => Ok(nulls(field, rows)),
-        })
+        .map(|(field, fill)| fill.column(field, rows, |k| decoded.column(k)))
         .collect::<Result<_>>()?;
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }

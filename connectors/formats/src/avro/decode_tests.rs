@@ -158,9 +158,10 @@ fn confluent_records_resolve_per_schema_id_and_bad_ones_are_rejected_with_reason
         "{reasons:?}"
     );
     assert!(
-        reasons[0].1.contains("schema id 9") && reasons[0].1.contains("404"),
-        "{reasons:?}"
+        reasons[0].1.starts_with("schema id 9: HTTP 404"),
+        "named once: {reasons:?}"
     );
+    assert_eq!(reasons[0].1.matches("schema id").count(), 1, "{reasons:?}");
     assert!(
         reasons[1].1.contains("Confluent wire format"),
         "{reasons:?}"

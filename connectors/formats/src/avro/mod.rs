@@ -6,18 +6,22 @@
 //! Records are decoded by the Arrow project's arrow-avro. The reader schema
 //! is the table's columns, picked from each writer schema by name, so
 //! Avro's resolution rules apply per schema id: fields the table does not
-//! declare are skipped, a nullable column the writer lacks is null, and
-//! values are promoted to the column's type (`int` to `BIGINT`,
-//! `timestamp-millis` to `TIMESTAMP`, an enum to `VARCHAR`). A topic whose
-//! schema evolves mid-stream is read on: each id gets its own resolution.
-//! A schema the columns cannot be read from (a NOT NULL column it lacks, a
-//! type that does not convert) makes its records dead letters, with the
-//! reason.
+//! declare are skipped, a column the writer lacks takes its default (columns
+//! taken from the registry's latest schema keep their fields' defaults,
+//! `defaults.rs`) or else is null if nullable, and values are promoted to
+//! the column's type (`int` to `BIGINT`, `timestamp-millis` to `TIMESTAMP`,
+//! an enum to `VARCHAR`). A topic whose schema evolves mid-stream is read
+//! on: each id gets its own resolution.
+//! A schema the columns cannot be read from (it lacks a NOT NULL column
+//! without a default, a type does not convert) makes its records dead
+//! letters, with the reason.
 //!
 //! `decode.rs` is the decoder, `reader.rs` picks the reader schema,
-//! `encode.rs` writes rows for the sinks.
+//! `defaults.rs` fills the columns a writer lacks, `encode.rs` writes rows
+//! for the sinks.
 
 pub(crate) mod decode;
+pub mod defaults;
 pub mod encode;
 pub(crate) mod reader;
 
@@ -99,10 +103,10 @@ impl AvroFormat {
                 crate::registry::ById::Found(s) if s.schema_type == SchemaType::Avro => {
                     Ok(Arc::from(s.schema.as_str()))
                 }
-                crate::registry::ById::Found(s) => Err(format!(
-                    "schema id {id} is a {:?} schema, not Avro",
-                    s.schema_type
-                )),
+                // Named by its id in `Plans::get`.
+                crate::registry::ById::Found(s) => {
+                    Err(format!("a {:?} schema, not Avro", s.schema_type))
+                }
                 crate::registry::ById::Missing(why) => Err(why),
             },
             (_, Some(schema)) => Ok(schema.clone()),

@@ -12,14 +12,15 @@ use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaSt
 use datafusion::arrow::datatypes::{Field, Schema};
 use serde_json::{Map, Value};
 
-use crate::conform::{Conversion, conversion, declared_schema};
+use super::defaults::{DEFAULT_KEY, Fill, is_string_uuid, uuid_default};
+use crate::conform::{conversion, declared_schema};
 
 /// Rows decoded per arrow-avro batch.
 pub(crate) const BATCH_ROWS: usize = 4096;
 
 /// The reader record for `columns` out of the writer record `writer`, and
 /// for each column the position of its field in the reader (None: the
-/// writer lacks it, the column is null).
+/// writer lacks it; [`Fill::missing`] says what the column is then).
 pub(crate) fn select_fields(
     writer: &Value,
     columns: &[&Field],
@@ -58,13 +59,7 @@ pub(crate) fn select_fields(
                 positions.push(Some(picked.len()));
                 picked.push(f);
             }
-            None if column.is_nullable() => positions.push(None),
-            None => {
-                return Err(format!(
-                    "column {} is NOT NULL and the writer schema has no such field",
-                    column.name()
-                ));
-            }
+            None => positions.push(None),
         }
     }
     let mut reader = Map::new();
@@ -233,8 +228,8 @@ pub(crate) struct Plan {
     pub(crate) writer: String,
     pub(crate) reader: String,
     /// Per column: its field in the decoded batch and how it converts, or
-    /// None (null).
-    pub(crate) columns: Vec<Option<(usize, Conversion)>>,
+    /// what fills it when the writer lacks it.
+    pub(crate) columns: Vec<Fill>,
 }
 
 impl Plan {
@@ -254,7 +249,7 @@ impl Plan {
         let mut plan = Vec::with_capacity(columns.len());
         for (column, position) in columns.iter().zip(positions) {
             let Some(k) = position else {
-                plan.push(None);
+                plan.push(Fill::missing(column)?);
                 continue;
             };
             let field = decoded.field(k);
@@ -272,7 +267,7 @@ impl Plan {
                     field.name()
                 )
             })?;
-            plan.push(Some((k, c)));
+            plan.push(Fill::Read(k, c));
         }
         Ok(Plan {
             id,
@@ -287,7 +282,10 @@ impl Plan {
     }
 }
 
-/// The table a writer schema makes when a table declares no columns.
+/// The table a writer schema makes when a table declares no columns: one
+/// column per field, which keeps the field's default (if it has one) in
+/// its metadata, so that records of older writer schemas without the field
+/// take it.
 pub(crate) fn columns_of(writer: &str) -> std::result::Result<Schema, String> {
     let decoded = decoder(0, writer, None)?.schema();
     let fields: Vec<Field> = decoded
@@ -295,7 +293,34 @@ pub(crate) fn columns_of(writer: &str) -> std::result::Result<Schema, String> {
         .iter()
         .map(|f| f.as_ref().clone())
         .collect();
-    declared_schema(&fields)
+    let declared = declared_schema(&fields)?;
+    let parsed: Value =
+        serde_json::from_str(writer).map_err(|e| format!("the schema is not JSON: {e}"))?;
+    let written = as_record(&parsed)?
+        .get("fields")
+        .and_then(Value::as_array)
+        .ok_or("the schema's record has no fields")?;
+    let columns = declared
+        .fields()
+        .iter()
+        .zip(&fields)
+        .map(|(column, decoded)| {
+            let field = written
+                .iter()
+                .find(|f| field_name(f) == Some(decoded.name()));
+            let default = match field.and_then(|f| Some((f.get("type")?, f.get("default")?))) {
+                // The column holds a uuid's 16 bytes, not its text.
+                Some((t, d)) if is_string_uuid(t) => uuid_default(d).ok_or_else(|| {
+                    format!("field {:?}: the default {d} is not a uuid", decoded.name())
+                })?,
+                Some((_, d)) => d.clone(),
+                None => return Ok(column.as_ref().clone()),
+            };
+            let metadata = [(DEFAULT_KEY.to_string(), default.to_string())];
+            Ok(column.as_ref().clone().with_metadata(metadata.into()))
+        })
+        .collect::<std::result::Result<Vec<Field>, String>>()?;
+    Ok(Schema::new(columns))
 }
 
 #[cfg(test)]

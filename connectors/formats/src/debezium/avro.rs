@@ -16,10 +16,11 @@ use serde_json::{Map, Value};
 
 use super::{Change, tagged};
 use crate::avro::decode::feed;
+use crate::avro::defaults::Fill;
 use crate::avro::reader::{as_record, decoder, field_name, named_types, select_fields};
 use crate::avro::{AvroFormat, Plans};
 use crate::confluent::confluent_header;
-use crate::conform::{Conversion, apply, conversion, nulls};
+use crate::conform::conversion;
 use skein_clients::error::Result;
 
 /// How events of one writer schema are read.
@@ -27,8 +28,9 @@ use skein_clients::error::Result;
 struct EnvelopePlan {
     writer: String,
     reader: String,
-    /// Per column: its field in the row struct and how it converts.
-    columns: Vec<Option<(usize, Conversion)>>,
+    /// Per column: its field in the row struct and how it converts, or
+    /// what fills it when the writer lacks it.
+    columns: Vec<Fill>,
 }
 
 impl EnvelopePlan {
@@ -91,7 +93,7 @@ impl EnvelopePlan {
         let mut plan = Vec::with_capacity(columns.len());
         for (column, position) in columns.iter().zip(positions) {
             plan.push(match position {
-                None => None,
+                None => Fill::missing(column)?,
                 Some(k) => {
                     let f = &row_fields[k];
                     let c = conversion(f.data_type(), column.data_type()).map_err(|why| {
@@ -101,7 +103,7 @@ impl EnvelopePlan {
                             f.name()
                         )
                     })?;
-                    Some((k, c))
+                    Fill::Read(k, c)
                 }
             });
         }
@@ -118,10 +120,7 @@ impl EnvelopePlan {
             .fields()
             .iter()
             .zip(&self.columns)
-            .map(|(field, c)| match c {
-                Some((k, conversion)) => apply(conversion, image.column(*k)),
-                None => Ok(nulls(field, image.len())),
-            })
+            .map(|(field, fill)| fill.column(field, image.len(), |k| image.column(k)))
             .collect::<Result<_>>()?;
         Ok(RecordBatch::try_new(schema.clone(), columns)?)
     }

@@ -98,10 +98,8 @@ impl ProtobufDecoder {
         }
         let verdict = match registry.schema_by_id(id) {
             ById::Found(s) if s.schema_type == SchemaType::Protobuf => Ok(()),
-            ById::Found(s) => Err(format!(
-                "schema id {id} is a {:?} schema, not Protobuf",
-                s.schema_type
-            )),
+            // Named by its id in `push`.
+            ById::Found(s) => Err(format!("a {:?} schema, not Protobuf", s.schema_type)),
             ById::Missing(why) => Err(why),
         };
         self.ids.lock().expect("ids").insert(id, verdict.clone());
