@@ -28,6 +28,11 @@ pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
     opts.optimizer.enable_round_robin_repartition = false;
     // Dynamic filters link operators at run time, which a cut plan cannot do.
     opts.optimizer.enable_dynamic_filter_pushdown = false;
+    // A scalar subquery becomes a join: run apart before the main plan
+    // (`ScalarSubqueryExec`), its result would have to reach every stage
+    // that reads it, which no exchange carries, and its plan does not
+    // decode cut in stages. As a join it is one more input that updates.
+    opts.optimizer.enable_physical_uncorrelated_scalar_subquery = false;
     let factory = Arc::new(CatalogTableFactory {
         catalog: catalog.clone(),
     });

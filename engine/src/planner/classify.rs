@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, displayable};
 
 use crate::context::EdgeWindow;
 use crate::error::{EngineError, Result};
@@ -17,6 +17,27 @@ use super::window_edges::{edge_window, leaf_schema, session_over_leaf};
 use super::*;
 
 impl Cutter {
+    /// Feed stage `id` all of each hash input: its senders gather into it.
+    fn gather_hash_inputs(&mut self, id: u32) {
+        let ups: Vec<u32> = self.stages[&id]
+            .inputs
+            .iter()
+            .filter(|(_, e)| matches!(e, Exchange::Hash(_)))
+            .map(|(up, _)| *up)
+            .collect();
+        for up in &ups {
+            if let Some(sender) = self.stages.get_mut(up) {
+                sender.output = Exchange::Single;
+            }
+        }
+        let stage = self.stages.get_mut(&id).expect("stage");
+        for (up, e) in stage.inputs.iter_mut() {
+            if ups.contains(up) {
+                *e = Exchange::Single;
+            }
+        }
+    }
+
     /// Classify stages, split what a function cannot run, and link consumers.
     pub(super) fn finish(mut self, window_sizes: &[i64]) -> Result<Vec<Stage>> {
         // A stateful source stage would keep per-epoch state in many
@@ -36,12 +57,25 @@ impl Cutter {
             };
             if needs_split {
                 if has_hash_input {
-                    return Err(EngineError::plan(format!(
-                        "stage {id} reads a source next to a hash exchange; this plan shape is not supported:\n{}",
-                        displayable(self.stages[&id].plan.as_ref()).indent(true)
-                    )));
+                    // A scan beside a hash exchange (a subquery's table
+                    // joined to an aggregate, NOT IN): the scan's rows would
+                    // need to reach every member. The stage gathers instead:
+                    // one member, with all of each input.
+                    self.gather_hash_inputs(id);
                 }
                 self.split_scans(id)?;
+            }
+        }
+        // A stage fed both by a hash exchange and by a gathering one (a
+        // join of an aggregate with a global aggregate, as a scalar
+        // subquery makes) gathers all of it into one member.
+        let ids: Vec<u32> = self.stages.keys().copied().collect();
+        for id in ids {
+            let inputs = &self.stages[&id].inputs;
+            let hashed = inputs.iter().any(|(_, e)| matches!(e, Exchange::Hash(_)));
+            let gathered = inputs.iter().any(|(_, e)| *e == Exchange::Single);
+            if hashed && gathered {
+                self.gather_hash_inputs(id);
             }
         }
         // Consumers.

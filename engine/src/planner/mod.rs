@@ -41,6 +41,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+mod insert;
 mod shape;
 mod static_join;
 mod updating;
@@ -277,7 +278,13 @@ pub async fn plan_query(
     for stmt in ddl {
         ctx.sql(stmt).await?.collect().await?;
     }
-    let logical = ctx.state().create_logical_plan(query).await?;
+    let logical = match ctx.state().create_logical_plan(query).await {
+        Ok(logical) => logical,
+        Err(refused) => match insert::by_position(ctx, query).await {
+            Ok(Some(logical)) => logical,
+            _ => return Err(refused.into()),
+        },
+    };
     plan_logical(ctx, logical, sql, options).await
 }
 

@@ -93,9 +93,7 @@ impl Consolidated {
         }
         slots.sort_unstable();
         let batches: Vec<&RecordBatch> = self.batches.iter().collect();
-        Ok(datafusion::arrow::compute::interleave_record_batch(
-            &batches, &slots,
-        )?)
+        super::keyed::interleave_rows(&self.schema, &batches, &slots)
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, interleave_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
@@ -248,7 +248,7 @@ impl KeyedRows {
         // In the order they were kept: the same input gives the same output.
         slots.sort_unstable();
         let batches: Vec<&RecordBatch> = self.batches.iter().collect();
-        Ok(interleave_record_batch(&batches, slots)?)
+        interleave_rows(&self.schema, &batches, slots)
     }
 
     /// Drop every row of the given keys.
@@ -292,6 +292,24 @@ impl KeyedRows {
         }
         Ok(out)
     }
+}
+
+/// The rows at `slots` (batch, row) of `batches`. Rows without columns (a
+/// `SELECT 1` under `EXISTS` keeps none) are counted, not built.
+pub fn interleave_rows(
+    schema: &SchemaRef,
+    batches: &[&RecordBatch],
+    slots: &[(usize, usize)],
+) -> Result<RecordBatch> {
+    if schema.fields().is_empty() {
+        let options = RecordBatchOptions::new().with_row_count(Some(slots.len()));
+        return Ok(RecordBatch::try_new_with_options(
+            schema.clone(),
+            vec![],
+            &options,
+        )?);
+    }
+    Ok(interleave_record_batch(batches, slots)?)
 }
 
 /// Rows of several batches of one schema as one.

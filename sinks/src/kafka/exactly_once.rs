@@ -185,10 +185,19 @@ impl ExactlyOnce {
         .await
         .map_err(|e| sink_error(topic, e))?;
         let p = producer.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(TRANSACTION_TIMEOUT))
-            .await
-            .map_err(|e| sink_error(topic, ConnectorError::Task("init_transactions", e)))?
-            .map_err(|e| sink_error(topic, ConnectorError::kafka("init_transactions", e)))?;
+        let sink_topic = sink.topic.clone();
+        tokio::task::spawn_blocking(move || {
+            // Connected first: librdkafka asks for the transaction
+            // coordinator once a broker is up, and a client that is not up
+            // yet waits for its 500 ms retry timer (0.5 s at every open).
+            let _ = p
+                .client()
+                .fetch_metadata(Some(&sink_topic), TRANSACTION_TIMEOUT);
+            p.init_transactions(TRANSACTION_TIMEOUT)
+        })
+        .await
+        .map_err(|e| sink_error(topic, ConnectorError::Task("init_transactions", e)))?
+        .map_err(|e| sink_error(topic, ConnectorError::kafka("init_transactions", e)))?;
         let (offsets_topic, prefix) = (self.offsets_topic.clone(), format!("{name}/"));
         let records = tokio::task::spawn_blocking(move || {
             read_latest(&brokers, &offsets_topic, &prefix, wait)

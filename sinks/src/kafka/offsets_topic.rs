@@ -33,6 +33,9 @@ pub(super) fn read_latest(
             .set("group.id", "skein-offsets-reader")
             .set("enable.auto.commit", "false")
             .set("isolation.level", isolation)
+            // It reads to a known end: a fetch that finds nothing more must
+            // not be held by the broker (500 ms by default) at every open.
+            .set("fetch.wait.max.ms", "10")
             .create()
             .map_err(|e| ConnectorError::kafka("offsets reader", e))
     };
@@ -69,6 +72,11 @@ pub(super) fn read_latest(
         tpl.add_partition_offset(offsets_topic, *p, Offset::Beginning)
             .map_err(|e| ConnectorError::kafka(format!("assigning {offsets_topic}"), e))?;
     }
+    // Connected before it is assigned: a client assigned before it knows
+    // the partition's leader starts fetching only on its 500 ms retry.
+    consumer
+        .fetch_metadata(Some(offsets_topic), Duration::from_secs(30))
+        .map_err(|e| ConnectorError::kafka(format!("metadata of {offsets_topic}"), e))?;
     consumer
         .assign(&tpl)
         .map_err(|e| ConnectorError::kafka(format!("assigning {offsets_topic}"), e))?;
