@@ -137,3 +137,65 @@ fn a_small_pull_budget_moves_every_partition_of_a_backlog() {
         "{epoch} pulls for {total} records at {BUDGET} a pull"
     );
 }
+
+/// `--verify` compares a run with single-process DataFusion over the rows
+/// the run's sources read: with a pull budget smaller than the topic, the
+/// reference is not one pull (2 of 5 rows), and with `--epochs` bounding
+/// the run it is not the whole topic. A run that read nothing prices as
+/// "no events", not as infinite dollars.
+#[test]
+fn verify_reads_what_the_run_read_whatever_the_pull_budget() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("verify-budget");
+    create_topic(&brokers, &topic, 1);
+    let writer = PartitionWriter::new(&brokers, &topic);
+    for i in 0..5 {
+        writer.send(0, &format!(r#"{{"k":"k{}","v":{i}}}"#, i % 3));
+    }
+    writer.flush();
+    let dir = std::env::temp_dir().join(common::unique_name("verify-budget"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = |topic: &str| {
+        format!(
+            "CREATE EXTERNAL TABLE t (k VARCHAR, v BIGINT) STORED AS KAFKA LOCATION '{topic}' \
+             OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json', 'startup' 'earliest', \
+             'max.records.per.pull' '2');\n"
+        )
+    };
+    let file = dir.join("q.sql");
+    std::fs::write(&file, format!("{}SELECT k, v FROM t;\n", table(&topic))).unwrap();
+    let file = file.to_str().unwrap();
+    for bound in [&["--until-drained"][..], &["--epochs", "2"][..]] {
+        let mut args = vec!["run", file, "--no-checkpoint", "--verify", "--json"];
+        args.extend(bound);
+        let (ok, stdout, stderr) = common::skein(&args);
+        assert!(ok, "skein {args:?}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let rows = if bound[0] == "--epochs" { 4 } else { 5 };
+        assert_eq!(report["result_rows"], rows, "{bound:?}: {report}");
+        assert_eq!(report["verified"], true, "{bound:?}: {report}");
+    }
+
+    let empty = common::unique_name("verify-empty");
+    create_topic(&brokers, &empty, 1);
+    let file = dir.join("empty.sql");
+    std::fs::write(
+        &file,
+        format!(
+            "{}SELECT count(*) AS n, sum(v) AS s FROM t;\n",
+            table(&empty)
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = common::skein(&[
+        "run",
+        file.to_str().unwrap(),
+        "--no-checkpoint",
+        "--until-drained",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("| 0 |") && stdout.contains("no events, nothing to price"),
+        "one row (0, NULL) and no price for no events:\n{stdout}"
+    );
+}

@@ -16,12 +16,16 @@ use crate::common;
 use crate::common::kafka::{PartitionWriter, create_topic};
 use crate::common::kills::{committed_epoch, sigkill};
 
+/// About how many epochs a split query's largest table takes.
+const EPOCHS_PER_QUERY: usize = 6;
+
 /// How a file's queries read their input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     /// All of it in one pull.
     OneEpoch,
-    /// Two records per pull: every change in an epoch of its own or nearly.
+    /// About six epochs per query: a table's changes arrive, change and go
+    /// away over several epochs.
     Split,
     /// As `Split`, checkpointed, and killed with SIGKILL once it committed
     /// an epoch; run again to the end.
@@ -37,10 +41,14 @@ impl Variant {
         }
     }
 
-    fn pull(self) -> usize {
+    /// Records per pull of a table whose topic holds `events`: all of them,
+    /// or about a sixth, so that any table's changes arrive over six epochs
+    /// or so whatever its size (one record per pull would cost an epoch per
+    /// record, and the corpus's time with it).
+    fn pull(self, events: usize) -> usize {
         match self {
-            Variant::OneEpoch => 100_000,
-            Variant::Split | Variant::Killed => 2,
+            Variant::OneEpoch => events.max(1),
+            Variant::Split | Variant::Killed => events.div_ceil(EPOCHS_PER_QUERY).max(1),
         }
     }
 
@@ -56,7 +64,7 @@ impl Variant {
     fn group_size(self) -> usize {
         match self {
             Variant::OneEpoch => 1,
-            Variant::Split => 4,
+            Variant::Split => 3,
             Variant::Killed => 2,
         }
     }
@@ -88,8 +96,8 @@ pub struct SkeinDb {
     brokers: String,
     dir: PathBuf,
     tables: Tables,
-    /// Per table: its topic and writer.
-    topics: std::collections::BTreeMap<String, (String, PartitionWriter)>,
+    /// Per table: its topic, writer and how many events it holds.
+    topics: std::collections::BTreeMap<String, (String, PartitionWriter, usize)>,
     views: Vec<(String, String)>,
     runtime: tokio::runtime::Runtime,
     pub tally: std::sync::Arc<std::sync::Mutex<Tally>>,
@@ -127,10 +135,11 @@ impl SkeinDb {
                 let topic = format!("{}-{name}", self.prefix);
                 create_topic(&self.brokers, &topic, 1);
                 let writer = PartitionWriter::new(&self.brokers, &topic);
-                self.topics.insert(name, (topic, writer));
+                self.topics.insert(name, (topic, writer, 0));
             }
             Done::Changed(name, events) => {
-                let (_, writer) = &self.topics[&name];
+                let (_, writer, count) = self.topics.get_mut(&name).expect("a declared table");
+                *count += events.len();
                 for e in events {
                     writer.send(0, &e.to_string());
                 }
@@ -161,14 +170,14 @@ impl SkeinDb {
 
     fn table_ddl(&self) -> String {
         let mut ddl = String::new();
-        for (name, (topic, _)) in &self.topics {
+        for (name, (topic, _, events)) in &self.topics {
             ddl.push_str(&format!(
                 "CREATE EXTERNAL TABLE {name} ({}) STORED AS KAFKA LOCATION '{topic}' OPTIONS \
                  ('bootstrap.servers' '{}', 'format' 'debezium-json', 'startup' 'earliest', \
                  'max.records.per.pull' '{}');\n",
                 self.tables.tables[name].columns,
                 self.brokers,
-                self.variant.pull()
+                self.variant.pull(*events)
             ));
         }
         ddl

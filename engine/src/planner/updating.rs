@@ -152,10 +152,13 @@ impl Cutter {
     fn drop_partial(&mut self, up: u32) -> Result<(SchemaRef, DroppedPartial)> {
         let stage = self.stages.get_mut(&up).expect("stage");
         let not_found = || {
+            tracing::debug!(
+                "stage {up} sends no partial aggregate:\n{}",
+                datafusion::physical_plan::displayable(stage.plan.as_ref()).indent(true)
+            );
             EngineError::plan(format!(
                 "stage {up} feeds an aggregate with a changelog, but its output is not a \
-                 partial aggregate; this plan shape cannot update:\n{}",
-                datafusion::physical_plan::displayable(stage.plan.as_ref()).indent(true)
+                 partial aggregate; this plan shape cannot update (RUST_LOG=debug shows the plan)"
             ))
         };
         let top = skip_passthrough(&stage.plan);
@@ -168,8 +171,14 @@ impl Cutter {
         };
         let partial = below
             .downcast_ref::<AggregateExec>()
-            .filter(|a| *a.mode() == AggregateMode::Partial && a.group_expr().is_single())
+            .filter(|a| *a.mode() == AggregateMode::Partial)
             .ok_or_else(not_found)?;
+        if !partial.group_expr().is_single() {
+            return Err(EngineError::plan(
+                "GROUPING SETS, CUBE and ROLLUP over a changelog are not supported: write one \
+                 GROUP BY per grouping set and UNION ALL them",
+            ));
+        }
         let rows = partial.input().clone();
         // The group key as plain columns of what is sent, so the receiver
         // knows each row's key (and the hash partitioning is by columns).

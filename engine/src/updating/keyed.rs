@@ -5,9 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, interleave_record_batch};
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 
 use crate::error::{EngineError, Result};
@@ -31,10 +31,15 @@ impl std::fmt::Debug for RowEncoder {
 impl RowEncoder {
     /// An encoder of `columns` of `schema`.
     pub fn new(schema: &SchemaRef, columns: Vec<usize>) -> Result<Self> {
-        let fields: Vec<SortField> = columns
+        let mut fields: Vec<SortField> = columns
             .iter()
             .map(|i| SortField::new(schema.field(*i).data_type().clone()))
             .collect();
+        if fields.is_empty() {
+            // Rows without columns (`count(*)` reads none) are all equal:
+            // each is encoded as the same constant, so they still count.
+            fields.push(SortField::new(DataType::Boolean));
+        }
         if !RowConverter::supports_fields(&fields) {
             return Err(EngineError::plan(format!(
                 "an updating stage cannot compare rows of columns {:?} ({:?})",
@@ -61,11 +66,14 @@ impl RowEncoder {
 
     /// The encoded columns of every row of `batch`.
     pub fn encode(&self, batch: &RecordBatch) -> Result<Rows> {
-        let columns: Vec<ArrayRef> = self
+        let mut columns: Vec<ArrayRef> = self
             .columns
             .iter()
             .map(|i| batch.column(*i).clone())
             .collect();
+        if columns.is_empty() {
+            columns.push(Arc::new(BooleanArray::from(vec![true; batch.num_rows()])));
+        }
         Ok(self.converter.convert_columns(&columns)?)
     }
 }

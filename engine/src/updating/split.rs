@@ -20,7 +20,6 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::HashJoinExec;
-use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -294,11 +293,14 @@ pub(super) fn trace(plan: &Arc<dyn ExecutionPlan>, j: usize) -> Option<(u32, usi
             .then(|| trace(input, j))
             .flatten();
     }
+    // A limit, or a sort that keeps the first N (TopK), picks rows across
+    // keys: which rows of a key it keeps depends on the other keys' rows,
+    // so no key can be computed apart through it.
     let same_columns = passes_batches_through(plan)
-        || plan.downcast_ref::<SortExec>().is_some()
+        || plan
+            .downcast_ref::<SortExec>()
+            .is_some_and(|s| s.fetch().is_none())
         || plan.downcast_ref::<CoalescePartitionsExec>().is_some()
-        || plan.downcast_ref::<GlobalLimitExec>().is_some()
-        || plan.downcast_ref::<LocalLimitExec>().is_some()
         || plan.downcast_ref::<RepartitionExec>().is_some();
     if same_columns && plan.children().len() == 1 {
         return trace(plan.children()[0], j);
