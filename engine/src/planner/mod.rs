@@ -41,6 +41,7 @@ use crate::watermark::OPT_LATE;
 mod classify;
 mod cut;
 mod explain;
+#[cfg(feature = "sql")]
 mod insert;
 mod shape;
 mod static_join;
