@@ -131,6 +131,13 @@ pub fn run_through_kills(
             {
                 deadline = Some(Instant::now());
             }
+            // An early kill comes at its delay or at the run's first commit,
+            // whichever is first: on a fast machine (or a fast sink) the
+            // delay alone could let it run through most of its input, and
+            // leave too little for the kills after it.
+            if landed.len() < kills && early && commits >= 1 {
+                deadline = Some(Instant::now());
+            }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let (k, status) = kill(&mut child, checkpoints, at_spawn);
                 if k.landed {

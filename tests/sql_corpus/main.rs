@@ -18,7 +18,7 @@ use db::{SkeinDb, Tally, Variant};
 
 /// Files run at once: each waits on Kafka and on its runs' epochs more
 /// than it computes.
-const FILES_AT_ONCE: usize = 4;
+const FILES_AT_ONCE: usize = 7;
 
 fn corpus() -> Vec<PathBuf> {
     let dir = common::repo_path("tests/sql");
