@@ -221,12 +221,16 @@ pub(crate) async fn run_prepared(
         skein_engine::verify::tap::start(&plan.query_code);
     }
     let cpu_before = crate::cost::process_cpu_s();
-    let mut report: RunReport = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
+    let ran = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
         bar.set_message(format!("{events} events"));
     })
-    .await
-    .context("running the query")?;
+    .await;
+    if ran.is_err() {
+        // A failed run is not verified: what its sources read goes.
+        skein_engine::verify::tap::take(&plan.query_code);
+    }
+    let mut report: RunReport = ran.context("running the query")?;
     bar.finish_and_clear();
     let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
     let cost = crate::cost::section(&measured, None, &Default::default())?;

@@ -156,18 +156,9 @@ fn timestamp(ms: i64) -> String {
     out
 }
 
-/// Days since 1970-01-01 as a civil date (Howard Hinnant's algorithm).
+/// Days since 1970-01-01 as a civil date.
 fn date(days: i64) -> String {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    crate::common::nexmark_reference::day(days * 86_400_000)
 }
 
 #[test]
