@@ -1,12 +1,14 @@
 //! Where `skein run` keeps a query's durable state: a local directory,
 //! opened as an object store, held by one process at a time.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use skein_engine::catalog::Catalog;
-use skein_engine::checkpoint::{CheckpointStore, Description};
+use skein_engine::catalog::parallelism::SourcePins;
+use skein_engine::checkpoint::{CheckpointStore, Description, Manifest};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan};
@@ -49,6 +51,49 @@ pub fn note_if_at_least_once(catalog: &Catalog, plan: &QueryPlan, request: &Requ
     }
 }
 
+/// The instances each source table of `plan` reads with.
+fn source_instances(plan: &QueryPlan) -> BTreeMap<String, usize> {
+    plan.stages
+        .iter()
+        .flat_map(|s| &s.sources)
+        .map(|leaf| (leaf.table.clone(), leaf.parallelism))
+        .collect()
+}
+
+/// Make `catalog` plan `sql` with the source instances its checkpoint was
+/// written with, if it has one where `request` would look: its offsets
+/// log is kept per instance, so a topic that gained partitions, or a
+/// machine with more cores, must not change them under a resumed query.
+pub fn pin_sources(catalog: &mut Catalog, sql: &str, request: &Request) -> Result<()> {
+    if request.off {
+        return Ok(());
+    }
+    let dir = match &request.dir {
+        Some(dir) => dir.clone(),
+        None => Path::new(DEFAULT_ROOT).join(skein_engine::planner::query_code(sql)),
+    };
+    let path = dir.join("manifest.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let manifest: Manifest = serde_json::from_slice(&bytes)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let pins = match manifest.described.and_then(|d| d.sources) {
+        Some(tables) => SourcePins {
+            tables,
+            otherwise: None,
+        },
+        None => SourcePins {
+            tables: BTreeMap::new(),
+            otherwise: Some(1),
+        },
+    };
+    catalog.pin_sources(pins);
+    Ok(())
+}
+
 /// Open the query's checkpoint directory if it checkpoints (see
 /// [`location`]). `None`: it does not checkpoint.
 pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
@@ -67,6 +112,7 @@ pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Res
             .describe(Description {
                 sql: plan.sql.clone(),
                 group_size: plan.group_size,
+                sources: Some(source_instances(plan)),
             })
             .await?;
         Ok::<_, skein_engine::EngineError>(store)

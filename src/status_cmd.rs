@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
+use skein_engine::catalog::Catalog;
+use skein_engine::catalog::parallelism::SourceBudget;
 use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::planner::{QueryPlan, plan_query, session};
 use skein_engine::status::{QueryStatus, query_status};
@@ -59,9 +61,8 @@ pub async fn status(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-async fn plan_sql(sql: &str, plan: &PlanArgs) -> Result<QueryPlan> {
-    let regs = registries();
-    let ctx = session(&regs.catalog, plan.group_size());
+async fn plan_sql(sql: &str, plan: &PlanArgs, catalog: &Catalog) -> Result<QueryPlan> {
+    let ctx = session(catalog, plan.group_size());
     plan_query(&ctx, sql, &plan.options())
         .await
         .context("planning the query")
@@ -71,7 +72,14 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
     if !Path::new(query).is_file() {
         bail!("{query}: no such SQL file (a query code needs --backend lambda)");
     }
-    let plan = plan_sql(&read_sql(Path::new(query))?, &args.plan).await?;
+    let sql = read_sql(Path::new(query))?;
+    let mut catalog = registries().catalog;
+    let request = crate::checkpoint_dir::Request {
+        dir: args.checkpoint_dir.clone(),
+        off: false,
+    };
+    crate::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
+    let plan = plan_sql(&sql, &args.plan, &catalog).await?;
     let dir = args
         .checkpoint_dir
         .clone()
@@ -104,7 +112,9 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
         invoke_async: false,
         state_ttl: None,
     };
-    let mut plan = plan_sql(&spec.sql, &plan_args).await?;
+    let mut catalog = registries().catalog;
+    catalog.set_source_budget(SourceBudget::Members(spec.group_size));
+    let mut plan = plan_sql(&spec.sql, &plan_args, &catalog).await?;
     standing::route_collect(&mut plan, &spec.store);
     let (cp_store, root) = skein_lambda::checkpoints::locate(&spec.checkpoints)?;
     let store = CheckpointStore::attach(cp_store, root, &code, "");

@@ -199,3 +199,125 @@ fn verify_reads_what_the_run_read_whatever_the_pull_budget() {
         "one row (0, NULL) and no price for no events:\n{stdout}"
     );
 }
+
+/// A table that does not say its `'parallelism'` reads with one instance
+/// per partition, up to the cores the process may use: `skein explain`
+/// says how many and why, and the table's own option still rules.
+#[test]
+fn a_kafka_table_reads_with_an_instance_per_partition_up_to_the_cores() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("sized");
+    create_topic(&brokers, &topic, 3);
+    let dir = std::env::temp_dir().join(common::unique_name("sized"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let explain = |options: &str, pin: Option<&str>| -> serde_json::Value {
+        let file = dir.join("q.sql");
+        std::fs::write(
+            &file,
+            format!(
+                "CREATE EXTERNAL TABLE t (k VARCHAR, v BIGINT) STORED AS KAFKA LOCATION '{topic}' \
+                 OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json'{options});\n\
+                 SELECT k, v FROM t;\n"
+            ),
+        )
+        .unwrap();
+        let file = file.to_str().unwrap();
+        let mut cmd = match pin {
+            Some(cores) => {
+                let mut c = std::process::Command::new("taskset");
+                c.args(["-c", cores, env!("CARGO_BIN_EXE_skein")]);
+                c
+            }
+            None => std::process::Command::new(env!("CARGO_BIN_EXE_skein")),
+        };
+        let out = cmd.args(["explain", file, "--json"]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "skein explain: {stderr}");
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        plan["tables"][0].clone()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let table = explain("", None);
+    assert_eq!(table["parallelism"], cores.min(3), "{table}");
+    let why = table["parallelism_why"].as_str().unwrap();
+    assert!(
+        why.contains("3 partitions") && why.contains("core"),
+        "{why}"
+    );
+
+    let table = explain("", Some("0"));
+    assert_eq!(table["parallelism"], 1, "one core: {table}");
+    assert!(
+        table["parallelism_why"]
+            .as_str()
+            .unwrap()
+            .contains("1 core"),
+        "{table}"
+    );
+
+    let table = explain(", 'parallelism' '3'", Some("0"));
+    assert_eq!(table["parallelism"], 3, "the option rules: {table}");
+}
+
+/// The offsets log is kept per source instance, so a query resumed from
+/// its checkpoint reads with the instances it was checkpointed with, even
+/// when the default would now be another (here: fewer cores). Every record
+/// is read once over the two runs.
+#[test]
+fn a_resumed_query_keeps_the_instances_of_its_checkpoint() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert!(
+        cores >= 2,
+        "this test needs two cores to give the first run two source instances"
+    );
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("pinned");
+    create_topic(&brokers, &topic, 4);
+    let writer = PartitionWriter::new(&brokers, &topic);
+    let write = |from: i64, n: i64| {
+        for i in from..from + n {
+            writer.send((i % 4) as i32, &format!(r#"{{"k":"k{}","v":{i}}}"#, i % 5));
+        }
+        writer.flush();
+    };
+    let dir = std::env::temp_dir().join(common::unique_name("pinned"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("q.sql");
+    std::fs::write(
+        &file,
+        format!(
+            "CREATE EXTERNAL TABLE t (k VARCHAR, v BIGINT) STORED AS KAFKA LOCATION '{topic}' \
+             OPTIONS ('bootstrap.servers' '{brokers}', 'format' 'json');\n\
+             SELECT k, v FROM t;\n"
+        ),
+    )
+    .unwrap();
+    let checkpoints = dir.join("checkpoints");
+    let run = |cores: &str| -> serde_json::Value {
+        let out = std::process::Command::new("taskset")
+            .args(["-c", cores, env!("CARGO_BIN_EXE_skein"), "run"])
+            .arg(&file)
+            .arg("--checkpoint-dir")
+            .arg(&checkpoints)
+            .args(["--until-drained", "--json"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "skein run: {stderr}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    write(0, 4_000);
+    let first = run("0,1");
+    assert_eq!(first["result_rows"], 4_000, "{first}");
+    write(4_000, 2_000);
+    let second = run("0");
+    assert_eq!(
+        second["functions"], first["functions"],
+        "the same source instances: {second}"
+    );
+    assert!(second["resumed_after"].is_u64(), "{second}");
+    assert_eq!(
+        second["result_rows"], 2_000,
+        "only the new records: {second}"
+    );
+}

@@ -68,6 +68,8 @@ pub struct SourceTable {
     pub config: SourceConfig,
     /// The source it reads.
     pub source: Arc<dyn Source>,
+    /// Why it reads with as many instances as it does (`skein explain`).
+    pub parallelism_why: Option<String>,
 }
 
 impl SourceTable {
@@ -77,7 +79,14 @@ impl SourceTable {
             name: name.into(),
             config,
             source,
+            parallelism_why: None,
         }
+    }
+
+    /// The table, saying why it reads with as many instances as it does.
+    pub fn with_parallelism_why(mut self, why: Option<String>) -> Self {
+        self.parallelism_why = why;
+        self
     }
 }
 
@@ -98,12 +107,14 @@ impl TableProvider for SourceTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(SourceScanExec::new(
+        let mut scan = SourceScanExec::new(
             self.name.clone(),
             self.config.clone(),
             self.source.clone(),
             projection.cloned(),
-        )?))
+        )?;
+        scan.parallelism_why = self.parallelism_why.clone();
+        Ok(Arc::new(scan))
     }
 }
 
@@ -160,6 +171,8 @@ pub struct SourceScanExec {
     pub source: Arc<dyn Source>,
     /// The columns scanned, if not all.
     pub projection: Option<Vec<usize>>,
+    /// Why the table reads with as many instances as it does.
+    pub parallelism_why: Option<String>,
     schema: SchemaRef,
     props: Arc<PlanProperties>,
 }
@@ -179,6 +192,7 @@ impl SourceScanExec {
             config,
             source,
             projection,
+            parallelism_why: None,
             schema,
             props,
         })

@@ -339,6 +339,7 @@ impl Default for SourceCapabilities {
 }
 
 /// Builds sources from their config. One factory per kind.
+#[async_trait]
 pub trait SourceFactory: Send + Sync {
     /// The options this kind's source takes; the catalog refuses those no
     /// one declares at CREATE TABLE, and hands the factory only these (and
@@ -368,6 +369,14 @@ pub trait SourceFactory: Send + Sync {
 
     /// A source for `config`, producing rows of `schema`.
     fn create(&self, config: &SourceConfig, schema: SchemaRef) -> Result<Arc<dyn Source>>;
+
+    /// How many partitions (Kafka) or open shards (Kinesis) the table has
+    /// now, from which the catalog sizes a table that does not say its
+    /// `parallelism`; `None` for a kind that is not split so.
+    async fn partitions(&self, config: &SourceConfig) -> Result<Option<usize>> {
+        let _ = config;
+        Ok(None)
+    }
 
     /// The table's dead-letter destination, if it declares one. Stages
     /// after the source use it for rows they reject (late rows).

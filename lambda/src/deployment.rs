@@ -16,6 +16,7 @@ use datafusion::prelude::SessionContext;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::catalog::Catalog;
+use skein_engine::catalog::parallelism::SourceBudget;
 use skein_engine::checkpoint::CheckpointStore;
 use skein_engine::driver::{Deployed, deploy};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
@@ -106,10 +107,14 @@ impl Deployment {
         sql: &str,
         options: &PlanOptions,
     ) -> Result<(QueryPlan, SessionContext)> {
-        let ctx = skein_engine::session::session(&self.catalog, options.group_size);
+        // A source table reads with an instance per partition, up to the
+        // group size: Lambda runs as many functions as it is given.
+        let mut catalog = self.catalog.clone();
+        catalog.set_source_budget(SourceBudget::Members(options.group_size));
+        let ctx = skein_engine::session::session(&catalog, options.group_size);
         let mut plan = skein_engine::planner::plan_query(&ctx, sql, options).await?;
         standing::route_collect(&mut plan, &self.store_url);
-        let prepared = skein_engine::query::finish(&self.catalog, ctx, plan).await?;
+        let prepared = skein_engine::query::finish(&catalog, ctx, plan).await?;
         Ok((prepared.plan, prepared.ctx))
     }
 

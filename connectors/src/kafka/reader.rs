@@ -23,6 +23,9 @@ use crate::error::{ConnectorError, Result};
 use skein_formats::decode::{BatchBuilder, RecordDecoder};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Planning asks for the partitions with a shorter wait: a broker that is
+/// not there yet costs `skein explain` this, and the table one instance.
+const SIZING_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a pull waits for an unreachable broker before it fails.
 const BROKER_WAIT: Duration = Duration::from_secs(120);
 
@@ -110,6 +113,29 @@ impl PullState<'_> {
     }
 }
 
+/// How many partitions the topic has (a table's default parallelism).
+pub(super) fn partition_count(config: &KafkaSourceConfig) -> Result<usize> {
+    let consumer: BaseConsumer = config.client_config(KafkaRole::Consumer).create()?;
+    Ok(topic_partitions(&consumer, &config.topic, SIZING_TIMEOUT)?.len())
+}
+
+/// The topic's partitions, sorted; a topic the broker does not know (or
+/// reports an error for) is an error.
+fn topic_partitions(consumer: &BaseConsumer, topic: &str, wait: Duration) -> Result<Vec<i32>> {
+    let metadata = consumer.fetch_metadata(Some(topic), wait)?;
+    let found = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| ConnectorError::Other(format!("topic {topic} not found")))?;
+    if let Some(e) = found.error() {
+        return Err(ConnectorError::Other(format!("topic {topic}: {e:?}")));
+    }
+    let mut all: Vec<i32> = found.partitions().iter().map(|p| p.id()).collect();
+    all.sort_unstable();
+    Ok(all)
+}
+
 /// The high watermark of every partition of the topic.
 pub(super) fn latest_offsets(config: &KafkaSourceConfig) -> Result<Vec<SourceOffset>> {
     let consumer: BaseConsumer = config.client_config(KafkaRole::Consumer).create()?;
@@ -145,20 +171,7 @@ impl PartitionReader {
             client.set("group.id", format!("skein-{}", config.topic));
         }
         let consumer: BaseConsumer = client.create()?;
-        let metadata = consumer.fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)?;
-        let topic = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == config.topic)
-            .ok_or_else(|| ConnectorError::Other(format!("topic {} not found", config.topic)))?;
-        if let Some(e) = topic.error() {
-            return Err(ConnectorError::Other(format!(
-                "topic {}: {e:?}",
-                config.topic
-            )));
-        }
-        let mut all: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
-        all.sort_unstable();
+        let all = topic_partitions(&consumer, &config.topic, METADATA_TIMEOUT)?;
         let instances = spec.instances.max(1);
         let owned: Vec<i32> = all
             .iter()

@@ -16,7 +16,7 @@
 //! | option                 | meaning                                               |
 //! |------------------------|-------------------------------------------------------|
 //! | `format`               | `json` (default), `csv`, `raw`, `avro`, `avro-confluent`, `protobuf`, `protobuf-confluent`, `debezium-json`, `debezium-avro-confluent` (docs/formats.md, with their options) |
-//! | `parallelism`          | source instances (default 1)                          |
+//! | `parallelism`          | source instances (default: the fewer of the topic's partitions and the cores, or the group size on Lambda) |
 //! | `startup`              | `earliest` (default), `latest`, `committed`, `offsets`, `checkpoint` (the offsets the query's sink committed; see `skein run`) |
 //! | `offsets`              | `partition:offset,...` for `startup = offsets`; partitions not listed start at the earliest |
 //! | `max.records.per.pull` | record budget of one pull (default 200000), shared equally by the partitions behind their ends |
@@ -259,6 +259,7 @@ impl KafkaSource {
 #[derive(Debug, Default)]
 pub struct KafkaSourceFactory;
 
+#[async_trait]
 impl SourceFactory for KafkaSourceFactory {
     fn options(&self) -> TableOptions {
         source_options()
@@ -299,6 +300,19 @@ impl SourceFactory for KafkaSourceFactory {
         let source = KafkaSource::new(kafka, schema)
             .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
+    }
+
+    async fn partitions(&self, config: &SourceConfig) -> EngineResult<Option<usize>> {
+        let name = source_name(&config.location);
+        let kafka = KafkaSourceConfig::from_source_config(config)
+            .map_err(|e| e.for_source(name.clone()))?;
+        let count = tokio::task::spawn_blocking(move || super::reader::partition_count(&kafka))
+            .await
+            .map_err(|e| {
+                ConnectorError::Task("reading the partitions", e).for_source(name.clone())
+            })?
+            .map_err(|e| e.for_source(name))?;
+        Ok(Some(count))
     }
 }
 

@@ -10,7 +10,9 @@
 //!
 //! Options:
 //! - `format` (`json`, `csv`, `raw`, and Avro, Protobuf and Debezium with
-//!   their options: docs/formats.md), `parallelism` (source instances),
+//!   their options: docs/formats.md), `parallelism` (source instances; by
+//!   default the fewer of the open shards and the cores, or the group size
+//!   on Lambda),
 //!   `max.records.per.pull` (default 100,000, shared equally by the shards),
 //!   `max.record.bytes`,
 //!   `pull.timeout.ms` (default 2,000);
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_kinesis::types::ShardIteratorType;
 use datafusion::arrow::datatypes::SchemaRef;
-use skein_engine::error::Result as EngineResult;
+use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::partition_number as shard_number;
 use skein_engine::source::{
@@ -213,6 +215,7 @@ impl Source for KinesisSource {
 #[derive(Debug, Default)]
 pub struct KinesisSourceFactory;
 
+#[async_trait]
 impl SourceFactory for KinesisSourceFactory {
     fn options(&self) -> TableOptions {
         // Its own and its format's (Avro, Protobuf, the schema registry).
@@ -238,5 +241,24 @@ impl SourceFactory for KinesisSourceFactory {
             .and_then(|c| KinesisSource::new(c, schema))
             .map_err(|e| e.for_source(source_name(&config.location)))?;
         Ok(Arc::new(source))
+    }
+
+    /// The open shards: a closed one is only read to its end, and its
+    /// children take its place.
+    async fn partitions(&self, config: &SourceConfig) -> EngineResult<Option<usize>> {
+        let name = source_name(&config.location);
+        let listed = async {
+            let client = skein_clients::kinesis::client().await;
+            super::shards::list_shards(&client, &config.location).await
+        };
+        // An endpoint that does not answer costs planning this, and the
+        // table one instance.
+        let shards = tokio::time::timeout(std::time::Duration::from_secs(5), listed)
+            .await
+            .map_err(|_| {
+                EngineError::source_failed(name.clone(), "ListShards did not answer in 5 s")
+            })?
+            .map_err(|e| e.for_source(name))?;
+        Ok(Some(shards.iter().filter(|s| !s.closed).count()))
     }
 }

@@ -14,6 +14,7 @@
 
 mod capabilities;
 pub mod options;
+pub mod parallelism;
 pub mod table;
 
 use std::borrow::Cow;
@@ -82,6 +83,10 @@ pub struct Catalog {
     kinds: BTreeMap<String, Kind>,
     /// Where lookup caches read the time for their TTL.
     clock: Arc<dyn Clock>,
+    /// What bounds a source table's default instances.
+    source_budget: parallelism::SourceBudget,
+    /// The instances a resumed checkpoint was written with.
+    source_pins: parallelism::SourcePins,
 }
 
 impl Default for Catalog {
@@ -89,6 +94,8 @@ impl Default for Catalog {
         Catalog {
             kinds: BTreeMap::new(),
             clock: crate::clock::system(),
+            source_budget: parallelism::SourceBudget::default(),
+            source_pins: parallelism::SourcePins::default(),
         }
     }
 }

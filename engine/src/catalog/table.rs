@@ -64,6 +64,7 @@ impl TableProviderFactory for CatalogTableFactory {
         };
         let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
         self.declare(&cmd.name.to_string(), config, schema)
+            .await
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))
     }
 }
@@ -71,10 +72,10 @@ impl TableProviderFactory for CatalogTableFactory {
 impl CatalogTableFactory {
     /// The table `name` declared as `config` with the columns of `schema`
     /// (none: the source's own, for a kind that knows them).
-    pub fn declare(
+    pub async fn declare(
         &self,
         name: &str,
-        config: SourceConfig,
+        mut config: SourceConfig,
         schema: SchemaRef,
     ) -> crate::Result<Arc<dyn TableProvider>> {
         let catalog = &self.catalog;
@@ -98,6 +99,8 @@ impl CatalogTableFactory {
                 schema,
             }));
         }
+        catalog.check_options(&config)?;
+        let parallelism_why = catalog.choose_parallelism(name, &mut config).await?;
         let source = catalog.create_source(&config, schema)?;
         let event_time = EventTimeOptions::from_config(&config, &source.schema())?;
         if event_time.late == LatePolicy::DeadLetter && catalog.dead_letters(&config)?.is_none() {
@@ -107,7 +110,9 @@ impl CatalogTableFactory {
                 config.kind
             )));
         }
-        Ok(Arc::new(SourceTable::new(name, config, source)))
+        Ok(Arc::new(
+            SourceTable::new(name, config, source).with_parallelism_why(parallelism_why),
+        ))
     }
 }
 

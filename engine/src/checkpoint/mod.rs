@@ -97,6 +97,12 @@ pub struct Description {
     pub sql: String,
     /// Members of each function group.
     pub group_size: usize,
+    /// The instances each source table reads with: a resumed query keeps
+    /// them (the offsets log is kept per instance). None in a store written
+    /// before they were recorded, when every table without a
+    /// `'parallelism'` read with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sources: Option<std::collections::BTreeMap<String, usize>>,
 }
 
 /// What one table's reader of a source member read in one epoch.

@@ -106,6 +106,7 @@ impl Cutter {
                 config: scan.config.clone(),
                 schema: scan.source.schema(),
                 parallelism: scan.source.parallelism(),
+                parallelism_why: scan.parallelism_why.clone(),
                 changelog: scan.source.changelog(),
             });
             return Ok(Arc::new(StageInputExec::new(

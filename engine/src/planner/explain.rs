@@ -86,6 +86,14 @@ impl QueryPlan {
                 if leaf.changelog { ", a changelog" } else { "" },
                 columns.join(", ")
             );
+            if let Some(why) = &leaf.parallelism_why {
+                let n = leaf.parallelism;
+                let _ = writeln!(
+                    out,
+                    "  read by {n} source instance{}: {why}",
+                    if n == 1 { "" } else { "s" }
+                );
+            }
         }
         for s in &self.stages {
             let names: Vec<String> = (0..s.members)
@@ -167,6 +175,8 @@ impl QueryPlan {
                 "kind": leaf.config.kind,
                 "location": leaf.config.location,
                 "changelog": leaf.changelog,
+                "parallelism": leaf.parallelism,
+                "parallelism_why": leaf.parallelism_why,
                 "columns": leaf.schema.fields().iter().map(|f| serde_json::json!({
                     "name": f.name(),
                     "type": sql_type(f.data_type()),

@@ -94,6 +94,9 @@ pub struct SourceLeaf {
     pub schema: SchemaRef,
     /// How many instances read it (its source's partitioning).
     pub parallelism: usize,
+    /// Why that many (a default sized from partitions and cores, the
+    /// table's own option, its checkpoint); none for a kind not sized so.
+    pub parallelism_why: Option<String>,
     /// Its rows are a changelog (a change-data-capture source).
     pub changelog: bool,
 }

@@ -374,8 +374,11 @@ async fn shape_from_sql(
     catalog: &Catalog,
     spec: &standing::StandingSpec,
 ) -> Result<skein_engine::planner::PlanShape, String> {
+    use skein_engine::catalog::parallelism::SourceBudget;
     use skein_engine::planner::{PlanOptions, plan_query, session};
-    let ctx = session(catalog, spec.group_size);
+    let mut catalog = catalog.clone();
+    catalog.set_source_budget(SourceBudget::Members(spec.group_size));
+    let ctx = session(&catalog, spec.group_size);
     let options = PlanOptions {
         group_size: spec.group_size,
         encoding: spec.encoding,
