@@ -129,7 +129,8 @@ pub async fn run_report(
     args: &CommonRunArgs,
     nexmark_query: Option<u32>,
 ) -> Result<(Report, Option<Comparison>)> {
-    let regs = registries();
+    let mut regs = registries();
+    crate::checkpoint_dir::pin_sources(&mut regs.catalog, sql, &args.checkpoint_request())?;
     let opts = args.options();
     let prepared = prepare(&regs.catalog, sql, &opts)
         .await

@@ -150,17 +150,14 @@ fn a_note_reads_back_cold_commits_the_position_and_fences_the_instance_it_replac
 /// The epochs of the objects under `members/` of a checkpoint directory.
 fn member_epochs(checkpoints: &std::path::Path) -> BTreeSet<u64> {
     let mut out = BTreeSet::new();
-    let members = checkpoints.join("members");
-    for dir in std::fs::read_dir(&members).expect("members/ in the store") {
-        for f in std::fs::read_dir(dir.unwrap().path()).unwrap() {
-            let name = f.unwrap().file_name().to_string_lossy().to_string();
-            let digits: String = name.chars().take_while(|c| c.is_ascii_digit()).collect();
-            out.insert(
-                digits
-                    .parse()
-                    .unwrap_or_else(|_| panic!("an epoch object: {name}")),
-            );
-        }
+    for key in skein_engine::checkpoint::local_keys(checkpoints, "members").unwrap() {
+        let name = key.rsplit('/').next().unwrap_or_default();
+        let digits: String = name.chars().take_while(|c| c.is_ascii_digit()).collect();
+        out.insert(
+            digits
+                .parse()
+                .unwrap_or_else(|_| panic!("an epoch object: {key}")),
+        );
     }
     out
 }

@@ -82,16 +82,16 @@ fn committed_positions(checkpoints: &Path, epoch: u64) -> BTreeMap<i64, String> 
             .to_string(),
         manifest["run"].as_str().unwrap_or_default().to_string(),
     );
-    let members: Vec<(u32, u32)> = std::fs::read_dir(checkpoints.join("members"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|d| {
-            let name = d.file_name().to_string_lossy().into_owned();
-            let (stage, member) = name.split_once('-')?;
-            Some((stage.parse().ok()?, member.parse().ok()?))
-        })
-        .collect();
+    let members: std::collections::BTreeSet<(u32, u32)> =
+        skein_engine::checkpoint::local_keys(checkpoints, "members")
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|key| {
+                let name = key.split('/').nth(1)?;
+                let (stage, member) = name.split_once('-')?;
+                Some((stage.parse().ok()?, member.parse().ok()?))
+            })
+            .collect();
     let dir = checkpoints.to_path_buf();
     // The store's local backend runs on tokio; this test's own runtime is busy
     // in the caller, so the read gets a runtime of its own.
@@ -124,7 +124,11 @@ fn wait_committed(checkpoints: &Path, last: &BTreeMap<i64, String>, run: &mut Ch
     let started = Instant::now();
     loop {
         if let Some(status) = run.try_wait().expect("waiting for skein") {
-            panic!("skein exited early with {status}");
+            let mut stderr = String::new();
+            if let Some(mut e) = run.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+            }
+            panic!("skein exited early with {status}: {stderr}");
         }
         if let Some(e) = common::kills::committed_epoch(checkpoints) {
             let read = committed_positions(checkpoints, e);

@@ -11,8 +11,8 @@ use serde_json::Value;
 
 /// The last committed epoch in a checkpoint directory, if any.
 pub fn committed_epoch(checkpoints: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(checkpoints.join("commit.json")).ok()?;
-    serde_json::from_str::<Value>(&text).ok()?["epoch"].as_u64()
+    let bytes = skein_engine::checkpoint::local_object(checkpoints, "commit.json").ok()??;
+    serde_json::from_slice::<Value>(&bytes).ok()?["epoch"].as_u64()
 }
 
 /// What one SIGKILL did.

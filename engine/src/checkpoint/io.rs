@@ -1,41 +1,25 @@
 //! Where a checkpoint store's objects live: any object store (S3, S3
-//! Express One Zone, memory), or a local directory written in place.
-//!
-//! A local directory is written with plain file calls on the calling task
-//! rather than through `object_store`'s local store, which hands every
-//! request to a blocking thread: a checkpoint writes a few small files per
-//! epoch, and the hop cost more than the write. Each file is written under
-//! a staging name and renamed into place, so a reader (or a restart after a
-//! kill) sees a whole object or none. Nothing is synced to disk: a killed
-//! process loses nothing the kernel took, as with `object_store`'s store.
+//! Express One Zone, memory), or a local directory, whose objects are
+//! records in segment files (`segments.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::error::{EngineError, Result};
+use super::segments::SegmentDir;
+use crate::error::Result;
 
 /// Where the objects are.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     /// An object store.
     Objects(Arc<dyn ObjectStore>),
-    /// A local directory: a key is a path under it.
-    Dir(Arc<LocalDir>),
+    /// A local directory.
+    Dir(Arc<SegmentDir>),
 }
-
-/// A local directory used as an object store.
-#[derive(Debug)]
-pub(crate) struct LocalDir {
-    dir: PathBuf,
-}
-
-/// Names staging files uniquely within this process.
-static STAGED: AtomicU64 = AtomicU64::new(0);
 
 /// An object a listing found.
 #[derive(Debug, Clone)]
@@ -44,17 +28,9 @@ pub(crate) struct Listed {
     pub size: u64,
 }
 
-/// Staging files live here, under the directory, so a rename never
-/// crosses file systems and listings of the store's prefixes never see them.
-const STAGING: &str = ".staging";
-
-fn io_err(what: &str, path: &std::path::Path, e: std::io::Error) -> EngineError {
-    EngineError::Context(format!("checkpoint {what} {}: {e}", path.display()))
-}
-
 impl Backend {
     pub fn dir(dir: PathBuf) -> Self {
-        Backend::Dir(Arc::new(LocalDir { dir }))
+        Backend::Dir(Arc::new(SegmentDir::new(dir)))
     }
 
     /// The object at `key`, if there is one.
@@ -65,14 +41,7 @@ impl Backend {
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(e.into()),
             },
-            Backend::Dir(d) => {
-                let path = d.path(key);
-                match std::fs::read(&path) {
-                    Ok(bytes) => Ok(Some(bytes)),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                    Err(e) => Err(io_err("reading", &path, e)),
-                }
-            }
+            Backend::Dir(d) => d.get(key),
         }
     }
 
@@ -136,17 +105,7 @@ impl Backend {
                 }
                 Ok(())
             }
-            Backend::Dir(d) => {
-                for key in keys {
-                    let path = d.path(&key);
-                    match std::fs::remove_file(&path) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(io_err("deleting", &path, e)),
-                    }
-                }
-                Ok(())
-            }
+            Backend::Dir(d) => d.delete(keys),
         }
     }
 
@@ -157,97 +116,8 @@ impl Backend {
                 let meta = store.head(key).await.ok()?;
                 Some(meta.last_modified.timestamp_millis())
             }
-            Backend::Dir(d) => {
-                let modified = std::fs::metadata(d.path(key)).ok()?.modified().ok()?;
-                let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
-                Some(since.as_millis() as i64)
-            }
+            Backend::Dir(d) => d.modified_ms(key),
         }
-    }
-}
-
-impl LocalDir {
-    fn path(&self, key: &Path) -> PathBuf {
-        let mut p = self.dir.clone();
-        for part in key.parts() {
-            p.push(part.as_ref());
-        }
-        p
-    }
-
-    /// Stage `bytes`, then move them to `key`: renamed over what is there,
-    /// or (`new`) linked only if nothing is.
-    fn write(&self, key: &Path, bytes: &[u8], new: bool) -> Result<bool> {
-        let target = self.path(key);
-        let staging = self.dir.join(STAGING);
-        let staged = staging.join(format!(
-            "{}-{}",
-            std::process::id(),
-            STAGED.fetch_add(1, Ordering::Relaxed)
-        ));
-        if let Err(e) = std::fs::write(&staged, bytes) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                return Err(io_err("writing", &staged, e));
-            }
-            std::fs::create_dir_all(&staging).map_err(|e| io_err("creating", &staging, e))?;
-            std::fs::write(&staged, bytes).map_err(|e| io_err("writing", &staged, e))?;
-        }
-        let place = |staged: &std::path::Path| {
-            if new {
-                // A hard link fails if the target exists: create-if-absent.
-                std::fs::hard_link(staged, &target)
-            } else {
-                std::fs::rename(staged, &target)
-            }
-        };
-        let mut placed = place(&staged);
-        if matches!(&placed, Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-            && let Some(parent) = target.parent()
-        {
-            std::fs::create_dir_all(parent).map_err(|e| io_err("creating", parent, e))?;
-            placed = place(&staged);
-        }
-        let created = match placed {
-            Ok(()) => true,
-            Err(e) if new && e.kind() == std::io::ErrorKind::AlreadyExists => false,
-            Err(e) => {
-                let _ = std::fs::remove_file(&staged);
-                return Err(io_err("writing", &target, e));
-            }
-        };
-        if new {
-            let _ = std::fs::remove_file(&staged);
-        }
-        Ok(created)
-    }
-
-    fn list(&self, prefix: &Path) -> Result<Vec<Listed>> {
-        let mut out = vec![];
-        let mut dirs = vec![(self.path(prefix), prefix.clone())];
-        while let Some((dir, key)) = dirs.pop() {
-            let entries = match std::fs::read_dir(&dir) {
-                Ok(entries) => entries,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(io_err("listing", &dir, e)),
-            };
-            for entry in entries {
-                let entry = entry.map_err(|e| io_err("listing", &dir, e))?;
-                let Some(name) = entry.file_name().to_str().map(String::from) else {
-                    continue;
-                };
-                let meta = entry.metadata().map_err(|e| io_err("listing", &dir, e))?;
-                let child = key.clone().join(name.as_str());
-                if meta.is_dir() {
-                    dirs.push((entry.path(), child));
-                } else {
-                    out.push(Listed {
-                        key: child,
-                        size: meta.len(),
-                    });
-                }
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -281,13 +151,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(b.get(&key).await.unwrap(), None);
-        assert!(
-            std::fs::read_dir(dir.join(STAGING))
-                .unwrap()
-                .next()
-                .is_none(),
-            "no staging file is left behind"
-        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

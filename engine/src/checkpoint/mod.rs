@@ -39,6 +39,7 @@ mod forget;
 mod io;
 mod member;
 mod progress;
+mod segments;
 mod sink_health;
 mod snapshot;
 mod summary;
@@ -72,6 +73,21 @@ use io::Backend;
 
 /// The layout this version writes (see the module's documentation).
 const LAYOUT: u32 = 2;
+/// A local directory's layout: 3 holds objects in segment files
+/// (`segments.rs`); 2 had a file per object.
+const DIR_LAYOUT: u32 = 3;
+
+/// The object `key` of the checkpoint directory `dir` as it stands, read
+/// from outside the process that holds it (tools and tests that watch a run).
+pub fn local_object(dir: &std::path::Path, key: &str) -> Result<Option<Vec<u8>>> {
+    segments::SegmentDir::new(dir.to_path_buf()).get(&Path::from(key))
+}
+
+/// The keys under `prefix` of the checkpoint directory `dir`, as it stands.
+pub fn local_keys(dir: &std::path::Path, prefix: &str) -> Result<Vec<String>> {
+    let listed = segments::SegmentDir::new(dir.to_path_buf()).list(&Path::from(prefix))?;
+    Ok(listed.into_iter().map(|l| l.key.to_string()).collect())
+}
 
 /// What a checkpoint store belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +255,10 @@ impl CheckpointStore {
     }
 
     async fn open_on(backend: Backend, root: Path, query_code: &str) -> Result<Self> {
+        let layout = match backend {
+            Backend::Objects(_) => LAYOUT,
+            Backend::Dir(_) => DIR_LAYOUT,
+        };
         let key = root.clone().join("manifest.json");
         let found = match backend.get(&key).await? {
             Some(bytes) => {
@@ -254,10 +274,10 @@ impl CheckpointStore {
                     m.query_code
                 )));
             }
-            Some(m) if m.layout != LAYOUT => {
+            Some(m) if m.layout != layout => {
                 return Err(EngineError::Context(format!(
                     "the checkpoint store {root} was written by another version of Skein (layout {}, \
-                     this one reads layout {LAYOUT}); give another checkpoint directory or remove \
+                     this one reads layout {layout}); give another checkpoint directory or remove \
                      this one",
                     m.layout
                 )));
@@ -267,7 +287,7 @@ impl CheckpointStore {
                 let m = Manifest {
                     query_code: query_code.to_string(),
                     run: fresh_run(query_code),
-                    layout: LAYOUT,
+                    layout,
                     described: None,
                 };
                 let bytes = serde_json::to_vec(&m).map_err(|e| corrupt(&key, e))?;
