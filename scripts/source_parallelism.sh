@@ -39,7 +39,7 @@ for q in $queries; do
     body=$(grep -v '^--' "$root/queries/nexmark/q$q.sql")
     { ddl ""; echo "$body"; echo ";"; } >"$work/a.sql"
     { ddl ", 'parallelism' '1'"; echo "$body"; echo ";"; } >"$work/b.sql"
-    chose=$("$skein" explain "$work/a.sql" --json | python3 -c 'import json,sys; t=json.load(sys.stdin)["tables"]; print(", ".join(f"{x["name"]} {x["parallelism"]}" for x in t))')
+    chose=$("$skein" explain "$work/a.sql" --json | python3 -c 'import json,sys; t=json.load(sys.stdin)["tables"]; print(", ".join(x["name"] + " " + str(x["parallelism"]) for x in t))')
     a=() b=() r=()
     for _ in $(seq "$rounds"); do
         x=$(rate "$work/a.sql"); y=$(rate "$work/b.sql")
