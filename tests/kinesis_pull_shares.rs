@@ -58,7 +58,8 @@ async fn one_small_pull_takes_a_share_of_every_shard() {
         &path,
         format!(
             "CREATE EXTERNAL TABLE ev (s BIGINT NOT NULL, n BIGINT NOT NULL) STORED AS KINESIS \
-               LOCATION '{stream}' OPTIONS ('format' 'json', 'max.records.per.pull' '{BUDGET}');
+               LOCATION '{stream}' OPTIONS ('format' 'json', 'max.records.per.pull' '{BUDGET}', \
+               'parallelism' '1');
              SELECT s, count(*) AS c FROM ev GROUP BY s"
         ),
     )

@@ -59,6 +59,8 @@ fn run_args(
         interval,
         parallelism: a.parallelism,
         max_records: 250_000,
+        group_size: a.group_size,
+        checkpoint_every: a.checkpoint_every,
         dead_letter_topic: None,
         metrics: a.metrics,
         load_done,
@@ -118,6 +120,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         lag_events: published.lag_events,
         events_read: report.events,
         windows: latency.windows,
+        closings: latency.closings,
         latency_ms_p50: latency.p50,
         latency_ms_p90: latency.p90,
         latency_ms_p99: latency.p99,
@@ -136,12 +139,18 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         println!("{}", serde_json::to_string(&line)?);
     } else {
         println!(
-            "{} events at {:.0}/s (target {rate}/s) over {:.0} s; {} windows ended under load: \
-             latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms; counts {}",
+            "{} events at {:.0}/s (target {rate}/s) over {:.0} s; {} windows ended under load \
+             in {} closings{}: latency p50 {} ms, p90 {} ms, p99 {} ms, max {} ms; counts {}",
             line.events,
             line.achieved_events_per_s,
             line.duration_s,
             line.windows,
+            line.closings,
+            if line.closings < 30 {
+                " (under 30: give --duration 300s or more for the tail)"
+            } else {
+                ""
+            },
             line.latency_ms_p50,
             line.latency_ms_p90,
             line.latency_ms_p99,

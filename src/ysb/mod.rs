@@ -75,6 +75,12 @@ pub struct BenchArgs {
     /// Source instances of the Skein run.
     #[arg(long, default_value_t = 2)]
     pub parallelism: usize,
+    /// Members of each function group of the Skein run.
+    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE)]
+    pub group_size: usize,
+    /// Commit a checkpoint every this many epochs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics while the query runs.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -146,6 +152,12 @@ pub struct YsbRunArgs {
     /// Records one source instance reads per epoch at most.
     #[arg(long, default_value_t = 250_000)]
     pub max_records: usize,
+    /// Members of each function group.
+    #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE)]
+    pub group_size: usize,
+    /// Commit a checkpoint every this many epochs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: u64,
     /// Where undecodable records and views of ads without a campaign go
     /// (default: `<topic>-dead-letters`).
     #[arg(long)]

@@ -99,7 +99,10 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let workload = c.workload();
     let sql = ysb_sql(&workload, &params);
     let Registries { catalog, .. } = registries();
-    let mut options = PlanOptions::default();
+    let mut options = PlanOptions {
+        group_size: a.group_size,
+        ..PlanOptions::default()
+    };
     let plan = prepare(&catalog, &sql, &options)
         .await
         .context("planning queries/ysb.sql")?
@@ -112,7 +115,7 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let held = crate::checkpoint_dir::open(&catalog, &plan, &request)
         .await?
         .context("the YSB query cannot checkpoint")?;
-    held.attach(&runtime, &mut options, 1);
+    held.attach(&runtime, &mut options, a.checkpoint_every);
     let resumed: i64 = committed_topic_offsets(&plan, &held.store, &c.topic)
         .await?
         .values()

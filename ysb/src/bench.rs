@@ -81,6 +81,9 @@ pub struct LatencyBench {
     pub events_read: u64,
     /// Windows that ended before the load stopped: the ones measured.
     pub windows: usize,
+    /// Times windows closed under load (YSB's windows are 10 s: a 300 s
+    /// load closes 30); the tail percentiles need some 30 of them.
+    pub closings: usize,
     pub latency_ms_p50: i64,
     pub latency_ms_p90: i64,
     pub latency_ms_p99: i64,

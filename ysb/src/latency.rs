@@ -11,6 +11,8 @@ use crate::Windows;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Latency {
     pub windows: usize,
+    /// Distinct window ends among them: how many times windows closed.
+    pub closings: usize,
     pub p50: i64,
     pub p90: i64,
     pub p99: i64,
@@ -26,6 +28,12 @@ pub fn latencies(windows: &Windows, until_ms: Option<i64>) -> Latency {
         .filter(|((_, w), _)| until_ms.is_none_or(|u| w + WINDOW_MS <= u))
         .map(|((_, w), (_, updated))| updated - (w + WINDOW_MS))
         .collect();
+    let closings = windows
+        .keys()
+        .map(|(_, w)| *w)
+        .filter(|w| until_ms.is_none_or(|u| w + WINDOW_MS <= u))
+        .collect::<std::collections::BTreeSet<i64>>()
+        .len();
     l.sort_unstable();
     let pct = |p: f64| -> i64 {
         if l.is_empty() {
@@ -35,6 +43,7 @@ pub fn latencies(windows: &Windows, until_ms: Option<i64>) -> Latency {
     };
     Latency {
         windows: l.len(),
+        closings,
         p50: pct(0.5),
         p90: pct(0.9),
         p99: pct(0.99),
@@ -68,6 +77,7 @@ mod tests {
             got,
             Latency {
                 windows: 100,
+                closings: 100,
                 p50: 51,
                 p90: 90,
                 p99: 99,

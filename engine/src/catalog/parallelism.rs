@@ -124,7 +124,9 @@ impl Catalog {
             }
             Err(e) => {
                 let one = self.source_pins.get(name).unwrap_or(1);
-                tracing::warn!(table = name, error = %e, "sizing the source: its partitions could not be read");
+                // Said by `skein explain`; a warning here would be a second
+                // line before the one-line error of a run that then fails.
+                tracing::debug!(table = name, error = %e, "sizing the source: its partitions could not be read");
                 (one, format!("its partitions could not be read ({e})"))
             }
         };
