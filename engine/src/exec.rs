@@ -68,25 +68,80 @@ pub struct SourceTable {
     pub config: SourceConfig,
     /// The source it reads.
     pub source: Arc<dyn Source>,
+    /// Declared through the catalog without `'parallelism'`: its instances
+    /// are chosen (`Catalog::choose_parallelism`) when a query first reads
+    /// it, not for a table only written.
+    sizing: Option<SchemaRef>,
+    sized: tokio::sync::OnceCell<Sized>,
+}
+
+/// What a table reads with once sized.
+#[derive(Debug, Clone)]
+struct Sized {
+    config: SourceConfig,
+    source: Arc<dyn Source>,
     /// Why it reads with as many instances as it does (`skein explain`).
-    pub parallelism_why: Option<String>,
+    why: Option<String>,
 }
 
 impl SourceTable {
-    /// A table reading `source`.
+    /// A table reading `source` as it is.
     pub fn new(name: impl Into<String>, config: SourceConfig, source: Arc<dyn Source>) -> Self {
         SourceTable {
             name: name.into(),
             config,
             source,
-            parallelism_why: None,
+            sizing: None,
+            sized: tokio::sync::OnceCell::new(),
         }
     }
 
-    /// The table, saying why it reads with as many instances as it does.
-    pub fn with_parallelism_why(mut self, why: Option<String>) -> Self {
-        self.parallelism_why = why;
-        self
+    /// A table the catalog declared from `config` and the columns of
+    /// `declared`, sized by the catalog of the session that first reads it.
+    pub fn declared(
+        name: impl Into<String>,
+        config: SourceConfig,
+        source: Arc<dyn Source>,
+        declared: SchemaRef,
+    ) -> Self {
+        SourceTable {
+            sizing: Some(declared),
+            ..Self::new(name, config, source)
+        }
+    }
+
+    /// The declaration and source a read of the table uses.
+    async fn sized(&self, state: &dyn Session) -> DfResult<Sized> {
+        let as_is = || Sized {
+            config: self.config.clone(),
+            source: self.source.clone(),
+            why: None,
+        };
+        let Some(declared) = &self.sizing else {
+            return Ok(as_is());
+        };
+        let Some(catalog) = state.config().get_extension::<crate::catalog::Catalog>() else {
+            return Ok(as_is());
+        };
+        let sized = self
+            .sized
+            .get_or_try_init(|| async {
+                let mut config = self.config.clone();
+                let why = catalog.choose_parallelism(&self.name, &mut config).await?;
+                let source = if config == self.config {
+                    self.source.clone()
+                } else {
+                    catalog.create_source(&config, declared.clone())?
+                };
+                Ok::<_, crate::EngineError>(Sized {
+                    config,
+                    source,
+                    why,
+                })
+            })
+            .await
+            .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", self.name)))?;
+        Ok(sized.clone())
     }
 }
 
@@ -102,18 +157,19 @@ impl TableProvider for SourceTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let sized = self.sized(state).await?;
         let mut scan = SourceScanExec::new(
             self.name.clone(),
-            self.config.clone(),
-            self.source.clone(),
+            sized.config,
+            sized.source,
             projection.cloned(),
         )?;
-        scan.parallelism_why = self.parallelism_why.clone();
+        scan.parallelism_why = sized.why;
         Ok(Arc::new(scan))
     }
 }

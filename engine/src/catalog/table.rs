@@ -75,7 +75,7 @@ impl CatalogTableFactory {
     pub async fn declare(
         &self,
         name: &str,
-        mut config: SourceConfig,
+        config: SourceConfig,
         schema: SchemaRef,
     ) -> crate::Result<Arc<dyn TableProvider>> {
         let catalog = &self.catalog;
@@ -99,9 +99,7 @@ impl CatalogTableFactory {
                 schema,
             }));
         }
-        catalog.check_options(&config)?;
-        let parallelism_why = catalog.choose_parallelism(name, &mut config).await?;
-        let source = catalog.create_source(&config, schema)?;
+        let source = catalog.create_source(&config, schema.clone())?;
         let event_time = EventTimeOptions::from_config(&config, &source.schema())?;
         if event_time.late == LatePolicy::DeadLetter && catalog.dead_letters(&config)?.is_none() {
             return Err(crate::EngineError::plan(format!(
@@ -110,9 +108,9 @@ impl CatalogTableFactory {
                 config.kind
             )));
         }
-        Ok(Arc::new(
-            SourceTable::new(name, config, source).with_parallelism_why(parallelism_why),
-        ))
+        Ok(Arc::new(SourceTable::declared(
+            name, config, source, schema,
+        )))
     }
 }
 
