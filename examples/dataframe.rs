@@ -29,7 +29,7 @@ const WINDOW_MS: i64 = 2_000;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let query = bids_per_window().await?;
+    let query = bids_per_window()?;
     let frame = frame(&query).await?;
     print!("{}", query.plan(frame.clone()).await?.explain());
     let (report, _) = query.run(frame).await?;
@@ -39,24 +39,22 @@ async fn main() -> Result<()> {
 
 /// A session over the binary's catalog with the NEXMark bid table, run
 /// for 4 epochs over 2 source instances and 2 members per group.
-async fn bids_per_window() -> Result<DataFrameQuery> {
+fn bids_per_window() -> Result<DataFrameQuery> {
     let args = CommonRunArgs::from_flags(["--epochs", "4", "--group-size", "2"])?;
     let query = DataFrameQuery::new(args);
     let (events, rate) = (EVENTS.to_string(), RATE.to_string());
-    query
-        .register(
-            "bid",
-            "NEXMARK",
-            "bid",
-            &[
-                ("events", &events),
-                ("rate", &rate),
-                ("partitions", "2"),
-                ("event_time", "date_time"),
-            ],
-            None,
-        )
-        .await?;
+    query.register(
+        "bid",
+        "NEXMARK",
+        "bid",
+        &[
+            ("events", &events),
+            ("rate", &rate),
+            ("partitions", "2"),
+            ("event_time", "date_time"),
+        ],
+        None,
+    )?;
     Ok(query)
 }
 
@@ -136,7 +134,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dataframe_runs_in_stages_and_counts_every_bid_once() {
-        let query = bids_per_window().await.unwrap();
+        let query = bids_per_window().unwrap();
         let frame = frame(&query).await.unwrap();
         let plan = query.plan(frame.clone()).await.unwrap();
         assert!(

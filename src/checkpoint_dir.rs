@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use skein_engine::catalog::Catalog;
-use skein_engine::catalog::parallelism::SourcePins;
 use skein_engine::checkpoint::{CheckpointStore, Description, Manifest};
 use skein_engine::context::CheckpointSpec;
 use skein_engine::local::LocalRuntime;
@@ -80,17 +79,10 @@ pub fn pin_sources(catalog: &mut Catalog, sql: &str, request: &Request) -> Resul
     };
     let manifest: Manifest = serde_json::from_slice(&bytes)
         .with_context(|| format!("reading {}", path.display()))?;
-    let pins = match manifest.described.and_then(|d| d.sources) {
-        Some(tables) => SourcePins {
-            tables,
-            otherwise: None,
-        },
-        None => SourcePins {
-            tables: BTreeMap::new(),
-            otherwise: Some(1),
-        },
-    };
-    catalog.pin_sources(pins);
+    // A store of this layout records them when it is opened.
+    if let Some(pins) = manifest.described.and_then(|d| d.sources) {
+        catalog.pin_sources(pins);
+    }
     Ok(())
 }
 

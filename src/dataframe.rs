@@ -43,7 +43,7 @@ impl DataFrameQuery {
     /// `CREATE EXTERNAL TABLE name STORED AS kind LOCATION 'location'
     /// OPTIONS (...)` does; `schema`: its columns, or none for a kind that
     /// knows its own (NEXMARK, YSB). The catalog checks the options.
-    pub async fn register(
+    pub fn register(
         &self,
         name: &str,
         kind: &str,
@@ -59,7 +59,7 @@ impl DataFrameQuery {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         };
-        skein_engine::session::register_table(&self.ctx, name, config, schema).await?;
+        skein_engine::session::register_table(&self.ctx, name, config, schema)?;
         Ok(())
     }
 

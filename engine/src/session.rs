@@ -59,7 +59,7 @@ pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
 /// catalog `ctx` plans with checks the kind and options and makes the
 /// table. `schema`: its columns, or none for a kind that knows its own
 /// (the generators).
-pub async fn register_table(
+pub fn register_table(
     ctx: &SessionContext,
     name: &str,
     config: crate::source::SourceConfig,
@@ -74,7 +74,6 @@ pub async fn register_table(
     let schema = schema.unwrap_or_else(|| Arc::new(datafusion::arrow::datatypes::Schema::empty()));
     let table = factory
         .declare(name, config, schema)
-        .await
         .map_err(|e| crate::EngineError::plan(format!("table {name}: {e}")))?;
     ctx.register_table(name, table)?;
     Ok(())

@@ -52,21 +52,9 @@ impl Default for SourceBudget {
     }
 }
 
-/// The instances a checkpoint was written with, which a resumed query keeps.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SourcePins {
-    /// Per table name.
-    pub tables: BTreeMap<String, usize>,
-    /// Tables the checkpoint does not name (a store written before it
-    /// recorded them, when every table read with one instance).
-    pub otherwise: Option<usize>,
-}
-
-impl SourcePins {
-    fn get(&self, table: &str) -> Option<usize> {
-        self.tables.get(table).copied().or(self.otherwise)
-    }
-}
+/// The instances a checkpoint was written with, per table name, which a
+/// resumed query keeps.
+pub type SourcePins = BTreeMap<String, usize>;
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
@@ -112,7 +100,7 @@ impl Catalog {
                     plural(partitions),
                     budget.describe()
                 );
-                match self.source_pins.get(name) {
+                match self.source_pins.get(name).copied() {
                     Some(pinned) if pinned != chosen => (
                         pinned,
                         format!(
@@ -123,7 +111,7 @@ impl Catalog {
                 }
             }
             Err(e) => {
-                let one = self.source_pins.get(name).unwrap_or(1);
+                let one = self.source_pins.get(name).copied().unwrap_or(1);
                 // Said by `skein explain`; a warning here would be a second
                 // line before the one-line error of a run that then fails.
                 tracing::debug!(table = name, error = %e, "sizing the source: its partitions could not be read");
@@ -146,16 +134,5 @@ mod tests {
         assert_eq!(SourceBudget::Cores(0).bound(), 1);
         assert_eq!(SourceBudget::Cores(1).describe(), "1 core");
         assert_eq!(SourceBudget::Members(8).describe(), "group size 8");
-    }
-
-    #[test]
-    fn a_store_without_tables_pins_every_table() {
-        let pins = SourcePins {
-            tables: [("bids".to_string(), 3)].into(),
-            otherwise: Some(1),
-        };
-        assert_eq!(pins.get("bids"), Some(3));
-        assert_eq!(pins.get("people"), Some(1));
-        assert_eq!(SourcePins::default().get("bids"), None);
     }
 }

@@ -64,7 +64,6 @@ impl TableProviderFactory for CatalogTableFactory {
         };
         let schema: SchemaRef = Arc::new(cmd.schema.as_arrow().clone());
         self.declare(&cmd.name.to_string(), config, schema)
-            .await
             .map_err(|e| DataFusionError::Plan(format!("table {}: {e}", cmd.name)))
     }
 }
@@ -72,7 +71,7 @@ impl TableProviderFactory for CatalogTableFactory {
 impl CatalogTableFactory {
     /// The table `name` declared as `config` with the columns of `schema`
     /// (none: the source's own, for a kind that knows them).
-    pub async fn declare(
+    pub fn declare(
         &self,
         name: &str,
         config: SourceConfig,

@@ -33,6 +33,14 @@ impl Backend {
         Backend::Dir(Arc::new(SegmentDir::new(dir)))
     }
 
+    /// The layout a store on this backend is written in.
+    pub fn layout(&self) -> u32 {
+        match self {
+            Backend::Objects(_) => super::LAYOUT,
+            Backend::Dir(_) => super::DIR_LAYOUT,
+        }
+    }
+
     /// The object at `key`, if there is one.
     pub async fn get(&self, key: &Path) -> Result<Option<Vec<u8>>> {
         match self {

@@ -114,9 +114,8 @@ pub struct Description {
     /// Members of each function group.
     pub group_size: usize,
     /// The instances each source table reads with: a resumed query keeps
-    /// them (the offsets log is kept per instance). None in a store written
-    /// before they were recorded, when every table without a
-    /// `'parallelism'` read with one.
+    /// them (the offsets log is kept per instance). None where the store
+    /// is not a local directory (`skein run` records them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sources: Option<std::collections::BTreeMap<String, usize>>,
 }
@@ -255,10 +254,7 @@ impl CheckpointStore {
     }
 
     async fn open_on(backend: Backend, root: Path, query_code: &str) -> Result<Self> {
-        let layout = match backend {
-            Backend::Objects(_) => LAYOUT,
-            Backend::Dir(_) => DIR_LAYOUT,
-        };
+        let layout = backend.layout();
         let key = root.clone().join("manifest.json");
         let found = match backend.get(&key).await? {
             Some(bytes) => {
@@ -323,7 +319,7 @@ impl CheckpointStore {
         let manifest = Manifest {
             query_code: query_code.to_string(),
             run: run.to_string(),
-            layout: LAYOUT,
+            layout: backend.layout(),
             described: None,
         };
         Self::with(backend, root, manifest)

@@ -15,23 +15,18 @@ fn table(options: &[(&str, &str)]) -> EngineResult<()> {
     register_sinks(&mut catalog);
     let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::Utf8, true)]));
     let tables = skein_engine::catalog::table::CatalogTableFactory { catalog };
-    // A sink table: declaring it asks no source for its partitions.
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a runtime")
-        .block_on(
-            tables.declare(
-                "out",
-                SourceConfig {
-                    kind: "ysb_redis".into(),
-                    location: "redis://127.0.0.1:1".into(),
-                    options: options
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                },
-                schema,
-            ),
+    tables
+        .declare(
+            "out",
+            SourceConfig {
+                kind: "ysb_redis".into(),
+                location: "redis://127.0.0.1:1".into(),
+                options: options
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            },
+            schema,
         )
         .map(drop)
 }
