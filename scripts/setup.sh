@@ -9,10 +9,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # --- Debian packages ---------------------------------------------------------
 
 # cmake + libcurl: rdkafka's cmake-build; zip/unzip: the Lambda package;
-# chromium + chromium-driver: the browser tests of `skein ui` (tests/ui.rs).
+# chromium + chromium-driver: the browser tests of `skein ui` (tests/ui.rs);
+# util-linux: taskset, which the source-sizing tests pin a run's cores with.
 DEB_PACKAGES=(build-essential pkg-config cmake libcurl4-openssl-dev zlib1g-dev
               redis-server zip unzip curl ca-certificates python3 python3-venv
-              chromium chromium-driver)
+              chromium chromium-driver util-linux)
 
 java_major() {
     # `java -version` prints e.g.: openjdk version "17.0.15" 2025-04-15
