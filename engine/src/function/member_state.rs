@@ -12,13 +12,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::{StageFunction, StageState};
+use super::StageFunction;
+use super::payload_stage::{EpochStep, PayloadState};
 use crate::checkpoint::{
-    CheckpointStore, MemberObject, MemberRecord, Snapshot, StateKind, decode_state, encode_changes,
-    encode_state,
+    CheckpointStore, MemberChanges, MemberObject, MemberRecord, MemberState, Snapshot, StateKind,
+    decode_state, encode_changes, encode_state,
 };
-use crate::context::StageMode;
 use crate::error::{EngineError, Result};
+use crate::watermark::Watermark;
 use crate::window_state::{Change, SavedWindows, rows_held};
 
 /// Longest chain of changes before a whole state, whatever the sizes: it
@@ -36,7 +37,7 @@ const RESTORE_READS: usize = 8;
 #[derive(Debug, Default)]
 pub(super) struct SavedChain {
     /// Epochs of the chain's states, the whole one first.
-    epochs: Vec<u64>,
+    pub(super) epochs: Vec<u64>,
     /// Their bytes.
     bytes: usize,
     /// The rows they hold.
@@ -47,7 +48,7 @@ impl SavedChain {
     /// Whether the next checkpoint is whole, with `live_rows` held now:
     /// there is nothing to build on, the chain is as long as it may get, or
     /// at least half the rows it holds are gone from the state.
-    fn wants_whole(&self, live_rows: u64) -> bool {
+    pub(super) fn wants_whole(&self, live_rows: u64) -> bool {
         self.epochs.is_empty()
             || self.epochs.len() > MAX_CHAIN
             || (self.bytes >= MIN_CHAIN_BYTES && self.rows >= live_rows.saturating_mul(2))
@@ -71,7 +72,7 @@ fn change_rows(changes: &[Change]) -> u64 {
 }
 
 /// One state object of a chain, read and decoded.
-struct ReadState {
+pub(super) struct ReadState {
     snapshot: Snapshot,
     bytes: usize,
     tally: Option<MemberRecord>,
@@ -119,7 +120,7 @@ impl StageFunction {
     /// The chain of states the state at `commit` is: newest first, the
     /// whole state last. A state that lists its chain has the rest read at
     /// once; one from an older store is followed base by base.
-    async fn read_chain(
+    pub(super) async fn read_chain(
         &self,
         cs: &CheckpointStore,
         commit: u64,
@@ -172,170 +173,7 @@ impl StageFunction {
         }
     }
 
-    /// A cold instance of a member that takes payloads: continue after the
-    /// last committed epoch, with the state this member had then (a whole
-    /// state and the changes written on it since).
-    pub(super) async fn restore(&self, state: &mut StageState) -> Result<()> {
-        let Some(cs) = self.checkpoints() else {
-            return Ok(());
-        };
-        let commit = cs.committed().await?;
-        if self.ctx.mode != StageMode::Stream {
-            state.windows.keep_changes();
-            if let Some(u) = &mut state.updating {
-                u.keep_changes();
-            }
-            cs.drop_states_after(self.ctx.stage, self.ctx.member, commit.map(|c| c.epoch))
-                .await?;
-        }
-        let Some(commit) = commit else {
-            return Ok(());
-        };
-        state.next_epoch = commit.epoch + 1;
-        if self.ctx.mode == StageMode::Stream {
-            return Ok(());
-        }
-        let schemas = self.checkpoint_schemas(state);
-        let mut read = self.read_chain(cs, commit.epoch, &schemas).await?;
-        // The committed object's counts: where this instance's go on from.
-        let counted = read[0].tally.clone();
-        let mut saved = SavedChain::default();
-        let whole = match read.pop().map(|r| (r.snapshot, r.bytes)) {
-            Some((Snapshot::Whole(w), bytes)) => {
-                saved.note(Written {
-                    epoch: w.epoch,
-                    whole: true,
-                    len: bytes,
-                    rows: rows_held(&w.buffered) as u64,
-                });
-                w
-            }
-            _ => {
-                return Err(EngineError::Context(format!(
-                    "state {} epoch {}: its chain does not start with a whole state",
-                    self.name, commit.epoch
-                )));
-            }
-        };
-        let mut chain = vec![];
-        let mut base = whole.epoch;
-        for r in read.into_iter().rev() {
-            let Snapshot::Changes(c) = r.snapshot else {
-                return Err(EngineError::Context(format!(
-                    "state {} epoch {}: a whole state in the middle of its chain",
-                    self.name, commit.epoch
-                )));
-            };
-            if c.base != base {
-                return Err(EngineError::Context(format!(
-                    "state {} epoch {}: the changes of epoch {} build on epoch {}, not {base}",
-                    self.name, commit.epoch, c.epoch, c.base
-                )));
-            }
-            base = c.epoch;
-            saved.note(Written {
-                epoch: c.epoch,
-                whole: false,
-                len: r.bytes,
-                rows: change_rows(&c.changes),
-            });
-            chain.push(c);
-        }
-        state.watermark = whole.watermark;
-        if let Some(u) = &mut state.updating {
-            if let Some(last) = chain.last() {
-                state.watermark = last.watermark;
-            }
-            u.restore(
-                whole.buffered,
-                chain.into_iter().map(|c| c.changes).collect(),
-                commit.epoch,
-            )?;
-        } else {
-            state
-                .windows
-                .restore(whole.buffered, whole.released, whole.emitted_sessions);
-            for c in chain {
-                state.watermark = c.watermark;
-                state.windows.apply(c.changes)?;
-            }
-        }
-        state.saved = saved;
-        self.tally.counted_before(counted);
-        tracing::info!(stage = %self.name, epoch = commit.epoch, "state restored from the checkpoint");
-        Ok(())
-    }
-
-    /// This member's state as of the end of `epoch`, encoded, when the
-    /// driver will commit the epoch (`checkpoint`: it said so, or it is the
-    /// run's last).
-    pub(super) fn state_to_save(
-        &self,
-        state: &mut StageState,
-        epoch: u64,
-        checkpoint: bool,
-    ) -> Result<Option<StateWrite>> {
-        if self.checkpoints().is_none() || self.ctx.mode == StageMode::Stream || !checkpoint {
-            return Ok(None);
-        }
-        let schemas = self.checkpoint_schemas(state);
-        let changes = match &mut state.updating {
-            Some(u) => u.take_changes(),
-            None => state.windows.take_changes(),
-        };
-        let live_rows = match &state.updating {
-            Some(u) => u.checkpoint_rows(),
-            None => state.windows.rows(),
-        } as u64;
-        let (bytes, whole, rows) = match changes {
-            Some(changes) if !state.saved.wants_whole(live_rows) => (
-                encode_changes(
-                    epoch,
-                    &state.saved.epochs,
-                    state.watermark,
-                    &changes,
-                    &schemas,
-                )?,
-                false,
-                change_rows(&changes),
-            ),
-            _ => {
-                let bytes = match &mut state.updating {
-                    Some(u) => {
-                        let rows = u.whole()?;
-                        let saved = SavedWindows {
-                            buffered: &rows,
-                            released: None,
-                            emitted_sessions: &Default::default(),
-                        };
-                        encode_state(epoch, state.watermark, saved, &schemas)?
-                    }
-                    None => encode_state(epoch, state.watermark, state.windows.saved(), &schemas)?,
-                };
-                (bytes, true, live_rows)
-            }
-        };
-        crate::metrics::checkpoint_bytes(&self.name, bytes.len());
-        Ok(Some(StateWrite {
-            epoch,
-            whole,
-            bytes,
-            rows,
-        }))
-    }
-
-    /// The schema of each edge's rows in this member's checkpoints.
-    fn checkpoint_schemas(
-        &self,
-        state: &StageState,
-    ) -> std::collections::BTreeMap<u32, datafusion::arrow::datatypes::SchemaRef> {
-        match &state.updating {
-            Some(u) => u.checkpoint_schemas(),
-            None => self.input_schemas.clone(),
-        }
-    }
-
-    /// Write what [`Self::state_to_save`] encoded, with the member's
+    /// Write what [`PayloadState::state_to_save`] encoded, with the member's
     /// counts, as its object for the epoch; its size, once written.
     pub(super) async fn write_state(&self, write: Option<StateWrite>) -> Result<Option<Written>> {
         let (Some(cs), Some(w)) = (self.checkpoints(), write) else {
@@ -360,6 +198,219 @@ impl StageFunction {
             len,
             rows: w.rows,
         }))
+    }
+}
+
+impl PayloadState {
+    /// A cold instance of a member that takes payloads: continue after the
+    /// last committed epoch, with the state this member had then (a whole
+    /// state and the changes written on it since).
+    pub(super) async fn restore(&mut self, f: &StageFunction) -> Result<()> {
+        let Some(cs) = f.checkpoints() else {
+            return Ok(());
+        };
+        let commit = cs.committed().await?;
+        if self.step.keeps_state() {
+            self.step.keep_changes();
+            cs.drop_states_after(f.ctx.stage, f.ctx.member, commit.map(|c| c.epoch))
+                .await?;
+        }
+        let Some(commit) = commit else {
+            return Ok(());
+        };
+        self.next_epoch = commit.epoch + 1;
+        if !self.step.keeps_state() {
+            return Ok(());
+        }
+        let schemas = self.step.checkpoint_schemas();
+        let read = f.read_chain(cs, commit.epoch, &schemas).await?;
+        // The committed object's counts: where this instance's go on from.
+        let counted = read[0].tally.clone();
+        let (whole, chain, saved) = ordered_chain(&f.name, commit.epoch, read)?;
+        self.watermark = self.step.restore(whole, chain, commit.epoch)?;
+        self.saved = saved;
+        f.tally.counted_before(counted);
+        tracing::info!(stage = %f.name, epoch = commit.epoch, "state restored from the checkpoint");
+        Ok(())
+    }
+
+    /// This member's state as of the end of `epoch`, encoded, when the
+    /// driver will commit the epoch (`checkpoint`: it said so, or it is the
+    /// run's last).
+    pub(super) fn state_to_save(
+        &mut self,
+        f: &StageFunction,
+        epoch: u64,
+        checkpoint: bool,
+    ) -> Result<Option<StateWrite>> {
+        if f.checkpoints().is_none() || !self.step.keeps_state() || !checkpoint {
+            return Ok(None);
+        }
+        let schemas = self.step.checkpoint_schemas();
+        let changes = self.step.take_changes();
+        let live_rows = self.step.live_rows() as u64;
+        let (bytes, whole, rows) = match changes {
+            Some(changes) if !self.saved.wants_whole(live_rows) => {
+                let chain = &self.saved.epochs;
+                let bytes = encode_changes(epoch, chain, self.watermark, &changes, &schemas)?;
+                (bytes, false, change_rows(&changes))
+            }
+            _ => {
+                let bytes = self.step.encode_whole(epoch, self.watermark, &schemas)?;
+                (bytes, true, live_rows)
+            }
+        };
+        crate::metrics::checkpoint_bytes(&f.name, bytes.len());
+        Ok(Some(StateWrite {
+            epoch,
+            whole,
+            bytes,
+            rows,
+        }))
+    }
+}
+
+/// A chain read newest first as its whole state, the changes on it in
+/// order, and what the next checkpoint builds on; an error names a chain
+/// this member does not write.
+fn ordered_chain(
+    name: &str,
+    commit: u64,
+    mut read: Vec<ReadState>,
+) -> Result<(MemberState, Vec<MemberChanges>, SavedChain)> {
+    let bad = |why: String| EngineError::Context(format!("state {name} epoch {commit}: {why}"));
+    let mut saved = SavedChain::default();
+    let whole = match read.pop().map(|r| (r.snapshot, r.bytes)) {
+        Some((Snapshot::Whole(w), bytes)) => {
+            let rows = rows_held(&w.buffered) as u64;
+            saved.note(Written {
+                epoch: w.epoch,
+                whole: true,
+                len: bytes,
+                rows,
+            });
+            w
+        }
+        _ => return Err(bad("its chain does not start with a whole state".into())),
+    };
+    let mut chain = vec![];
+    let mut base = whole.epoch;
+    for r in read.into_iter().rev() {
+        let Snapshot::Changes(c) = r.snapshot else {
+            return Err(bad("a whole state in the middle of its chain".into()));
+        };
+        if c.base != base {
+            return Err(bad(format!(
+                "the changes of epoch {} build on epoch {}, not {base}",
+                c.epoch, c.base
+            )));
+        }
+        base = c.epoch;
+        let rows = change_rows(&c.changes);
+        saved.note(Written {
+            epoch: c.epoch,
+            whole: false,
+            len: r.bytes,
+            rows,
+        });
+        chain.push(c);
+    }
+    Ok((whole, chain, saved))
+}
+
+impl EpochStep {
+    /// Whether the step keeps state across epochs (and so checkpoints it).
+    fn keeps_state(&self) -> bool {
+        !matches!(self, EpochStep::Stream)
+    }
+
+    /// Start recording changes for the next checkpoint.
+    fn keep_changes(&mut self) {
+        match self {
+            EpochStep::Stream => {}
+            EpochStep::Windowed(w) => w.windows.keep_changes(),
+            EpochStep::Updating(u) => u.state.keep_changes(),
+        }
+    }
+
+    /// The changes since the last checkpoint.
+    fn take_changes(&mut self) -> Option<Vec<Change>> {
+        match self {
+            EpochStep::Stream => None,
+            EpochStep::Windowed(w) => w.windows.take_changes(),
+            EpochStep::Updating(u) => u.state.take_changes(),
+        }
+    }
+
+    /// Rows a whole state would hold now.
+    fn live_rows(&self) -> usize {
+        match self {
+            EpochStep::Stream => 0,
+            EpochStep::Windowed(w) => w.windows.rows(),
+            EpochStep::Updating(u) => u.state.checkpoint_rows(),
+        }
+    }
+
+    /// The schema of each edge's rows in this member's checkpoints.
+    fn checkpoint_schemas(&self) -> BTreeMap<u32, SchemaRef> {
+        match self {
+            EpochStep::Stream => BTreeMap::new(),
+            EpochStep::Windowed(w) => w.schemas.clone(),
+            EpochStep::Updating(u) => u.state.checkpoint_schemas(),
+        }
+    }
+
+    /// The whole state, encoded.
+    fn encode_whole(
+        &mut self,
+        epoch: u64,
+        watermark: Watermark,
+        schemas: &BTreeMap<u32, SchemaRef>,
+    ) -> Result<Vec<u8>> {
+        match self {
+            EpochStep::Updating(u) => {
+                let rows = u.state.whole()?;
+                let saved = SavedWindows {
+                    buffered: &rows,
+                    released: None,
+                    emitted_sessions: &Default::default(),
+                };
+                encode_state(epoch, watermark, saved, schemas)
+            }
+            EpochStep::Windowed(w) => encode_state(epoch, watermark, w.windows.saved(), schemas),
+            EpochStep::Stream => Err(EngineError::Context(
+                "a stage without state has none to write".into(),
+            )),
+        }
+    }
+
+    /// Take a restored chain in; the watermark the state had.
+    fn restore(
+        &mut self,
+        whole: MemberState,
+        chain: Vec<MemberChanges>,
+        commit: u64,
+    ) -> Result<Watermark> {
+        let mut watermark = whole.watermark;
+        match self {
+            EpochStep::Stream => {}
+            EpochStep::Updating(u) => {
+                if let Some(last) = chain.last() {
+                    watermark = last.watermark;
+                }
+                let changes = chain.into_iter().map(|c| c.changes).collect();
+                u.state.restore(whole.buffered, changes, commit)?;
+            }
+            EpochStep::Windowed(w) => {
+                let sessions = whole.emitted_sessions;
+                w.windows.restore(whole.buffered, whole.released, sessions);
+                for c in chain {
+                    watermark = c.watermark;
+                    w.windows.apply(c.changes)?;
+                }
+            }
+        }
+        Ok(watermark)
     }
 }
 

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
@@ -18,12 +17,9 @@ use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
 pub use crate::request::{Request, Trigger};
-use tokio::sync::Mutex;
 
-use crate::arena::{Arena, EpochInput};
 use crate::catalog::Catalog;
 use crate::checkpoint::CheckpointStore;
-use crate::compaction::Compactor;
 use crate::context::{CloudContext, NextHop, StageMode};
 use crate::error::{EngineError, Result};
 use crate::exec::{StageInput, rewrite_leaves};
@@ -32,18 +28,20 @@ use crate::payload::{PayloadHeader, SourceOffset};
 use crate::ring::HashRing;
 use crate::source::{DeadLetterSink, Source};
 use crate::usage::Usage;
-use crate::watermark::{SourceClock, Watermark};
-use crate::window_state::WindowBuffer;
+use crate::watermark::Watermark;
 
 mod build;
+mod changes;
 mod member_state;
 mod payload_stage;
 mod pushed;
 mod routing;
 mod sink_write;
+mod source_log;
 mod source_note;
 mod source_stage;
 mod updating;
+mod windowed;
 
 /// What a function instance needs from the world it runs in.
 #[derive(Clone)]
@@ -147,32 +145,14 @@ struct LateHandling {
     dead_letters: Option<Arc<dyn DeadLetterSink>>,
 }
 
-#[derive(Default)]
-struct StageState {
-    arena: Option<Arena>,
-    ready: BTreeMap<u64, EpochInput>,
-    next_epoch: u64,
-    /// Rows of open windows (or, in a stage without windows, everything
-    /// until the end of a bounded run).
-    windows: WindowBuffer,
-    /// This stage's watermark: it only moves forward.
-    watermark: Watermark,
-    /// Per source reader: its per-partition event-time clock.
-    clocks: Vec<Option<SourceClock>>,
-    /// This instance took its state from the checkpoint store (or had
-    /// nothing to take): done once, before its first epoch.
-    restored: bool,
-    /// The states this member wrote (or restored), that the next
-    /// checkpoint may build on.
-    saved: member_state::SavedChain,
-    /// A pushed source: where each shard's taken records end, and the
-    /// next epoch a push takes.
-    pushed: pushed::PushedLog,
-    /// A source member: the log entries after the last commit that its
-    /// source keeps (`source_note.rs`).
-    kept: source_note::KeptEntries,
-    /// An updating stage's rows by key, and what it emitted.
-    updating: Option<crate::updating::UpdatingState>,
+/// The kinds of stage, each holding its own state across invocations.
+enum Stage {
+    /// No input at all: its rows go out with the first epoch.
+    Constant,
+    /// Reads its tables: a pull per trigger, or a platform's pushed batches.
+    Source(Box<source_stage::SourceStage>),
+    /// Takes the payloads of the stages before it.
+    Payload(Box<payload_stage::PayloadStage>),
 }
 
 /// The one generic function: built once per instance from its cloud
@@ -183,19 +163,9 @@ pub struct StageFunction {
     /// The first output is the stage's own (its id is the edge id).
     outputs: Vec<StageOutput>,
     task_ctx: Arc<TaskContext>,
-    readers: Vec<SourceReader>,
     sink: Option<sink_write::SinkOutput>,
-    input_schemas: BTreeMap<u32, SchemaRef>,
-    /// Per input edge: the schema its payloads carry (the leaf's, with the
-    /// op column on an edge that carries a changelog).
-    wire_schemas: BTreeMap<u32, SchemaRef>,
-    /// An updating stage's plan, split to compute changes.
-    updating: Option<Arc<crate::updating::UpdatingPlan>>,
-    /// Per input edge of partial aggregate rows: how to merge them.
-    compactors: BTreeMap<u32, Compactor>,
-    late: BTreeMap<u32, LateHandling>,
     env: FunctionEnv,
-    state: Mutex<StageState>,
+    stage: Stage,
     /// Dead letters, late rows and sink errors, for `skein status`.
     tally: crate::checkpoint::MemberTally,
 }
@@ -228,8 +198,15 @@ impl StageFunction {
         let started = std::time::Instant::now();
         let (response, callees) = crate::usage::collecting(async {
             match request {
-                Request::Trigger(t) => self.run_source(t).await,
-                Request::Data(p) => self.take_payload(*p).await,
+                Request::Trigger(t) => self.trigger(t).await,
+                Request::Data(p) => match &self.stage {
+                    Stage::Payload(stage) => stage.take(self, *p).await,
+                    _ => Err(EngineError::BadPayload {
+                        uuid: p.uuid_string(),
+                        stage: self.name.clone(),
+                        reason: "this stage takes no payloads (it reads a source)".into(),
+                    }),
+                },
                 other => Err(EngineError::invocation_failed(
                     self.name.clone(),
                     format!("a {} is not a stage request", other.kind()),
@@ -250,6 +227,27 @@ impl StageFunction {
         })
     }
 
+    /// A trigger: a source stage reads its epoch.
+    async fn trigger(&self, t: Trigger) -> Result<Response> {
+        if t.qid != self.ctx.query_code {
+            return Err(EngineError::invocation_failed(
+                self.name.clone(),
+                format!(
+                    "a trigger for query {:?}, not this function's {}",
+                    t.qid, self.ctx.query_code
+                ),
+            ));
+        }
+        match &self.stage {
+            Stage::Constant => self.run_constant(t).await,
+            Stage::Source(stage) => stage.run(self, t).await,
+            Stage::Payload(_) => Err(EngineError::invocation_failed(
+                self.name.clone(),
+                "a trigger reached a stage that takes payloads",
+            )),
+        }
+    }
+
     /// Write this member's counts for `skein status` if they changed and
     /// it has no object of its own to carry them in. A failure only costs
     /// the status a count, so it does not fail the invocation.
@@ -268,28 +266,25 @@ impl StageFunction {
     /// Whether this member's counts ride in objects it writes anyway: a
     /// source member's log entries, a stateful member's states.
     fn tally_rides_along(&self) -> bool {
-        self.checkpoints().is_some()
-            && (self.ctx.mode != StageMode::Stream || !self.readers.is_empty())
+        let reads = matches!(&self.stage, Stage::Source(s) if s.reads());
+        self.checkpoints().is_some() && (self.ctx.mode != StageMode::Stream || reads)
     }
 
     /// Bytes of the rows this instance holds across epochs (its windows);
     /// none while an invocation holds them.
     pub fn state_bytes(&self) -> Option<usize> {
-        let state = self.state.try_lock().ok()?;
-        Some(state.windows.bytes() + state.updating.as_ref().map_or(0, |u| u.bytes()))
+        match &self.stage {
+            Stage::Payload(stage) => stage.state_bytes(),
+            _ => Some(0),
+        }
     }
 
     /// What this instance still waits for (empty when nothing is pending).
     pub async fn pending(&self) -> Vec<String> {
-        let state = self.state.lock().await;
-        let mut out = state.arena.as_ref().map(Arena::pending).unwrap_or_default();
-        for epoch in state.ready.keys() {
-            out.push(format!(
-                "{}: epoch {epoch} is complete but waits for epoch {}",
-                self.name, state.next_epoch
-            ));
+        match &self.stage {
+            Stage::Payload(stage) => stage.pending(&self.name).await,
+            _ => vec![],
         }
-        out
     }
 
     fn header(
@@ -313,6 +308,16 @@ impl StageFunction {
             last: marks.last,
             checkpoint: marks.checkpoint,
             offsets,
+        }
+    }
+}
+
+impl Response {
+    /// An answer that is only a status.
+    fn status(status: &str) -> Self {
+        Response {
+            status: status.into(),
+            ..Default::default()
         }
     }
 }

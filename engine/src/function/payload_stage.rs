@@ -1,74 +1,115 @@
 //! A stage that takes payloads: collect an epoch from every sender in the
-//! arena, then run complete epochs in order, holding windows across them.
+//! arena, then run complete epochs in order. What an epoch does with its
+//! rows is the stage's [`EpochStep`]: run them as they come, hold them in
+//! windows, or keep them to compute a changelog.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use tokio::sync::Mutex;
 
-use super::{EpochMarks, Response, StageFunction, StageState, bind_leaves};
+use super::member_state::SavedChain;
+use super::updating::UpdatingStep;
+use super::windowed::WindowedStep;
+use super::{EpochMarks, Response, StageFunction, StageOutput, bind_leaves};
 use crate::admit::admit;
-use crate::arena::{Collected, EpochInput};
+use crate::arena::{Arena, Collected, EpochInput};
 use crate::context::StageMode;
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
-use crate::payload::{Payload, batches_of};
-use crate::source::DeadLetter;
+use crate::payload::{Arrived, Payload, PayloadHeader, batches_of};
+use crate::updating::UpdatingPlan;
 use crate::watermark::Watermark;
-use crate::window_state::{LateRows, rows_as_json};
 
-impl StageFunction {
-    pub(super) async fn take_payload(&self, p: Payload) -> Result<Response> {
-        admit(&p, &self.ctx, &self.name)?;
-        let expected =
-            self.wire_schemas
-                .get(&p.shuffle_id)
-                .ok_or_else(|| EngineError::BadPayload {
-                    uuid: p.uuid_string(),
-                    stage: self.name.clone(),
-                    reason: format!("no leaf of this stage reads edge {}", p.shuffle_id),
-                })?;
-        let mut arrived = p.decode_arrived(&self.name, expected)?;
-        // Only a window buffer's checkpoints write frames: elsewhere the
-        // compressed bytes would only wait in the arena for nothing.
-        let keeps_frames = self.checkpoints().is_some()
-            && matches!(self.ctx.mode, StageMode::Complete | StageMode::Accumulate);
-        if !keeps_frames {
-            arrived.frame = None;
+/// A stage fed by payloads, and what it holds across epochs.
+pub(super) struct PayloadStage {
+    /// Per input edge: the schema its payloads carry (the leaf's, with the
+    /// op column on an edge that carries a changelog).
+    wire_schemas: BTreeMap<u32, SchemaRef>,
+    state: Mutex<PayloadState>,
+}
+
+/// A payload stage's state: the epochs it collects, where it stands, and
+/// its step's own state.
+pub(super) struct PayloadState {
+    arena: Arena,
+    /// Complete epochs waiting for an earlier one.
+    ready: BTreeMap<u64, EpochInput>,
+    pub(super) next_epoch: u64,
+    /// This instance took its state from the checkpoint store (or had
+    /// nothing to take): done once, before its first epoch.
+    restored: bool,
+    /// This stage's watermark: it only moves forward.
+    pub(super) watermark: Watermark,
+    /// The states this member wrote (or restored), that the next
+    /// checkpoint may build on.
+    pub(super) saved: SavedChain,
+    pub(super) step: EpochStep,
+}
+
+/// What a payload stage does with an epoch's rows.
+pub(super) enum EpochStep {
+    /// Nothing kept: the plan runs on each epoch's rows.
+    Stream,
+    /// Rows held until the watermark closes their window (or, without
+    /// windows, until the end of a bounded run).
+    Windowed(Box<WindowedStep>),
+    /// Rows (or accumulators) kept by key; each epoch sends the changes of
+    /// the result.
+    Updating(Box<UpdatingStep>),
+}
+
+/// What an epoch sends on, computed before the state is written.
+pub(super) enum Outgoing {
+    /// Rows per input edge to run the stage's plan on; none: only the
+    /// metadata that lets counts downstream complete.
+    Rows(Option<BTreeMap<u32, Vec<RecordBatch>>>),
+    /// An updating stage's changes `(retract, insert)` of its core, to run
+    /// through the plan's tail.
+    Changes(Arc<UpdatingPlan>, Option<(RecordBatch, RecordBatch)>),
+}
+
+impl PayloadStage {
+    pub(super) fn new(
+        name: &str,
+        inputs: Vec<u32>,
+        wire_schemas: BTreeMap<u32, SchemaRef>,
+        step: EpochStep,
+    ) -> Self {
+        let state = PayloadState {
+            arena: Arena::new(name.to_string(), inputs),
+            ready: BTreeMap::new(),
+            next_epoch: 0,
+            restored: false,
+            watermark: Watermark::default(),
+            saved: SavedChain::default(),
+            step,
+        };
+        PayloadStage {
+            wire_schemas,
+            state: Mutex::new(state),
         }
+    }
+
+    /// Take one payload; run every epoch it completes, in order.
+    pub(super) async fn take(&self, f: &StageFunction, p: Payload) -> Result<Response> {
+        admit(&p, &f.ctx, &f.name)?;
+        let arrived = self.decode(f, &p)?;
         let mut state = self.state.lock().await;
         if !state.restored {
-            self.restore(&mut state).await?;
+            state.restore(f).await?;
             state.restored = true;
         }
         if p.epoch < state.next_epoch {
             // Already run (and committed, for a restored member): a retry.
-            return Ok(Response {
-                status: "duplicate".into(),
-                ..Default::default()
-            });
+            return Ok(Response::status("duplicate"));
         }
         let run_before = state.next_epoch;
-        let arena = state
-            .arena
-            .as_mut()
-            .ok_or_else(|| EngineError::BadPayload {
-                uuid: p.uuid_string(),
-                stage: self.name.clone(),
-                reason: "this stage takes no payloads (it reads a source)".into(),
-            })?;
-        match arena.collect(&p, arrived, run_before)? {
-            Collected::Duplicate => {
-                return Ok(Response {
-                    status: "duplicate".into(),
-                    ..Default::default()
-                });
-            }
-            Collected::NotReady => {
-                return Ok(Response {
-                    status: "not_ready".into(),
-                    ..Default::default()
-                });
-            }
+        match state.arena.collect(&p, arrived, run_before)? {
+            Collected::Duplicate => return Ok(Response::status("duplicate")),
+            Collected::NotReady => return Ok(Response::status("not_ready")),
             Collected::Complete(input) => {
                 state.ready.insert(input.epoch, input);
             }
@@ -81,181 +122,198 @@ impl StageFunction {
             let Some(input) = state.ready.remove(&next) else {
                 break;
             };
-            rows_out += self.run_epoch(&mut state, input).await?;
+            rows_out += state.run_epoch(f, input).await?;
             state.next_epoch += 1;
         }
         Ok(Response {
-            status: "ran".into(),
             rows_out,
-            ..Default::default()
+            ..Response::status("ran")
         })
     }
 
-    async fn run_epoch(&self, state: &mut StageState, input: EpochInput) -> Result<u64> {
-        let qid = self.ctx.query_code.clone();
+    /// The payload's rows, checked against the schema its edge carries.
+    fn decode(&self, f: &StageFunction, p: &Payload) -> Result<Arrived> {
+        let expected =
+            self.wire_schemas
+                .get(&p.shuffle_id)
+                .ok_or_else(|| EngineError::BadPayload {
+                    uuid: p.uuid_string(),
+                    stage: f.name.clone(),
+                    reason: format!("no leaf of this stage reads edge {}", p.shuffle_id),
+                })?;
+        let mut arrived = p.decode_arrived(&f.name, expected)?;
+        // Only a window buffer's checkpoints write frames: elsewhere the
+        // compressed bytes would only wait in the arena for nothing.
+        let keeps_frames = f.checkpoints().is_some()
+            && matches!(f.ctx.mode, StageMode::Complete | StageMode::Accumulate);
+        if !keeps_frames {
+            arrived.frame = None;
+        }
+        Ok(arrived)
+    }
+
+    /// Bytes of the rows held across epochs; none while an invocation
+    /// holds them.
+    pub(super) fn state_bytes(&self) -> Option<usize> {
+        Some(self.state.try_lock().ok()?.step.bytes())
+    }
+
+    /// What this stage still waits for.
+    pub(super) async fn pending(&self, name: &str) -> Vec<String> {
+        let state = self.state.lock().await;
+        let mut out = state.arena.pending();
+        for epoch in state.ready.keys() {
+            out.push(format!(
+                "{name}: epoch {epoch} is complete but waits for epoch {}",
+                state.next_epoch
+            ));
+        }
+        out
+    }
+}
+
+impl PayloadState {
+    /// One complete epoch: the step takes its rows, the state is encoded,
+    /// then written while the epoch's output is computed and sent (both
+    /// finish before the invocation answers, so before the epoch commits).
+    async fn run_epoch(&mut self, f: &StageFunction, input: EpochInput) -> Result<u64> {
         let epoch = input.epoch;
-        // The stage's watermark never goes back.
-        state.watermark = Watermark {
-            value: match (state.watermark.value, input.watermark.value) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            },
-            idle: input.watermark.idle,
-        };
-        crate::metrics::watermark(&self.ctx.stage_name(), state.watermark.value);
-        let output = &self.outputs[0];
+        self.advance_watermark(f, input.watermark);
+        let output = &f.outputs[0];
         let marks = EpochMarks {
             last: input.last,
             checkpoint: input.checkpoint,
         };
-        if self.ctx.mode == StageMode::Updating {
-            let header = self.header(
-                output,
-                &qid,
-                epoch,
-                state.watermark,
-                marks,
-                input.offsets.clone(),
-            );
-            return self.run_updating(state, input, header).await;
-        }
-        // A stateful stage without windows holds its rows until the end of
-        // the run: its output must hold the watermark back too, or the rows
-        // it emits then would be behind the watermark downstream (late).
-        let holds_rows = self.ctx.mode != StageMode::Stream && !state.windows.is_windowed();
-        let out_watermark = if holds_rows && !input.last {
-            Watermark {
-                value: Some(i64::MIN),
-                idle: false,
+        let out_watermark = self.out_watermark(input.last);
+        let qid = &f.ctx.query_code;
+        let header = f.header(output, qid, epoch, out_watermark, marks, input.offsets);
+        let watermark = self.watermark;
+        let outgoing = match &mut self.step {
+            EpochStep::Stream => {
+                f.report_held(epoch, watermark, 0);
+                let edges = input.edges.into_iter();
+                Outgoing::Rows(Some(edges.map(|(e, a)| (e, batches_of(a))).collect()))
             }
-        } else {
-            state.watermark
+            EpochStep::Windowed(w) => w.take(f, epoch, input.edges, input.last, watermark).await?,
+            EpochStep::Updating(u) => u.take(f, epoch, input.edges, input.last).await?,
         };
-        let header = self.header(
-            output,
-            &qid,
-            epoch,
-            out_watermark,
-            marks,
-            input.offsets.clone(),
+        let to_save = self.state_to_save(f, epoch, input.last || input.checkpoint)?;
+        let (written, rows) = tokio::join!(
+            f.write_state(to_save),
+            f.send_outgoing(output, header, outgoing)
         );
-        let to_run: Option<BTreeMap<u32, Vec<RecordBatch>>> = match self.ctx.mode {
-            StageMode::Stream => Some(
-                input
-                    .edges
-                    .into_iter()
-                    .map(|(edge, arrived)| (edge, batches_of(arrived)))
-                    .collect(),
-            ),
-            // Handled above.
-            StageMode::Updating => None,
-            StageMode::Complete | StageMode::Accumulate => {
-                for (edge, arrived) in input.edges {
-                    let late = state.windows.add(edge, arrived)?;
-                    self.set_aside_late(epoch, late).await?;
-                }
-                if input.last {
-                    Some(state.windows.take_all())
-                } else if state.windows.is_windowed() {
-                    // Every input's senders have passed the watermark, so a
-                    // window it closes is complete on every side.
-                    match state.watermark.value {
-                        Some(wm) => Some(state.windows.release(wm)?),
-                        None => None,
-                    }
-                } else {
-                    None
-                }
-            }
-        };
-        for c in self.compactors.values() {
-            if c.wants(state.windows.held_batches(c.edge())) {
-                let held = state.windows.take_edge(c.edge());
-                let merged = c.merge(held, self.task_ctx.clone()).await?;
-                state.windows.put_back(c.edge(), merged);
-            }
-        }
-        crate::metrics::state_bytes(&self.name, state.windows.bytes());
-        let watermark_ms = state.watermark.value.filter(|w| *w > i64::MIN);
-        self.tally.measure(|l| {
-            l.state_bytes = state.windows.bytes() as u64;
-            l.watermark_ms = watermark_ms.or(l.watermark_ms);
-            l.epoch = Some(epoch);
-        });
-        // The state is encoded now and written while the epoch's output is
-        // computed and sent: both finish before the invocation answers, and
-        // so before the epoch can be committed.
-        let to_save = self.state_to_save(state, epoch, input.last || input.checkpoint)?;
-        let to_run = to_run.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
-        let run = async {
-            match to_run {
-                None => {
-                    self.route(output, header, None).await?;
-                    Ok(0)
-                }
-                Some(edges) if self.takes_changes() => {
-                    self.run_changes(output, edges, header).await
-                }
-                Some(mut edges) => {
-                    let plan = bind_leaves(&output.plan, &mut |input| match input {
-                        StageInput::Shuffle { shuffle_id } => {
-                            Ok(edges.remove(shuffle_id).unwrap_or_default())
-                        }
-                        StageInput::Source { table, .. } => Err(EngineError::plan(format!(
-                            "stage {} has a source leaf {table} beside exchanges",
-                            self.name
-                        ))),
-                    })?;
-                    self.run_and_route(output, plan, header).await
-                }
-            }
-        };
-        let (written, rows) = tokio::join!(self.write_state(to_save), run);
         if let Some(w) = written? {
-            state.saved.note(w);
+            self.saved.note(w);
         }
         rows
     }
 
-    /// Count late rows per table and send them to their table's dead-letter
-    /// destination where it asks for that; they are never emitted.
-    async fn set_aside_late(&self, epoch: u64, late: Vec<LateRows>) -> Result<()> {
-        for l in late {
-            let Some(handling) = self.late.get(&l.edge) else {
-                continue;
-            };
-            let n = l.batch.num_rows();
-            self.env.late.add(&handling.table, n as u64);
-            self.tally.count(|t| t.late_rows += n as u64);
-            if let Some((start, end)) = l.windows.last() {
-                let text = format!("{n} rows after their window [{start}, {end}) ms was emitted");
-                self.tally
-                    .measure(|m| m.reason("late", &handling.table, text));
-            }
-            crate::metrics::late_rows(&handling.table, n as u64);
-            tracing::debug!(stage = %self.name, table = %handling.table, rows = n, "late rows");
-            let Some(dlq) = &handling.dead_letters else {
-                continue;
-            };
-            let letters: Vec<DeadLetter> = rows_as_json(&l.batch)?
-                .into_iter()
-                .zip(l.windows)
-                .enumerate()
-                .map(|(i, (row, window))| DeadLetter {
-                    table: handling.table.clone(),
-                    reason: "late".into(),
-                    window: Some(window),
-                    row,
-                    // The same on a replay of this epoch.
-                    key: format!(
-                        "{}/late/{}/{epoch}/{}/{i}",
-                        handling.table, self.name, l.edge
-                    ),
-                    offsets: vec![],
-                })
-                .collect();
-            dlq.send(&letters).await?;
+    /// The stage's watermark: the later of its own and the epoch's.
+    fn advance_watermark(&mut self, f: &StageFunction, input: Watermark) {
+        self.watermark = Watermark {
+            value: match (self.watermark.value, input.value) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
+            idle: input.idle,
+        };
+        crate::metrics::watermark(&f.ctx.stage_name(), self.watermark.value);
+    }
+
+    /// The watermark the epoch's output carries. A stage that holds its
+    /// rows until the end of the run holds the watermark back too, or the
+    /// rows it emits then would be behind it downstream (late).
+    fn out_watermark(&self, last: bool) -> Watermark {
+        match &self.step {
+            EpochStep::Windowed(w) if !w.is_windowed() && !last => Watermark {
+                value: Some(i64::MIN),
+                idle: false,
+            },
+            _ => self.watermark,
         }
-        Ok(())
+    }
+}
+
+impl EpochStep {
+    /// Bytes of the rows it holds.
+    fn bytes(&self) -> usize {
+        match self {
+            EpochStep::Stream => 0,
+            EpochStep::Windowed(w) => w.bytes(),
+            EpochStep::Updating(u) => u.bytes(),
+        }
+    }
+}
+
+impl StageFunction {
+    /// Say what a stage holds after an epoch: the state gauge and the
+    /// member's counts for `skein status`.
+    pub(super) fn report_held(&self, epoch: u64, watermark: Watermark, bytes: usize) {
+        crate::metrics::state_bytes(&self.name, bytes);
+        let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
+        self.tally.measure(|l| {
+            l.state_bytes = bytes as u64;
+            l.watermark_ms = watermark_ms.or(l.watermark_ms);
+            l.epoch = Some(epoch);
+        });
+    }
+
+    /// Send what an epoch computed on; the rows sent.
+    async fn send_outgoing(
+        &self,
+        output: &StageOutput,
+        header: PayloadHeader,
+        outgoing: Outgoing,
+    ) -> Result<u64> {
+        match outgoing {
+            Outgoing::Rows(rows) => {
+                let rows = rows.filter(|edges| edges.values().flatten().any(|b| b.num_rows() > 0));
+                match rows {
+                    None => self.route(output, header, None).await.map(|()| 0),
+                    Some(edges) if self.takes_changes() => {
+                        self.run_changes(output, edges, header).await
+                    }
+                    Some(edges) => self.run_rows(output, edges, header).await,
+                }
+            }
+            Outgoing::Changes(plan, changes) => {
+                let out = match changes {
+                    Some((retract, insert)) => {
+                        Some(self.through_tail(&plan, retract, insert).await?)
+                    }
+                    None => None,
+                };
+                let rows = out
+                    .iter()
+                    .flat_map(|(_, parts)| parts.iter().flatten())
+                    .map(|b| b.num_rows() as u64)
+                    .sum();
+                self.route_changes(output, header, out).await?;
+                Ok(rows)
+            }
+        }
+    }
+
+    /// The stage's plan run on rows per input edge, and sent on.
+    async fn run_rows(
+        &self,
+        output: &StageOutput,
+        mut edges: BTreeMap<u32, Vec<RecordBatch>>,
+        header: PayloadHeader,
+    ) -> Result<u64> {
+        let plan = bind_leaves(&output.plan, &mut |input| match input {
+            StageInput::Shuffle { shuffle_id } => Ok(edges.remove(shuffle_id).unwrap_or_default()),
+            StageInput::Source { table, .. } => Err(self.source_beside_exchanges(table)),
+        })?;
+        self.run_and_route(output, plan, header).await
+    }
+
+    /// A source leaf in a stage that takes payloads: a plan this function
+    /// cannot run.
+    pub(super) fn source_beside_exchanges(&self, table: &str) -> EngineError {
+        EngineError::plan(format!(
+            "stage {} has a source leaf {table} beside exchanges",
+            self.name
+        ))
     }
 }

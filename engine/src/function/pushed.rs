@@ -12,12 +12,13 @@
 //! read again from the stream and sent before anything new is taken.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::source_stage::bind_sources;
-use super::{EpochMarks, Response, SourceReader, StageFunction, StageState};
+use super::source_stage::{SourceStage, bind_sources};
+use super::{EpochMarks, Response, SourceReader, Stage, StageFunction};
 use crate::checkpoint::{
     CheckpointStore, Commit, MemberObject, OffsetsEntry, PoisonRecord, TableRead,
 };
@@ -25,7 +26,7 @@ use crate::context::NextHop;
 use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 use crate::source::{EpochSpec, PartitionProgress, PushedRecord, partition_number, position_after};
-use crate::watermark::Watermark;
+use crate::watermark::{SourceClock, Watermark};
 
 /// What a pushed source member knows of its offsets log.
 #[derive(Debug, Default)]
@@ -75,6 +76,97 @@ fn stand(at: &mut Vec<SourceOffset>, source: &str, partition: &str, position: &s
     }
 }
 
+/// What a pushed source member keeps between batches.
+#[derive(Debug)]
+pub(super) struct PushedState {
+    /// The table's event-time clock, when it has event time.
+    clock: Option<SourceClock>,
+    log: PushedLog,
+}
+
+impl PushedState {
+    pub(super) fn new(clock: Option<SourceClock>) -> Self {
+        PushedState {
+            clock,
+            log: PushedLog::default(),
+        }
+    }
+
+    /// The pushed records not yet taken, and the poison records of a
+    /// redelivery's records that are (reported again).
+    fn fresh(&self, records: &[PushedRecord]) -> (Vec<PushedRecord>, Vec<PoisonRecord>) {
+        // Records at or before a shard's taken position are in the log
+        // already: a redelivery.
+        let mut again = vec![];
+        let fresh = records
+            .iter()
+            .filter(|r| match self.log.taken_in(&r.partition) {
+                Some(t) if !position_after(&r.position, t) => {
+                    let key = (r.partition.clone(), r.position.clone());
+                    if let Some(p) = self.log.poison.get(&key) {
+                        again.push(p.clone());
+                    }
+                    false
+                }
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        (fresh, again)
+    }
+
+    /// The log entry of an epoch that takes `fresh` (decoded as `mb`), and
+    /// the watermark it sends: shard positions before and after, the clock.
+    fn entry_for(
+        &mut self,
+        table: &str,
+        stream: &str,
+        fresh: &[PushedRecord],
+        batches: &[RecordBatch],
+        poison: Vec<PoisonRecord>,
+    ) -> Result<(OffsetsEntry, Watermark)> {
+        let from = self.log.taken.clone();
+        let mut to = from.clone();
+        let mut progress: Vec<PartitionProgress> = vec![];
+        for r in fresh {
+            stand(&mut to, stream, &r.partition, &r.position);
+            if !progress.iter().any(|p| p.partition == r.partition) {
+                // A push hands over what the shard holds: caught up, so a
+                // shard that goes quiet turns idle after the timeout.
+                progress.push(PartitionProgress {
+                    partition: r.partition.clone(),
+                    batches: (0..batches.len()).collect(),
+                    caught_up: true,
+                    ..Default::default()
+                });
+            }
+        }
+        let (watermark, clock) = match self.clock.as_mut() {
+            Some(clock) => {
+                let now = Instant::now();
+                clock.observe(batches, &progress, now)?;
+                (clock.watermark(now), Some(clock.save()))
+            }
+            None => (Watermark::default(), None),
+        };
+        let entry = OffsetsEntry {
+            tables: vec![TableRead {
+                table: table.to_string(),
+                from,
+                to,
+                clock,
+            }],
+            watermark: watermark.value,
+            idle: watermark.idle,
+            drained: false,
+            finished: false,
+            epochs: None,
+            poison,
+        };
+        Ok((entry, watermark))
+    }
+}
+
 impl StageFunction {
     fn refuse(&self, reason: &str) -> EngineError {
         EngineError::invocation_failed(self.name.clone(), reason.to_string())
@@ -85,7 +177,10 @@ impl StageFunction {
     /// where the stage writes the sink it is the epoch of the write, so a
     /// sink that names writes by epoch replaces a retried batch's output.
     pub async fn run_pushed(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
-        let response = self.run_pushed_batch(batch_id, records).await;
+        let response = match &self.stage {
+            Stage::Source(stage) => stage.take_pushed(self, batch_id, records).await,
+            _ => Err(self.refuse(ONE_TABLE)),
+        };
         // A batch written straight to the sink logs nothing: its counts
         // have no object to ride in.
         if let Some(cs) = &self.env.checkpoints
@@ -94,204 +189,6 @@ impl StageFunction {
             tracing::warn!(stage = %self.name, error = %e, "writing the member's counts");
         }
         response
-    }
-
-    async fn run_pushed_batch(&self, batch_id: u64, records: &[PushedRecord]) -> Result<Response> {
-        let [reader] = self.readers.as_slice() else {
-            return Err(
-                self.refuse("pushed records need a stage that reads exactly one source table")
-            );
-        };
-        match self.outputs.as_slice() {
-            [output] if matches!(output.next, NextHop::Sink(_)) => {}
-            _ => return self.run_pushed_epoch(reader, records).await,
-        }
-        let mb = self.decode_pushed(reader, records).await?;
-        let poison = poison_of(records, &mb.rejected);
-        let events = rows(&mb.batches);
-        let (qid, watermark) = ("pushed", Watermark::default());
-        let rows_out = self
-            .run_outputs(
-                qid,
-                batch_id,
-                watermark,
-                &reader.table,
-                mb.batches,
-                mb.offsets,
-            )
-            .await?;
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            poison,
-            ..Default::default()
-        })
-    }
-
-    async fn decode_pushed(
-        &self,
-        reader: &SourceReader,
-        records: &[PushedRecord],
-    ) -> Result<crate::source::MicroBatch> {
-        let mb = reader
-            .source
-            .decode_pushed(records)
-            .await
-            .map_err(|e| e.at_source(&reader.table, &self.name))?;
-        self.tally.count(|t| t.dead_letters += mb.dead_letters);
-        if let Some(reason) = &mb.dead_letter_reason {
-            self.tally
-                .measure(|l| l.reason("dead letter", &reader.table, reason.clone()));
-        }
-        Ok(mb)
-    }
-
-    /// A pushed batch as the next epoch of the offsets log.
-    async fn run_pushed_epoch(
-        &self,
-        reader: &SourceReader,
-        records: &[PushedRecord],
-    ) -> Result<Response> {
-        let cs = self.checkpoints().cloned().ok_or_else(|| {
-            self.refuse(
-                "pushed records that feed windows or aggregates need the query's checkpoint \
-                 store (skein deploy sets one)",
-            )
-        })?;
-        if self.ctx.members != 1 {
-            return Err(self.refuse(
-                "pushed records that feed windows or aggregates need one source member: \
-                 declare the table with 'parallelism' '1'",
-            ));
-        }
-        let stream = self.ctx.sources[0].config.location.clone();
-        let mut state = self.state.lock().await;
-        if !state.pushed.ready {
-            self.resend_logged(&cs, reader, &mut state).await?;
-        }
-        // Records at or before a shard's taken position are in the log
-        // already: a redelivery. Its poison records are reported again.
-        let mut again = vec![];
-        let fresh: Vec<PushedRecord> = records
-            .iter()
-            .filter(|r| match state.pushed.taken_in(&r.partition) {
-                Some(t) if !position_after(&r.position, t) => {
-                    let key = (r.partition.clone(), r.position.clone());
-                    if let Some(p) = state.pushed.poison.get(&key) {
-                        again.push(p.clone());
-                    }
-                    false
-                }
-                _ => true,
-            })
-            .cloned()
-            .collect();
-        if fresh.is_empty() {
-            return Ok(Response {
-                status: "duplicate".into(),
-                poison: again,
-                ..Default::default()
-            });
-        }
-        let epoch = state.pushed.next_epoch;
-        let mb = self.decode_pushed(reader, &fresh).await?;
-        let poison = poison_of(&fresh, &mb.rejected);
-        let from = state.pushed.taken.clone();
-        let mut to = from.clone();
-        let mut progress: Vec<PartitionProgress> = vec![];
-        for r in &fresh {
-            stand(&mut to, &stream, &r.partition, &r.position);
-            if !progress.iter().any(|p| p.partition == r.partition) {
-                // A push hands over what the shard holds: caught up, so a
-                // shard that goes quiet turns idle after the timeout.
-                progress.push(PartitionProgress {
-                    partition: r.partition.clone(),
-                    batches: (0..mb.batches.len()).collect(),
-                    caught_up: true,
-                    ..Default::default()
-                });
-            }
-        }
-        let (watermark, clock) = match state.clocks.first_mut().and_then(Option::as_mut) {
-            Some(clock) => {
-                let now = Instant::now();
-                clock.observe(&mb.batches, &progress, now)?;
-                (clock.watermark(now), Some(clock.save()))
-            }
-            None => (Watermark::default(), None),
-        };
-        let entry = OffsetsEntry {
-            tables: vec![TableRead {
-                table: reader.table.clone(),
-                from,
-                to,
-                clock,
-            }],
-            watermark: watermark.value,
-            idle: watermark.idle,
-            drained: false,
-            finished: false,
-            epochs: None,
-            poison: poison.clone(),
-        };
-        let object = MemberObject {
-            offsets: Some(entry.clone()),
-            tally: self.tally.carry(),
-            state: None,
-        };
-        if !cs
-            .put_member_new(self.ctx.stage, self.ctx.member, epoch, object)
-            .await?
-        {
-            state.pushed.ready = false;
-            return Err(self.refuse(&format!(
-                "epoch {epoch} of the offsets log was taken by another instance of this \
-                 function; the batch is retried"
-            )));
-        }
-        state.pushed.absorb(&reader.table, &entry);
-        state.pushed.next_epoch = epoch + 1;
-        let events = rows(&mb.batches);
-        let sent = self
-            .send_pushed(&cs, epoch, watermark, &reader.table, mb.batches, mb.offsets)
-            .await;
-        let rows_out = match sent {
-            Ok(n) => n,
-            Err(e) => {
-                // Logged but maybe not sent: the next batch sends it first.
-                state.pushed.ready = false;
-                return Err(e);
-            }
-        };
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            poison,
-            ..Default::default()
-        })
-    }
-
-    /// Send one logged epoch on, then commit it: the hops are synchronous,
-    /// so every stage after this one has run it.
-    async fn send_pushed(
-        &self,
-        cs: &CheckpointStore,
-        epoch: u64,
-        watermark: Watermark,
-        table: &str,
-        batches: Vec<RecordBatch>,
-        offsets: Vec<SourceOffset>,
-    ) -> Result<u64> {
-        let qid = &self.ctx.query_code;
-        let rows_out = self
-            .run_outputs(qid, epoch, watermark, table, batches, offsets)
-            .await?;
-        let commit = Commit { epoch, last: false };
-        cs.commit(commit, None, vec![], &Default::default()).await?;
-        cs.forget_before(epoch).await?;
-        Ok(rows_out)
     }
 
     /// Run every output of the stage on `batches` of `table` and route it.
@@ -319,74 +216,237 @@ impl StageFunction {
         Ok(rows_out)
     }
 
-    /// Stand where the offsets log ends: after the last commit's entry,
-    /// reading every epoch logged after it again from the stream and
-    /// sending it (a stage that ran it already drops the duplicate).
-    async fn resend_logged(
+    /// Send one logged epoch on, then commit it: the hops are synchronous,
+    /// so every stage after this one has run it.
+    async fn send_pushed(
         &self,
         cs: &CheckpointStore,
-        reader: &SourceReader,
-        state: &mut StageState,
-    ) -> Result<()> {
-        let (stage, member) = (self.ctx.stage, self.ctx.member);
-        let mut log = PushedLog::default();
-        let commit = cs.committed().await?;
-        let mut epoch = commit.map_or(0, |c| c.epoch + 1);
-        let mut entries = vec![];
-        let mut counted = None;
-        if let Some(c) = commit
-            && let Some(object) = cs.member(stage, member, c.epoch).await?
-        {
-            counted = object.tally;
-            entries.extend(object.offsets.map(|entry| (None, entry)));
-        }
-        while let Some(object) = cs.member(stage, member, epoch).await? {
-            counted = object.tally.or(counted);
-            let Some(entry) = object.offsets else { break };
-            entries.push((Some(epoch), entry));
-            epoch += 1;
-        }
-        self.tally.counted_before(counted);
-        for (resend, entry) in entries {
-            let read = entry.tables.iter().find(|r| r.table == reader.table);
-            if let (Some(clock), Some(saved)) = (
-                state.clocks.first_mut().and_then(Option::as_mut),
-                read.and_then(|r| r.clock.as_ref()),
-            ) {
-                clock.restore(saved, Instant::now());
-            }
-            if let (Some(e), Some(read)) = (resend, read) {
-                let spec = EpochSpec {
-                    instance: 0,
-                    instances: 1,
-                    epoch: e,
-                    epochs: None,
-                };
-                let mb = reader
-                    .source
-                    .replay(spec, &read.from, &read.to)
-                    .await
-                    .map_err(|err| {
-                        err.at_source(
-                            &reader.table,
-                            format!("{}: reading pushed epoch {e} again", self.name),
-                        )
-                    })?;
-                let watermark = Watermark {
-                    value: entry.watermark,
-                    idle: entry.idle,
-                };
-                self.send_pushed(cs, e, watermark, &reader.table, mb.batches, mb.offsets)
-                    .await?;
-                tracing::info!(stage = %self.name, epoch = e, "pushed epoch sent again from the offsets log");
-            }
-            log.absorb(&reader.table, &entry);
-        }
-        log.next_epoch = epoch;
-        log.ready = true;
-        state.pushed = log;
-        Ok(())
+        epoch: u64,
+        watermark: Watermark,
+        table: &str,
+        batches: Vec<RecordBatch>,
+        offsets: Vec<SourceOffset>,
+    ) -> Result<u64> {
+        let qid = &self.ctx.query_code;
+        let rows_out = self
+            .run_outputs(qid, epoch, watermark, table, batches, offsets)
+            .await?;
+        let commit = Commit { epoch, last: false };
+        cs.commit(commit, None, vec![], &Default::default()).await?;
+        cs.forget_before(epoch).await?;
+        Ok(rows_out)
     }
+
+    /// A pushed epoch needs the query's checkpoint store and one source
+    /// member.
+    fn pushed_store(&self) -> Result<Arc<CheckpointStore>> {
+        let cs = self.checkpoints().cloned().ok_or_else(|| {
+            self.refuse(
+                "pushed records that feed windows or aggregates need the query's checkpoint \
+                 store (skein deploy sets one)",
+            )
+        })?;
+        if self.ctx.members != 1 {
+            return Err(self.refuse(
+                "pushed records that feed windows or aggregates need one source member: \
+                 declare the table with 'parallelism' '1'",
+            ));
+        }
+        Ok(cs)
+    }
+}
+
+/// Why a stage refuses pushed records.
+const ONE_TABLE: &str = "pushed records need a stage that reads exactly one source table";
+
+impl SourceStage {
+    async fn take_pushed(
+        &self,
+        f: &StageFunction,
+        batch_id: u64,
+        records: &[PushedRecord],
+    ) -> Result<Response> {
+        let [reader] = self.readers.as_slice() else {
+            return Err(f.refuse(ONE_TABLE));
+        };
+        match f.outputs.as_slice() {
+            [output] if matches!(output.next, NextHop::Sink(_)) => {}
+            _ => return self.run_pushed_epoch(f, reader, records).await,
+        }
+        let mb = decode_pushed(f, reader, records).await?;
+        let poison = poison_of(records, &mb.rejected);
+        let events = rows(&mb.batches);
+        let (qid, watermark) = ("pushed", Watermark::default());
+        let rows_out = f
+            .run_outputs(
+                qid,
+                batch_id,
+                watermark,
+                &reader.table,
+                mb.batches,
+                mb.offsets,
+            )
+            .await?;
+        Ok(Response {
+            events,
+            rows_out,
+            poison,
+            ..Response::status("ran")
+        })
+    }
+
+    /// A pushed batch as the next epoch of the offsets log.
+    async fn run_pushed_epoch(
+        &self,
+        f: &StageFunction,
+        reader: &SourceReader,
+        records: &[PushedRecord],
+    ) -> Result<Response> {
+        let cs = f.pushed_store()?;
+        let stream = f.ctx.sources[0].config.location.clone();
+        let mut state = self.pushed.lock().await;
+        if !state.log.ready {
+            resend_logged(f, &cs, reader, &mut state).await?;
+        }
+        let (fresh, again) = state.fresh(records);
+        if fresh.is_empty() {
+            return Ok(Response {
+                poison: again,
+                ..Response::status("duplicate")
+            });
+        }
+        let epoch = state.log.next_epoch;
+        let mb = decode_pushed(f, reader, &fresh).await?;
+        let poison = poison_of(&fresh, &mb.rejected);
+        let (entry, watermark) =
+            state.entry_for(&reader.table, &stream, &fresh, &mb.batches, poison.clone())?;
+        let object = MemberObject {
+            offsets: Some(entry.clone()),
+            tally: f.tally.carry(),
+            state: None,
+        };
+        if !cs
+            .put_member_new(f.ctx.stage, f.ctx.member, epoch, object)
+            .await?
+        {
+            state.log.ready = false;
+            return Err(f.refuse(&format!(
+                "epoch {epoch} of the offsets log was taken by another instance of this \
+                 function; the batch is retried"
+            )));
+        }
+        state.log.absorb(&reader.table, &entry);
+        state.log.next_epoch = epoch + 1;
+        let events = rows(&mb.batches);
+        let table = &reader.table;
+        let sent = f
+            .send_pushed(&cs, epoch, watermark, table, mb.batches, mb.offsets)
+            .await;
+        // Logged but maybe not sent: the next batch sends it first.
+        state.log.ready &= sent.is_ok();
+        Ok(Response {
+            events,
+            rows_out: sent?,
+            poison,
+            ..Response::status("ran")
+        })
+    }
+}
+
+async fn decode_pushed(
+    f: &StageFunction,
+    reader: &SourceReader,
+    records: &[PushedRecord],
+) -> Result<crate::source::MicroBatch> {
+    let mb = reader
+        .source
+        .decode_pushed(records)
+        .await
+        .map_err(|e| e.at_source(&reader.table, &f.name))?;
+    f.tally.count(|t| t.dead_letters += mb.dead_letters);
+    if let Some(reason) = &mb.dead_letter_reason {
+        f.tally
+            .measure(|l| l.reason("dead letter", &reader.table, reason.clone()));
+    }
+    Ok(mb)
+}
+
+/// Stand where the offsets log ends: after the last commit's entry,
+/// reading every epoch logged after it again from the stream and sending
+/// it (a stage that ran it already drops the duplicate).
+async fn resend_logged(
+    f: &StageFunction,
+    cs: &CheckpointStore,
+    reader: &SourceReader,
+    state: &mut PushedState,
+) -> Result<()> {
+    let (entries, next_epoch) = logged_entries(f, cs).await?;
+    let mut log = PushedLog::default();
+    for (resend, entry) in entries {
+        let read = entry.tables.iter().find(|r| r.table == reader.table);
+        if let (Some(clock), Some(saved)) =
+            (state.clock.as_mut(), read.and_then(|r| r.clock.as_ref()))
+        {
+            clock.restore(saved, Instant::now());
+        }
+        if let (Some(e), Some(read)) = (resend, read) {
+            let spec = EpochSpec {
+                instance: 0,
+                instances: 1,
+                epoch: e,
+                epochs: None,
+            };
+            let mb = reader
+                .source
+                .replay(spec, &read.from, &read.to)
+                .await
+                .map_err(|err| {
+                    err.at_source(
+                        &reader.table,
+                        format!("{}: reading pushed epoch {e} again", f.name),
+                    )
+                })?;
+            let watermark = Watermark {
+                value: entry.watermark,
+                idle: entry.idle,
+            };
+            f.send_pushed(cs, e, watermark, &reader.table, mb.batches, mb.offsets)
+                .await?;
+            tracing::info!(stage = %f.name, epoch = e, "pushed epoch sent again from the offsets log");
+        }
+        log.absorb(&reader.table, &entry);
+    }
+    log.next_epoch = next_epoch;
+    log.ready = true;
+    state.log = log;
+    Ok(())
+}
+
+/// The last commit's entry (`None`: not to send again) and every entry
+/// logged after it (with its epoch); the epoch after them.
+async fn logged_entries(
+    f: &StageFunction,
+    cs: &CheckpointStore,
+) -> Result<(Vec<(Option<u64>, OffsetsEntry)>, u64)> {
+    let (stage, member) = (f.ctx.stage, f.ctx.member);
+    let commit = cs.committed().await?;
+    let mut epoch = commit.map_or(0, |c| c.epoch + 1);
+    let mut entries = vec![];
+    let mut counted = None;
+    if let Some(c) = commit
+        && let Some(object) = cs.member(stage, member, c.epoch).await?
+    {
+        counted = object.tally;
+        entries.extend(object.offsets.map(|entry| (None, entry)));
+    }
+    while let Some(object) = cs.member(stage, member, epoch).await? {
+        counted = object.tally.or(counted);
+        let Some(entry) = object.offsets else { break };
+        entries.push((Some(epoch), entry));
+        epoch += 1;
+    }
+    f.tally.counted_before(counted);
+    Ok((entries, epoch))
 }
 
 fn rows(batches: &[RecordBatch]) -> u64 {

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 
-use super::{StageFunction, StageState};
+use super::StageFunction;
+use super::source_stage::SourceStage;
 use crate::checkpoint::{CheckpointStore, OffsetsEntry};
 use crate::error::{EngineError, Result};
 use crate::source::EpochSpec;
@@ -90,7 +91,7 @@ fn note_key(run: &str, stage: u32, member: u32, table: &str) -> String {
     format!("{run}.{stage}.{member}.{table}")
 }
 
-impl StageFunction {
+impl SourceStage {
     /// Whether any of this member's sources may keep a note.
     pub(super) fn keeps_notes(&self) -> bool {
         self.readers.iter().any(|r| r.source.keeps_notes())
@@ -99,27 +100,22 @@ impl StageFunction {
     /// Keep `note` in the first of this member's sources that can.
     pub(super) async fn keep_note(
         &self,
+        f: &StageFunction,
         cs: &CheckpointStore,
         spec: EpochSpec,
         note: &str,
     ) -> Result<bool> {
         for r in self.readers.iter().filter(|r| r.source.keeps_notes()) {
-            let key = self.note_key(cs, &r.table);
+            let key = note_key_of(f, cs, &r.table);
             if r.source
                 .keep_note(spec, &key, note)
                 .await
-                .map_err(|e| e.at_source(&r.table, &self.name))?
+                .map_err(|e| e.at_source(&r.table, &f.name))?
             {
                 return Ok(true);
             }
         }
         Ok(false)
-    }
-
-    /// The key of the note this member keeps in `table`'s source: one per
-    /// table, since one key is one writer (a second would fence the first).
-    fn note_key(&self, cs: &CheckpointStore, table: &str) -> String {
-        note_key(&cs.manifest().run, self.ctx.stage, self.ctx.member, table)
     }
 
     /// Take in the entries this member's sources keep (every table's
@@ -129,29 +125,36 @@ impl StageFunction {
     /// epoch is a checkpoint never gets here.
     pub(super) async fn take_in_notes(
         &self,
+        f: &StageFunction,
         cs: &CheckpointStore,
-        state: &mut StageState,
+        kept: &mut KeptEntries,
         spec: EpochSpec,
         committed: Option<u64>,
     ) -> Result<()> {
-        if state.kept.taken_in() {
+        if kept.taken_in() {
             return Ok(());
         }
         let mut notes = BTreeMap::new();
         for r in self.readers.iter().filter(|r| r.source.keeps_notes()) {
-            let key = self.note_key(cs, &r.table);
+            let key = note_key_of(f, cs, &r.table);
             let note = r
                 .source
                 .kept_note(spec, &key)
                 .await
-                .map_err(|e| e.at_source(&r.table, &self.name))?;
+                .map_err(|e| e.at_source(&r.table, &f.name))?;
             if let Some(note) = note {
-                notes.extend(read_note(&note).map_err(|e| e.at_source(&r.table, &self.name))?);
+                notes.extend(read_note(&note).map_err(|e| e.at_source(&r.table, &f.name))?);
             }
         }
-        state.kept.take_in(notes, committed);
+        kept.take_in(notes, committed);
         Ok(())
     }
+}
+
+/// The key of the note this member keeps in `table`'s source: one per
+/// table, since one key is one writer (a second would fence the first).
+fn note_key_of(f: &StageFunction, cs: &CheckpointStore, table: &str) -> String {
+    note_key(&cs.manifest().run, f.ctx.stage, f.ctx.member, table)
 }
 
 #[cfg(test)]

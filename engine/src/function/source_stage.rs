@@ -1,5 +1,8 @@
 //! The source stage of the generic function: pull each table once per
 //! epoch, keep event time per partition, run every output on the read.
+//! An epoch is a short sequence of steps: resume where the offsets log
+//! ends, read (or read again) each table, settle the watermark, log or
+//! note the read, then compute and send the outputs.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -7,170 +10,165 @@ use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
+use tokio::sync::Mutex;
 
-use super::{EpochMarks, Response, StageFunction, StageState, Trigger, bind_leaves};
-use crate::checkpoint::{CheckpointStore, MemberObject, OffsetsEntry, TableRead};
+use super::pushed::PushedState;
+use super::source_note::KeptEntries;
+use super::{EpochMarks, Response, SourceReader, StageFunction, StageOutput, Trigger, bind_leaves};
+use crate::checkpoint::{OffsetsEntry, TableRead};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
-use crate::source::{EpochSpec, ReplayMode};
-use crate::watermark::{Watermark, WatermarkMin};
+use crate::payload::SourceOffset;
+use crate::source::EpochSpec;
+use crate::watermark::{SourceClock, Watermark, WatermarkMin};
 
-impl StageFunction {
-    pub(super) async fn run_source(&self, t: Trigger) -> Result<Response> {
-        if t.qid != self.ctx.query_code {
-            return Err(EngineError::invocation_failed(
-                self.name.clone(),
-                format!(
-                    "a trigger for query {:?}, not this function's {}",
-                    t.qid, self.ctx.query_code
-                ),
-            ));
+/// A stage that reads its tables, and what each way of being fed keeps. A
+/// member is fed one way: pulls on the driver's triggers, or a platform's
+/// pushed batches (a Lambda event-source mapping), never both.
+pub(super) struct SourceStage {
+    pub(super) readers: Vec<SourceReader>,
+    pub(super) pulled: Mutex<PulledState>,
+    pub(super) pushed: Mutex<PushedState>,
+}
+
+/// What a pulling source member keeps between epochs.
+pub(super) struct PulledState {
+    /// Per source reader: its per-partition event-time clock.
+    pub(super) clocks: Vec<Option<SourceClock>>,
+    /// Stood where the offsets log ends (or had no log): done once.
+    pub(super) restored: bool,
+    /// The log entries after the last commit that its source keeps
+    /// (`source_note.rs`).
+    pub(super) kept: KeptEntries,
+}
+
+/// One table's read of an epoch.
+struct TableEpoch {
+    table: String,
+    batches: Vec<RecordBatch>,
+    offsets: Vec<SourceOffset>,
+    lag: Option<u64>,
+    drained: bool,
+    finished: bool,
+    watermark: Watermark,
+    /// Where the read started and ended, for the offsets log.
+    read: Option<TableRead>,
+}
+
+/// Every table's read of an epoch, gathered.
+struct EpochRead {
+    bound: BTreeMap<String, Vec<RecordBatch>>,
+    offsets: Vec<SourceOffset>,
+    events: u64,
+    lag: Option<u64>,
+    watermark: WatermarkMin,
+    drained: bool,
+    finished: bool,
+    reads: Vec<TableRead>,
+}
+
+impl EpochRead {
+    fn new() -> Self {
+        EpochRead {
+            bound: BTreeMap::new(),
+            offsets: vec![],
+            events: 0,
+            lag: None,
+            watermark: WatermarkMin::default(),
+            drained: true,
+            finished: true,
+            reads: vec![],
         }
-        if !self.ctx.inputs.is_empty() {
-            return Err(EngineError::invocation_failed(
-                self.name.clone(),
-                "a trigger reached a stage that takes payloads",
-            ));
+    }
+
+    fn add(&mut self, t: TableEpoch) {
+        self.events += t.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
+        if let Some(l) = t.lag {
+            *self.lag.get_or_insert(0) += l;
         }
-        if self.readers.is_empty() {
-            return self.run_constant(t).await;
+        self.watermark.add(t.watermark);
+        self.drained &= t.drained;
+        self.finished &= t.finished;
+        self.reads.extend(t.read);
+        self.offsets.extend(t.offsets);
+        self.bound.insert(t.table, t.batches);
+    }
+
+    /// The epoch's watermark, and the entry to log. An epoch read again
+    /// keeps the watermark (and ends) of the first time, whatever the
+    /// clocks say now; a fresh read of a query that checkpoints logs one.
+    fn settle(
+        &mut self,
+        logged: Option<&OffsetsEntry>,
+        logs: bool,
+        epochs: Option<u64>,
+    ) -> (Watermark, Option<OffsetsEntry>) {
+        let watermark = self.watermark.result();
+        if let Some(l) = logged {
+            self.drained = l.drained;
+            self.finished = l.finished;
+            let first = Watermark {
+                value: l.watermark,
+                idle: l.idle,
+            };
+            return (first, None);
         }
-        let mut state = self.state.lock().await;
-        let mut bound: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
-        let mut offsets = vec![];
-        let mut events = 0u64;
-        let mut lag: Option<u64> = None;
-        let mut watermark = WatermarkMin::default();
-        let (mut drained, mut finished) = (true, true);
-        let spec = EpochSpec {
-            instance: self.ctx.member as usize,
-            instances: self.ctx.members as usize,
-            epoch: t.epoch,
-            epochs: self.ctx.epochs,
+        let entry = logs.then(|| OffsetsEntry {
+            tables: std::mem::take(&mut self.reads),
+            watermark: watermark.value,
+            idle: watermark.idle,
+            drained: self.drained,
+            finished: self.finished,
+            epochs,
+            poison: vec![],
+        });
+        (watermark, entry)
+    }
+}
+
+impl SourceStage {
+    pub(super) fn new(readers: Vec<SourceReader>, clocks: Vec<Option<SourceClock>>) -> Self {
+        SourceStage {
+            readers,
+            pushed: Mutex::new(PushedState::new(clocks.first().cloned().flatten())),
+            pulled: Mutex::new(PulledState {
+                clocks,
+                restored: false,
+                kept: KeptEntries::default(),
+            }),
+        }
+    }
+
+    /// Whether it reads any table.
+    pub(super) fn reads(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
+    /// One epoch on the driver's trigger.
+    pub(super) async fn run(&self, f: &StageFunction, t: Trigger) -> Result<Response> {
+        let spec = f.epoch_spec(t.epoch);
+        let checkpoints = f.checkpoints().cloned();
+        let mut state = self.pulled.lock().await;
+        let logged = match &checkpoints {
+            Some(cs) => self.resume(f, cs, &mut state, spec, &t).await?,
+            None => None,
         };
-        let source_err = |table: &str, e: EngineError| e.at_source(table, &self.name);
-        let checkpoints = self.checkpoints().cloned();
-        // With checkpoints: a cold instance stands where the log says the
-        // previous epoch ended, and an epoch already in the log is read
-        // again exactly as it was (an epoch the driver never fired before
-        // cannot be in it).
-        let mut logged = None;
-        if let Some(cs) = &checkpoints {
-            if !state.restored {
-                self.stand_where_the_log_ends(cs, &mut state, spec, t.committed)
-                    .await?;
-                state.restored = true;
-            }
-            state.kept.committed(t.committed);
-            if !t.fresh {
-                logged = match state.kept.get(t.epoch) {
-                    Some(entry) => Some(entry.clone()),
-                    None => cs.offsets(self.ctx.stage, self.ctx.member, t.epoch).await?,
-                };
-                if logged.is_none() && !state.kept.taken_in() {
-                    self.take_in_notes(cs, &mut state, spec, t.committed)
-                        .await?;
-                    logged = state.kept.get(t.epoch).cloned();
-                }
-            }
-        }
-        let mut reads = vec![];
+        let mut read = EpochRead::new();
         for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
             let replayed = logged
                 .as_ref()
-                .and_then(|l: &OffsetsEntry| l.tables.iter().find(|x| x.table == r.table));
-            let from = match (&checkpoints, replayed) {
-                (Some(_), None) => r
-                    .source
-                    .position(spec)
-                    .await
-                    .map_err(|e| source_err(&r.table, e))?,
-                _ => vec![],
-            };
-            let mb = match replayed {
-                Some(read) => r.source.replay(spec, &read.from, &read.to).await,
-                None => r.source.pull(spec).await,
-            }
-            .map_err(|e| source_err(&r.table, e))?;
-            events += mb.batches.iter().map(|b| b.num_rows() as u64).sum::<u64>();
-            self.tally.count(|t| t.dead_letters += mb.dead_letters);
-            if let Some(reason) = &mb.dead_letter_reason {
-                self.tally
-                    .measure(|l| l.reason("dead letter", &r.table, reason.clone()));
-            }
-            let progress = mb.progress();
-            for l in progress.iter().filter_map(|p| p.lag) {
-                *lag.get_or_insert(0) += l;
-            }
-            crate::metrics::source_pull(&r.table, &progress, |p| {
-                p.batches
-                    .iter()
-                    .filter_map(|i| mb.batches.get(*i))
-                    .map(|b| b.num_rows() as u64)
-                    .sum()
-            });
-            drained &= progress.iter().all(|p| p.drained || p.finished);
-            finished &= progress.iter().all(|p| p.finished);
-            match clock {
-                Some(clock) => {
-                    let now = Instant::now();
-                    match replayed.and_then(|read| read.clock.as_ref()) {
-                        Some(saved) => clock.restore(saved, now),
-                        None => clock.observe(&mb.batches, &progress, now)?,
-                    }
-                    watermark.add(clock.watermark(now));
-                }
-                // No event time: constrains nothing.
-                None => watermark.add(Watermark::default()),
-            }
-            if checkpoints.is_some() && replayed.is_none() {
-                reads.push(TableRead {
-                    table: r.table.clone(),
-                    from,
-                    to: r
-                        .source
-                        .position(spec)
-                        .await
-                        .map_err(|e| source_err(&r.table, e))?,
-                    clock: clock.as_ref().map(|c| c.save()),
-                });
-            }
-            offsets.extend(mb.offsets);
-            crate::verify::tap::record(&self.ctx.query_code, &r.table, &mb.batches);
-            bound.insert(r.table.clone(), mb.batches);
+                .and_then(|l| l.tables.iter().find(|x| x.table == r.table));
+            let logs = checkpoints.is_some();
+            read.add(read_table(f, r, clock, spec, replayed, logs).await?);
         }
-        let mut watermark = watermark.result();
-        let mut entry = None;
-        match (&checkpoints, &logged) {
-            // The same watermark as the first time, whatever the clock says now.
-            (_, Some(l)) => {
-                watermark = Watermark {
-                    value: l.watermark,
-                    idle: l.idle,
-                };
-                drained = l.drained;
-                finished = l.finished;
-            }
-            (Some(_), None) => {
-                entry = Some(OffsetsEntry {
-                    tables: reads,
-                    watermark: watermark.value,
-                    idle: watermark.idle,
-                    drained,
-                    finished,
-                    epochs: self.ctx.epochs,
-                    poison: vec![],
-                });
-            }
-            (None, None) => {}
-        }
+        let (watermark, entry) = read.settle(logged.as_ref(), checkpoints.is_some(), f.ctx.epochs);
         // Between checkpoints the entry goes to the source's note, with the
         // entries before it since the last commit.
         let note = match (&checkpoints, &entry) {
             (Some(cs), Some(entry)) if !t.checkpoint && self.keeps_notes() => {
                 // A note replaces the one before: what an earlier instance
                 // kept goes into it.
-                self.take_in_notes(cs, &mut state, spec, t.committed)
+                self.take_in_notes(f, cs, &mut state.kept, spec, t.committed)
                     .await?;
                 state.kept.insert(t.epoch, entry.clone());
                 Some(state.kept.note()?)
@@ -178,204 +176,179 @@ impl StageFunction {
             _ => None,
         };
         drop(state);
-        crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
-        let marks = EpochMarks {
-            last: t.last,
-            checkpoint: t.checkpoint,
-        };
-        let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
-        self.tally.measure(|l| {
-            l.watermark_ms = watermark_ms.or(l.watermark_ms);
-            l.epoch = Some(t.epoch);
-        });
-        // A changelog table's rows run through the plan by kind.
+        let watermark_ms = f.report_read(t.epoch, watermark);
+        // The outputs are computed while the log entry is written; nothing
+        // leaves before it is durable: a replay must read what this read.
+        let (computed, logged) = tokio::join!(
+            self.compute(f, &read.bound),
+            self.log(f, checkpoints.as_deref(), spec, entry, note)
+        );
+        logged?;
+        let rows_out = f.emit(&t, watermark, &read.offsets, computed?).await?;
+        Ok(Response {
+            events: read.events,
+            rows_out,
+            drained: read.drained,
+            finished: read.finished,
+            lag: read.lag,
+            watermark_ms,
+            ..Response::status("ran")
+        })
+    }
+
+    /// Every output's plan run on the epoch's rows; a changelog table's
+    /// rows run through the plan by kind.
+    async fn compute<'f>(
+        &self,
+        f: &'f StageFunction,
+        bound: &BTreeMap<String, Vec<RecordBatch>>,
+    ) -> Result<Vec<(&'f StageOutput, Computed)>> {
         let by_kind = self
             .readers
             .iter()
             .any(|r| r.source.changelog())
-            .then(|| split_by_kind(&bound, &self.readers))
+            .then(|| split_by_kind(bound, &self.readers))
             .transpose()?;
-        // The outputs are computed while the log entry is written; nothing
-        // leaves before it is durable: a replay must read what this read.
-        let computed = async {
-            let mut out = vec![];
-            for output in &self.outputs {
-                out.push(match &by_kind {
-                    None => {
-                        let plan = bind_sources(&output.plan, &bound)?;
-                        let batches = self.execute(&plan).await?;
-                        (output, Computed::Rows(plan, batches))
-                    }
-                    Some((retracts, inserts)) => {
-                        let r = bind_sources(&output.plan, retracts)?;
-                        let i = bind_sources(&output.plan, inserts)?;
-                        (output, Computed::Changes(self.tagged(&r, &i).await?))
-                    }
-                });
-            }
-            Ok::<_, EngineError>(out)
-        };
-        let logging = async {
-            let (Some(cs), Some(entry)) = (&checkpoints, entry) else {
-                return Ok(());
-            };
-            if let Some(note) = &note {
-                match self.keep_note(cs, spec, note).await {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => {}
-                    Err(e) => {
-                        self.state.lock().await.kept.remove(t.epoch);
-                        return Err(e);
-                    }
+        let mut out = vec![];
+        for output in &f.outputs {
+            out.push(match &by_kind {
+                None => {
+                    let plan = bind_sources(&output.plan, bound)?;
+                    let batches = f.execute(&plan).await?;
+                    (output, Computed::Rows(plan, batches))
                 }
-                // Nowhere in the source to keep it: the store has it.
-                self.state.lock().await.kept.remove(t.epoch);
+                Some((retracts, inserts)) => {
+                    let r = bind_sources(&output.plan, retracts)?;
+                    let i = bind_sources(&output.plan, inserts)?;
+                    (output, Computed::Changes(f.tagged(&r, &i).await?))
+                }
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Read one table's share of an epoch: pulled, or read again from where
+/// the log says it was; its event time observed.
+async fn read_table(
+    f: &StageFunction,
+    r: &SourceReader,
+    clock: &mut Option<SourceClock>,
+    spec: EpochSpec,
+    replayed: Option<&TableRead>,
+    logs: bool,
+) -> Result<TableEpoch> {
+    let err = |e: EngineError| e.at_source(&r.table, &f.name);
+    let logs_read = logs && replayed.is_none();
+    let from = match logs_read {
+        true => r.source.position(spec).await.map_err(err)?,
+        false => vec![],
+    };
+    let mb = match replayed {
+        Some(read) => r.source.replay(spec, &read.from, &read.to).await,
+        None => r.source.pull(spec).await,
+    }
+    .map_err(err)?;
+    f.tally.count(|t| t.dead_letters += mb.dead_letters);
+    if let Some(reason) = &mb.dead_letter_reason {
+        f.tally
+            .measure(|l| l.reason("dead letter", &r.table, reason.clone()));
+    }
+    let progress = mb.progress();
+    crate::metrics::source_pull(&r.table, &progress, |p| {
+        p.batches
+            .iter()
+            .filter_map(|i| mb.batches.get(*i))
+            .map(|b| b.num_rows() as u64)
+            .sum()
+    });
+    let watermark = match clock {
+        Some(clock) => {
+            let now = Instant::now();
+            match replayed.and_then(|read| read.clock.as_ref()) {
+                Some(saved) => clock.restore(saved, now),
+                None => clock.observe(&mb.batches, &progress, now)?,
             }
-            self.log_entry(cs, t.epoch, entry).await
+            clock.watermark(now)
+        }
+        // No event time: constrains nothing.
+        None => Watermark::default(),
+    };
+    let read = match logs_read {
+        true => Some(TableRead {
+            table: r.table.clone(),
+            from,
+            to: r.source.position(spec).await.map_err(err)?,
+            clock: clock.as_ref().map(|c| c.save()),
+        }),
+        false => None,
+    };
+    crate::verify::tap::record(&f.ctx.query_code, &r.table, &mb.batches);
+    let lags: Vec<u64> = progress.iter().filter_map(|p| p.lag).collect();
+    Ok(TableEpoch {
+        table: r.table.clone(),
+        lag: (!lags.is_empty()).then(|| lags.iter().sum()),
+        drained: progress.iter().all(|p| p.drained || p.finished),
+        finished: progress.iter().all(|p| p.finished),
+        watermark,
+        read,
+        offsets: mb.offsets,
+        batches: mb.batches,
+    })
+}
+
+impl StageFunction {
+    /// Which slice of which epoch this member reads.
+    pub(super) fn epoch_spec(&self, epoch: u64) -> EpochSpec {
+        EpochSpec {
+            instance: self.ctx.member as usize,
+            instances: self.ctx.members as usize,
+            epoch,
+            epochs: self.ctx.epochs,
+        }
+    }
+
+    /// Say a source epoch's watermark; the watermark as status shows it.
+    fn report_read(&self, epoch: u64, watermark: Watermark) -> Option<i64> {
+        crate::metrics::watermark(&self.ctx.stage_name(), watermark.value);
+        let watermark_ms = watermark.value.filter(|w| *w > i64::MIN);
+        self.tally.measure(|l| {
+            l.watermark_ms = watermark_ms.or(l.watermark_ms);
+            l.epoch = Some(epoch);
+        });
+        watermark_ms
+    }
+
+    /// Send each output's computed rows on; the rows sent.
+    async fn emit(
+        &self,
+        t: &Trigger,
+        watermark: Watermark,
+        offsets: &[SourceOffset],
+        computed: Vec<(&StageOutput, Computed)>,
+    ) -> Result<u64> {
+        let marks = EpochMarks {
+            last: t.last,
+            checkpoint: t.checkpoint,
         };
-        let (computed, logged) = tokio::join!(computed, logging);
-        logged?;
         let mut rows_out = 0;
-        for (output, computed) in computed? {
-            let header = self.header(output, &t.qid, t.epoch, watermark, marks, offsets.clone());
+        for (output, computed) in computed {
+            let offsets = offsets.to_vec();
+            let header = self.header(output, &t.qid, t.epoch, watermark, marks, offsets);
             rows_out += match computed {
                 Computed::Rows(plan, batches) => {
                     self.send_output(output, &plan, header, batches).await?
                 }
                 Computed::Changes(parts) => {
                     let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
-                    self.route_changes(output, header, Some((output.plan.schema(), parts)))
+                    let schema = output.plan.schema();
+                    self.route_changes(output, header, Some((schema, parts)))
                         .await?;
                     rows
                 }
             };
         }
-        Ok(Response {
-            status: "ran".into(),
-            events,
-            rows_out,
-            drained,
-            finished,
-            lag,
-            watermark_ms,
-            ..Default::default()
-        })
-    }
-
-    /// Write this member's object for `epoch`: its log entry, and its
-    /// counts. Created only if the epoch has none: one that does was taken
-    /// by another instance (or an earlier run the driver did not know of),
-    /// and the epoch fails to run again from the last commit.
-    async fn log_entry(&self, cs: &CheckpointStore, epoch: u64, entry: OffsetsEntry) -> Result<()> {
-        let object = MemberObject {
-            offsets: Some(entry),
-            tally: self.tally.carry(),
-            state: None,
-        };
-        if cs
-            .put_member_new(self.ctx.stage, self.ctx.member, epoch, object)
-            .await?
-        {
-            return Ok(());
-        }
-        Err(EngineError::invocation_failed(
-            self.name.clone(),
-            format!(
-                "epoch {epoch} is in the offsets log already; it runs again from the last commit"
-            ),
-        ))
-    }
-
-    /// A cold source member of a checkpointing query: stand where the
-    /// offsets log says the previous epoch ended, with the event-time
-    /// clocks as they were then. The entry is in the source's note when
-    /// the previous epoch was between checkpoints, else in the store.
-    async fn stand_where_the_log_ends(
-        &self,
-        cs: &CheckpointStore,
-        state: &mut StageState,
-        spec: EpochSpec,
-        committed: Option<u64>,
-    ) -> Result<()> {
-        for r in &self.readers {
-            if r.source.replay_mode() == ReplayMode::Unsupported {
-                return Err(EngineError::source_failed(
-                    r.table.clone(),
-                    format!(
-                        "{}: this source cannot read an epoch again, so a query reading it \
-                         cannot checkpoint",
-                        self.name
-                    ),
-                ));
-            }
-        }
-        if spec.epoch == 0 {
-            return Ok(());
-        }
-        let previous = spec.epoch - 1;
-        let object = cs.member(self.ctx.stage, self.ctx.member, previous).await?;
-        let entry = match object {
-            Some(object) => {
-                self.tally.counted_before(object.tally);
-                object.offsets
-            }
-            // Between checkpoints: the source's note has it.
-            None => {
-                self.take_in_notes(cs, state, spec, committed).await?;
-                // The counts ride in the store's objects only: take the
-                // commit's (what this member counted since is not known).
-                let counted = match committed {
-                    Some(c) => cs.member(self.ctx.stage, self.ctx.member, c).await?,
-                    None => None,
-                };
-                self.tally.counted_before(counted.and_then(|o| o.tally));
-                state.kept.get(previous).cloned()
-            }
-        };
-        let entry = entry.ok_or_else(|| {
-            EngineError::Context(format!(
-                "{}: the offsets log in {} (and the note kept in the source) has no epoch \
-                 {previous}, so epoch {} cannot start where it ended",
-                self.name,
-                cs.root(),
-                spec.epoch
-            ))
-        })?;
-        let by_epoch = self
-            .readers
-            .iter()
-            .find(|r| r.source.replay_mode() == ReplayMode::ByEpoch);
-        if let Some(r) = by_epoch
-            && entry.epochs != self.ctx.epochs
-        {
-            let said =
-                |e: Option<u64>| e.map_or("unbounded".to_string(), |n| format!("{n} epochs"));
-            return Err(EngineError::source_failed(
-                r.table.clone(),
-                format!(
-                    "{}: this table slices its input by the run's epochs, and the checkpointed \
-                     run had {}, not {}: resume with the same --epochs",
-                    self.name,
-                    said(entry.epochs),
-                    said(self.ctx.epochs)
-                ),
-            ));
-        }
-        let now = Instant::now();
-        for (r, clock) in self.readers.iter().zip(state.clocks.iter_mut()) {
-            let Some(read) = entry.tables.iter().find(|x| x.table == r.table) else {
-                continue;
-            };
-            r.source
-                .seek(spec, &read.to)
-                .await
-                .map_err(|e| e.at_source(&r.table, &self.name))?;
-            if let (Some(clock), Some(saved)) = (clock.as_mut(), &read.clock) {
-                clock.restore(saved, now);
-            }
-        }
-        tracing::info!(stage = %self.name, epoch = previous, "source resumed from the offsets log");
-        Ok(())
+        Ok(rows_out)
     }
 
     /// A stage with no input at all: its rows go out with the first epoch;
@@ -409,6 +382,12 @@ impl StageFunction {
     }
 }
 
+/// Rows per table: `(retractions, inserts)`.
+type ByKind = (
+    BTreeMap<String, Vec<RecordBatch>>,
+    BTreeMap<String, Vec<RecordBatch>>,
+);
+
 /// One output of a source stage, computed before it is sent.
 enum Computed {
     /// The plan's rows, per output partition.
@@ -422,11 +401,8 @@ enum Computed {
 /// table's by its op column, another's all inserts.
 fn split_by_kind(
     bound: &BTreeMap<String, Vec<RecordBatch>>,
-    readers: &[super::SourceReader],
-) -> Result<(
-    BTreeMap<String, Vec<RecordBatch>>,
-    BTreeMap<String, Vec<RecordBatch>>,
-)> {
+    readers: &[SourceReader],
+) -> Result<ByKind> {
     let (mut retracts, mut inserts) = (BTreeMap::new(), BTreeMap::new());
     for (table, batches) in bound {
         let changelog = readers

@@ -175,7 +175,7 @@ fn a_row_taken_from_a_large_view_column_travels_alone() {
         false,
     )]));
     let batch = RecordBatch::try_new(schema.clone(), vec![one]).unwrap();
-    let bytes = ipc_bytes(&schema, &[batch.clone()]).unwrap();
+    let bytes = ipc_bytes(&schema, std::slice::from_ref(&batch)).unwrap();
     assert!(bytes.len() < 4_096, "{} bytes for one row", bytes.len());
     let back = crate::ipc_decode::decode_stream(&bytes, &schema).unwrap();
     let s = back[0]
