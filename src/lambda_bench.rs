@@ -12,7 +12,7 @@ use skein_engine::epochs::{EpochLog, run_epochs};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::usage::MeteredInvoker;
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
-use skein_lambda::epochs::LambdaEpochs;
+use skein_lambda::epoch_runtime::LambdaEpochs;
 use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
 
 use crate::PlanArgs;

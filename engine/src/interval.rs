@@ -9,7 +9,7 @@ use crate::error::{EngineError, Result};
 use crate::source::SourceConfig;
 
 /// The table option every source kind takes (e.g. `'epoch.interval' '500ms'`).
-pub use crate::catalog::options::EPOCH_INTERVAL_OPTION;
+pub use crate::table_options::EPOCH_INTERVAL_OPTION;
 
 /// Without `--interval` or a table option.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);

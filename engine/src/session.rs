@@ -50,7 +50,7 @@ pub fn session(catalog: &Catalog, group_size: usize) -> SessionContext {
     ctx.register_udf(tumble_udf());
     ctx.register_udf(hop_udf());
     ctx.register_udwf(session_udwf());
-    ctx.register_udf(crate::functions::count_char_udf());
+    ctx.register_udf(crate::udf::count_char_udf());
     ctx
 }
 

@@ -11,9 +11,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::options::TableOptions;
 use crate::error::Result;
 use crate::payload::SourceOffset;
+use crate::table_options::TableOptions;
 
 /// A sink as a table declares it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,7 +187,7 @@ impl CollectSink {
         let written = self.changes();
         match written.first() {
             Some(b) if crate::changelog::is_changelog(&b.schema()) => {
-                match crate::updating::diff::consolidate(&b.schema(), &written) {
+                match crate::changelog::consolidate(&b.schema(), &written) {
                     Ok(table) => vec![table],
                     Err(e) => {
                         tracing::error!(error = %e, "consolidating the collected changelog");

@@ -11,11 +11,12 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
+use crate::dead_letter::DeadLetterSink;
 use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 
 /// The options a factory declares (defined with the catalog's other options).
-pub use crate::catalog::options::TableOptions;
+pub use crate::table_options::TableOptions;
 
 /// A table's source as declared in SQL: its kind (`KAFKA`, `NEXMARK`, ...)
 /// and options. It travels in the cloud context, so it must stay small.
@@ -286,35 +287,6 @@ pub struct PushedRecord {
     pub position: String,
     /// The record's bytes.
     pub data: Vec<u8>,
-}
-
-/// A record a query could not use, on its way to its table's dead-letter
-/// destination.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeadLetter {
-    /// The table (and so the source) the record came from.
-    pub table: String,
-    /// Why it was set aside, e.g. `late`.
-    pub reason: String,
-    /// For a late row: the window it belongs to, `[start, end)` in ms.
-    pub window: Option<(i64, i64)>,
-    /// The row as a JSON object.
-    pub row: String,
-    /// Names the letter; a replay produces the same key, so a compacted
-    /// destination keeps one copy.
-    pub key: String,
-    /// Where the sending source member's partitions stood after the epoch
-    /// that set the row aside, if it knows (a reader can tell from them
-    /// whether that epoch is committed).
-    #[serde(default)]
-    pub offsets: Vec<SourceOffset>,
-}
-
-/// Where a source's dead letters go (a topic, a stream).
-#[async_trait]
-pub trait DeadLetterSink: Send + Sync + std::fmt::Debug {
-    /// Deliver the letters; returns once the destination has them.
-    async fn send(&self, letters: &[DeadLetter]) -> Result<()>;
 }
 
 /// What the sources of a kind can do, whatever their options.

@@ -27,7 +27,7 @@ use crate::error::{EngineError, Result};
 use crate::source::{PartitionProgress, SourceConfig};
 
 /// The table options of event time, which every source kind takes.
-pub use crate::catalog::options::{
+pub use crate::table_options::{
     EVENT_TIME_OPTIONS, OPT_EVENT_TIME, OPT_IDLE_TIMEOUT, OPT_LATE, OPT_LATENESS_MS,
 };
 

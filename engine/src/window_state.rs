@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, BooleanArray, Int64Array};
+use datafusion::arrow::array::{BooleanArray, Int64Array};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -477,36 +477,6 @@ fn release_sessions(
         emitted.insert(k.clone(), *s);
     }
     Ok(out)
-}
-
-/// Rows as JSON objects of their displayed values, for dead letters.
-pub fn rows_as_json(batch: &RecordBatch) -> Result<Vec<String>> {
-    let opts = FormatOptions::default();
-    let schema = batch.schema();
-    let formatters = batch
-        .columns()
-        .iter()
-        .map(|c| ArrayFormatter::try_new(c.as_ref(), &opts))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok((0..batch.num_rows())
-        .map(|r| {
-            let obj: serde_json::Map<String, serde_json::Value> = schema
-                .fields()
-                .iter()
-                .zip(&formatters)
-                .enumerate()
-                .map(|(i, (f, fmt))| {
-                    let v = if batch.column(i).is_null(r) {
-                        serde_json::Value::Null
-                    } else {
-                        serde_json::Value::String(fmt.value(r).to_string())
-                    };
-                    (f.name().clone(), v)
-                })
-                .collect();
-            serde_json::Value::Object(obj).to_string()
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub mod deploy;
 #[cfg(feature = "sql")]
 pub mod deployment;
 pub mod emf;
-pub mod epochs;
+pub mod epoch_runtime;
 pub mod error;
 pub mod esm;
 pub mod exchange;

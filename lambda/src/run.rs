@@ -27,7 +27,7 @@ use skein_sinks::results;
 
 use crate::checkpoints::CHECKPOINTS_ENV;
 use crate::deployment::{Deployment, pushed_sources};
-use crate::epochs::{LambdaEpochs, Redeploy};
+use crate::epoch_runtime::{LambdaEpochs, Redeploy};
 use crate::error::{LambdaError, Result};
 use crate::lease::KeptLease;
 use crate::{LambdaInvoker, ServiceOptions, dead_letter};

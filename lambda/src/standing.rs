@@ -19,7 +19,7 @@ use skein_engine::planner::{PlanShape, QueryPlan};
 use skein_engine::usage::MeteredInvoker;
 use skein_sinks::results;
 
-use crate::epochs::{LambdaEpochs, Redeploy};
+use crate::epoch_runtime::{LambdaEpochs, Redeploy};
 use crate::lease::{LEASE_FILE, Lease, LeaseError};
 use crate::{LambdaFunctionService, LambdaInvoker, RUN_ENV};
 

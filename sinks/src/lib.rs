@@ -18,7 +18,7 @@
 
 pub mod blackhole;
 pub mod encode;
-pub mod epochs;
+pub mod epoch_markers;
 pub mod files;
 pub mod kafka;
 pub mod kinesis;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use skein_sinks::epochs::parse_marker_field;
+use skein_sinks::epoch_markers::parse_marker_field;
 use skein_sinks::redis::{epochs_key, offsets_key};
 
 use crate::error::{Context, Result, YsbError, fail};

@@ -10,8 +10,8 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::Serialize;
 use skein_clients::kafka::{KafkaRole, client_config};
+use skein_engine::dead_letter::{DeadLetter as LateLetter, DeadLetterSink};
 use skein_engine::error::Result as EngineResult;
-use skein_engine::source::{DeadLetter as LateLetter, DeadLetterSink};
 
 use crate::error::Result;
 use skein_formats::rejected::LetterRecord;

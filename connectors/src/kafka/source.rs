@@ -44,11 +44,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
+use skein_engine::dead_letter::DeadLetterSink;
 use skein_engine::error::{EngineError, Result as EngineResult};
 use skein_engine::payload::SourceOffset;
 use skein_engine::source::{
-    DeadLetterSink, EpochSpec, MicroBatch, ReplayMode, Source, SourceCapabilities, SourceConfig,
-    SourceFactory, TableOptions,
+    EpochSpec, MicroBatch, ReplayMode, Source, SourceCapabilities, SourceConfig, SourceFactory,
+    TableOptions,
 };
 
 use super::config::{KafkaSourceConfig, source_options};

@@ -5,7 +5,7 @@
 //! factory (they can be joined by key, `lookup.key`); a connector crate
 //! registers each with one line. Every factory declares the options it
 //! takes. Besides those, a table takes the engine-wide options
-//! ([`options`]): the catalog checks their values and keeps them from the
+//! ([`crate::table_options`]): the catalog checks their values and keeps them from the
 //! factories, and hands each factory only its own options. An option no
 //! one declares is a one-line error naming it and the ones allowed.
 //!
@@ -13,7 +13,6 @@
 //! through the catalog.
 
 mod capabilities;
-pub mod options;
 pub mod parallelism;
 pub mod table;
 
@@ -25,15 +24,16 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 
 use crate::clock::Clock;
+use crate::dead_letter::DeadLetterSink;
 use crate::error::{EngineError, Result};
 use crate::interval::duration_option;
 use crate::lookup::exec::{LookupHandle, LookupSpec};
 use crate::lookup::{LOOKUP_OPTIONS, Lookup, LookupFactory, LookupOptions, OPT_KEY};
 use crate::sink::{Sink, SinkConfig, SinkFactory};
-use crate::source::{DeadLetterSink, Source, SourceConfig, SourceFactory};
+use crate::source::{Source, SourceConfig, SourceFactory};
 
-pub use options::TableOptions;
-use options::{
+pub use crate::table_options::TableOptions;
+use crate::table_options::{
     EMIT_INTERVAL_OPTION, EMIT_OPTION, EMIT_VALUES, EPOCH_INTERVAL_OPTION, SINK_TABLE_OPTIONS,
     SOURCE_TABLE_OPTIONS, STATE_TTL_OPTION,
 };

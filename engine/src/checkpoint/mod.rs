@@ -40,7 +40,7 @@ mod io;
 mod member;
 mod progress;
 mod segments;
-mod sink_health;
+mod sink_reports;
 mod snapshot;
 mod summary;
 mod tally;

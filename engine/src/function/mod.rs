@@ -21,12 +21,13 @@ pub use crate::request::{Request, Trigger};
 use crate::catalog::Catalog;
 use crate::checkpoint::CheckpointStore;
 use crate::context::{CloudContext, NextHop, StageMode};
+use crate::dead_letter::DeadLetterSink;
 use crate::error::{EngineError, Result};
 use crate::exec::{StageInput, rewrite_leaves};
 use crate::invoke::Invoker;
 use crate::payload::{PayloadHeader, SourceOffset};
 use crate::ring::HashRing;
-use crate::source::{DeadLetterSink, Source};
+use crate::source::Source;
 use crate::usage::Usage;
 use crate::watermark::Watermark;
 

@@ -9,11 +9,11 @@ use datafusion::arrow::datatypes::SchemaRef;
 use super::payload_stage::Outgoing;
 use super::{LateHandling, StageFunction};
 use crate::compaction::Compactor;
+use crate::dead_letter::{DeadLetter, rows_as_json};
 use crate::error::Result;
 use crate::payload::Arrived;
-use crate::source::DeadLetter;
 use crate::watermark::Watermark;
-use crate::window_state::{LateRows, WindowBuffer, rows_as_json};
+use crate::window_state::{LateRows, WindowBuffer};
 
 /// A windowed stage's rows and how it treats them.
 pub(super) struct WindowedStep {

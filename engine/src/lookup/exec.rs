@@ -29,12 +29,12 @@ use sha2::{Digest, Sha256};
 use super::cache::LookupCache;
 use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
 use crate::clock::Clock;
+use crate::dead_letter::{DeadLetter, DeadLetterSink, rows_as_json};
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
 use crate::metrics;
 use crate::payload::SourceOffset;
-use crate::source::{DeadLetter, DeadLetterSink, SourceConfig};
-use crate::window_state::rows_as_json;
+use crate::source::SourceConfig;
 
 /// A table declared with `lookup.key`: it has a schema and a lookup, and
 /// cannot be read as a stream.

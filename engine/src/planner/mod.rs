@@ -255,7 +255,7 @@ pub fn split_statements(sql: &str) -> Vec<String> {
     out
 }
 
-pub use crate::catalog::options::{EMIT_INTERVAL_OPTION, STATE_TTL_OPTION};
+pub use crate::table_options::{EMIT_INTERVAL_OPTION, STATE_TTL_OPTION};
 
 /// A table's `'state.ttl'`, if it sets one.
 pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Duration>> {
@@ -263,7 +263,7 @@ pub fn state_ttl_option(config: &SourceConfig) -> Result<Option<std::time::Durat
 }
 
 /// Sink option: `updates` makes every stage emit per epoch (see [`plan_query`]).
-pub use crate::catalog::options::{EMIT_OPTION, EMIT_UPDATES};
+pub use crate::table_options::{EMIT_OPTION, EMIT_UPDATES};
 
 /// Run the script's DDL in `ctx` and plan its one query into stages.
 #[cfg(feature = "sql")]

@@ -29,14 +29,12 @@
 
 pub mod aggregate;
 pub mod aggregate_plan;
-pub mod diff;
 pub mod join;
 pub mod keyed;
 pub mod split;
 pub mod state;
 pub mod top_n;
 
-pub use diff::{Consolidated, consolidate};
 pub use split::UpdatingPlan;
 pub use state::UpdatingState;
 

@@ -8,9 +8,10 @@ use datafusion::arrow::array::{Int8Array, RecordBatch};
 use datafusion::arrow::datatypes::SchemaRef;
 
 use super::aggregate::GroupAccumulators;
-use super::diff::diff;
-use super::keyed::{Key, KeyedRows, RowEncoder, concat};
+use super::keyed::{Key, KeyedRows, concat};
 use super::split::UpdatingPlan;
+use crate::changelog::diff;
+use crate::changelog::row_key::RowEncoder;
 use crate::changelog::{self, INSERT, RETRACT};
 use crate::error::{EngineError, Result};
 use crate::window_state::Change;

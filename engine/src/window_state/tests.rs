@@ -1,4 +1,5 @@
 use super::*;
+use crate::dead_letter::rows_as_json;
 use crate::window::WindowColumn;
 use datafusion::arrow::array::{StringArray, TimestampMillisecondArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};

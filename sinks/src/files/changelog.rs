@@ -88,5 +88,5 @@ pub fn consolidate_op_text(
         let keep: Vec<usize> = (0..b.num_columns()).filter(|c| *c != i).collect();
         changes.push(changelog::tag_each(&b.project(&keep)?, ops)?);
     }
-    skein_engine::updating::consolidate(&changelog::with_op(schema), &changes)
+    skein_engine::changelog::consolidate(&changelog::with_op(schema), &changes)
 }

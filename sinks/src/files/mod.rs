@@ -43,7 +43,7 @@ pub use changelog::{OP_COLUMN_OPTION, OP_DELETE, OP_INSERT, consolidate_op_text,
 use commits::commit_marker;
 pub use commits::{clear, read};
 
-use crate::epochs::Runs;
+use crate::epoch_markers::Runs;
 use crate::results::open;
 
 /// The sink kind, as registered.

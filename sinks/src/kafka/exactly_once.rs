@@ -22,7 +22,7 @@ use super::reporting::ReportingContext;
 use super::{
     KafkaSink, Producer, await_deliveries, ensure_topic, producer_config, send_rows, sink_error,
 };
-use crate::epochs::{Runs, is_replay, marker_field, marker_name};
+use crate::epoch_markers::{Runs, is_replay, marker_field, marker_name};
 use crate::error::ConnectorError;
 
 /// How long a transaction call waits for the broker.

@@ -12,7 +12,7 @@
 //! [`DEFAULT_OFFSETS_TOPIC`]) keyed `<name>/<run>/<member>` whose value is
 //! the epoch; `<name>` is the `checkpoint` option or, without it, the query.
 //! A write at or below its member's marker is a replay and writes nothing
-//! (see [`crate::epochs`]), so this holds at any group size. The
+//! (see [`crate::epoch_markers`]), so this holds at any group size. The
 //! transactional id is `skein-<name>-<member>`: a restarted writer fences its
 //! predecessor, then reads the markers. Consumers reading
 //! with `isolation.level=read_committed` see each write whole or not at all.

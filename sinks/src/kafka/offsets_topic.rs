@@ -11,7 +11,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::epochs::parse_marker_field;
+use crate::epoch_markers::parse_marker_field;
 use crate::error::{ConnectorError, Result};
 
 /// Every committed record of `offsets_topic` whose key starts with

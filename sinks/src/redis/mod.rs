@@ -14,7 +14,7 @@
 //! its commands and the member's epoch marker, `HSET skein:epochs:<name>
 //! <run>/<member> <epoch>`, where `<name>` is the `checkpoint` option or, without
 //! it, the query. A write at or below its member's marker is a replay and
-//! changes nothing (see [`crate::epochs`]); a member reads its marker once,
+//! changes nothing (see [`crate::epoch_markers`]); a member reads its marker once,
 //! at its first write, since it is the only writer of its field.
 //!
 //! The same MULTI/EXEC also stores the source offsets a write covers in the
@@ -32,13 +32,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use skein_engine::catalog::TableOptions;
-use skein_engine::catalog::options::EMIT_OPTION;
 use skein_engine::error::Result as EngineResult;
 use skein_engine::payload::SourceOffset;
 use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::table_options::EMIT_OPTION;
 use tracing::debug;
 
-use crate::epochs::{Runs, is_replay, marker_field, marker_name};
+use crate::epoch_markers::{Runs, is_replay, marker_field, marker_name};
 use crate::error::{ConnectorError, Result};
 pub use layout::{KeyedLayout, Layout, RedisLayout};
 pub use skein_clients::redis::KIND;

@@ -147,7 +147,7 @@ pub async fn read(location: &str, query: &str) -> Result<Vec<RecordBatch>> {
     // An updating query's results are its changelog: the table it adds up to.
     match out.first() {
         Some(b) if skein_engine::changelog::is_changelog(&b.schema()) => {
-            Ok(vec![skein_engine::updating::consolidate(
+            Ok(vec![skein_engine::changelog::consolidate(
                 &b.schema(),
                 &out,
             )?])

@@ -13,6 +13,11 @@
 //! table declares) never sees the column: a stage splits its input by kind,
 //! runs its plan over each part, and tags what comes out.
 
+pub mod diff;
+pub mod row_key;
+
+pub use diff::{Consolidated, consolidate, diff};
+
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Int8Array};

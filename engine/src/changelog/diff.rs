@@ -7,7 +7,7 @@ use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 
-use super::keyed::RowEncoder;
+use super::row_key::RowEncoder;
 use crate::changelog;
 use crate::error::Result;
 
@@ -93,7 +93,7 @@ impl Consolidated {
         }
         slots.sort_unstable();
         let batches: Vec<&RecordBatch> = self.batches.iter().collect();
-        super::keyed::interleave_rows(&self.schema, &batches, &slots)
+        super::row_key::interleave_rows(&self.schema, &batches, &slots)
     }
 }
 
