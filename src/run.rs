@@ -242,7 +242,7 @@ pub(crate) async fn run_prepared(
         read_files(&plan).await?
     } else {
         let batches = collect.sink(&plan.query_code).batches();
-        skein_engine::updating::in_query_order(&plan, batches).await?
+        skein_engine::query::in_query_order(&plan, batches).await?
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
     // A blackhole keeps no rows, only their count.

@@ -5,12 +5,17 @@
 //! its own way (a local directory, S3).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::prelude::SessionContext;
 
 use crate::catalog::Catalog;
 use crate::error::{EngineError, Result};
-use crate::planner::{PlanOptions, QueryPlan};
+use crate::exec::{StageInput, StageInputExec};
+use crate::planner::{Exchange, PlanOptions, QueryPlan};
 use crate::source::ReplayMode;
 
 /// A planned query and the session it was planned in (a `--verify` run
@@ -217,4 +222,33 @@ impl RunBound {
             (None, false) => StopAfter::Epochs(self.epochs.unwrap_or(DEFAULT_EPOCHS)),
         })
     }
+}
+
+/// A consolidated result in the query's order: a changelog's table has the
+/// order of its changes, so a query that ends in ORDER BY and updates is
+/// sorted again by its last sort. Other results are returned as they are.
+pub async fn in_query_order(
+    plan: &QueryPlan,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    if !(plan.ordered && plan.updates()) {
+        return Ok(batches);
+    }
+    let Some(last) = plan.stages.iter().find(|s| s.output == Exchange::Sink) else {
+        return Ok(batches);
+    };
+    let Some(sort) = last.plan.downcast_ref::<SortExec>() else {
+        return Ok(batches);
+    };
+    if sort.schema() != plan.output_schema && sort.schema().fields() != plan.output_schema.fields()
+    {
+        return Ok(batches);
+    }
+    let leaf =
+        StageInputExec::new(StageInput::Shuffle { shuffle_id: 0 }, sort.schema()).bind(batches);
+    let sorted: Arc<dyn ExecutionPlan> =
+        Arc::new(SortExec::new(sort.expr().clone(), Arc::new(leaf)).with_fetch(sort.fetch()));
+    let ctx = SessionContext::new().task_ctx();
+    let stream = sorted.execute(0, ctx)?;
+    Ok(datafusion::physical_plan::common::collect(stream).await?)
 }

@@ -244,7 +244,7 @@ async fn partial_aggregates_held_for_open_windows_are_merged() {
         .await
         .unwrap();
     let got =
-        skein_engine::updating::in_query_order(&plan, h.results.sink(&plan.query_code).batches())
+        skein_engine::query::in_query_order(&plan, h.results.sink(&plan.query_code).batches())
             .await
             .unwrap();
     let expected = single_process(&h.ctx, &plan).await.unwrap();

@@ -42,14 +42,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::sorts::sort::SortExec;
-use datafusion::prelude::SessionContext;
 
-use crate::error::Result;
 use crate::exec::{StageInput, StageInputExec};
-use crate::planner::{Exchange, QueryPlan};
 
 /// How an updating stage computes its changes, for `skein explain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,33 +88,4 @@ fn collect_leaf_schemas(plan: &Arc<dyn ExecutionPlan>, out: &mut BTreeMap<u32, S
     for c in plan.children() {
         collect_leaf_schemas(c, out);
     }
-}
-
-/// A consolidated result in the query's order: a changelog's table has the
-/// order of its changes, so a query that ends in ORDER BY and updates is
-/// sorted again by its last sort. Other results are returned as they are.
-pub async fn in_query_order(
-    plan: &QueryPlan,
-    batches: Vec<RecordBatch>,
-) -> Result<Vec<RecordBatch>> {
-    if !(plan.ordered && plan.updates()) {
-        return Ok(batches);
-    }
-    let Some(last) = plan.stages.iter().find(|s| s.output == Exchange::Sink) else {
-        return Ok(batches);
-    };
-    let Some(sort) = last.plan.downcast_ref::<SortExec>() else {
-        return Ok(batches);
-    };
-    if sort.schema() != plan.output_schema && sort.schema().fields() != plan.output_schema.fields()
-    {
-        return Ok(batches);
-    }
-    let leaf =
-        StageInputExec::new(StageInput::Shuffle { shuffle_id: 0 }, sort.schema()).bind(batches);
-    let sorted: Arc<dyn ExecutionPlan> =
-        Arc::new(SortExec::new(sort.expr().clone(), Arc::new(leaf)).with_fetch(sort.fetch()));
-    let ctx = SessionContext::new().task_ctx();
-    let stream = sorted.execute(0, ctx)?;
-    Ok(datafusion::physical_plan::common::collect(stream).await?)
 }

@@ -165,7 +165,7 @@ pub async fn run_and_verify(h: &Harness, sql: &str, epochs: u64) -> QueryPlan {
 /// The rows `plan` wrote, in the query's order (an updating query's last
 /// value of each row).
 pub async fn results(h: &Harness, plan: &QueryPlan) -> Vec<RecordBatch> {
-    skein_engine::updating::in_query_order(plan, h.results.sink(&plan.query_code).batches())
+    skein_engine::query::in_query_order(plan, h.results.sink(&plan.query_code).batches())
         .await
         .unwrap()
 }
