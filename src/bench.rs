@@ -184,7 +184,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
     let records = crate::bench_formats::record_formats(&batches, args.repeat)
         .context("decoding records of each format")?;
     let (invocations_per_s, measured) = runtime_rate(args.epochs).await?;
-    let cost = crate::cost::section(&measured, None, &Default::default())?;
+    let cost = crate::cost::report::section(&measured, None, &Default::default())?;
     let report = json!({
         "bids": rows,
         "json_bytes_per_bid": (json_bytes as f64 / rows as f64 * 100.0).round() / 100.0,
@@ -194,7 +194,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
         "record_formats": records,
         "runtime_invocations_per_s": invocations_per_s.round(),
         // The runtime benchmark's query priced per million events.
-        "cost": crate::cost::to_json(&cost),
+        "cost": crate::cost::report::to_json(&cost),
     });
     if args.json {
         println!("{report}");
@@ -242,7 +242,7 @@ async fn codec(args: CodecArgs) -> Result<()> {
             "in-process runtime: {} invocations/s",
             report["runtime_invocations_per_s"]
         );
-        println!("its query's {}", crate::cost::one_line(&cost));
+        println!("its query's {}", crate::cost::report::one_line(&cost));
     }
     Ok(())
 }
@@ -263,9 +263,9 @@ async fn runtime_rate(epochs: u64) -> Result<(f64, skein_cost::Measured)> {
     };
     let plan = plan_query(&ctx, &sql, &options).await?;
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await?;
-    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
+    let measured = crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before);
     Ok((report.invocations as f64 / report.elapsed_s, measured))
 }
 
@@ -311,7 +311,7 @@ async fn nexmark_run_seconds(
         .with_context(|| format!("planning NEXMark q{query}"))?;
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let _ = skein_sinks::blackhole::take(&plan.query_code);
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let started = Instant::now();
     let mut series = series;
     let report = run_local(&plan, &runtime, &options, args.epochs, |_, events| {
@@ -326,7 +326,7 @@ async fn nexmark_run_seconds(
     // Per event of the whole stream, as the throughput is.
     let measured = skein_cost::Measured {
         events: args.events,
-        ..crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before)
+        ..crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before)
     };
     let rows = skein_sinks::blackhole::take(&plan.query_code).rows as usize;
     Ok((report.elapsed_s, rows, measured))
@@ -404,7 +404,7 @@ async fn nexmark(args: NexmarkBenchArgs) -> Result<()> {
             "ratio_to_flink": flink.map(|f| (per_core / f * 100.0).round() / 100.0),
             // The last run priced per million events (docs/cost.md).
             "cost": match &measured {
-                Some(m) => crate::cost::to_json(&crate::cost::section(m, None, &Default::default())?),
+                Some(m) => crate::cost::report::to_json(&crate::cost::report::section(m, None, &Default::default())?),
                 None => serde_json::Value::Null,
             },
         }));

@@ -120,7 +120,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
             "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
             "epochs": args.epochs,
             "events": events,
-            "cost": crate::cost::to_json(&cost),
+            "cost": crate::cost::report::to_json(&cost),
         })
     );
     Ok(())
@@ -144,9 +144,9 @@ async fn priced_run(
     )
     .await
     .context("running the query on Lambda")?;
-    let measured = crate::cost::measured_on_lambda(run.events, &metered.total(), 0);
-    let mut cost = crate::cost::section(&measured, None, &Default::default())?;
-    cost.measured_on = Some(crate::cost::lambda_note(false));
+    let measured = crate::cost::report::measured_on_lambda(run.events, &metered.total(), 0);
+    let mut cost = crate::cost::report::section(&measured, None, &Default::default())?;
+    cost.measured_on = Some(crate::cost::report::lambda_note(false));
     Ok((run.events, cost))
 }
 

@@ -45,12 +45,12 @@ pub(crate) async fn run_sql(
 /// functions reported of every invocation (skein_engine::usage).
 fn report(run: &LambdaRun, invoke_async: bool) -> Result<Report> {
     let events = run.epochs.events;
-    let mut cost = crate::cost::section(
-        &crate::cost::measured_on_lambda(events, &run.usage, run.driver_puts),
+    let mut cost = crate::cost::report::section(
+        &crate::cost::report::measured_on_lambda(events, &run.usage, run.driver_puts),
         None,
         &Default::default(),
     )?;
-    cost.measured_on = Some(crate::cost::lambda_note(invoke_async));
+    cost.measured_on = Some(crate::cost::report::lambda_note(invoke_async));
     Ok(Report {
         query: None,
         query_code: run.plan.query_code.clone(),

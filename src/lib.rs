@@ -16,8 +16,6 @@ cli_modules! {
     pub mod bench_state;
     pub mod checkpoint_dir;
     pub mod cost;
-    pub mod cost_cmd;
-    mod cost_sweep;
     pub mod dataframe;
     pub mod gen_args;
     pub mod lambda_bench;

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{
-    PlanArgs, bench, cost_cmd, lambda_cmd, lambda_run, publish, run, status_cmd, ui_cmd, ysb,
-};
+use skein::{PlanArgs, bench, cost, lambda_cmd, lambda_run, publish, run, status_cmd, ui_cmd, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -61,7 +59,7 @@ enum Command {
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
-    Cost(cost_cmd::CostArgs),
+    Cost(cost::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
     Gen(publish::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
@@ -103,7 +101,7 @@ async fn cli() -> Result<()> {
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
-        Command::Cost(args) => cost_cmd::cost(args).await,
+        Command::Cost(args) => cost::cost(args).await,
         Command::Gen(args) => publish::gen_command(args).await,
     }
 }

@@ -221,7 +221,7 @@ pub(crate) async fn run_prepared(
         // The reference reads what the run's sources read.
         skein_engine::verify::tap::start(&plan.query_code);
     }
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let ran = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
         bar.set_message(format!("{events} events"));
@@ -233,8 +233,8 @@ pub(crate) async fn run_prepared(
     }
     let mut report: RunReport = ran.context("running the query")?;
     bar.finish_and_clear();
-    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
-    let cost = crate::cost::section(&measured, None, &Default::default())?;
+    let measured = crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before);
+    let cost = crate::cost::report::section(&measured, None, &Default::default())?;
     let signalled = signal.is_some_and(|s| s.is_raised());
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.

@@ -130,7 +130,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         epochs: report.epochs,
         load_avg_1m: load_avg(),
         topic: common.topic.clone(),
-        cost: crate::cost::section(&measured, Some(rate as f64), &Default::default())?,
+        cost: crate::cost::report::section(&measured, Some(rate as f64), &Default::default())?,
     };
     if let Some(file) = &a.plot {
         skein_ysb::plot::latency_plot(file, &found, &report, stopped_ms, rate)?;
@@ -157,7 +157,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
             line.latency_ms_max,
             if line.exact { "exact" } else { "DIFFERENT" }
         );
-        println!("{}", crate::cost::one_line(&line.cost));
+        println!("{}", crate::cost::report::one_line(&line.cost));
     }
     if !line.exact {
         bail!("the Skein run's counts differ from the topic recounted");
