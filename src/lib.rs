@@ -17,14 +17,13 @@ cli_modules! {
     pub mod checkpoint_dir;
     pub mod cost;
     pub mod dataframe;
-    pub mod gen_args;
+    // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
+    pub mod r#gen;
     pub mod lambda_bench;
     pub mod lambda_cmd;
     pub mod lambda_run;
     pub mod measure;
     pub mod nexmark;
-    pub mod publish;
-    mod publish_format;
     pub mod report;
     pub mod run;
     pub mod standing;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{PlanArgs, bench, cost, lambda_cmd, lambda_run, publish, run, status_cmd, ui_cmd, ysb};
+use skein::{PlanArgs, bench, cost, r#gen, lambda_cmd, lambda_run, run, status_cmd, ui_cmd, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -61,7 +61,7 @@ enum Command {
     /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
     Cost(cost::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
-    Gen(publish::GenArgs),
+    Gen(r#gen::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
     #[command(subcommand)]
     Ysb(ysb::YsbCommand),
@@ -102,6 +102,6 @@ async fn cli() -> Result<()> {
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
         Command::Cost(args) => cost::cost(args).await,
-        Command::Gen(args) => publish::gen_command(args).await,
+        Command::Gen(args) => r#gen::gen_command(args).await,
     }
 }

@@ -76,14 +76,14 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         .await
         .context("creating the bench's topic")?;
     let done = Arc::new(AtomicBool::new(false));
-    let gen_args = crate::publish::GenArgs {
-        benchmark: crate::publish::Benchmark::Ysb,
+    let gen_args = crate::r#gen::GenArgs {
+        benchmark: crate::r#gen::Benchmark::Ysb,
         to: format!("kafka://{}/{}", common.brokers, common.topic),
         events: None,
         rate: Some(rate),
         event_rate: None,
         duration: Some(duration),
-        table: crate::publish::NexmarkTable::All,
+        table: crate::r#gen::NexmarkTable::All,
         seed: common.seed,
         partitions: 4,
         in_flight: 4,
@@ -94,7 +94,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
     let load_done = done.clone();
     // The publisher of `skein gen ysb`, beside the query in this process.
     let load = tokio::spawn(async move {
-        let report = crate::publish::publish(&gen_args).await;
+        let report = crate::r#gen::publish(&gen_args).await;
         let stopped_ms = now_ms();
         load_done.store(true, Ordering::Release);
         report.map(|r| (r, stopped_ms, Instant::now()))
