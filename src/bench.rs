@@ -35,7 +35,7 @@ pub enum BenchCommand {
     State(crate::bench_state::StateBenchArgs),
     /// Lambda backend: query launch time and per-hop invocation overhead,
     /// or (--exchange) payloads vs S3 between two functions.
-    Lambda(crate::lambda_bench::BenchLambdaArgs),
+    Lambda(crate::lambda::bench::BenchLambdaArgs),
 }
 
 #[derive(Args, Debug)]
@@ -91,7 +91,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Codec(args) => codec(args).await,
         BenchCommand::Nexmark(args) => nexmark(args).await,
-        BenchCommand::Lambda(args) => crate::lambda_bench::bench(args).await,
+        BenchCommand::Lambda(args) => crate::lambda::bench::bench(args).await,
         BenchCommand::State(args) => crate::bench_state::state(args).await,
     }
 }

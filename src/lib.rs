@@ -19,9 +19,7 @@ cli_modules! {
     pub mod dataframe;
     // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
     pub mod r#gen;
-    pub mod lambda_bench;
-    pub mod lambda_cmd;
-    pub mod lambda_run;
+    pub mod lambda;
     pub mod measure;
     pub mod nexmark;
     pub mod report;

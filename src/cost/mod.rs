@@ -31,7 +31,7 @@ use report::{
 
 use crate::PlanArgs;
 use crate::args::CommonRunArgs;
-use crate::lambda_cmd::{Backend, LambdaArgs};
+use crate::lambda::{Backend, LambdaArgs};
 use crate::registry::registries;
 
 #[derive(Args, Debug)]
@@ -490,7 +490,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         json: true,
         show: 0,
     };
-    let run = crate::lambda_run::run_sql(sql, &common, &args.lambda).await;
+    let run = crate::lambda::run::run_sql(sql, &common, &args.lambda).await;
     let cleaned = clean_up(&scratch, &skein_engine::planner::query_code(sql)).await;
     let (report, run) = run?;
     run.failures()?;

@@ -8,8 +8,8 @@ use anyhow::Result;
 use skein_engine::epochs::Stopped;
 use skein_lambda::run::{LambdaRun, RunRequest};
 
+use super::LambdaArgs;
 use crate::args::{CommonRunArgs, read_sql};
-use crate::lambda_cmd::LambdaArgs;
 use crate::report::{OnLambda, Report};
 
 /// `skein run FILE.sql --backend lambda`: the report, then a failure if

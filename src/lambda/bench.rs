@@ -12,13 +12,12 @@ use skein_engine::epochs::{EpochLog, run_epochs};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::usage::MeteredInvoker;
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
+use skein_lambda::deployment::{Deployment, run_id};
 use skein_lambda::epochs::LambdaEpochs;
 use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
 
+use super::LambdaArgs;
 use crate::PlanArgs;
-use skein_lambda::deployment::{Deployment, run_id};
-
-use crate::lambda_cmd::LambdaArgs;
 
 #[derive(Args, Debug)]
 pub struct BenchLambdaArgs {
