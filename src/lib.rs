@@ -12,15 +12,12 @@ macro_rules! cli_modules {
 cli_modules! {
     pub mod args;
     pub mod bench;
-    mod bench_formats;
-    pub mod bench_state;
     pub mod checkpoint_dir;
     pub mod cost;
     pub mod dataframe;
     // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
     pub mod r#gen;
     pub mod lambda;
-    pub mod measure;
     pub mod nexmark;
     pub mod report;
     pub mod run;

@@ -14,7 +14,7 @@ use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 
-use crate::measure::{EpochSeries, median, plot_file, throughput};
+use super::measure::{EpochSeries, median, plot_file, throughput};
 use crate::registry::registries;
 
 #[derive(Args, Debug, Clone)]
