@@ -12,16 +12,13 @@ macro_rules! cli_modules {
 cli_modules! {
     pub mod args;
     pub mod bench;
-    pub mod checkpoint_dir;
     pub mod cost;
     pub mod dataframe;
     // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
     pub mod r#gen;
     pub mod lambda;
-    pub mod nexmark;
     pub mod report;
     pub mod run;
-    pub mod standing;
     pub mod status_cmd;
     pub mod ui_cmd;
     pub mod ysb;

@@ -74,16 +74,16 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
     }
     let sql = read_sql(Path::new(query))?;
     let mut catalog = registries().catalog;
-    let request = crate::checkpoint_dir::Request {
+    let request = crate::run::checkpoint_dir::Request {
         dir: args.checkpoint_dir.clone(),
         off: false,
     };
-    crate::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
+    crate::run::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
     let plan = plan_sql(&sql, &args.plan, &catalog).await?;
     let dir = args
         .checkpoint_dir
         .clone()
-        .unwrap_or_else(|| Path::new(crate::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
+        .unwrap_or_else(|| Path::new(crate::run::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
     if !dir.join("manifest.json").is_file() {
         bail!(
             "{}: not a checkpoint directory of this query (run it first, or pass --checkpoint-dir)",

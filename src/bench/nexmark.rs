@@ -76,7 +76,7 @@ async fn nexmark_run_seconds(
     args: &NexmarkBenchArgs,
     series: Option<&mut EpochSeries>,
 ) -> Result<(f64, usize, skein_cost::Measured)> {
-    let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, args.sources)?;
+    let sql = crate::run::nexmark_sql(query, args.events, args.rate, args.sources)?;
     let mut regs = registries();
     // Results are counted and dropped: held, an updating query's changelog
     // would grow the process with every epoch and be what its RSS measures.

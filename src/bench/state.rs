@@ -61,7 +61,7 @@ struct Setup {
 }
 
 async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
-    let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, 1)?;
+    let sql = crate::run::nexmark_sql(query, args.events, args.rate, 1)?;
     let mut regs = registries();
     regs.catalog.register_sink(
         skein_engine::sink::COLLECT_KIND,
@@ -78,7 +78,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
-            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
+            Some(crate::run::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
         }
         None => None,
     };

@@ -348,7 +348,7 @@ async fn measure_local(
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let store = crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
+    let store = crate::run::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
     let cpu_before = process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
     let cpu_s = process_cpu_s() - cpu_before;

@@ -61,7 +61,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
     if args.exchange {
         return exchange_bench(args).await;
     }
-    let sql = crate::nexmark::nexmark_sql(args.query, 10_000, 1_000, 2)?;
+    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
     let b = args.lambda.connect().await?;
     let p = PlanArgs {
         group_size: Some(args.group_size),

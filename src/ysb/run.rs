@@ -108,11 +108,11 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         .context("planning queries/ysb.sql")?
         .plan;
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
-    let request = crate::checkpoint_dir::Request {
+    let request = crate::run::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),
         off: false,
     };
-    let held = crate::checkpoint_dir::open(&catalog, &plan, &request)
+    let held = crate::run::checkpoint_dir::open(&catalog, &plan, &request)
         .await?
         .context("the YSB query cannot checkpoint")?;
     held.attach(&runtime, &mut options, a.checkpoint_every);
