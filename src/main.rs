@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{PlanArgs, bench, cost, r#gen, lambda, run, status_cmd, ui_cmd, ysb};
+use skein::{PlanArgs, bench, cost, r#gen, lambda, run, status, ui, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -47,10 +47,10 @@ enum Command {
     Start(lambda::deploy::QueryArgs),
     /// A query's progress (lag, watermark, epochs, state), locally or on
     /// Lambda; without a query, the queries deployed on Lambda.
-    Status(status_cmd::StatusArgs),
+    Status(status::StatusArgs),
     /// A web page of the queries: stage graph, rates, lag, watermarks,
     /// checkpoints and cost (no authentication; binds 127.0.0.1).
-    Ui(ui_cmd::UiArgs),
+    Ui(ui::UiArgs),
     /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
     Package(lambda::deploy::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
@@ -95,8 +95,8 @@ async fn cli() -> Result<()> {
         Command::Destroy(args) => lambda::deploy::destroy(args).await,
         Command::Stop(args) => lambda::deploy::set_running(args, false).await,
         Command::Start(args) => lambda::deploy::set_running(args, true).await,
-        Command::Status(args) => status_cmd::status(args).await,
-        Command::Ui(args) => ui_cmd::ui(args).await,
+        Command::Status(args) => status::status(args).await,
+        Command::Ui(args) => ui::ui(args).await,
         Command::Package(args) => lambda::deploy::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
