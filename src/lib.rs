@@ -2,6 +2,13 @@
 //! Lambda bootstrap share. The registry of source and sink kinds, the drivers
 //! that run a query locally, on Lambda and as YSB, and the reports they print.
 //! `src/main.rs` only parses the command line and calls in here.
+//!
+//! A module per command, named after it: `run/` (`skein run`, `explain`,
+//! `nexmark`), `lambda/` (`deploy`, `destroy`, `stop`, `start`, `package`,
+//! `run --backend lambda`, `bench lambda`), `bench/`, `cost/`, `gen/`,
+//! `ysb/`, `status.rs`, `ui.rs`. What several share: `args.rs` (flags),
+//! `report.rs` (a run's report), `dataframe.rs` (queries built in Rust) and
+//! `registry.rs` (the table kinds, the one module both binaries use).
 
 /// Modules of the `skein` command (the `cli` feature); the Lambda bootstrap
 /// builds without them, and so without the SQL front end.
@@ -12,26 +19,15 @@ macro_rules! cli_modules {
 cli_modules! {
     pub mod args;
     pub mod bench;
-    mod bench_formats;
-    pub mod bench_state;
-    pub mod checkpoint_dir;
     pub mod cost;
-    pub mod cost_cmd;
-    mod cost_sweep;
     pub mod dataframe;
-    pub mod gen_args;
-    pub mod lambda_bench;
-    pub mod lambda_cmd;
-    pub mod lambda_run;
-    pub mod measure;
-    pub mod nexmark;
-    pub mod publish;
-    mod publish_format;
+    // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
+    pub mod r#gen;
+    pub mod lambda;
     pub mod report;
     pub mod run;
-    pub mod standing;
-    pub mod status_cmd;
-    pub mod ui_cmd;
+    pub mod status;
+    pub mod ui;
     pub mod ysb;
 }
 

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{
-    PlanArgs, bench, cost_cmd, lambda_cmd, lambda_run, publish, run, status_cmd, ui_cmd, ysb,
-};
+use skein::{PlanArgs, bench, cost, r#gen, lambda, run, status, ui, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -37,33 +35,33 @@ enum Command {
         #[command(flatten)]
         args: run::RunArgs,
         #[command(flatten)]
-        lambda: lambda_cmd::LambdaArgs,
+        lambda: lambda::LambdaArgs,
     },
     /// Deploy a query's functions to Lambda (--backend lambda).
-    Deploy(lambda_cmd::DeployArgs),
+    Deploy(lambda::deploy::DeployArgs),
     /// Delete every Lambda function of a query (a SQL file or its query code).
-    Destroy(lambda_cmd::DestroyArgs),
+    Destroy(lambda::deploy::DestroyArgs),
     /// Pause a standing query on Lambda: its schedule is disabled, its state kept.
-    Stop(lambda_cmd::QueryArgs),
+    Stop(lambda::deploy::QueryArgs),
     /// Resume a stopped standing query on Lambda.
-    Start(lambda_cmd::QueryArgs),
+    Start(lambda::deploy::QueryArgs),
     /// A query's progress (lag, watermark, epochs, state), locally or on
     /// Lambda; without a query, the queries deployed on Lambda.
-    Status(status_cmd::StatusArgs),
+    Status(status::StatusArgs),
     /// A web page of the queries: stage graph, rates, lag, watermarks,
     /// checkpoints and cost (no authentication; binds 127.0.0.1).
-    Ui(ui_cmd::UiArgs),
+    Ui(ui::UiArgs),
     /// Zip the skein-function binary as a Lambda package (bootstrap.zip).
-    Package(lambda_cmd::PackageArgs),
+    Package(lambda::deploy::PackageArgs),
     /// Run one NEXMark query on the built-in generator.
     Nexmark(run::NexmarkArgs),
     /// Benchmarks that print figures (see docs/benchmarks.md).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Estimate what a standing query costs at a rate: Lambda, a VM, Managed Flink.
-    Cost(cost_cmd::CostArgs),
+    Cost(cost::CostArgs),
     /// Publish NEXMark or YSB events to Kafka or Kinesis.
-    Gen(publish::GenArgs),
+    Gen(r#gen::GenArgs),
     /// The Yahoo Streaming Benchmark: Kafka -> Skein -> Redis, exactly once.
     #[command(subcommand)]
     Ysb(ysb::YsbCommand),
@@ -90,20 +88,20 @@ async fn cli() -> Result<()> {
     match Cli::parse().command {
         Command::Explain { file, plan, json } => run::explain(&file, &plan, json).await,
         Command::Run { args, lambda } => match lambda.backend {
-            lambda_cmd::Backend::Local => run::run(args).await,
-            lambda_cmd::Backend::Lambda => lambda_run::run(&args.file, &args.common, &lambda).await,
+            lambda::Backend::Local => run::run(args).await,
+            lambda::Backend::Lambda => lambda::run::run(&args.file, &args.common, &lambda).await,
         },
-        Command::Deploy(args) => lambda_cmd::deploy(args).await,
-        Command::Destroy(args) => lambda_cmd::destroy(args).await,
-        Command::Stop(args) => lambda_cmd::set_running(args, false).await,
-        Command::Start(args) => lambda_cmd::set_running(args, true).await,
-        Command::Status(args) => status_cmd::status(args).await,
-        Command::Ui(args) => ui_cmd::ui(args).await,
-        Command::Package(args) => lambda_cmd::package(args),
+        Command::Deploy(args) => lambda::deploy::deploy(args).await,
+        Command::Destroy(args) => lambda::deploy::destroy(args).await,
+        Command::Stop(args) => lambda::deploy::set_running(args, false).await,
+        Command::Start(args) => lambda::deploy::set_running(args, true).await,
+        Command::Status(args) => status::status(args).await,
+        Command::Ui(args) => ui::ui(args).await,
+        Command::Package(args) => lambda::deploy::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,
         Command::Bench(cmd) => bench::bench(cmd).await,
         Command::Ysb(cmd) => ysb::ysb(cmd).await,
-        Command::Cost(args) => cost_cmd::cost(args).await,
-        Command::Gen(args) => publish::gen_command(args).await,
+        Command::Cost(args) => cost::cost(args).await,
+        Command::Gen(args) => r#gen::gen_command(args).await,
     }
 }

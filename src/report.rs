@@ -116,7 +116,7 @@ impl Report {
             None => {}
         }
         out.push('\n');
-        out.push_str(&crate::cost::one_line(&self.cost));
+        out.push_str(&crate::cost::report::one_line(&self.cost));
         if self.stopped == Stopped::Signal {
             out.push_str(match self.checkpoint_dir {
                 Some(_) => {

@@ -76,14 +76,14 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         .await
         .context("creating the bench's topic")?;
     let done = Arc::new(AtomicBool::new(false));
-    let gen_args = crate::publish::GenArgs {
-        benchmark: crate::publish::Benchmark::Ysb,
+    let gen_args = crate::r#gen::GenArgs {
+        benchmark: crate::r#gen::Benchmark::Ysb,
         to: format!("kafka://{}/{}", common.brokers, common.topic),
         events: None,
         rate: Some(rate),
         event_rate: None,
         duration: Some(duration),
-        table: crate::publish::NexmarkTable::All,
+        table: crate::r#gen::NexmarkTable::All,
         seed: common.seed,
         partitions: 4,
         in_flight: 4,
@@ -94,7 +94,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
     let load_done = done.clone();
     // The publisher of `skein gen ysb`, beside the query in this process.
     let load = tokio::spawn(async move {
-        let report = crate::publish::publish(&gen_args).await;
+        let report = crate::r#gen::publish(&gen_args).await;
         let stopped_ms = now_ms();
         load_done.store(true, Ordering::Release);
         report.map(|r| (r, stopped_ms, Instant::now()))
@@ -130,7 +130,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         epochs: report.epochs,
         load_avg_1m: load_avg(),
         topic: common.topic.clone(),
-        cost: crate::cost::section(&measured, Some(rate as f64), &Default::default())?,
+        cost: crate::cost::report::section(&measured, Some(rate as f64), &Default::default())?,
     };
     if let Some(file) = &a.plot {
         skein_ysb::plot::latency_plot(file, &found, &report, stopped_ms, rate)?;
@@ -157,7 +157,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
             line.latency_ms_max,
             if line.exact { "exact" } else { "DIFFERENT" }
         );
-        println!("{}", crate::cost::one_line(&line.cost));
+        println!("{}", crate::cost::report::one_line(&line.cost));
     }
     if !line.exact {
         bail!("the Skein run's counts differ from the topic recounted");

@@ -196,7 +196,7 @@ impl YsbArgs {
     /// Where `ysb run` keeps the topic's checkpoints.
     fn checkpoint_dir(&self) -> PathBuf {
         self.checkpoint_dir.clone().unwrap_or_else(|| {
-            std::path::Path::new(crate::checkpoint_dir::DEFAULT_ROOT)
+            std::path::Path::new(crate::run::checkpoint_dir::DEFAULT_ROOT)
                 .join(format!("ysb-{}", self.topic))
         })
     }

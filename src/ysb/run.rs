@@ -32,7 +32,7 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
         resumed,
         measured,
     } = run_query(a).await?;
-    let cost = crate::cost::section(&measured, None, &Default::default())?;
+    let cost = crate::cost::report::section(&measured, None, &Default::default())?;
     if a.common.json {
         println!(
             "{}",
@@ -48,7 +48,7 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
                 "resumed_from": resumed,
                 "resumed_after": report.resumed_after,
                 "functions": report.functions,
-                "cost": crate::cost::to_json(&cost),
+                "cost": crate::cost::report::to_json(&cost),
             })
         );
     } else {
@@ -61,7 +61,7 @@ pub(super) async fn run(a: &YsbRunArgs) -> Result<()> {
             report.elapsed_s,
             report.events_per_s
         );
-        println!("{}", crate::cost::one_line(&cost));
+        println!("{}", crate::cost::report::one_line(&cost));
     }
     Ok(())
 }
@@ -108,11 +108,11 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         .context("planning queries/ysb.sql")?
         .plan;
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
-    let request = crate::checkpoint_dir::Request {
+    let request = crate::run::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),
         off: false,
     };
-    let held = crate::checkpoint_dir::open(&catalog, &plan, &request)
+    let held = crate::run::checkpoint_dir::open(&catalog, &plan, &request)
         .await?
         .context("the YSB query cannot checkpoint")?;
     held.attach(&runtime, &mut options, a.checkpoint_every);
@@ -141,7 +141,7 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         held.store.clone(),
         a.load_done.clone(),
     );
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let report = run_local_drained_by(
         &plan,
         &runtime,
@@ -152,10 +152,10 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     )
     .await
     .context("running queries/ysb.sql")?;
-    let cpu_s = crate::cost::process_cpu_s() - cpu_before;
+    let cpu_s = crate::cost::report::process_cpu_s() - cpu_before;
     let dead_letters = held.store.tally().await?.dead_letters - dead_before;
     Ok(RunOutcome {
-        measured: crate::cost::measured(&report, cpu_s),
+        measured: crate::cost::report::measured(&report, cpu_s),
         report,
         dead_letters,
         unknown_ad_views: UNKNOWN_AD_VIEWS.load(Ordering::Relaxed) - unknown_before,

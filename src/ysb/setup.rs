@@ -10,7 +10,7 @@ use super::{GenerateArgs, YsbArgs};
 /// removed, so that the next `ysb run` starts afresh.
 pub(super) async fn setup(a: &YsbArgs) -> Result<()> {
     let report = skein_ysb::setup::setup(&a.workload()).await?;
-    crate::checkpoint_dir::remove(&a.checkpoint_dir())?;
+    crate::run::checkpoint_dir::remove(&a.checkpoint_dir())?;
     if a.quiet {
         // `bench` prints one line of its own.
     } else if a.json {

@@ -18,7 +18,7 @@ use skein_formats::decode::RecordDecoder;
 use skein_generators::nexmark::{auction_schema, bid_schema, person_schema};
 use skein_generators::ysb::ysb_schema;
 
-use crate::gen_args::{Benchmark, GenArgs, NexmarkTable};
+use super::args::{Benchmark, GenArgs, NexmarkTable};
 
 /// The record format of a `skein gen` run other than JSON.
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@
 //! and `<name>-bid`, or just `<name>` with `--table`.
 //!
 //! `--format` publishes the same events as Avro or Protobuf instead
-//! (`publish_format.rs`).
+//! (`format.rs`); the flags are in `args.rs`.
 //!
 //! With `--rate` the publisher paces itself against the wall clock; the
 //! progress bar shows how far it lags behind that target. Event time starts
@@ -22,6 +22,9 @@
 //! partition in queue order through retries. Kinesis writes to one stream
 //! run one after another, so shards are in order too unless PutRecords
 //! throttles some entries: those are retried after the entries that got in.
+
+mod args;
+mod format;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,9 +42,9 @@ use skein_sinks::kafka::KafkaSink;
 use skein_sinks::kinesis::{KinesisSink, ensure_stream};
 use tokio::task::JoinSet;
 
-use crate::publish_format::{RecordFormat, table_schemas, transcode};
+use format::{RecordFormat, table_schemas, transcode};
 
-pub use crate::gen_args::{Benchmark, GenArgs, NexmarkTable};
+pub use args::{Benchmark, GenArgs, NexmarkTable};
 
 /// Where events go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,5 +498,4 @@ fn event_rate(a: &GenArgs) -> Result<u64> {
 }
 
 #[cfg(test)]
-#[path = "publish_tests.rs"]
 mod tests;

@@ -16,7 +16,7 @@ pub struct UiArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// Where local queries keep their checkpoint directories.
-    #[arg(long, default_value = crate::checkpoint_dir::DEFAULT_ROOT)]
+    #[arg(long, default_value = crate::run::checkpoint_dir::DEFAULT_ROOT)]
     pub checkpoint_root: PathBuf,
     /// The Lambda deployment's store, where standing queries' specs are.
     #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]

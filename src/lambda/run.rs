@@ -8,8 +8,8 @@ use anyhow::Result;
 use skein_engine::epochs::Stopped;
 use skein_lambda::run::{LambdaRun, RunRequest};
 
+use super::LambdaArgs;
 use crate::args::{CommonRunArgs, read_sql};
-use crate::lambda_cmd::LambdaArgs;
 use crate::report::{OnLambda, Report};
 
 /// `skein run FILE.sql --backend lambda`: the report, then a failure if
@@ -45,12 +45,12 @@ pub(crate) async fn run_sql(
 /// functions reported of every invocation (skein_engine::usage).
 fn report(run: &LambdaRun, invoke_async: bool) -> Result<Report> {
     let events = run.epochs.events;
-    let mut cost = crate::cost::section(
-        &crate::cost::measured_on_lambda(events, &run.usage, run.driver_puts),
+    let mut cost = crate::cost::report::section(
+        &crate::cost::report::measured_on_lambda(events, &run.usage, run.driver_puts),
         None,
         &Default::default(),
     )?;
-    cost.measured_on = Some(crate::cost::lambda_note(invoke_async));
+    cost.measured_on = Some(crate::cost::report::lambda_note(invoke_async));
     Ok(Report {
         query: None,
         query_code: run.plan.query_code.clone(),

@@ -1,5 +1,5 @@
 //! `skein status [QUERY] [--json]`: without a query, the queries deployed
-//! on Lambda (`lambda_cmd::status`); with one, its progress from its
+//! on Lambda (`lambda::deploy::status`); with one, its progress from its
 //! checkpoint store and its sources (`skein_engine::status`), locally (a
 //! SQL file and its checkpoint directory) or on Lambda (a query code or
 //! file, its standing spec in the store, the schedule and the lease).
@@ -19,7 +19,7 @@ use skein_lambda::standing;
 
 use crate::PlanArgs;
 use crate::args::read_sql;
-use crate::lambda_cmd::{Backend, query_code_arg};
+use crate::lambda::{Backend, query_code_arg};
 use crate::registry::registries;
 
 #[derive(Args, Debug)]
@@ -43,7 +43,7 @@ pub struct StatusArgs {
 
 pub async fn status(args: StatusArgs) -> Result<()> {
     let Some(query) = &args.query else {
-        return crate::lambda_cmd::status(args.json).await;
+        return crate::lambda::deploy::status(args.json).await;
     };
     let (status, platform) = match args.backend {
         Backend::Local => (local(query, &args).await?, Value::Null),
@@ -74,16 +74,16 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
     }
     let sql = read_sql(Path::new(query))?;
     let mut catalog = registries().catalog;
-    let request = crate::checkpoint_dir::Request {
+    let request = crate::run::checkpoint_dir::Request {
         dir: args.checkpoint_dir.clone(),
         off: false,
     };
-    crate::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
+    crate::run::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
     let plan = plan_sql(&sql, &args.plan, &catalog).await?;
     let dir = args
         .checkpoint_dir
         .clone()
-        .unwrap_or_else(|| Path::new(crate::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
+        .unwrap_or_else(|| Path::new(crate::run::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
     if !dir.join("manifest.json").is_file() {
         bail!(
             "{}: not a checkpoint directory of this query (run it first, or pass --checkpoint-dir)",

@@ -22,7 +22,7 @@ use skein_cost::{CostReport, Measured, ModelOptions, Prices, estimate};
 use skein_engine::checkpoint::PutCounts;
 use skein_engine::epochs::STANDING_CHECKPOINT;
 
-use crate::cost::dollars;
+use super::report::dollars;
 
 /// One in-process run of the query at one epoch interval.
 pub(crate) struct LocalRun {

@@ -16,7 +16,7 @@ use skein_formats::decode::RecordDecoder;
 use skein_formats::protobuf::descriptor_set_for;
 use skein_sinks::encode::RowEncoder;
 
-use crate::measure::median;
+use super::measure::median;
 
 /// One format's decoding figures.
 pub(crate) fn record_formats(batches: &[RecordBatch], repeat: usize) -> Result<serde_json::Value> {

@@ -3,6 +3,12 @@
 //! `--backend lambda`: the epochs run through `skein run --backend
 //! lambda`'s path, checkpointed every epoch to a scratch location that is
 //! deleted afterwards, as are the functions).
+//!
+//! The cost section every report carries is [`report`]; the sweep over
+//! epoch and checkpoint intervals is `sweep.rs`.
+
+pub mod report;
+mod sweep;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,13 +24,14 @@ use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{plan_query, session};
 use skein_lambda::LambdaFunctionService;
 
-use crate::PlanArgs;
-use crate::args::CommonRunArgs;
-use crate::cost::{
+use report::{
     ModelArgs, ONE_VCPU_MB, dollars, lambda_note, measured, positive_rate, process_cpu_s,
     thousands, to_json,
 };
-use crate::lambda_cmd::{Backend, LambdaArgs};
+
+use crate::PlanArgs;
+use crate::args::CommonRunArgs;
+use crate::lambda::{Backend, LambdaArgs};
 use crate::registry::registries;
 
 #[derive(Args, Debug)]
@@ -60,7 +67,7 @@ pub struct CostArgs {
     /// offsets) or kinesis (one object-store write per source member every
     /// epoch).
     #[arg(long, value_enum, default_value = "kafka")]
-    pub input: crate::cost_sweep::Input,
+    pub input: sweep::Input,
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
@@ -170,16 +177,16 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     };
     let model = args.model.options(Some(args.rate));
     let mut sweep = vec![];
-    for interval in crate::cost_sweep::intervals(&args.sweep_intervals)? {
+    for interval in sweep::intervals(&args.sweep_intervals)? {
         if interval == args.interval {
-            sweep.extend(crate::cost_sweep::rows(&run, interval, &prices, &model));
+            sweep.extend(sweep::rows(&run, interval, &prices, &model));
             continue;
         }
         // At least two epochs, each of rate × interval events.
         let seconds = args.seconds.max(2 * interval.as_secs_f64().ceil() as u64);
         let k = skein_engine::epochs::default_checkpoint_interval(true, interval);
         let other = measure_local(&sql, &name, &args, interval, seconds, k).await?;
-        sweep.extend(crate::cost_sweep::rows(&other, interval, &prices, &model));
+        sweep.extend(sweep::rows(&other, interval, &prices, &model));
     }
     let shape = (run.epochs, run.functions, run.query_code.as_str());
     print_cost(
@@ -241,9 +248,9 @@ fn print_cost(
     (epochs, functions, query_code): (u64, usize, &str),
     sized: Option<GroupSizing>,
     local: Option<(
-        &crate::cost_sweep::LocalRun,
+        &sweep::LocalRun,
         u64,
-        Vec<crate::cost_sweep::SweepRow>,
+        Vec<sweep::SweepRow>,
     )>,
 ) -> Result<()> {
     if m.events == 0 {
@@ -304,17 +311,17 @@ fn print_cost(
                 run.puts.states,
                 run.puts.driver,
                 match run.input {
-                    crate::cost_sweep::Input::Kafka => {
+                    sweep::Input::Kafka => {
                         "priced as Kafka input: log entries between commits ride in Kafka's \
                          committed offsets (--input kinesis: one per source member every epoch)"
                     }
-                    crate::cost_sweep::Input::Kinesis => {
+                    sweep::Input::Kinesis => {
                         "priced as Kinesis input: a log entry per source member every epoch"
                     }
                 }
             );
             if !sweep.is_empty() {
-                print!("{}", crate::cost_sweep::table(sweep));
+                print!("{}", sweep::table(sweep));
             }
         }
     }
@@ -331,7 +338,7 @@ async fn measure_local(
     interval: Duration,
     seconds: u64,
     k: u64,
-) -> Result<crate::cost_sweep::LocalRun> {
+) -> Result<sweep::LocalRun> {
     let epochs = ((seconds as f64 / interval.as_secs_f64()).round() as u64).max(1);
     let events = (args.rate * seconds as f64).round().max(1.0) as u64;
     let sql = at_rate(sql, args.rate, events);
@@ -341,7 +348,7 @@ async fn measure_local(
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let scratch = std::env::temp_dir().join(format!("skein-cost-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let store = crate::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
+    let store = crate::run::checkpoint_dir::scratch(&scratch, &plan, &runtime, &mut options, k).await?;
     let cpu_before = process_cpu_s();
     let report = run_local(&plan, &runtime, &options, epochs, |_, _| {}).await;
     let cpu_s = process_cpu_s() - cpu_before;
@@ -350,7 +357,7 @@ async fn measure_local(
     let _ = skein_sinks::blackhole::take(&plan.query_code);
     // Per event of the whole stream the rate is of, also where the query
     // reads only part of it (NEXMark q5 reads the bids).
-    Ok(crate::cost_sweep::LocalRun {
+    Ok(sweep::LocalRun {
         measured: Measured {
             events,
             ..measured(&report, cpu_s)
@@ -483,7 +490,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         json: true,
         show: 0,
     };
-    let run = crate::lambda_run::run_sql(sql, &common, &args.lambda).await;
+    let run = crate::lambda::run::run_sql(sql, &common, &args.lambda).await;
     let cleaned = clean_up(&scratch, &skein_engine::planner::query_code(sql)).await;
     let (report, run) = run?;
     run.failures()?;

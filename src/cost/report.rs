@@ -1,6 +1,6 @@
 //! The cost section every run and benchmark report carries: what a run
 //! measured, priced on Lambda, a VM and Managed Flink (the model and the
-//! prices are skein-cost's); `skein cost` itself is in `cost_cmd.rs`.
+//! prices are skein-cost's); `skein cost` itself is `cost/mod.rs`.
 
 use std::path::PathBuf;
 

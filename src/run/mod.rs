@@ -1,4 +1,11 @@
-//! `skein run`, `skein explain` and `skein nexmark`.
+//! `skein run`, `skein explain` and `skein nexmark`, in-process. Where a
+//! run keeps its durable state is [`checkpoint_dir`], how a standing query
+//! stops on a signal [`standing`], the built-in NEXMark queries [`nexmark`];
+//! `skein run --backend lambda` is `lambda/run.rs`.
+
+pub mod checkpoint_dir;
+pub mod nexmark;
+pub mod standing;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,13 +24,14 @@ use skein_engine::planner::{QueryPlan, plan_query, session};
 use skein_engine::query::{Prepared, prepare};
 use skein_engine::verify::{Comparison, compare, single_process};
 
+use nexmark::nexmark_sql_to;
+
 use crate::PlanArgs;
 use crate::args::read_sql;
-use crate::nexmark::nexmark_sql_to;
 
 // What a caller of `run_report` needs beside it.
 pub use crate::args::CommonRunArgs;
-pub use crate::nexmark::nexmark_sql;
+pub use nexmark::nexmark_sql;
 use crate::registry::{Registries, registries};
 use crate::report::Report;
 
@@ -130,7 +138,7 @@ pub async fn run_report(
     nexmark_query: Option<u32>,
 ) -> Result<(Report, Option<Comparison>)> {
     let mut regs = registries();
-    crate::checkpoint_dir::pin_sources(&mut regs.catalog, sql, &args.checkpoint_request())?;
+    checkpoint_dir::pin_sources(&mut regs.catalog, sql, &args.checkpoint_request())?;
     let opts = args.options();
     let prepared = prepare(&regs.catalog, sql, &opts)
         .await
@@ -156,9 +164,9 @@ pub(crate) async fn run_prepared(
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
-    let held = crate::checkpoint_dir::open(&catalog, &plan, &request).await?;
+    let held = checkpoint_dir::open(&catalog, &plan, &request).await?;
     if held.is_none() {
-        crate::checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
+        checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }
     let files_sink = plan
         .sink
@@ -187,7 +195,7 @@ pub(crate) async fn run_prepared(
                  bound (--epochs, --duration or --until-drained)"
                 );
             }
-            let (stop, signal) = crate::standing::until_signalled(args.interval(&plan)?)?;
+            let (stop, signal) = standing::until_signalled(args.interval(&plan)?)?;
             (stop, Some(signal))
         } else {
             (args.stop(&plan)?, None)
@@ -221,7 +229,7 @@ pub(crate) async fn run_prepared(
         // The reference reads what the run's sources read.
         skein_engine::verify::tap::start(&plan.query_code);
     }
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let ran = run_local_until(&plan, &runtime, &opts, stop, |epoch, events| {
         bar.set_position(epoch + 1);
         bar.set_message(format!("{events} events"));
@@ -233,8 +241,8 @@ pub(crate) async fn run_prepared(
     }
     let mut report: RunReport = ran.context("running the query")?;
     bar.finish_and_clear();
-    let measured = crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before);
-    let cost = crate::cost::section(&measured, None, &Default::default())?;
+    let measured = crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before);
+    let cost = crate::cost::report::section(&measured, None, &Default::default())?;
     let signalled = signal.is_some_and(|s| s.is_raised());
 
     // Rows INSERTed into files can be read back; other sinks keep theirs.

@@ -12,13 +12,12 @@ use skein_engine::epochs::{EpochLog, run_epochs};
 use skein_engine::invoke::{FunctionService, FunctionSpec};
 use skein_engine::usage::MeteredInvoker;
 use skein_lambda::bench_scope::{BENCH_ENV, BenchScope};
+use skein_lambda::deployment::{Deployment, run_id};
 use skein_lambda::epoch_runtime::LambdaEpochs;
 use skein_lambda::{LambdaFunctionService, LambdaInvoker, RUN_ENV, STORE_ENV, ServiceOptions};
 
+use super::LambdaArgs;
 use crate::PlanArgs;
-use skein_lambda::deployment::{Deployment, run_id};
-
-use crate::lambda_cmd::LambdaArgs;
 
 #[derive(Args, Debug)]
 pub struct BenchLambdaArgs {
@@ -62,7 +61,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
     if args.exchange {
         return exchange_bench(args).await;
     }
-    let sql = crate::nexmark::nexmark_sql(args.query, 10_000, 1_000, 2)?;
+    let sql = crate::run::nexmark_sql(args.query, 10_000, 1_000, 2)?;
     let b = args.lambda.connect().await?;
     let p = PlanArgs {
         group_size: Some(args.group_size),
@@ -120,7 +119,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
             "hop_warm_ms_p90": warm[warm.len() * 9 / 10],
             "epochs": args.epochs,
             "events": events,
-            "cost": crate::cost::to_json(&cost),
+            "cost": crate::cost::report::to_json(&cost),
         })
     );
     Ok(())
@@ -144,9 +143,9 @@ async fn priced_run(
     )
     .await
     .context("running the query on Lambda")?;
-    let measured = crate::cost::measured_on_lambda(run.events, &metered.total(), 0);
-    let mut cost = crate::cost::section(&measured, None, &Default::default())?;
-    cost.measured_on = Some(crate::cost::lambda_note(false));
+    let measured = crate::cost::report::measured_on_lambda(run.events, &metered.total(), 0);
+    let mut cost = crate::cost::report::section(&measured, None, &Default::default())?;
+    cost.measured_on = Some(crate::cost::report::lambda_note(false));
     Ok((run.events, cost))
 }
 

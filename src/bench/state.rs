@@ -14,7 +14,7 @@ use skein_engine::driver::run_local;
 use skein_engine::local::LocalRuntime;
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 
-use crate::measure::{EpochSeries, median, plot_file, throughput};
+use super::measure::{EpochSeries, median, plot_file, throughput};
 use crate::registry::registries;
 
 #[derive(Args, Debug, Clone)]
@@ -61,7 +61,7 @@ struct Setup {
 }
 
 async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<Setup> {
-    let sql = crate::nexmark::nexmark_sql(query, args.events, args.rate, 1)?;
+    let sql = crate::run::nexmark_sql(query, args.events, args.rate, 1)?;
     let mut regs = registries();
     regs.catalog.register_sink(
         skein_engine::sink::COLLECT_KIND,
@@ -78,7 +78,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
     let store = match dir {
         Some(dir) => {
-            Some(crate::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
+            Some(crate::run::checkpoint_dir::scratch(dir, &plan, &runtime, &mut options, 1).await?)
         }
         None => None,
     };
@@ -118,7 +118,7 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     let s = setup(query, args, dir.as_deref()).await?;
     let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     let started = std::time::Instant::now();
-    let cpu_before = crate::cost::process_cpu_s();
+    let cpu_before = crate::cost::report::process_cpu_s();
     let mut series = vec![];
     let store = s.store.clone();
     let report = run_local(&s.plan, &s.runtime, &s.options, args.epochs, |_, events| {
@@ -135,7 +135,7 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     // Per event of the whole stream, as the throughput is.
     let measured = skein_cost::Measured {
         events: args.events,
-        ..crate::cost::measured(&report, crate::cost::process_cpu_s() - cpu_before)
+        ..crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before)
     };
     Ok(Run {
         seconds: report.elapsed_s,
@@ -274,7 +274,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
         }
         let (off, on, recovery) = (median(off), median(on), median(recovery));
         let cost = measured
-            .map(|m| crate::cost::section(&m, None, &Default::default()))
+            .map(|m| crate::cost::report::section(&m, None, &Default::default()))
             .transpose()?;
         let events = args.events as f64;
         rows.push(json!({
@@ -286,7 +286,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
             "result_rows": rows_per_setting,
             "recovery_s": recovery,
             // The last checkpointed run priced per million events (docs/cost.md).
-            "cost": cost.as_ref().map(crate::cost::to_json),
+            "cost": cost.as_ref().map(crate::cost::report::to_json),
         }));
         costs.extend(cost.map(|c| (query, c)));
     }
@@ -316,7 +316,7 @@ pub async fn state(args: StateBenchArgs) -> Result<()> {
         );
     }
     for (query, c) in &costs {
-        println!("q{query} checkpointed, {}", crate::cost::one_line(c));
+        println!("q{query} checkpointed, {}", crate::cost::report::one_line(c));
     }
     if let Some(mb) = report["peak_rss_mb"].as_f64() {
         println!(
