@@ -17,7 +17,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use futures::future::join_all;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use skein_engine::sink::{Sink, SinkWrite};
+use skein_engine::sink::{Sink, SinkRows, SinkWrite};
 use skein_sinks::kafka::KafkaSink;
 
 const MEMBERS: u32 = 8;
@@ -57,7 +57,7 @@ async fn write(sink: &KafkaSink, run: &str, run_n: i64, epoch: u64, member: u32)
         epoch,
         member,
         schema: schema(),
-        batches: vec![batch],
+        rows: SinkRows::Append(vec![batch]),
         offsets: vec![],
         last: false,
     })

@@ -194,7 +194,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use skein_engine::payload::SourceOffset;
-    use skein_engine::sink::{Sink, SinkWrite};
+    use skein_engine::sink::{Sink, SinkRows, SinkWrite};
     use std::sync::Arc;
 
     let brokers = common::require_kafka();
@@ -227,7 +227,7 @@ async fn exactly_once_kafka_writes_commit_offsets_and_skip_replays() {
         epoch,
         member,
         schema: schema.clone(),
-        batches: vec![batch(from)],
+        rows: SinkRows::Append(vec![batch(from)]),
         offsets: vec![SourceOffset {
             source: "input".into(),
             partition: member as i32,

@@ -18,7 +18,7 @@ use futures::future::join_all;
 use redis::AsyncCommands;
 use skein_engine::catalog::Catalog;
 use skein_engine::payload::SourceOffset;
-use skein_engine::sink::{Sink, SinkConfig, SinkWrite};
+use skein_engine::sink::{Sink, SinkConfig, SinkRows, SinkWrite};
 use skein_sinks::redis::stored_offsets;
 
 fn ysb_batch(campaign: &str, windows: &[i64], counts: &[i64]) -> RecordBatch {
@@ -90,7 +90,7 @@ async fn ysb_layout_is_exactly_once() {
         epoch,
         member: 0,
         schema: batch.schema(),
-        batches: vec![batch],
+        rows: SinkRows::Append(vec![batch]),
         offsets: offsets(topic, at),
         last: false,
     };
@@ -147,7 +147,7 @@ async fn hash_layout_with_key_template_and_ttl() {
         epoch: 0,
         member: 0,
         schema: batch.schema(),
-        batches: vec![batch],
+        rows: SinkRows::Append(vec![batch]),
         offsets: vec![],
         last: false,
     })
@@ -207,7 +207,7 @@ async fn crash_and_replay(
                     epoch,
                     member,
                     schema: b.schema(),
-                    batches: vec![b],
+                    rows: SinkRows::Append(vec![b]),
                     offsets: vec![],
                     last: false,
                 })

@@ -54,14 +54,110 @@ pub struct SinkWrite<'a> {
     pub epoch: u64,
     /// The stage member writing.
     pub member: u32,
-    /// The schema of the batches.
+    /// The schema of the rows: the table's, never with the op column.
     pub schema: SchemaRef,
-    /// The rows.
-    pub batches: Vec<RecordBatch>,
+    /// The rows: appended, or an updating result's changes.
+    pub rows: SinkRows,
     /// Source offsets read up to, for sinks that store them with the rows.
     pub offsets: Vec<SourceOffset>,
     /// The run's last epoch.
     pub last: bool,
+}
+
+/// The rows of one write. A result that only grows hands over rows to
+/// append; an updating result hands over its changes, which a sink applies
+/// as retractions first, then inserts (an update of a key is the
+/// retraction of its old row and its new row).
+#[derive(Debug, Clone)]
+pub enum SinkRows {
+    /// Rows added to the result.
+    Append(Vec<RecordBatch>),
+    /// Changes of the result: rows taken back, and rows added. A row in
+    /// both (taken back and added again within the write) is neither.
+    Changes {
+        /// Rows taken back.
+        retract: Vec<RecordBatch>,
+        /// Rows added.
+        insert: Vec<RecordBatch>,
+    },
+}
+
+impl SinkRows {
+    /// The rows of batches of `schema` as a stage emits them: a changelog
+    /// (the op column last) is split by kind once, here, and what it takes
+    /// back and adds again within the write cancels out.
+    pub fn from_stage(schema: &SchemaRef, batches: Vec<RecordBatch>) -> Result<(SchemaRef, Self)> {
+        if !crate::changelog::is_changelog(schema) {
+            return Ok((schema.clone(), SinkRows::Append(batches)));
+        }
+        let plain = crate::changelog::without_op(schema);
+        let (mut retract, mut insert) = (vec![], vec![]);
+        for b in batches.iter().filter(|b| b.num_rows() > 0) {
+            let (r, i) = crate::changelog::split(b)?;
+            retract.push(r);
+            insert.push(i);
+        }
+        let rows = |bs: &[RecordBatch]| bs.iter().map(|b| b.num_rows()).sum::<usize>();
+        if rows(&retract) == 0 || rows(&insert) == 0 {
+            return Ok((plain, SinkRows::Changes { retract, insert }));
+        }
+        let encoder = crate::changelog::row_key::RowEncoder::whole(&plain)?;
+        let r = datafusion::arrow::compute::concat_batches(&plain, &retract)?;
+        let i = datafusion::arrow::compute::concat_batches(&plain, &insert)?;
+        let (r, i) = crate::changelog::diff(&encoder, &r, &i)?;
+        let changes = SinkRows::Changes {
+            retract: vec![r],
+            insert: vec![i],
+        };
+        Ok((plain, changes))
+    }
+
+    /// Whether these are an updating result's changes.
+    pub fn updates(&self) -> bool {
+        matches!(self, SinkRows::Changes { .. })
+    }
+
+    /// Rows in the write.
+    pub fn num_rows(&self) -> usize {
+        let count = |bs: &[RecordBatch]| bs.iter().map(|b| b.num_rows()).sum::<usize>();
+        match self {
+            SinkRows::Append(b) => count(b),
+            SinkRows::Changes { retract, insert } => count(retract) + count(insert),
+        }
+    }
+
+    /// Whether the write has no row.
+    pub fn is_empty(&self) -> bool {
+        self.num_rows() == 0
+    }
+
+    /// `(retractions, inserts)`: appended rows are all inserts.
+    pub fn by_kind(&self) -> (&[RecordBatch], &[RecordBatch]) {
+        match self {
+            SinkRows::Append(b) => (&[], b),
+            SinkRows::Changes { retract, insert } => (retract, insert),
+        }
+    }
+
+    /// Every row as one stream of batches, for a sink that keeps a
+    /// changelog as it is (a file of results): appended rows as they are,
+    /// changes tagged with the op column, retractions first.
+    pub fn tagged(&self) -> Result<Vec<RecordBatch>> {
+        match self {
+            SinkRows::Append(b) => Ok(b.clone()),
+            SinkRows::Changes { retract, insert } => {
+                let tag = |bs: &[RecordBatch], op| {
+                    bs.iter()
+                        .filter(|b| b.num_rows() > 0)
+                        .map(|b| crate::changelog::tag(b, op))
+                        .collect::<Result<Vec<_>>>()
+                };
+                let mut out = tag(retract, crate::changelog::RETRACT)?;
+                out.extend(tag(insert, crate::changelog::INSERT)?);
+                Ok(out)
+            }
+        }
+    }
 }
 
 /// Where a query's results go; connectors implement it.
@@ -239,7 +335,8 @@ impl CollectSink {
 impl Sink for CollectSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
         let batches: Vec<RecordBatch> = write
-            .batches
+            .rows
+            .tagged()?
             .into_iter()
             .filter(|b| b.num_rows() > 0)
             .collect();

@@ -34,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use datafusion::arrow::array::{BinaryBuilder, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use indicatif::{ProgressBar, ProgressStyle};
-use skein_engine::sink::{Sink, SinkWrite};
+use skein_engine::sink::{Sink, SinkRows, SinkWrite};
 use skein_generators::nexmark::{EventKind, JsonLayout, NexmarkConfig, NexmarkGenerator};
 use skein_generators::ysb::{YsbConfig, YsbGenerator};
 use skein_sinks::kafka::Acks;
@@ -169,7 +169,7 @@ impl Publisher {
                     epoch: 0,
                     member: 0,
                     schema,
-                    batches: vec![batch],
+                    rows: SinkRows::Append(vec![batch]),
                     offsets: vec![],
                     last: false,
                 })

@@ -27,7 +27,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMillisecondType};
 use skein_engine::catalog::{Catalog, TableOptions};
 use skein_engine::error::{EngineError, Result as EngineResult};
-use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkRows, SinkWrite};
 use skein_sinks::error::{ConnectorError, Result};
 use skein_sinks::redis::{RETRY_OPTION, RedisLayout, RedisSink, RedisSinkOptions};
 
@@ -98,7 +98,12 @@ impl YsbLayout {
             column(&self.count_column)?,
         );
         let mut counts = BTreeMap::new();
-        for batch in &write.batches {
+        let SinkRows::Append(rows) = &write.rows else {
+            return Err(ConnectorError::Config(
+                "the YSB_REDIS sink adds counts up and takes no updating result".into(),
+            ));
+        };
+        for batch in rows {
             let keys = cast(batch.column(k), &DataType::Utf8)?;
             let keys = keys.as_string::<i32>();
             let windows = cast(

@@ -13,7 +13,7 @@ use crate::context::{NextHop, function_name};
 use crate::error::Result;
 use crate::invoke::{InvocationType, invoke_counting_retries};
 use crate::payload::{ASYNC_PAYLOAD_LIMIT, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads};
-use crate::sink::SinkWrite;
+use crate::sink::{SinkConfig, SinkRows, SinkWrite};
 
 impl StageFunction {
     /// Execute the bound plan and send its output on.
@@ -58,34 +58,8 @@ impl StageFunction {
         };
         match &output.next {
             NextHop::Sink(config) => {
-                let out = self.sink.as_ref().expect("sink stage has a sink");
-                let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
-                let rows = batches.iter().map(|b| b.num_rows()).sum();
-                let written = self
-                    .watched_sink_write(out, || {
-                        out.sink.write(SinkWrite {
-                            query: &self.ctx.query_code,
-                            run: &self.ctx.run,
-                            epoch: header.epoch,
-                            member: self.ctx.member,
-                            schema: schema.clone(),
-                            batches: batches.clone(),
-                            offsets: header.offsets.clone(),
-                            last: header.last,
-                        })
-                    })
-                    .await;
-                crate::metrics::sink_write(&config.kind, rows, written.is_ok());
-                if written.is_ok() {
-                    crate::crash_point::after_sink_write(header.epoch, rows);
-                }
-                if let Err(e) = &written {
-                    self.tally.count(|t| t.sink_errors += 1);
-                    let text = crate::error::one_line(e);
-                    self.tally
-                        .measure(|l| l.reason("sink error", &config.kind, text));
-                }
-                written
+                let batches = parts.into_iter().flatten().collect();
+                self.write_sink(config, &header, &schema, batches).await
             }
             NextHop::Single { stage } => {
                 let batches: Vec<RecordBatch> = parts.into_iter().flatten().collect();
@@ -107,6 +81,45 @@ impl StageFunction {
                 .map(|_| ())
             }
         }
+    }
+
+    /// Write one epoch's rows to the sink, typed once (appended rows or
+    /// changes), watched and counted.
+    async fn write_sink(
+        &self,
+        config: &SinkConfig,
+        header: &PayloadHeader,
+        schema: &SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<()> {
+        let out = self.sink.as_ref().expect("sink stage has a sink");
+        let (schema, rows) = SinkRows::from_stage(schema, batches)?;
+        let n = rows.num_rows();
+        let written = self
+            .watched_sink_write(out, || {
+                out.sink.write(SinkWrite {
+                    query: &self.ctx.query_code,
+                    run: &self.ctx.run,
+                    epoch: header.epoch,
+                    member: self.ctx.member,
+                    schema: schema.clone(),
+                    rows: rows.clone(),
+                    offsets: header.offsets.clone(),
+                    last: header.last,
+                })
+            })
+            .await;
+        crate::metrics::sink_write(&config.kind, n, written.is_ok());
+        if written.is_ok() {
+            crate::crash_point::after_sink_write(header.epoch, n);
+        }
+        if let Err(e) = &written {
+            self.tally.count(|t| t.sink_errors += 1);
+            let text = crate::error::one_line(e);
+            self.tally
+                .measure(|l| l.reason("sink error", &config.kind, text));
+        }
+        written
     }
 
     async fn send(

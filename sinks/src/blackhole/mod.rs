@@ -114,7 +114,8 @@ struct BlackholeSink;
 #[async_trait]
 impl Sink for BlackholeSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
-        let nonempty = write.batches.iter().filter(|b| b.num_rows() > 0);
+        let (retract, insert) = write.rows.by_kind();
+        let nonempty = retract.iter().chain(insert).filter(|b| b.num_rows() > 0);
         let discarded = Discarded {
             rows: nonempty.clone().map(|b| b.num_rows() as u64).sum(),
             batches: nonempty.count() as u64,
@@ -140,6 +141,7 @@ impl Sink for BlackholeSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skein_engine::sink::SinkRows;
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
@@ -171,7 +173,7 @@ mod tests {
             epoch,
             member,
             schema: batch(0).schema(),
-            batches,
+            rows: SinkRows::Append(batches),
             offsets: vec![],
             last: false,
         })

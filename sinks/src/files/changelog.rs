@@ -8,7 +8,7 @@ use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use skein_engine::Result;
-use skein_engine::sink::SinkConfig;
+use skein_engine::sink::{SinkConfig, SinkRows};
 
 use super::bad;
 
@@ -28,27 +28,19 @@ pub fn op_column(config: &SinkConfig) -> Option<String> {
         .filter(|c| !c.is_empty())
 }
 
-/// `batch` as written to a changelog table: the engine's op column (or,
-/// for rows that are all new, none) becomes `name` with `insert`/`delete`.
-pub(super) fn with_op_text(batch: &RecordBatch, name: &str) -> Result<RecordBatch> {
+/// A write's rows as written to a changelog table: one batch with the
+/// column `name` holding `delete` for each row taken back (first) and
+/// `insert` for each row added.
+pub(super) fn with_op_text(schema: &SchemaRef, rows: &SinkRows, name: &str) -> Result<RecordBatch> {
     use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::compute::concat_batches;
     use datafusion::arrow::datatypes::{Field, Schema};
-    use skein_engine::changelog;
-    let (plain, ops): (RecordBatch, Vec<&str>) = if changelog::is_changelog(&batch.schema()) {
-        let ops = changelog::ops(batch)?
-            .iter()
-            .map(|o| {
-                if o == Some(changelog::RETRACT) {
-                    OP_DELETE
-                } else {
-                    OP_INSERT
-                }
-            })
-            .collect();
-        (changelog::strip(batch)?, ops)
-    } else {
-        (batch.clone(), vec![OP_INSERT; batch.num_rows()])
-    };
+    let (retract, insert) = rows.by_kind();
+    let count = |bs: &[RecordBatch]| bs.iter().map(|b| b.num_rows()).sum::<usize>();
+    let mut ops = vec![OP_DELETE; count(retract)];
+    ops.extend(vec![OP_INSERT; count(insert)]);
+    let all: Vec<&RecordBatch> = retract.iter().chain(insert).collect();
+    let plain = concat_batches(schema, all)?;
     let mut fields: Vec<_> = plain.schema().fields().iter().cloned().collect();
     fields.push(Arc::new(Field::new(name, DataType::Utf8, false)));
     let mut columns = plain.columns().to_vec();

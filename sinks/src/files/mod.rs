@@ -32,7 +32,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
-use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkRows, SinkWrite};
 use skein_engine::{EngineError, Result};
 
 mod changelog;
@@ -244,22 +244,19 @@ fn path_safe(v: &str) -> String {
 #[async_trait]
 impl Sink for FilesSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
-        let batches: Vec<&RecordBatch> =
-            write.batches.iter().filter(|b| b.num_rows() > 0).collect();
-        if batches.is_empty() {
+        if write.rows.is_empty() {
             return Ok(());
         }
-        let mut all = concat_batches(&write.schema, batches)?;
-        match &self.op_column {
-            Some(name) => all = with_op_text(&all, name)?,
-            None if skein_engine::changelog::is_changelog(&write.schema) => {
+        let all = match (&self.op_column, &write.rows) {
+            (Some(name), rows) => with_op_text(&write.schema, rows, name)?,
+            (None, SinkRows::Append(rows)) => concat_batches(&write.schema, rows)?,
+            (None, SinkRows::Changes { .. }) => {
                 return Err(bad(
                     &self.location,
                     format!("an updating result needs '{OP_COLUMN_OPTION}' on a FILES table"),
                 ));
             }
-            None => {}
-        }
+        };
         let mut written = vec![];
         for (dir, part) in self.partitions(&all)? {
             let name = format!(
@@ -364,7 +361,7 @@ mod tests {
                 epoch: 3,
                 member,
                 schema: b.schema(),
-                batches: vec![b.clone()],
+                rows: SinkRows::Append(vec![b.clone()]),
                 offsets: vec![],
                 last: true,
             })
@@ -426,7 +423,7 @@ mod tests {
             epoch,
             member: 2,
             schema: b.schema(),
-            batches: vec![b.clone()],
+            rows: SinkRows::Append(vec![b.clone()]),
             offsets: vec![],
             last: false,
         };

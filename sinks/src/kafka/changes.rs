@@ -12,8 +12,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::changelog;
+use skein_engine::sink::SinkRows;
 
 use crate::encode::{RowEncoder, ValueFormat, debezium_event, json_rows};
 use crate::error::{ConnectorError, Result};
@@ -37,27 +39,36 @@ pub fn takes_updates(encoder: &RowEncoder) -> std::result::Result<(), String> {
     }
 }
 
-/// The messages of `batches`, in order.
-pub fn messages(encoder: &RowEncoder, batches: &[RecordBatch]) -> Result<Vec<Message>> {
-    let batches: Vec<&RecordBatch> = batches.iter().filter(|b| b.num_rows() > 0).collect();
+/// The messages of a write, in order: appended rows one each; changes as
+/// upserts by key or as Debezium events.
+pub fn messages(encoder: &RowEncoder, rows: &SinkRows) -> Result<Vec<Message>> {
+    let (retract, insert) = rows.by_kind();
+    let nonempty = |bs: &[RecordBatch]| -> Vec<RecordBatch> {
+        bs.iter().filter(|b| b.num_rows() > 0).cloned().collect()
+    };
+    let (retract, insert) = (nonempty(retract), nonempty(insert));
     if matches!(encoder.format(), ValueFormat::DebeziumJson) {
         // A key's retraction and its new row may come in different batches
         // of one write: the events pair them across the whole write.
-        return debezium(encoder, &batches);
+        return debezium(encoder, &retract, &insert);
     }
-    let mut out = vec![];
-    for batch in batches {
-        if !changelog::is_changelog(&batch.schema()) {
+    if !rows.updates() {
+        let mut out = vec![];
+        for batch in &insert {
             out.extend(encoder.encode(batch)?.into_iter().map(|r| Message {
                 key: r.key,
                 value: Some(r.value),
             }));
-            continue;
         }
-        let (retract, insert) = changelog::split(batch)?;
-        out.extend(upserts(encoder, &retract, &insert)?);
+        return Ok(out);
     }
-    Ok(out)
+    let schema = match insert.first().or(retract.first()) {
+        Some(b) => b.schema(),
+        None => return Ok(vec![]),
+    };
+    let retract = concat_batches(&schema, &retract)?;
+    let insert = concat_batches(&schema, &insert)?;
+    upserts(encoder, &retract, &insert)
 }
 
 fn upserts(
@@ -85,7 +96,11 @@ fn upserts(
     Ok(out)
 }
 
-fn debezium(encoder: &RowEncoder, batches: &[&RecordBatch]) -> Result<Vec<Message>> {
+fn debezium(
+    encoder: &RowEncoder,
+    retract: &[RecordBatch],
+    insert: &[RecordBatch],
+) -> Result<Vec<Message>> {
     let keyed = encoder.key_column().is_some();
     // Each event at the place of its first row; a retraction's place stays
     // empty until its key's new row (an update) or the write's end (a delete).
@@ -97,16 +112,14 @@ fn debezium(encoder: &RowEncoder, batches: &[&RecordBatch]) -> Result<Vec<Messag
             value: Some(debezium_event(before, after, op)),
         })
     };
-    for batch in batches {
-        let plain = changelog::strip(batch)?;
-        let ops: Vec<i8> = if changelog::is_changelog(&batch.schema()) {
-            changelog::ops(batch)?.values().to_vec()
-        } else {
-            vec![changelog::INSERT; batch.num_rows()]
-        };
-        let rows = json_rows(&plain)?;
-        let keys = encoder.keys(&plain)?;
-        for ((op, row), key) in ops.into_iter().zip(rows).zip(keys) {
+    let kinds = retract
+        .iter()
+        .map(|b| (changelog::RETRACT, b))
+        .chain(insert.iter().map(|b| (changelog::INSERT, b)));
+    for (op, batch) in kinds {
+        let rows = json_rows(batch)?;
+        let keys = encoder.keys(batch)?;
+        for (row, key) in rows.into_iter().zip(keys) {
             match (op, key) {
                 (changelog::RETRACT, Some(k)) if keyed => {
                     if let Some((at, before)) = retracted.insert(k.clone(), (out.len(), row)) {
@@ -151,6 +164,13 @@ mod tests {
         changelog::tag_each(&b, Int8Array::from(ops.to_vec())).unwrap()
     }
 
+    /// Tagged batches as the engine hands them to a sink.
+    fn rows(batches: Vec<RecordBatch>) -> SinkRows {
+        SinkRows::from_stage(&batches[0].schema(), batches)
+            .unwrap()
+            .1
+    }
+
     fn encoder(format: &str, key: Option<&str>) -> RowEncoder {
         let mut o = std::collections::BTreeMap::new();
         o.insert("format".to_string(), format.to_string());
@@ -164,7 +184,7 @@ mod tests {
     fn upserts_write_the_new_row_and_a_tombstone_only_for_a_deleted_key() {
         // a: 1 -> 2 (an update); b deleted; c created.
         let batch = changes(&["a", "b", "a", "c"], &[1, 5, 2, 3], &[-1, -1, 1, 1]);
-        let m = messages(&encoder("json", Some("k")), &[batch]).unwrap();
+        let m = messages(&encoder("json", Some("k")), &rows(vec![batch])).unwrap();
         assert_eq!(m.len(), 3);
         assert_eq!(
             m[0],
@@ -181,7 +201,7 @@ mod tests {
     #[test]
     fn debezium_events_pair_an_update_by_key() {
         let batch = changes(&["a", "b", "a", "c"], &[1, 5, 2, 3], &[-1, -1, 1, 1]);
-        let m = messages(&encoder("debezium-json", Some("k")), &[batch]).unwrap();
+        let m = messages(&encoder("debezium-json", Some("k")), &rows(vec![batch])).unwrap();
         let ops: Vec<serde_json::Value> = m
             .iter()
             .map(|m| serde_json::from_slice(m.value.as_ref().unwrap()).unwrap())
@@ -201,7 +221,11 @@ mod tests {
     fn debezium_pairs_a_retraction_and_its_new_row_across_the_batches_of_a_write() {
         let retract = changes(&["a", "b"], &[1, 5], &[-1, -1]);
         let insert = changes(&["b", "a"], &[6, 2], &[1, 1]);
-        let m = messages(&encoder("debezium-json", Some("k")), &[retract, insert]).unwrap();
+        let m = messages(
+            &encoder("debezium-json", Some("k")),
+            &rows(vec![retract, insert]),
+        )
+        .unwrap();
         let events: Vec<serde_json::Value> = m
             .iter()
             .map(|m| serde_json::from_slice(m.value.as_ref().unwrap()).unwrap())

@@ -92,7 +92,7 @@ impl ExactlyOnce {
                 .collect(),
             None => vec![],
         };
-        if records.is_empty() && write.batches.iter().all(|b| b.num_rows() == 0) {
+        if records.is_empty() && write.rows.is_empty() {
             // Nothing to make atomic: a replay of it writes nothing either.
             return Ok(());
         }
@@ -106,7 +106,7 @@ impl ExactlyOnce {
             .begin_transaction()
             .map_err(|e| sink_error(topic, ConnectorError::kafka("begin_transaction", e)))?;
         let outcome = async {
-            send_rows(&producer, topic, &sink.encoder, &write.batches).await?;
+            send_rows(&producer, topic, &sink.encoder, &write.rows).await?;
             let mut pending = vec![];
             for (key, value) in &records {
                 let record = FutureRecord::to(&self.offsets_topic)

@@ -46,7 +46,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
-use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkRows, SinkWrite};
 use skein_engine::{EngineError, Result};
 
 use crate::encode::{ENCODER_OPTIONS, RowEncoder};
@@ -221,9 +221,9 @@ async fn send_rows(
     producer: &Producer,
     topic: &str,
     encoder: &RowEncoder,
-    batches: &[datafusion::arrow::record_batch::RecordBatch],
+    rows: &SinkRows,
 ) -> Result<()> {
-    let pending = enqueue_rows(producer, topic, encoder, batches).await?;
+    let pending = enqueue_rows(producer, topic, encoder, rows).await?;
     await_deliveries(topic, pending).await
 }
 
@@ -235,10 +235,10 @@ async fn enqueue_rows(
     producer: &Producer,
     topic: &str,
     encoder: &RowEncoder,
-    batches: &[datafusion::arrow::record_batch::RecordBatch],
+    rows: &SinkRows,
 ) -> Result<Vec<rdkafka::producer::DeliveryFuture>> {
     let mut pending = Vec::new();
-    let messages = changes::messages(encoder, batches).map_err(|e| sink_error(topic, e))?;
+    let messages = changes::messages(encoder, rows).map_err(|e| sink_error(topic, e))?;
     {
         for row in messages {
             let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic);
@@ -300,7 +300,13 @@ impl KafkaSink {
         };
         Ok(Acks {
             topic: self.topic.clone(),
-            pending: enqueue_rows(producer, &self.topic, &self.encoder, batches).await?,
+            pending: enqueue_rows(
+                producer,
+                &self.topic,
+                &self.encoder,
+                &SinkRows::Append(batches.to_vec()),
+            )
+            .await?,
         })
     }
 }
@@ -374,7 +380,7 @@ impl Sink for KafkaSink {
             Delivery::ExactlyOnce(eo) => eo.write(self, &write).await,
             Delivery::AtLeastOnce(producer, context) => {
                 let _reporting = context.during_write();
-                send_rows(producer, &self.topic, &self.encoder, &write.batches).await
+                send_rows(producer, &self.topic, &self.encoder, &write.rows).await
             }
         }
     }

@@ -25,7 +25,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use skein_engine::backoff::Backoff;
 use skein_engine::catalog::TableOptions;
 use skein_engine::error::Cause;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkRows, SinkWrite};
 use skein_engine::{EngineError, Result};
 use tokio::sync::OnceCell;
 
@@ -326,7 +326,13 @@ pub fn put_records_chunks(records: Vec<KinesisRecord>) -> Vec<Vec<KinesisRecord>
 #[async_trait]
 impl Sink for KinesisSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
-        let records = self.records(&write.batches)?;
+        let SinkRows::Append(rows) = &write.rows else {
+            return Err(sink_error(
+                &self.stream,
+                "a KINESIS table only appends rows, and this write holds an updating result's changes",
+            ));
+        };
+        let records = self.records(rows)?;
         self.put(records).await?;
         Ok(())
     }

@@ -7,8 +7,7 @@
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use skein_engine::changelog;
-use skein_engine::sink::{SinkConfig, SinkWrite};
+use skein_engine::sink::{SinkConfig, SinkRows, SinkWrite};
 
 use crate::error::{ConnectorError, Result};
 
@@ -115,10 +114,12 @@ impl RedisLayout for KeyedLayout {
         ttl_seconds: Option<i64>,
         pipe: &mut redis::Pipeline,
     ) -> Result<()> {
-        if changelog::is_changelog(&write.schema) {
-            return self.add_changes(write, ttl_seconds, pipe);
+        match &write.rows {
+            SinkRows::Append(rows) => self.add_rows(&write.schema, rows, ttl_seconds, pipe),
+            SinkRows::Changes { retract, insert } => {
+                self.add_changes(&write.schema, retract, insert, ttl_seconds, pipe)
+            }
         }
-        self.add_rows(&write.schema, &write.batches, ttl_seconds, pipe)
     }
 }
 
@@ -128,27 +129,30 @@ impl KeyedLayout {
     /// the new row and a deletion leaves nothing.
     fn add_changes(
         &self,
-        write: &SinkWrite<'_>,
+        schema: &SchemaRef,
+        retract: &[RecordBatch],
+        insert: &[RecordBatch],
         ttl_seconds: Option<i64>,
         pipe: &mut redis::Pipeline,
     ) -> Result<()> {
-        let schema = changelog::without_op(&write.schema);
-        let template = KeyTemplate::parse(&self.key_template, &schema)?;
-        let mut inserts = vec![];
+        if matches!(self.layout, Layout::List { .. }) {
+            return Err(ConnectorError::Config(
+                "layout 'list' only appends; an updating result needs 'hash' or 'string'".into(),
+            ));
+        }
+        let template = KeyTemplate::parse(&self.key_template, schema)?;
         let options = FormatOptions::default();
-        for batch in &write.batches {
-            let (retract, insert) = changelog::split(batch)?;
-            let formatters: Vec<ArrayFormatter<'_>> = retract
+        for batch in retract {
+            let formatters: Vec<ArrayFormatter<'_>> = batch
                 .columns()
                 .iter()
                 .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
                 .collect::<std::result::Result<_, _>>()?;
-            for row in 0..retract.num_rows() {
+            for row in 0..batch.num_rows() {
                 pipe.del(template.render(&formatters, row)).ignore();
             }
-            inserts.push(insert);
         }
-        self.add_rows(&schema, &inserts, ttl_seconds, pipe)
+        self.add_rows(schema, insert, ttl_seconds, pipe)
     }
 
     fn add_rows(

@@ -227,7 +227,7 @@ impl RedisSink {
         }
         let okey = offsets_key(self.config.checkpoint.as_deref().unwrap_or("default"));
         let offsets = latest_offsets(&write.offsets);
-        if offsets.is_empty() && write.batches.iter().all(|b| b.num_rows() == 0) {
+        if offsets.is_empty() && write.rows.is_empty() {
             // Nothing to make atomic: a replay of it writes nothing either.
             return Ok(());
         }

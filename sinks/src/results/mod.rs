@@ -111,8 +111,13 @@ impl Sink for ResultsSink {
     async fn write(&self, write: SinkWrite<'_>) -> Result<()> {
         let mut bytes = vec![];
         {
-            let mut w = StreamWriter::try_new(&mut bytes, &write.schema)?;
-            for b in write.batches.iter().filter(|b| b.num_rows() > 0) {
+            // A changelog is kept as one, tagged: reading back adds it up.
+            let schema = match write.rows.updates() {
+                true => skein_engine::changelog::with_op(&write.schema),
+                false => write.schema.clone(),
+            };
+            let mut w = StreamWriter::try_new(&mut bytes, &schema)?;
+            for b in write.rows.tagged()?.iter().filter(|b| b.num_rows() > 0) {
                 w.write(b)?;
             }
             w.finish()?;
@@ -173,6 +178,7 @@ pub async fn clear(location: &str, query: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skein_engine::sink::SinkRows;
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
@@ -195,7 +201,7 @@ mod tests {
                     epoch: 0,
                     member,
                     schema: schema.clone(),
-                    batches: vec![batch.clone()],
+                    rows: SinkRows::Append(vec![batch.clone()]),
                     offsets: vec![],
                     last: true,
                 };

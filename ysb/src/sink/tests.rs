@@ -80,7 +80,7 @@ fn write_of(batch: &RecordBatch) -> SinkWrite<'_> {
         epoch: 0,
         member: 0,
         schema: batch.schema(),
-        batches: vec![batch.clone()],
+        rows: SinkRows::Append(vec![batch.clone()]),
         offsets: vec![],
         last: false,
     }
