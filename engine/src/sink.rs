@@ -349,3 +349,69 @@ impl Sink for CollectSink {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int8Array, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    fn tagged(keys: &[&str], values: &[i64], ops: &[i8]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(keys.to_vec())),
+                Arc::new(Int64Array::from(values.to_vec())),
+            ],
+        )
+        .unwrap();
+        crate::changelog::tag_each(&b, Int8Array::from(ops.to_vec())).unwrap()
+    }
+
+    fn keys(batches: &[RecordBatch]) -> Vec<(String, i64)> {
+        let mut out = vec![];
+        for b in batches {
+            let k = b.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            let n = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+            for i in 0..b.num_rows() {
+                out.push((k.value(i).to_string(), n.value(i)));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_write_splits_a_changelog_once_and_what_it_takes_back_and_adds_again_cancels() {
+        // a: created and deleted within the write (a CDC topic's c then d);
+        // b: 1 -> 2; c: deleted; d: created.
+        let first = tagged(&["a", "b", "c"], &[7, 1, 3], &[1, -1, -1]);
+        let second = tagged(&["a", "b", "d"], &[7, 2, 4], &[-1, 1, 1]);
+        let schema = first.schema();
+        let (plain, rows) = SinkRows::from_stage(&schema, vec![first, second]).unwrap();
+        assert!(!crate::changelog::is_changelog(&plain));
+        let (retract, insert) = rows.by_kind();
+        assert_eq!(keys(retract), [("b".into(), 1), ("c".into(), 3)]);
+        assert_eq!(keys(insert), [("b".into(), 2), ("d".into(), 4)]);
+        assert_eq!(rows.num_rows(), 4);
+        let tagged = rows.tagged().unwrap();
+        assert!(
+            tagged
+                .iter()
+                .all(|b| crate::changelog::is_changelog(&b.schema()))
+        );
+    }
+
+    #[test]
+    fn rows_without_the_op_column_are_appended_as_they_are() {
+        let b = crate::changelog::strip(&tagged(&["a"], &[1], &[1])).unwrap();
+        let (plain, rows) = SinkRows::from_stage(&b.schema(), vec![b.clone()]).unwrap();
+        assert_eq!(plain, b.schema());
+        assert!(!rows.updates());
+        assert_eq!(keys(rows.by_kind().1), [("a".into(), 1)]);
+    }
+}

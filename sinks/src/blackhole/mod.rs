@@ -141,9 +141,9 @@ impl Sink for BlackholeSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skein_engine::sink::SinkRows;
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use skein_engine::sink::SinkRows;
 
     fn config(options: &[(&str, &str)]) -> SinkConfig {
         SinkConfig {

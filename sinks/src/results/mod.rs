@@ -178,9 +178,9 @@ pub async fn clear(location: &str, query: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skein_engine::sink::SinkRows;
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use skein_engine::sink::SinkRows;
 
     #[tokio::test]
     async fn writes_read_back_and_replays_replace() {
