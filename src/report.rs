@@ -10,7 +10,7 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 use serde::{Deserialize, Serialize};
 use skein_cost::CostReport;
 use skein_engine::epochs::Stopped;
-use skein_sinks::blackhole::Discarded;
+use skein_engine::sink::Discarded;
 
 /// Reads back from the JSON of `--json` too (`serde_json::from_str`), so a
 /// program or test can check a run's figures by name; the result rows are

@@ -101,6 +101,11 @@ impl LocalRuntime {
         Self::build(catalog, store, true)
     }
 
+    /// The table kinds its functions are built with.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
     fn build(
         catalog: Catalog,
         store: Arc<dyn object_store::ObjectStore>,

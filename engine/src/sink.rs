@@ -179,6 +179,9 @@ pub struct SinkCapabilities {
     /// ([`SinkFactory::committed_offsets`]), for a source that resumes from
     /// its sink (`'startup' 'checkpoint'`).
     pub keeps_offsets: bool,
+    /// It drops every row and only counts them (a benchmark's sink): a
+    /// run has no result to verify.
+    pub discards_rows: bool,
 }
 
 impl SinkCapabilities {
@@ -186,7 +189,27 @@ impl SinkCapabilities {
     pub const EXACTLY_ONCE_WITH_OFFSETS: Self = SinkCapabilities {
         exactly_once: true,
         keeps_offsets: true,
+        discards_rows: false,
     };
+}
+
+/// What a sink that keeps no rows was given and dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discarded {
+    /// Rows dropped.
+    pub rows: u64,
+    /// Non-empty record batches.
+    pub batches: u64,
+}
+
+impl Discarded {
+    /// The two counts added.
+    pub fn plus(self, other: Discarded) -> Discarded {
+        Discarded {
+            rows: self.rows + other.rows,
+            batches: self.batches + other.batches,
+        }
+    }
 }
 
 /// Builds sinks of one kind from their config.
@@ -200,6 +223,32 @@ pub trait SinkFactory: Send + Sync {
     /// What its sinks can do.
     fn capabilities(&self) -> SinkCapabilities {
         SinkCapabilities::default()
+    }
+
+    /// Forget what an earlier run of `query` wrote to the table, where this
+    /// process can read it back, so [`SinkFactory::read_back`] returns this
+    /// run's rows only.
+    async fn forget_written(&self, _config: &SinkConfig, _query: &str) -> Result<()> {
+        Ok(())
+    }
+
+    /// The rows `query` wrote to the table, read back for `--verify` and the
+    /// printed result, as the table `schema` declares them (a changelog
+    /// added up); `None` where this process cannot read them.
+    async fn read_back(
+        &self,
+        _config: &SinkConfig,
+        _query: &str,
+        _schema: &SchemaRef,
+    ) -> Result<Option<Vec<RecordBatch>>> {
+        Ok(None)
+    }
+
+    /// What the kind's sinks did with `query`'s rows in this process, for
+    /// the run's report, where they keep a count rather than the rows;
+    /// taken once, so a later run in the process starts from zero.
+    fn take_summary(&self, _query: &str) -> Option<Discarded> {
+        None
     }
 
     /// Whether a sink so configured takes a changelog (an updating query's

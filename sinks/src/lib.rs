@@ -39,5 +39,8 @@ pub fn register(catalog: &mut Catalog) {
     catalog.register_sink(kinesis::KIND, Arc::new(kinesis::KinesisSinkFactory));
     catalog.register_sink(redis::KIND, Arc::new(redis::RedisSinkFactory));
     catalog.register_sink(files::KIND, Arc::new(files::FilesSinkFactory));
-    catalog.register_sink(blackhole::KIND, Arc::new(blackhole::BlackholeSinkFactory));
+    catalog.register_sink(
+        blackhole::KIND,
+        Arc::new(blackhole::BlackholeSinkFactory::default()),
+    );
 }

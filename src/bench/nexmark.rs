@@ -82,7 +82,7 @@ async fn nexmark_run_seconds(
     // would grow the process with every epoch and be what its RSS measures.
     regs.catalog.register_sink(
         skein_engine::sink::COLLECT_KIND,
-        Arc::new(skein_sinks::blackhole::BlackholeSinkFactory),
+        Arc::new(skein_sinks::blackhole::BlackholeSinkFactory::default()),
     );
     let ctx = session(&regs.catalog, args.group_size);
     let options = PlanOptions {
@@ -93,7 +93,6 @@ async fn nexmark_run_seconds(
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
     let runtime = LocalRuntime::new(regs.catalog, Arc::new(InMemory::new()));
-    let _ = skein_sinks::blackhole::take(&plan.query_code);
     let cpu_before = crate::cost::report::process_cpu_s();
     let started = Instant::now();
     let mut series = series;
@@ -111,7 +110,8 @@ async fn nexmark_run_seconds(
         events: args.events,
         ..crate::cost::report::measured(&report, crate::cost::report::process_cpu_s() - cpu_before)
     };
-    let rows = skein_sinks::blackhole::take(&plan.query_code).rows as usize;
+    let dropped = runtime.catalog().take_sink_summary(&plan.sink, &plan.query_code);
+    let rows = dropped.unwrap_or_default().rows as usize;
     Ok((report.elapsed_s, rows, measured))
 }
 

@@ -65,7 +65,7 @@ async fn setup(query: u32, args: &StateBenchArgs, dir: Option<&Path>) -> Result<
     let mut regs = registries();
     regs.catalog.register_sink(
         skein_engine::sink::COLLECT_KIND,
-        Arc::new(skein_sinks::blackhole::BlackholeSinkFactory),
+        Arc::new(skein_sinks::blackhole::BlackholeSinkFactory::default()),
     );
     let ctx = session(&regs.catalog, args.group_size);
     let mut options = PlanOptions {
@@ -116,7 +116,6 @@ struct Run {
 async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result<Run> {
     let dir = checkpoint.then(|| scratch_dir(args, query, "run"));
     let s = setup(query, args, dir.as_deref()).await?;
-    let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     let started = std::time::Instant::now();
     let cpu_before = crate::cost::report::process_cpu_s();
     let mut series = vec![];
@@ -128,7 +127,8 @@ async fn run_once(query: u32, args: &StateBenchArgs, checkpoint: bool) -> Result
     .await
     .with_context(|| format!("running NEXMark q{query}"))?;
     let written = s.store.as_ref().map_or(0, |s| s.bytes_written());
-    let rows = skein_sinks::blackhole::take(&s.plan.query_code).rows;
+    let dropped = s.runtime.catalog().take_sink_summary(&s.plan.sink, &s.plan.query_code);
+    let rows = dropped.unwrap_or_default().rows;
     if let Some(dir) = dir {
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -222,7 +222,6 @@ async fn recovery_once(query: u32, args: &StateBenchArgs) -> Result<f64> {
     .await
     .with_context(|| format!("resuming NEXMark q{query}"))?;
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = skein_sinks::blackhole::take(&s.plan.query_code);
     if report.resumed_after.is_none() {
         anyhow::bail!("q{query}: the resumed run found no commit to resume after");
     }

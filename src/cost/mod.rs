@@ -354,7 +354,6 @@ async fn measure_local(
     let cpu_s = process_cpu_s() - cpu_before;
     let _ = std::fs::remove_dir_all(&scratch);
     let report = report.context("running the query")?;
-    let _ = skein_sinks::blackhole::take(&plan.query_code);
     // Per event of the whole stream the rate is of, also where the query
     // reads only part of it (NEXMark q5 reads the bids).
     Ok(sweep::LocalRun {

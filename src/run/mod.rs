@@ -20,7 +20,7 @@ use skein_engine::checkpoint::fresh_run;
 use skein_engine::driver::{RunReport, StopAfter, run_local_until};
 use skein_engine::epochs::Stopped;
 use skein_engine::local::LocalRuntime;
-use skein_engine::planner::{QueryPlan, plan_query, session};
+use skein_engine::planner::{plan_query, session};
 use skein_engine::query::{Prepared, prepare};
 use skein_engine::verify::{Comparison, compare, single_process};
 
@@ -168,22 +168,19 @@ pub(crate) async fn run_prepared(
     if held.is_none() {
         checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }
-    let files_sink = plan
-        .sink
-        .kind
-        .eq_ignore_ascii_case(skein_sinks::files::KIND);
-    let blackhole = plan
-        .sink
-        .kind
-        .eq_ignore_ascii_case(skein_sinks::blackhole::KIND);
-    if blackhole && args.verify {
-        bail!("--verify compares result rows, and a BLACKHOLE sink keeps none");
+    let discards = catalog.sink_capabilities(&plan.sink.kind).discards_rows;
+    if discards && args.verify {
+        bail!(
+            "--verify compares result rows, and a {} table keeps none",
+            plan.sink.kind.to_ascii_uppercase()
+        );
     }
-    if files_sink && args.verify {
-        // Verification reads back what this query wrote: only this run's files.
-        skein_sinks::files::clear(&plan.sink.location, &plan.query_code)
+    if args.verify {
+        // Verification reads back what this query wrote: only this run's rows.
+        catalog
+            .forget_written(&plan.sink, &plan.query_code)
             .await
-            .context("clearing the files of an earlier run")?;
+            .context("forgetting what an earlier run wrote")?;
     }
 
     // A live source and no bound: a standing query, stopped by a signal.
@@ -245,16 +242,22 @@ pub(crate) async fn run_prepared(
     let cost = crate::cost::report::section(&measured, None, &Default::default())?;
     let signalled = signal.is_some_and(|s| s.is_raised());
 
-    // Rows INSERTed into files can be read back; other sinks keep theirs.
-    let results: Vec<RecordBatch> = if files_sink {
-        read_files(&plan).await?
-    } else {
-        let batches = collect.sink(&plan.query_code).batches();
-        skein_engine::query::in_query_order(&plan, batches).await?
+    // Rows a sink can read back (files) are read back; collected rows are
+    // in memory; other sinks keep theirs.
+    let read_back = catalog
+        .read_back(&plan.sink, &plan.query_code, &plan.output_schema)
+        .await
+        .context("reading back the rows the query wrote")?;
+    let results: Vec<RecordBatch> = match read_back {
+        Some(rows) => rows,
+        None => {
+            let batches = collect.sink(&plan.query_code).batches();
+            skein_engine::query::in_query_order(&plan, batches).await?
+        }
     };
     report.result_rows = results.iter().map(|b| b.num_rows()).sum();
-    // A blackhole keeps no rows, only their count.
-    let discarded = blackhole.then(|| skein_sinks::blackhole::take(&plan.query_code));
+    // A sink that keeps no rows says how many it dropped.
+    let discarded = catalog.take_sink_summary(&plan.sink, &plan.query_code);
     if let Some(d) = discarded {
         report.result_rows = d.rows as usize;
     }
@@ -315,39 +318,4 @@ pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<()> {
         .context("metric buckets")?
         .install()
         .with_context(|| format!("serving metrics on {addr}"))
-}
-
-/// The rows a query wrote to files, read back: for a changelog table, the
-/// table its rows add up to.
-async fn read_files(plan: &QueryPlan) -> Result<Vec<RecordBatch>> {
-    use skein_sinks::files;
-    let op = files::op_column(&plan.sink);
-    let schema = match &op {
-        Some(name) => {
-            let mut fields: Vec<_> = plan.output_schema.fields().iter().cloned().collect();
-            fields.push(Arc::new(datafusion::arrow::datatypes::Field::new(
-                name,
-                datafusion::arrow::datatypes::DataType::Utf8,
-                false,
-            )));
-            Arc::new(datafusion::arrow::datatypes::Schema::new(fields))
-        }
-        None => plan.output_schema.clone(),
-    };
-    let rows = files::read(
-        &plan.sink.location,
-        &plan.query_code,
-        files::format_of(&plan.sink)?,
-        schema,
-    )
-    .await
-    .context("reading back the files the query wrote")?;
-    match op {
-        Some(name) => Ok(vec![files::consolidate_op_text(
-            &rows,
-            &name,
-            &plan.output_schema,
-        )?]),
-        None => Ok(rows),
-    }
 }

@@ -9,7 +9,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 
 use super::Catalog;
 use crate::error::{EngineError, Result};
-use crate::sink::{SinkCapabilities, SinkConfig};
+use crate::sink::{Discarded, SinkCapabilities, SinkConfig};
 use crate::source::{ReplayMode, SourceCapabilities, SourceConfig};
 
 impl Catalog {
@@ -44,6 +44,36 @@ impl Catalog {
     /// Whether writes into the sink are exactly once across restarts.
     pub fn sink_exactly_once(&self, config: &SinkConfig) -> bool {
         self.sink_capabilities(&config.kind).exactly_once
+    }
+
+    /// Forget what an earlier run of `query` wrote to the table (see
+    /// [`crate::sink::SinkFactory::forget_written`]).
+    pub async fn forget_written(&self, config: &SinkConfig, query: &str) -> Result<()> {
+        let (kind, factory) = self.sink_factory(config)?;
+        factory
+            .forget_written(&self.sink_view_of(kind, config), query)
+            .await
+    }
+
+    /// The rows `query` wrote to the table, read back where the sink can
+    /// (see [`crate::sink::SinkFactory::read_back`]).
+    pub async fn read_back(
+        &self,
+        config: &SinkConfig,
+        query: &str,
+        schema: &SchemaRef,
+    ) -> Result<Option<Vec<datafusion::arrow::record_batch::RecordBatch>>> {
+        let (kind, factory) = self.sink_factory(config)?;
+        factory
+            .read_back(&self.sink_view_of(kind, config), query, schema)
+            .await
+    }
+
+    /// What the table's sinks dropped of `query`'s rows in this process,
+    /// where they keep a count rather than the rows.
+    pub fn take_sink_summary(&self, config: &SinkConfig, query: &str) -> Option<Discarded> {
+        let (_, factory) = self.sink_factory(config).ok()?;
+        factory.take_summary(query)
     }
 
     /// Whether the sink takes an updating result (a changelog); `Err`

@@ -364,6 +364,7 @@ impl SinkFactory for Keeping {
         crate::sink::SinkCapabilities {
             exactly_once: true,
             keeps_offsets: true,
+            discards_rows: false,
         }
     }
     fn takes_updates(&self, config: &SinkConfig) -> std::result::Result<(), String> {

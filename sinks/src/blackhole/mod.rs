@@ -7,31 +7,24 @@
 //! error naming it, so a misspelt `STORED AS` kind's options do not pass
 //! quietly.
 //!
-//! Counts are kept per query code in this process, per (epoch, member), so a
-//! replayed write replaces its count instead of adding to it; the run reads
-//! them with [`take`]. Only the latest [`REPLAY_HORIZON`] epochs are kept
+//! Counts are kept by the factory (so by the catalog that registered it),
+//! per query code and (epoch, member), so a replayed write replaces its
+//! count instead of adding to it; the run reads them as the factory's
+//! summary (`SinkFactory::take_summary`). Only the latest [`REPLAY_HORIZON`] epochs are kept
 //! apart; older ones are added into one sum, so a standing query that runs
 //! for months holds a fixed amount. Each write also logs its count at debug
 //! level, which is what a function on another machine (Lambda) leaves behind.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use skein_engine::Result;
 use skein_engine::catalog::TableOptions;
-use skein_engine::sink::{Sink, SinkConfig, SinkFactory, SinkWrite};
+use skein_engine::sink::{Discarded, Sink, SinkCapabilities, SinkConfig, SinkFactory, SinkWrite};
 
 /// The sink kind, as registered (and the table kind that declares one).
 pub const KIND: &str = "BLACKHOLE";
-
-/// What a blackhole was given and dropped.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Discarded {
-    pub rows: u64,
-    /// Non-empty record batches.
-    pub batches: u64,
-}
 
 /// Epochs whose counts are kept per write, so that a replay of one of them
 /// replaces its count. A replay reruns the epochs after the last commit,
@@ -65,32 +58,14 @@ impl QueryTally {
     }
 }
 
-impl Discarded {
-    fn plus(self, other: Discarded) -> Discarded {
-        Discarded {
-            rows: self.rows + other.rows,
-            batches: self.batches + other.batches,
-        }
-    }
-}
-
 /// Query code -> what its blackholes dropped.
 type Tally = HashMap<String, QueryTally>;
 
-static DISCARDED: LazyLock<Mutex<Tally>> = LazyLock::new(Mutex::default);
-
-/// What every blackhole of `query` dropped so far; forgets it, so a later
-/// run of the same query in this process starts from zero.
-pub fn take(query: &str) -> Discarded {
-    DISCARDED
-        .lock()
-        .expect("blackhole tally")
-        .remove(query)
-        .unwrap_or_default()
-        .total()
+/// Makes blackholes; what they drop is counted here, per query.
+#[derive(Default)]
+pub struct BlackholeSinkFactory {
+    tally: Arc<Mutex<Tally>>,
 }
-
-pub struct BlackholeSinkFactory;
 
 impl SinkFactory for BlackholeSinkFactory {
     /// None of its own: the catalog refuses any but the engine-wide ones
@@ -100,7 +75,23 @@ impl SinkFactory for BlackholeSinkFactory {
     }
 
     fn create(&self, _config: &SinkConfig) -> Result<Arc<dyn Sink>> {
-        Ok(Arc::new(BlackholeSink))
+        Ok(Arc::new(BlackholeSink {
+            tally: self.tally.clone(),
+        }))
+    }
+
+    fn capabilities(&self) -> SinkCapabilities {
+        SinkCapabilities {
+            discards_rows: true,
+            ..Default::default()
+        }
+    }
+
+    /// What every blackhole of `query` dropped so far; forgets it, so a
+    /// later run of the same query starts from zero.
+    fn take_summary(&self, query: &str) -> Option<Discarded> {
+        let tally = self.tally.lock().expect("blackhole tally").remove(query);
+        Some(tally.unwrap_or_default().total())
     }
 
     /// It counts whatever comes, changes included.
@@ -109,7 +100,9 @@ impl SinkFactory for BlackholeSinkFactory {
     }
 }
 
-struct BlackholeSink;
+struct BlackholeSink {
+    tally: Arc<Mutex<Tally>>,
+}
 
 #[async_trait]
 impl Sink for BlackholeSink {
@@ -128,7 +121,7 @@ impl Sink for BlackholeSink {
             batches = discarded.batches,
             "blackhole discarded"
         );
-        DISCARDED
+        self.tally
             .lock()
             .expect("blackhole tally")
             .entry(write.query.to_string())
@@ -165,6 +158,10 @@ mod tests {
         .unwrap()
     }
 
+    fn take(factory: &BlackholeSinkFactory, query: &str) -> Discarded {
+        factory.take_summary(query).unwrap_or_default()
+    }
+
     async fn write(sink: &Arc<dyn Sink>, query: &str, epoch: u64, member: u32, rows: &[i64]) {
         let batches: Vec<RecordBatch> = rows.iter().map(|&n| batch(n)).collect();
         sink.write(SinkWrite {
@@ -183,22 +180,27 @@ mod tests {
 
     #[tokio::test]
     async fn counts_rows_and_batches_per_query_and_a_replay_replaces() {
-        let sink = BlackholeSinkFactory.create(&config(&[])).unwrap();
+        let factory = BlackholeSinkFactory::default();
+        let sink = factory.create(&config(&[])).unwrap();
         write(&sink, "q-count", 0, 0, &[3, 0, 4]).await;
         write(&sink, "q-count", 0, 1, &[5]).await;
         // The same (epoch, member) again: a replay, not more rows.
         write(&sink, "q-count", 0, 1, &[5]).await;
         write(&sink, "q-other", 0, 0, &[100]).await;
         assert_eq!(
-            take("q-count"),
+            take(&factory, "q-count"),
             Discarded {
                 rows: 12,
                 batches: 3
             }
         );
-        assert_eq!(take("q-count"), Discarded::default(), "take forgets");
         assert_eq!(
-            take("q-other"),
+            take(&factory, "q-count"),
+            Discarded::default(),
+            "take forgets"
+        );
+        assert_eq!(
+            take(&factory, "q-other"),
             Discarded {
                 rows: 100,
                 batches: 1
@@ -208,7 +210,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_long_run_keeps_a_bounded_tally_and_counts_every_row() {
-        let sink = BlackholeSinkFactory.create(&config(&[])).unwrap();
+        let factory = BlackholeSinkFactory::default();
+        let sink = factory.create(&config(&[])).unwrap();
         let epochs = 3 * REPLAY_HORIZON;
         for epoch in 0..epochs {
             write(&sink, "q-long", epoch, 0, &[2]).await;
@@ -216,10 +219,10 @@ mod tests {
         }
         // A replay of a recent epoch replaces its count.
         write(&sink, "q-long", epochs - 1, 1, &[1]).await;
-        let kept = DISCARDED.lock().unwrap()["q-long"].recent.len() as u64;
+        let kept = factory.tally.lock().unwrap()["q-long"].recent.len() as u64;
         assert_eq!(kept, 2 * REPLAY_HORIZON, "two members' latest epochs");
         assert_eq!(
-            take("q-long"),
+            take(&factory, "q-long"),
             Discarded {
                 rows: 3 * epochs,
                 batches: 2 * epochs
@@ -230,7 +233,7 @@ mod tests {
     #[test]
     fn any_option_of_its_own_is_an_error_naming_it() {
         let mut catalog = skein_engine::catalog::Catalog::default();
-        catalog.register_sink(KIND, Arc::new(BlackholeSinkFactory));
+        catalog.register_sink(KIND, Arc::new(BlackholeSinkFactory::default()));
         let table = |options: &[(&str, &str)]| {
             catalog.check_options(&skein_engine::source::SourceConfig {
                 kind: KIND.into(),

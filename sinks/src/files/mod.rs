@@ -27,7 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, take_record_batch};
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use skein_engine::catalog::TableOptions;
@@ -95,6 +95,7 @@ pub const OPTIONS: &[&str] = &[
 
 pub struct FilesSinkFactory;
 
+#[async_trait]
 impl SinkFactory for FilesSinkFactory {
     fn options(&self) -> TableOptions {
         TableOptions::only(OPTIONS)
@@ -105,7 +106,36 @@ impl SinkFactory for FilesSinkFactory {
         SinkCapabilities {
             exactly_once: true,
             keeps_offsets: false,
+            discards_rows: false,
         }
+    }
+
+    async fn forget_written(&self, config: &SinkConfig, query: &str) -> Result<()> {
+        clear(&config.location, query).await.map(drop)
+    }
+
+    /// The files `query` wrote, read back; a changelog table's rows added
+    /// up to the table they make.
+    async fn read_back(
+        &self,
+        config: &SinkConfig,
+        query: &str,
+        schema: &SchemaRef,
+    ) -> Result<Option<Vec<RecordBatch>>> {
+        let op = op_column(config);
+        let stored = match &op {
+            Some(name) => {
+                let mut fields: Vec<_> = schema.fields().iter().cloned().collect();
+                fields.push(Arc::new(Field::new(name, DataType::Utf8, false)));
+                Arc::new(Schema::new(fields))
+            }
+            None => schema.clone(),
+        };
+        let rows = read(&config.location, query, format_of(config)?, stored).await?;
+        Ok(Some(match op {
+            Some(name) => vec![consolidate_op_text(&rows, &name, schema)?],
+            None => rows,
+        }))
     }
 
     fn check(&self, config: &SinkConfig) -> Result<()> {
