@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use futures::future::try_join_all;
 
@@ -15,6 +16,7 @@ use super::{StageFunction, StageOutput, bind_leaves};
 use crate::changelog::{self, INSERT, RETRACT};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
+use crate::lookup::set_aside::SetAside;
 use crate::payload::PayloadHeader;
 use crate::updating::UpdatingPlan;
 use crate::updating::split::CORE_OUTPUT;
@@ -128,10 +130,47 @@ impl StageFunction {
 
     /// Every output partition of a bound plan, collected.
     pub(super) async fn execute(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<Parts> {
+        self.execute_in(plan, self.task_ctx.clone()).await
+    }
+
+    /// Every output partition of a bound plan, collected, with the rows its
+    /// lookup joins set aside (the function's second output).
+    pub(super) async fn execute_setting_aside(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+    ) -> Result<(Parts, Arc<SetAside>)> {
+        let set_aside = Arc::new(SetAside::default());
+        let config = self
+            .task_ctx
+            .session_config()
+            .clone()
+            .with_extension(set_aside.clone());
+        let t = &self.task_ctx;
+        // A context per run (its maps are a few hundred entries): runs side
+        // by side keep their rows apart.
+        let ctx = TaskContext::new(
+            t.task_id(),
+            t.session_id(),
+            config,
+            t.scalar_functions().clone(),
+            t.higher_order_functions().clone(),
+            t.aggregate_functions().clone(),
+            t.window_functions().clone(),
+            t.runtime_env(),
+        );
+        let parts = self.execute_in(plan, Arc::new(ctx)).await?;
+        Ok((parts, set_aside))
+    }
+
+    async fn execute_in(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        ctx: Arc<TaskContext>,
+    ) -> Result<Parts> {
         let partitions = plan.properties().output_partitioning().partition_count();
         Ok(try_join_all((0..partitions).map(|i| {
             let plan = plan.clone();
-            let ctx = self.task_ctx.clone();
+            let ctx = ctx.clone();
             async move {
                 let stream = plan.execute(i, ctx)?;
                 datafusion::physical_plan::common::collect(stream).await

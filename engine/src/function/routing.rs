@@ -12,6 +12,7 @@ use super::{StageFunction, StageOutput};
 use crate::context::{NextHop, function_name};
 use crate::error::Result;
 use crate::invoke::{InvocationType, invoke_counting_retries};
+use crate::lookup::set_aside::SetAside;
 use crate::payload::{ASYNC_PAYLOAD_LIMIT, PayloadHeader, SYNC_PAYLOAD_LIMIT, encode_payloads};
 use crate::sink::{SinkConfig, SinkRows, SinkWrite};
 
@@ -23,22 +24,25 @@ impl StageFunction {
         plan: Arc<dyn ExecutionPlan>,
         header: PayloadHeader,
     ) -> Result<u64> {
-        let outputs = self.execute(&plan).await?;
-        self.send_output(output, &plan, header, outputs).await
+        let ran = self.execute_setting_aside(&plan).await?;
+        self.send_output(output, &plan, header, ran).await
     }
 
-    /// Send what [`Self::execute`] computed of `plan` on; the rows sent.
+    /// Send what [`Self::execute_setting_aside`] computed of `plan` on,
+    /// its side output first; the rows sent.
     pub(super) async fn send_output(
         &self,
         output: &StageOutput,
         plan: &Arc<dyn ExecutionPlan>,
         header: PayloadHeader,
-        outputs: Vec<Vec<RecordBatch>>,
+        (outputs, set_aside): (Vec<Vec<RecordBatch>>, Arc<SetAside>),
     ) -> Result<u64> {
         let rows: u64 = outputs.iter().flatten().map(|b| b.num_rows() as u64).sum();
         // Rows a lookup join set aside leave before the output does, so an
         // epoch that commits has sent them.
-        crate::lookup::exec::send_misses(plan, &self.name, header.epoch, &header.offsets).await?;
+        set_aside
+            .send(&self.name, header.epoch, &header.offsets)
+            .await?;
         self.route(output, header, Some((plan.schema(), outputs)))
             .await?;
         Ok(rows)

@@ -18,6 +18,7 @@ use super::{EpochMarks, Response, SourceReader, StageFunction, StageOutput, Trig
 use crate::checkpoint::{OffsetsEntry, TableRead};
 use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
+use crate::lookup::set_aside::SetAside;
 use crate::payload::SourceOffset;
 use crate::source::EpochSpec;
 use crate::watermark::{SourceClock, Watermark, WatermarkMin};
@@ -214,8 +215,8 @@ impl SourceStage {
             out.push(match &by_kind {
                 None => {
                     let plan = bind_sources(&output.plan, bound)?;
-                    let batches = f.execute(&plan).await?;
-                    (output, Computed::Rows(plan, batches))
+                    let ran = f.execute_setting_aside(&plan).await?;
+                    (output, Computed::Rows(plan, ran))
                 }
                 Some((retracts, inserts)) => {
                     let r = bind_sources(&output.plan, retracts)?;
@@ -336,9 +337,7 @@ impl StageFunction {
             let offsets = offsets.to_vec();
             let header = self.header(output, &t.qid, t.epoch, watermark, marks, offsets);
             rows_out += match computed {
-                Computed::Rows(plan, batches) => {
-                    self.send_output(output, &plan, header, batches).await?
-                }
+                Computed::Rows(plan, ran) => self.send_output(output, &plan, header, ran).await?,
                 Computed::Changes(parts) => {
                     let rows = parts.iter().flatten().map(|b| b.num_rows() as u64).sum();
                     let schema = output.plan.schema();
@@ -390,8 +389,12 @@ type ByKind = (
 
 /// One output of a source stage, computed before it is sent.
 enum Computed {
-    /// The plan's rows, per output partition.
-    Rows(Arc<dyn ExecutionPlan>, Vec<Vec<RecordBatch>>),
+    /// The plan's rows, per output partition, and what its lookup joins
+    /// set aside.
+    Rows(
+        Arc<dyn ExecutionPlan>,
+        (Vec<Vec<RecordBatch>>, Arc<SetAside>),
+    ),
     /// A changelog's rows run by kind, tagged, per output partition.
     Changes(Vec<Vec<RecordBatch>>),
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,16 +23,15 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::cache::LookupCache;
-use super::{LOOKUP_MISSES_SET_ASIDE, Lookup, LookupOptions, LookupRow, MissingPolicy};
+use super::set_aside::SetAside;
+use super::{Lookup, LookupOptions, LookupRow, MissingPolicy};
 use crate::clock::Clock;
-use crate::dead_letter::{DeadLetter, DeadLetterSink, rows_as_json};
+use crate::dead_letter::DeadLetterSink;
 use crate::error::{EngineError, Result};
 use crate::exec::leaf_properties;
 use crate::metrics;
-use crate::payload::SourceOffset;
 use crate::source::SourceConfig;
 
 /// A table declared with `lookup.key`: it has a schema and a lookup, and
@@ -162,7 +160,7 @@ pub struct LookupHandle {
     cache: Mutex<LookupCache>,
     /// What the cache's TTL is measured against.
     clock: Arc<dyn Clock>,
-    dead_letters: Option<Arc<dyn DeadLetterSink>>,
+    pub(super) dead_letters: Option<Arc<dyn DeadLetterSink>>,
 }
 
 impl fmt::Debug for LookupHandle {
@@ -293,8 +291,9 @@ impl LookupHandle {
 /// column's declared type is a [`DataFusionError::Execution`] naming the
 /// table and column. Rows without a match are not errors: the join type
 /// and `lookup.missing` decide (see [`MissingPolicy`]); dead-lettered rows
-/// are collected here and sent by [`send_misses`] before the epoch's output
-/// leaves, with keys that are the same when the epoch is run again.
+/// leave by the running function's side output ([`SetAside`]), which sends
+/// them before the epoch's output leaves, with keys that are the same when
+/// the epoch is run again.
 ///
 /// # Ordering and partitioning
 ///
@@ -308,9 +307,6 @@ pub struct LookupJoinExec {
     pub input: Arc<dyn ExecutionPlan>,
     /// The opened lookup table with its cache.
     pub handle: Arc<LookupHandle>,
-    /// Input rows without a match, set aside for dead letters (with
-    /// `'lookup.missing' 'dead-letter'`) until the function takes them.
-    misses: Arc<Mutex<Vec<RecordBatch>>>,
     schema: SchemaRef,
     props: Arc<PlanProperties>,
 }
@@ -335,15 +331,9 @@ impl LookupJoinExec {
         Ok(LookupJoinExec {
             input,
             handle,
-            misses: Arc::default(),
             schema,
             props,
         })
-    }
-
-    /// Takes the rows without a match that the runs of this node set aside.
-    pub fn take_misses(&self) -> Vec<RecordBatch> {
-        std::mem::take(&mut *self.misses.lock().expect("lookup misses"))
     }
 }
 
@@ -393,14 +383,30 @@ impl ExecutionPlan for LookupJoinExec {
         partition: usize,
         ctx: Arc<TaskContext>,
     ) -> DfResult<SendableRecordBatchStream> {
+        // Rows without a match leave by the function's side output, where
+        // the function running this plan gave one.
+        let misses = ctx.session_config().get_extension::<SetAside>();
+        let key_name = self
+            .input
+            .schema()
+            .field(self.handle.spec.stream_key)
+            .name()
+            .clone();
         let input = self.input.execute(partition, ctx)?;
         let handle = self.handle.clone();
-        let misses = self.misses.clone();
         let schema = self.schema.clone();
         let out = schema.clone();
         let stream = input.then(move |batch| {
-            let (handle, misses, schema) = (handle.clone(), misses.clone(), out.clone());
-            async move { join_batch(&handle, &misses, &schema, batch?).await }
+            let (handle, schema) = (handle.clone(), out.clone());
+            let (misses, key_name) = (misses.clone(), key_name.clone());
+            async move {
+                let set_aside = |rows| {
+                    if let Some(m) = &misses {
+                        m.push(handle.clone(), key_name, rows);
+                    }
+                };
+                join_batch(&handle, set_aside, &schema, batch?).await
+            }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
@@ -408,7 +414,7 @@ impl ExecutionPlan for LookupJoinExec {
 
 async fn join_batch(
     handle: &LookupHandle,
-    misses: &Mutex<Vec<RecordBatch>>,
+    set_aside: impl FnOnce(RecordBatch),
     schema: &SchemaRef,
     batch: RecordBatch,
 ) -> DfResult<RecordBatch> {
@@ -433,8 +439,7 @@ async fn join_batch(
         spec.join_type == LookupJoinType::Outer && spec.options.missing == MissingPolicy::Join;
     if spec.options.missing == MissingPolicy::DeadLetter && matched.iter().any(|m| !m) {
         let mask = matched.iter().map(|m| Some(!m)).collect();
-        let missed = filter_record_batch(&batch, &mask)?;
-        misses.lock().expect("lookup misses").push(missed);
+        set_aside(filter_record_batch(&batch, &mask)?);
     }
     let out_rows: Vec<u32> = (0..batch.num_rows())
         .filter(|i| keep_misses || matched[*i])
@@ -493,69 +498,4 @@ fn typed(table: &str, field: &Field, text: ArrayRef) -> DfResult<ArrayRef> {
             field.data_type()
         ))
     })
-}
-
-/// Sends the rows without a match that the lookup joins of `plan` (as just
-/// run for `epoch` by `function`) set aside to their stream table's
-/// dead-letter destination, before the epoch's output leaves. Each letter's
-/// key is the same when the epoch is run again.
-pub async fn send_misses(
-    plan: &Arc<dyn ExecutionPlan>,
-    function: &str,
-    epoch: u64,
-    offsets: &[SourceOffset],
-) -> Result<()> {
-    for child in plan.children() {
-        Box::pin(send_misses(child, function, epoch, offsets)).await?;
-    }
-    let Some(join) = plan.downcast_ref::<LookupJoinExec>() else {
-        return Ok(());
-    };
-    let missed = join.take_misses();
-    let (Some(dlq), Some((stream, _))) = (&join.handle.dead_letters, &join.handle.spec.letters_to)
-    else {
-        return Ok(());
-    };
-    let spec = &join.handle.spec;
-    let key_name = join.input.schema().field(spec.stream_key).name().clone();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut letters = vec![];
-    for batch in &missed {
-        let keys = cast(batch.column(spec.stream_key), &DataType::Utf8)?;
-        let keys = keys.as_string::<i32>();
-        for (i, row) in rows_as_json(batch)?.into_iter().enumerate() {
-            let reason = if keys.is_valid(i) {
-                format!(
-                    "no row in lookup table {} for {key_name} {:?}",
-                    spec.table,
-                    keys.value(i)
-                )
-            } else {
-                format!("{key_name} is NULL: no row in lookup table {}", spec.table)
-            };
-            // Equal rows of one epoch are told apart by their occurrence,
-            // so the keys do not depend on the order the rows came in.
-            let n = seen.entry(row.clone()).or_default();
-            *n += 1;
-            let digest = hex::encode(&Sha256::digest(row.as_bytes())[..8]);
-            letters.push(DeadLetter {
-                table: stream.clone(),
-                reason,
-                window: None,
-                key: format!(
-                    "{stream}/no-match/{}/{function}/{epoch}/{digest}-{n}",
-                    spec.table
-                ),
-                row,
-                offsets: offsets.to_vec(),
-            });
-        }
-    }
-    if letters.is_empty() {
-        return Ok(());
-    }
-    dlq.send(&letters).await?;
-    LOOKUP_MISSES_SET_ASIDE.fetch_add(letters.len() as u64, Ordering::Relaxed);
-    tracing::debug!(function, epoch, rows = letters.len(), table = %spec.table, "rows without a match sent to dead letters");
-    Ok(())
 }

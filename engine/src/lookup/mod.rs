@@ -11,6 +11,7 @@
 pub mod cache;
 pub mod exec;
 pub mod plan;
+pub mod set_aside;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
