@@ -24,6 +24,7 @@ cli_modules! {
     // `skein gen` (src/gen/): `gen` is a keyword in Rust 2024, hence `r#`.
     pub mod r#gen;
     pub mod lambda;
+    pub mod preview;
     pub mod report;
     pub mod run;
     pub mod status;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{PlanArgs, bench, cost, r#gen, lambda, run, status, ui, ysb};
+use skein::{PlanArgs, bench, cost, r#gen, lambda, preview, run, status, ui, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -30,6 +30,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a query on its live tables to see what it produces: rows print
+    /// as epochs complete; no sink is written, no offset committed.
+    Preview(preview::PreviewArgs),
     /// Run a query on the in-process function runtime (or --backend lambda).
     Run {
         #[command(flatten)]
@@ -91,6 +94,7 @@ async fn cli() -> Result<()> {
             lambda::Backend::Local => run::run(args).await,
             lambda::Backend::Lambda => lambda::run::run(&args.file, &args.common, &lambda).await,
         },
+        Command::Preview(args) => preview::preview_command(args).await,
         Command::Deploy(args) => lambda::deploy::deploy(args).await,
         Command::Destroy(args) => lambda::deploy::destroy(args).await,
         Command::Stop(args) => lambda::deploy::set_running(args, false).await,

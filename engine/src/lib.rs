@@ -39,6 +39,8 @@ pub mod lookup;
 pub mod metrics;
 pub mod payload;
 pub mod planner;
+#[cfg(feature = "sql")]
+pub mod preview;
 pub mod query;
 pub mod request;
 pub mod ring;

@@ -369,6 +369,23 @@ impl CollectSink {
         e
     }
 
+    /// The writes of epochs after `epoch` (all, for `None`), per epoch in
+    /// order, each epoch's members in order: what a watcher has not seen.
+    pub fn writes_after(&self, epoch: Option<u64>) -> Vec<(u64, Vec<RecordBatch>)> {
+        let writes = self.writes.lock().expect("collect sink");
+        let mut out: Vec<(u64, Vec<RecordBatch>)> = vec![];
+        for ((e, _), batches) in writes.iter() {
+            if epoch.is_some_and(|seen| *e <= seen) {
+                continue;
+            }
+            match out.last_mut() {
+                Some((last, all)) if last == e => all.extend(batches.iter().cloned()),
+                _ => out.push((*e, batches.clone())),
+            }
+        }
+        out
+    }
+
     /// Rows collected so far.
     pub fn rows(&self) -> usize {
         self.batches().iter().map(|b| b.num_rows()).sum()

@@ -63,6 +63,11 @@ function route() {
 
 async function refresh() {
   clearTimeout(timer);
+  if (location.hash === "#/editor") {
+    // The editor is drawn once and polls nothing.
+    if (!document.getElementById("editor")) renderEditor();
+    return;
+  }
   const q = route();
   try {
     if (q) {
@@ -313,3 +318,125 @@ function drawChart(svg, points, fmt) {
 }
 
 refresh();
+
+// ---------- the editor ----------
+
+let previewAbort = null;
+
+function renderEditor() {
+  document.getElementById("crumbs").textContent = "editor";
+  document.getElementById("main").innerHTML = `
+    <section class="card" id="editor">
+      <h2>Query</h2>
+      <textarea id="sql" rows="14" spellcheck="false" placeholder="CREATE EXTERNAL TABLE ...;&#10;SELECT ..."></textarea>
+      <div class="controls">
+        <button id="explain">Explain</button>
+        <button id="preview">Preview</button>
+        <button id="stop-preview" disabled>Stop</button>
+        <label>rows <input id="preview-rows" type="number" value="100" min="1"></label>
+        <label>seconds <input id="preview-seconds" type="number" value="30" min="1"></label>
+        <label>from <select id="preview-from"><option>latest</option><option>earliest</option></select></label>
+      </div>
+      <div id="editor-error" class="error" hidden></div>
+    </section>
+    <section class="card"><h2>Plan</h2><div id="plan"><p class="muted">Explain shows the stages.</p></div></section>
+    <section class="card"><h2>Preview</h2><p id="preview-status" class="muted">Preview runs the query on the live tables; it writes no sink and commits no offset.</p>
+      <div id="preview-table"></div></section>`;
+  document.getElementById("explain").onclick = explainQuery;
+  document.getElementById("preview").onclick = previewQuery;
+  document.getElementById("stop-preview").onclick = () => previewAbort && previewAbort.abort();
+}
+
+function showEditorError(body) {
+  const box = document.getElementById("editor-error");
+  box.hidden = !body;
+  box.textContent = body ? (body.line ? `line ${body.line}: ` : "") + body.error : "";
+}
+
+async function explainQuery() {
+  showEditorError(null);
+  const r = await fetch("/api/explain", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ sql: document.getElementById("sql").value }),
+  });
+  const body = await r.json();
+  if (!r.ok) return showEditorError(body);
+  const stages = body.stages.map((s) => [
+    s.id, s.kind, s.mode, s.members, s.output,
+    s.state ? `${s.state.incremental ? "incremental" : "recompute"}: ${s.state.keeps}` : "–",
+  ].map(esc));
+  document.getElementById("plan").innerHTML =
+    `<p>${body.updates ? "The result updates (a changelog)." : "The result only grows."} ${num(body.functions)} functions.</p>` +
+    table(["stage", "kind", "mode", "members", "output", "state"], stages, [], "plan-stages");
+}
+
+async function previewQuery() {
+  showEditorError(null);
+  if (previewAbort) previewAbort.abort();
+  previewAbort = new AbortController();
+  const status = document.getElementById("preview-status");
+  const holder = document.getElementById("preview-table");
+  const rows = [];
+  let columns = [];
+  const draw = () => {
+    // Rows are data from the topic: every cell is escaped.
+    const cells = rows.map((r) => ["+", ...columns.map((c) => esc(r.row[c] ?? "NULL"))]);
+    holder.innerHTML = table(["", ...columns.map(esc)], cells, [], "preview-rows");
+  };
+  document.getElementById("stop-preview").disabled = false;
+  status.textContent = "Running…";
+  try {
+    const r = await fetch("/api/preview", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      signal: previewAbort.signal,
+      body: JSON.stringify({
+        sql: document.getElementById("sql").value,
+        rows: Number(document.getElementById("preview-rows").value),
+        seconds: Number(document.getElementById("preview-seconds").value),
+        from: document.getElementById("preview-from").value,
+      }),
+    });
+    if (!r.ok) return showEditorError(await r.json());
+    const reader = r.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const e = JSON.parse(buf.slice(0, nl));
+        buf = buf.slice(nl + 1);
+        if (e.type === "started") {
+          columns = e.columns;
+          status.textContent = e.updates ? "Running; rows are taken back and replaced as they change." : "Running.";
+        } else if (e.type === "rows") {
+          for (const r of e.rows) {
+            if (r.op === "delete") {
+              // A retraction takes back the current row it names.
+              const same = JSON.stringify(r.row);
+              const i = rows.findIndex((x) => JSON.stringify(x.row) === same);
+              if (i >= 0) rows.splice(i, 1);
+            } else {
+              rows.push({ op: r.op, row: r.row });
+            }
+          }
+          draw();
+          document.body.dataset.previewEpochs = String(e.epoch);
+        } else if (e.type === "ended") {
+          status.textContent = `Stopped after ${e.reason === "rows" ? "the rows" : "the seconds"} asked for: ${num(e.rows)} rows from ${num(e.events)} records in ${num(e.epochs)} epochs.`;
+        } else if (e.type === "error") {
+          showEditorError({ error: e.error });
+        }
+      }
+    }
+  } catch (err) {
+    if (err.name !== "AbortError") showEditorError({ error: err.message });
+    else status.textContent = "Stopped.";
+  } finally {
+    document.getElementById("stop-preview").disabled = true;
+  }
+}

@@ -7,6 +7,7 @@
 
 mod assets;
 pub mod catalog;
+mod editor;
 mod error;
 pub mod graph;
 pub mod records;

@@ -15,7 +15,7 @@ use skein_lambda::schedule::{Schedules, schedule_name};
 use crate::catalog::{self, Backend, Found};
 use crate::error::UiError;
 use crate::records::{self, Records};
-use crate::{App, assets, view};
+use crate::{App, assets, editor, view};
 
 /// How long the sources may take to say where their partitions end.
 const SOURCES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,6 +29,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/queries/{backend}/{code}", get(one))
         .route("/api/queries/{backend}/{code}/stop", post(stop))
         .route("/api/queries/{backend}/{code}/start", post(start))
+        .route("/api/explain", post(editor::explain))
+        .route("/api/preview", post(editor::preview_rows))
         .with_state(app)
 }
 

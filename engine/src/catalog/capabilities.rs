@@ -41,6 +41,18 @@ impl Catalog {
         self.source_capabilities(&config.kind).live
     }
 
+    /// Whether tables of `kind` take the option `name` (their factory's own).
+    pub fn takes_option(&self, kind: &str, name: &str) -> bool {
+        self.get(kind).is_some_and(|k| {
+            let source = k.source.as_ref().map(|f| f.options());
+            let sink = k.sink.as_ref().map(|f| f.options());
+            source
+                .into_iter()
+                .chain(sink)
+                .any(|o| o.names.contains(&name))
+        })
+    }
+
     /// Whether writes into the sink are exactly once across restarts.
     pub fn sink_exactly_once(&self, config: &SinkConfig) -> bool {
         self.sink_capabilities(&config.kind).exactly_once
