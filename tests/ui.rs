@@ -449,3 +449,134 @@ fn the_page_shows_a_standing_query_on_lambda_and_stops_and_starts_it() {
     skein_aws(&store, &["destroy", &code, "--purge"]);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Set the editor's SQL and press one of its buttons.
+fn editor_run(browser: &Browser, sql: &str, button: &str) {
+    let sql = serde_json::to_string(sql).unwrap();
+    browser.eval(&format!(
+        "document.getElementById('sql').value = {sql}; \
+         document.getElementById('{button}').click(); return true;"
+    ));
+}
+
+/// The preview table's rows as (key, count), or null while it has none.
+const PREVIEW_COUNTS: &str = "const rows = [...document.querySelectorAll('#preview-rows tbody tr')]\
+    .map(tr => [...tr.children].map(td => td.textContent)); \
+    return rows.length ? rows.map(r => [r[1], Number(r[2])]) : null;";
+
+#[test]
+fn the_editor_explains_and_previews_queries_on_a_live_topic() {
+    let work = std::env::temp_dir().join(common::unique_name("skein-ui-editor"));
+    let root = work.join("checkpoints");
+    std::fs::create_dir_all(&root).unwrap();
+    let (topic, source) = windowed::empty_kafka_table(1, 500);
+    let updating = format!("{source}\nSELECT k, count(*) AS n FROM ev GROUP BY k;\n");
+    let windowed_sql = format!(
+        "{source}\nSELECT tumble(ts, INTERVAL '1' SECOND) AS w, k, count(*) AS n FROM ev \
+         GROUP BY tumble(ts, INTERVAL '1' SECOND), k;\n"
+    );
+    let (_ui, port) = start_ui(&root, None);
+
+    // The API: a plan, and a planning error with the line it names.
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/explain",
+        Some(&serde_json::json!({ "sql": updating })),
+    );
+    assert_eq!(status, 200, "{body}");
+    let plan: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(plan["updates"], true, "{plan}");
+    let stages = plan["stages"].as_array().expect("stages").len();
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/explain",
+        Some(&serde_json::json!({ "sql": "SELECT k\nFROM ev WHERE\nGROUP k" })),
+    );
+    assert_eq!(status, 400, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        error["error"].as_str().is_some_and(|e| !e.contains('\n')),
+        "{error}"
+    );
+    assert_eq!(error["line"], 3, "the line the parser names: {error}");
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/preview",
+        Some(&serde_json::json!({ "sql": "SELECT * FROM no_such_table" })),
+    );
+    assert_eq!(status, 400, "an unknown table is one clear error: {body}");
+
+    let browser = Browser::start();
+    browser.goto(&format!("http://127.0.0.1:{port}/#/editor"));
+    browser.wait_for(30, "the editor", "return !!document.getElementById('sql')");
+
+    // Explain: the stages of the plan, each with its mode.
+    editor_run(&browser, &updating, "explain");
+    let shown = browser.wait_for(
+        60,
+        "the plan's stages",
+        "const r = document.querySelectorAll('#plan-stages tbody tr'); return r.length || null;",
+    );
+    assert_eq!(shown, stages, "the page lists the plan's stages");
+    browser.wait_for(
+        10,
+        "an updating stage",
+        "return [...document.querySelectorAll('#plan-stages td')].some(td => td.textContent === 'updating')",
+    );
+
+    // Preview of the updating query: counts that are taken back and
+    // replaced as records arrive, one row per key.
+    editor_run(&browser, &updating, "preview");
+    browser.wait_for(
+        60,
+        "the preview running",
+        "return document.getElementById('preview-status').textContent.startsWith('Running')",
+    );
+    let (records, _) = windowed::records(2_000, 1, 1_000);
+    let mut expected: std::collections::BTreeMap<String, i64> = Default::default();
+    for round in records.chunks(1_000) {
+        windowed::produce(&topic, round);
+        for (_, json) in round {
+            let v: Value = serde_json::from_str(json).unwrap();
+            *expected
+                .entry(v["k"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+        // Each round shows before the next is produced.
+        let want = expected.values().sum::<i64>();
+        browser.wait_for(
+            120,
+            "the round's counts",
+            &format!(
+                "const r = (() => {{ {PREVIEW_COUNTS} }})(); \
+                 return r && r.reduce((s, x) => s + x[1], 0) === {want};"
+            ),
+        );
+    }
+    let shown: Vec<(String, i64)> =
+        serde_json::from_value(browser.eval(PREVIEW_COUNTS)).expect("preview rows");
+    let shown: std::collections::BTreeMap<String, i64> = shown.into_iter().collect();
+    assert_eq!(shown, expected, "one row per key, at its count");
+    browser.screenshot(&screenshot_dir().join("editor.png"));
+    browser.eval("document.getElementById('stop-preview').click(); return true;");
+
+    // Preview of a windowed query: windows show as event time passes them.
+    editor_run(&browser, &windowed_sql, "preview");
+    browser.wait_for(
+        60,
+        "the preview running",
+        "return document.getElementById('preview-status').textContent.startsWith('Running')",
+    );
+    // Read from the latest offsets: only these, over 5 s of event time.
+    let (later, _) = windowed::records(1_000, 1, 5_000);
+    windowed::produce(&topic, &later);
+    browser.wait_for(
+        120,
+        "closed windows",
+        "return document.querySelectorAll('#preview-rows tbody tr').length > 0",
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}
