@@ -61,6 +61,11 @@ pub struct CommonRunArgs {
     /// Result rows to print (text mode).
     #[arg(long, default_value_t = 20)]
     pub show: usize,
+    /// The query's name, shown by `skein status`, the page and `--json`
+    /// [default: a `-- name:` line in the SQL, else the file's stem]. Two
+    /// running queries may not share one.
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 /// [`CommonRunArgs`] parsed alone, for [`CommonRunArgs::from_flags`].

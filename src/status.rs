@@ -46,7 +46,7 @@ pub async fn status(args: StatusArgs) -> Result<()> {
         return crate::lambda::deploy::status(args.json).await;
     };
     let (status, platform) = match args.backend {
-        Backend::Local => (local(query, &args).await?, Value::Null),
+        Backend::Local => local(query, &args).await?,
         Backend::Lambda => lambda(query, &args).await?,
     };
     if args.json {
@@ -68,7 +68,7 @@ async fn plan_sql(sql: &str, plan: &PlanArgs, catalog: &Catalog) -> Result<Query
         .context("planning the query")
 }
 
-async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
+async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
     if !Path::new(query).is_file() {
         bail!("{query}: no such SQL file (a query code needs --backend lambda)");
     }
@@ -90,8 +90,14 @@ async fn local(query: &str, args: &StatusArgs) -> Result<QueryStatus> {
             dir.display()
         );
     }
+    let name = std::fs::read(dir.join("manifest.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<skein_engine::checkpoint::Manifest>(&b).ok())
+        .and_then(|m| m.described)
+        .and_then(|d| d.name);
     let store = CheckpointStore::attach_dir(dir, &plan.query_code, "");
-    Ok(query_status(&plan, &store, &registries().catalog).await?)
+    let status = query_status(&plan, &store, &registries().catalog).await?;
+    Ok((status, json!({ "name": name })))
 }
 
 async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
@@ -133,7 +139,10 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
 }
 
 fn render(s: &QueryStatus, platform: &Value) {
-    println!("query {}", s.query_code);
+    match platform["name"].as_str() {
+        Some(name) => println!("query {} ({name})", s.query_code),
+        None => println!("query {}", s.query_code),
+    }
     for p in &s.partitions {
         let show = |v: Option<i64>| v.map_or("-".to_string(), |v| v.to_string());
         let behind = p

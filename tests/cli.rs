@@ -388,3 +388,80 @@ fn a_checkpoint_directory_is_kept_to_its_query_and_process() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_query_is_named_by_its_file_or_a_comment_and_two_running_queries_cannot_share_a_name() {
+    let dir = std::env::temp_dir().join(common::unique_name("skein-cli-names"));
+    let root = dir.join("checkpoints");
+    std::fs::create_dir_all(&root).unwrap();
+    let query = |file: &str, threshold: u32, name_line: &str| {
+        let path = dir.join(file);
+        std::fs::write(
+            &path,
+            format!(
+                "{name_line}CREATE EXTERNAL TABLE bid STORED AS NEXMARK LOCATION 'bid' \
+                   OPTIONS ('events' '2000');\n\
+                 CREATE EXTERNAL TABLE out (auction BIGINT, price BIGINT) STORED AS FILES \
+                   LOCATION 'file://{}' OPTIONS ('format' 'json');\n\
+                 INSERT INTO out SELECT auction, price FROM bid WHERE price > {threshold};\n",
+                dir.join(format!("out-{threshold}")).display()
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let manifest_name = |sub: &str| -> serde_json::Value {
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join(sub).join("manifest.json")).unwrap())
+                .unwrap();
+        m["described"]["name"].clone()
+    };
+    let run = |file: &str, sub: &str, extra: &[&str]| {
+        let dir = root.join(sub);
+        let mut args = vec!["run", file, "--epochs", "2", "--checkpoint-dir"];
+        args.push(dir.to_str().unwrap());
+        args.extend_from_slice(extra);
+        let (ok, _, stderr) = skein(&args);
+        (ok, stderr)
+    };
+    // The file's stem, unless a comment or --name says otherwise.
+    let (ok, stderr) = run(&query("clicks.sql", 10, ""), "a", &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(manifest_name("a"), "clicks");
+    let (ok, stderr) = run(&query("b.sql", 20, "-- name: big-bids\n"), "b", &[]);
+    assert!(ok, "{stderr}");
+    assert_eq!(manifest_name("b"), "big-bids");
+    let (ok, stderr) = run(&query("c.sql", 30, ""), "c", &["--name", "named"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(manifest_name("c"), "named");
+    let (ok, stdout, stderr) = skein(&[
+        "status",
+        &query("b.sql", 20, "-- name: big-bids\n"),
+        "--checkpoint-dir",
+        root.join("b").to_str().unwrap(),
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .ends_with("(big-bids)"),
+        "{stdout}"
+    );
+
+    // While "big-bids" runs (this test's process stands in for its holder),
+    // another query may not take the name; the same query may run again
+    // once it has stopped.
+    std::fs::write(root.join("b").join("lock"), std::process::id().to_string()).unwrap();
+    let (ok, stderr) = run(&query("d.sql", 40, ""), "d", &["--name", "big-bids"]);
+    assert!(!ok, "a second running query took the name");
+    assert!(
+        stderr.contains("already named \"big-bids\"") && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+    std::fs::remove_file(root.join("b").join("lock")).unwrap();
+    let (ok, stderr) = run(&query("d.sql", 40, ""), "d", &["--name", "big-bids"]);
+    assert!(ok, "the name is free once its query stopped: {stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}

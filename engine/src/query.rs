@@ -252,3 +252,26 @@ pub async fn in_query_order(
     let stream = sorted.execute(0, ctx)?;
     Ok(datafusion::physical_plan::common::collect(stream).await?)
 }
+
+/// The name a query's text gives itself: a comment line `-- name: NAME`
+/// (the first one; the name is trimmed and may not be empty).
+pub fn declared_name(sql: &str) -> Option<String> {
+    sql.lines()
+        .filter_map(|l| l.trim().strip_prefix("--"))
+        .filter_map(|c| c.trim().strip_prefix("name:"))
+        .map(|n| n.trim().to_string())
+        .find(|n| !n.is_empty())
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::declared_name;
+
+    #[test]
+    fn a_query_names_itself_in_a_comment() {
+        let sql = "-- counts per key\n-- name: clicks-per-ad\nSELECT 1;";
+        assert_eq!(declared_name(sql).as_deref(), Some("clicks-per-ad"));
+        assert_eq!(declared_name("-- name:   \nSELECT 1"), None);
+        assert_eq!(declared_name("SELECT 'name: x'"), None);
+    }
+}

@@ -488,6 +488,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         checkpoint_interval: Some(args.checkpoint_interval() as usize),
         json: true,
         show: 0,
+        name: None,
     };
     let run = crate::lambda::run::run_sql(sql, &common, &args.lambda).await;
     let cleaned = clean_up(&scratch, &skein_engine::planner::query_code(sql)).await;

@@ -88,12 +88,20 @@ pub fn pin_sources(catalog: &mut Catalog, sql: &str, request: &Request) -> Resul
 
 /// Open the query's checkpoint directory if it checkpoints (see
 /// [`location`]). `None`: it does not checkpoint.
-pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Result<Option<Held>> {
+pub async fn open(
+    catalog: &Catalog,
+    plan: &QueryPlan,
+    request: &Request,
+    name: Option<String>,
+) -> Result<Option<Held>> {
     let dir = match skein_engine::query::checkpoint_location(catalog, plan, request)? {
         Some(Location::Given(dir)) => dir,
         Some(Location::Default) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
         None => return Ok(None),
     };
+    if let (Some(name), Some(root)) = (&name, dir.parent()) {
+        refuse_a_taken_name(root, name, &plan.query_code)?;
+    }
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
     let lock = take_lock(&dir)?;
@@ -105,6 +113,7 @@ pub async fn open(catalog: &Catalog, plan: &QueryPlan, request: &Request) -> Res
                 sql: plan.sql.clone(),
                 group_size: plan.group_size,
                 sources: Some(source_instances(plan)),
+                name,
             })
             .await?;
         Ok::<_, skein_engine::EngineError>(store)
@@ -156,6 +165,42 @@ pub fn remove(dir: &Path) -> Result<bool> {
 
 /// One process per checkpoint directory: a second would interleave its
 /// epochs with the first's. A lock left by a killed process is taken over.
+/// A name is one running query's: another query (another code) whose
+/// directory under `root` is held by a live process and records `name`
+/// refuses it.
+fn refuse_a_taken_name(root: &Path, name: &str, code: &str) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Ok(());
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let Some(holder) = live_holder(&dir) else {
+            continue;
+        };
+        let Ok(bytes) = std::fs::read(dir.join("manifest.json")) else {
+            continue;
+        };
+        let Ok(manifest) = serde_json::from_slice::<Manifest>(&bytes) else {
+            continue;
+        };
+        let taken = manifest.described.and_then(|d| d.name);
+        if taken.as_deref() == Some(name) && manifest.query_code != code {
+            bail!(
+                "a running query is already named {name:?} (query {}, process {holder}, {}):                  give this one another --name",
+                manifest.query_code,
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The live process holding `dir`'s lock, if any.
+fn live_holder(dir: &Path) -> Option<u32> {
+    let holder = std::fs::read_to_string(dir.join("lock")).ok()?;
+    let pid = holder.trim().parse::<u32>().ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+}
+
 fn take_lock(dir: &Path) -> Result<PathBuf> {
     let lock = dir.join("lock");
     for _ in 0..2 {

@@ -89,7 +89,14 @@ async fn explain_sql(sql: &str, plan_args: &PlanArgs, as_json: bool) -> Result<(
 
 pub async fn run(args: RunArgs) -> Result<()> {
     let sql = read_sql(&args.file)?;
-    let report = run_sql(&sql, &args.common, None).await?;
+    let mut common = args.common;
+    if common.name.is_none() {
+        common.name = skein_engine::query::declared_name(&sql).or_else(|| {
+            let stem = args.file.file_stem()?;
+            Some(stem.to_string_lossy().into_owned())
+        });
+    }
+    let report = run_sql(&sql, &common, None).await?;
     println!("{}", report);
     Ok(())
 }
@@ -164,7 +171,11 @@ pub(crate) async fn run_prepared(
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
-    let held = checkpoint_dir::open(&catalog, &plan, &request).await?;
+    let name = args
+        .name
+        .clone()
+        .or_else(|| skein_engine::query::declared_name(&plan.sql));
+    let held = checkpoint_dir::open(&catalog, &plan, &request, name).await?;
     if held.is_none() {
         checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }

@@ -99,7 +99,7 @@ function renderList(l) {
   document.getElementById("crumbs").textContent = "queries";
   const rows = l.queries.map((q) => `
     <tr class="query" data-id="${esc(q.id)}" data-state="${esc(q.state)}" onclick="location.hash='#/q/${esc(q.id)}'">
-      <td><code>${esc(q.query_code)}</code></td>
+      <td>${q.name ? `<b class="name">${esc(q.name)}</b> ` : ""}<code>${esc(q.query_code)}</code></td>
       <td>${esc(q.backend)}</td>
       <td data-field="state">${stateBadge(q.state)}${q.error ? `<div class="error wrap">${esc(q.error)}</div>` : ""}</td>
       <td class="wrap">${esc(q.title)}</td>
@@ -133,7 +133,7 @@ function stat(id, k, v) {
 }
 
 function renderQuery(d) {
-  document.getElementById("crumbs").textContent = `${d.backend} / ${d.query_code}`;
+  document.getElementById("crumbs").textContent = `${d.backend} / ${d.name ? d.name + " (" + d.query_code + ")" : d.query_code}`;
   const main = document.getElementById("main");
   if (!main.querySelector("#query")) {
     main.innerHTML = `

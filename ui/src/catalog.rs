@@ -55,6 +55,8 @@ pub struct Found {
     pub location: String,
     /// The query text and group size, where known.
     pub sql: Option<(String, usize)>,
+    /// The query's name, where it has one.
+    pub name: Option<String>,
     /// A local query: the process holding its directory, if alive.
     pub pid: Option<u32>,
     /// A standing query on Lambda.
@@ -81,6 +83,7 @@ pub async fn local(root: &Path) -> Vec<Found> {
                 code: store.manifest().query_code.clone(),
                 store: Some(Arc::new(store)),
                 location: dir.display().to_string(),
+                name: described.as_ref().and_then(|d| d.name.clone()),
                 sql: described.map(|d| (d.sql, d.group_size)),
                 pid: lock_holder(&dir),
                 spec: None,
@@ -136,6 +139,9 @@ pub async fn lambda(store_url: &str) -> Result<Vec<Found>, UiError> {
             location: spec
                 .as_ref()
                 .map_or_else(|| store_url.to_string(), |s| s.checkpoints.clone()),
+            name: spec
+                .as_ref()
+                .and_then(|s| skein_engine::query::declared_name(&s.sql)),
             sql: spec.as_ref().map(|s| (s.sql.clone(), s.group_size)),
             code,
             store,

@@ -29,6 +29,8 @@ pub struct Summary {
     pub location: String,
     /// The query's first line of SQL that is not a table declaration.
     pub title: String,
+    /// The query's name (`--name`, a `-- name:` line, its file's stem).
+    pub name: Option<String>,
     pub last_epoch: Option<u64>,
     pub committed_epoch: Option<u64>,
     /// When the last commit was written, Unix ms.
@@ -162,6 +164,7 @@ pub fn summary(found: &Found, records: &Records, schedule: Option<&str>, now_ms:
         state,
         error,
         location: found.location.clone(),
+        name: found.name.clone(),
         title: found
             .sql
             .as_ref()
@@ -278,6 +281,7 @@ mod tests {
             store: None,
             location: String::new(),
             sql: None,
+            name: None,
             pid,
             spec: None,
             functions: vec![],

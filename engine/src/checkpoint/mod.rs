@@ -118,6 +118,10 @@ pub struct Description {
     /// is not a local directory (`skein run` records them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sources: Option<std::collections::BTreeMap<String, usize>>,
+    /// The query's name (`--name`, a `-- name:` line, or its file's stem);
+    /// its code stays the identity of its state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// What one table's reader of a source member read in one epoch.
