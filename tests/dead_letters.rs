@@ -76,8 +76,8 @@ fn an_oversized_record_gets_a_truncated_dead_letter_and_the_query_goes_on() {
         "--json",
     ]);
     assert!(ok, "run failed:\n{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(report["result_rows"], 2, "{report}");
+    let report = common::run_report(&stdout);
+    assert_eq!(report.result_rows, 2, "{report:?}");
 
     let letters = common::kafka::first_records(&brokers, &dead);
     assert_eq!(letters.len(), 1);

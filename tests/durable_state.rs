@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 
 use common::rows::read_rows;
 use common::windowed::{self, Reference, assert_exact};
+use skein::report::Report;
 
 const PARTITIONS: usize = 4;
 /// Event time the records span: the 10 s windows close 25 times.
@@ -97,7 +98,7 @@ fn run_command(sql: &Path, checkpoints: &Path) -> Command {
 /// restarts; every kill landed, all but the early third of them after the
 /// killed run had committed an epoch, and the last run resumed after the
 /// last commit. Returns the last run's report.
-fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value {
+fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> Report {
     let checkpoints = dir.join("checkpoints");
     let run =
         common::kills::run_through_kills(|| run_command(sql, &checkpoints), &checkpoints, kills);
@@ -108,10 +109,10 @@ fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value 
         run.mid_run(),
         run.kills
     );
-    let report = run.assert_resumed();
+    let report: Report = run.assert_resumed();
     assert!(
-        report["resumed_after"].is_u64(),
-        "the last run resumed from a checkpoint: {report}"
+        report.resumed_after.is_some(),
+        "the last run resumed from a checkpoint: {report:?}"
     );
     report
 }
@@ -121,7 +122,7 @@ fn run_through_kills(dir: &Path, sql: &Path, kills: usize) -> serde_json::Value 
 /// end. The crash landed there, the second run resumed after a commit, and
 /// it wrote the crashed epoch again: only the sink's replay detection keeps
 /// those rows from doubling. Returns the second run's report.
-fn crash_after_a_sink_write(dir: &Path, sql: &Path, at: u64) -> serde_json::Value {
+fn crash_after_a_sink_write(dir: &Path, sql: &Path, at: u64) -> Report {
     use std::os::unix::process::ExitStatusExt;
     let checkpoints = dir.join("checkpoints");
     let crashed = run_command(sql, &checkpoints)
@@ -157,11 +158,10 @@ fn crash_after_a_sink_write(dir: &Path, sql: &Path, at: u64) -> serde_json::Valu
         "the run after the crash finishes: {}",
         String::from_utf8_lossy(&resumed.stderr)
     );
-    let report: serde_json::Value = serde_json::from_slice(&resumed.stdout).expect("a JSON report");
+    let report = common::run_report(&String::from_utf8_lossy(&resumed.stdout));
     assert_eq!(
-        report["resumed_after"].as_u64(),
-        committed,
-        "the second run resumed after the last commit: {report}"
+        report.resumed_after, committed,
+        "the second run resumed after the last commit: {report:?}"
     );
     report
 }
@@ -200,13 +200,13 @@ impl Setup {
 
     /// Runs the query into the sink `out` (its DDL) through a crash right
     /// after the sink wrote rows of epoch 6 or later.
-    fn run_crashing_after_a_sink_write(&self, sink: &str) -> serde_json::Value {
+    fn run_crashing_after_a_sink_write(&self, sink: &str) -> Report {
         let sql = query(&self.dir, &self.source, sink);
         crash_after_a_sink_write(&self.dir, &sql, 6)
     }
 
     /// Runs the query into the sink `out` (its DDL) through the kills.
-    fn run(&self, sink: &str) -> serde_json::Value {
+    fn run(&self, sink: &str) -> Report {
         let sql = query(&self.dir, &self.source, sink);
         run_through_kills(&self.dir, &sql, self.kills)
     }
@@ -226,7 +226,7 @@ fn killed_at_random_moments_the_files_sink_holds_the_exact_result() {
     assert_exact(
         &read_rows(&out, true),
         &setup.reference,
-        &format!("files {report}"),
+        &format!("files {report:?}"),
     );
 }
 
@@ -238,7 +238,7 @@ fn killed_at_random_moments_the_kafka_sink_holds_the_exact_result() {
     assert_exact(
         &windowed::kafka_rows(&out),
         &setup.reference,
-        &format!("kafka read_committed {report}"),
+        &format!("kafka read_committed {report:?}"),
     );
 }
 
@@ -251,7 +251,7 @@ fn killed_at_random_moments_the_redis_sink_holds_the_exact_result() {
     let url = common::require_redis();
     let prefix = common::unique_name("durable");
     let report = setup.run(&windowed::redis_list_sink(&url, &prefix));
-    println!("redis {report}");
+    println!("redis {report:?}");
     windowed::assert_lists_exact(&url, &prefix, &setup.reference, &[]);
 }
 
@@ -266,7 +266,7 @@ fn a_kinesis_source_killed_at_random_moments_counts_every_record_once() {
     assert_exact(
         &read_rows(&out, true),
         &setup.reference,
-        &format!("kinesis to files {report}"),
+        &format!("kinesis to files {report:?}"),
     );
 }
 
@@ -283,7 +283,7 @@ fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_files() {
     assert_exact(
         &read_rows(&out, true),
         &setup.reference,
-        &format!("files {report}"),
+        &format!("files {report:?}"),
     );
 }
 
@@ -295,7 +295,7 @@ fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_kafka() {
     assert_exact(
         &windowed::kafka_rows(&out),
         &setup.reference,
-        &format!("kafka read_committed {report}"),
+        &format!("kafka read_committed {report:?}"),
     );
 }
 
@@ -305,6 +305,6 @@ fn a_crash_between_a_sink_write_and_its_commit_doubles_nothing_in_redis() {
     let url = common::require_redis();
     let prefix = common::unique_name("crash");
     let report = setup.run_crashing_after_a_sink_write(&windowed::redis_list_sink(&url, &prefix));
-    println!("redis {report}");
+    println!("redis {report:?}");
     windowed::assert_lists_exact(&url, &prefix, &setup.reference, &[]);
 }

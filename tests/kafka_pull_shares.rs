@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, Int64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use skein::report::Report;
 use skein_connectors::kafka::KafkaSourceFactory;
 use skein_engine::source::{EpochSpec, SourceConfig, SourceFactory};
 
@@ -170,10 +171,10 @@ fn verify_reads_what_the_run_read_whatever_the_pull_budget() {
         args.extend(bound);
         let (ok, stdout, stderr) = common::skein(&args);
         assert!(ok, "skein {args:?}: {stderr}");
-        let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let report = common::run_report(&stdout);
         let rows = if bound[0] == "--epochs" { 4 } else { 5 };
-        assert_eq!(report["result_rows"], rows, "{bound:?}: {report}");
-        assert_eq!(report["verified"], true, "{bound:?}: {report}");
+        assert_eq!(report.result_rows, rows, "{bound:?}: {report:?}");
+        assert_eq!(report.verified, Some(true), "{bound:?}: {report:?}");
     }
 
     let empty = common::unique_name("verify-empty");
@@ -293,7 +294,7 @@ fn a_resumed_query_keeps_the_instances_of_its_checkpoint() {
     )
     .unwrap();
     let checkpoints = dir.join("checkpoints");
-    let run = |cores: &str| -> serde_json::Value {
+    let run = |cores: &str| -> Report {
         let out = std::process::Command::new("taskset")
             .args(["-c", cores, env!("CARGO_BIN_EXE_skein"), "run"])
             .arg(&file)
@@ -304,20 +305,20 @@ fn a_resumed_query_keeps_the_instances_of_its_checkpoint() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "skein run: {stderr}");
-        serde_json::from_slice(&out.stdout).unwrap()
+        common::run_report(&String::from_utf8_lossy(&out.stdout))
     };
     write(0, 4_000);
     let first = run("0,1");
-    assert_eq!(first["result_rows"], 4_000, "{first}");
+    assert_eq!(first.result_rows, 4_000, "{first:?}");
     write(4_000, 2_000);
     let second = run("0");
     assert_eq!(
-        second["functions"], first["functions"],
-        "the same source instances: {second}"
+        second.functions, first.functions,
+        "the same source instances: {second:?}"
     );
-    assert!(second["resumed_after"].is_u64(), "{second}");
+    assert!(second.resumed_after.is_some(), "{second:?}");
     assert_eq!(
-        second["result_rows"], 2_000,
-        "only the new records: {second}"
+        second.result_rows, 2_000,
+        "only the new records: {second:?}"
     );
 }

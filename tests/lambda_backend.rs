@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use skein::report::Report;
 use skein_engine::EngineError;
 use skein_engine::invoke::{InvocationType, Invoker, invoke_with_retry};
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
@@ -22,7 +23,10 @@ fn skein(store: &str, args: &[&str]) -> String {
     stdout
 }
 
-fn json_line(text: &str) -> Value {
+/// The last JSON line of `text`, read into `T`: the report a command
+/// printed, or a `Value` where the command prints an object of its own
+/// (`deploy`, `status` without a query).
+fn json_line<T: serde::de::DeserializeOwned>(text: &str) -> T {
     let line = text
         .lines()
         .rev()
@@ -72,7 +76,7 @@ fn run_both(
     group_size: &str,
     epochs: &str,
     expected_rows: usize,
-) -> (Value, Value) {
+) -> (Report, Report) {
     let common_args = [
         "--group-size",
         group_size,
@@ -83,29 +87,28 @@ fn run_both(
     ];
     let mut lambda_args = vec!["run", file, "--backend", "lambda"];
     lambda_args.extend(common_args);
-    let on_lambda = json_line(&skein(store, &lambda_args));
+    let on_lambda: Report = json_line(&skein(store, &lambda_args));
     let mut local_args = vec!["run", file];
     local_args.extend(common_args);
-    let local = json_line(&skein(store, &local_args));
-    assert_eq!(on_lambda["verified"], Value::Bool(true), "{on_lambda}");
-    assert_eq!(local["verified"], Value::Bool(true), "{local}");
+    let local: Report = json_line(&skein(store, &local_args));
+    assert_eq!(on_lambda.verified, Some(true), "{on_lambda:?}");
+    assert_eq!(local.verified, Some(true), "{local:?}");
     assert_eq!(
-        on_lambda["result_rows"], local["result_rows"],
-        "lambda {on_lambda} local {local}"
+        on_lambda.result_rows, local.result_rows,
+        "lambda {on_lambda:?} local {local:?}"
     );
     assert_eq!(
-        on_lambda["events"], local["events"],
-        "lambda {on_lambda} local {local}"
+        on_lambda.events, local.events,
+        "lambda {on_lambda:?} local {local:?}"
     );
     assert_eq!(
-        on_lambda["functions"], local["functions"],
-        "lambda {on_lambda} local {local}"
+        on_lambda.functions, local.functions,
+        "lambda {on_lambda:?} local {local:?}"
     );
     assert!(expected_rows > 0, "a reference with no rows proves little");
     assert_eq!(
-        on_lambda["result_rows"].as_u64(),
-        Some(expected_rows as u64),
-        "rows computed from the generated events: {on_lambda}"
+        on_lambda.result_rows, expected_rows,
+        "rows computed from the generated events: {on_lambda:?}"
     );
     (on_lambda, local)
 }
@@ -127,7 +130,7 @@ async fn shuffled_group_by_on_lambda() {
     );
     let file = write_sql("shuffle", &sql);
 
-    let deployed = json_line(&skein(
+    let deployed: Value = json_line(&skein(
         &store,
         &[
             "deploy",
@@ -176,10 +179,10 @@ async fn shuffled_group_by_on_lambda() {
         })
         .collect();
     let (on_lambda, _) = run_both(&store, &file, "4", "3", auctions.len());
-    assert_eq!(on_lambda["query_code"], Value::String(code.clone()));
+    assert_eq!(on_lambda.query_code, code);
     assert!(
-        on_lambda["spilled_contexts"].as_u64().unwrap_or(0) > 0,
-        "{on_lambda}"
+        on_lambda.lambda.as_ref().map_or(0, |l| l.spilled_contexts) > 0,
+        "{on_lambda:?}"
     );
 
     throttles_are_retried_not_lost(&lambda, &code).await;
@@ -187,14 +190,14 @@ async fn shuffled_group_by_on_lambda() {
     poisoned_async_payload_ends_as_a_dead_letter(&store, &code).await;
 
     // The stage functions and the query's dead-letter function.
-    let status = json_line(&skein(&store, &["status", "--json"]));
+    let status: Value = json_line(&skein(&store, &["status", "--json"]));
     assert_eq!(
         status["queries"][&code].as_array().map(Vec::len),
         Some(functions.len() + 1),
         "{status}"
     );
     skein(&store, &["destroy", &file]);
-    let status = json_line(&skein(&store, &["status", "--json"]));
+    let status: Value = json_line(&skein(&store, &["status", "--json"]));
     assert!(
         status["queries"].get(&code).is_none(),
         "functions left behind: {status}"
@@ -250,22 +253,32 @@ async fn async_edges_on_lambda() {
     ];
     let mut lambda_args = vec!["run", file.as_str(), "--backend", "lambda"];
     lambda_args.extend(args);
-    let on_lambda = json_line(&skein(&store, &lambda_args));
+    let on_lambda: Report = json_line(&skein(&store, &lambda_args));
     let mut local_args = vec!["run", file.as_str()];
     local_args.extend(args);
-    let local = json_line(&skein(&store, &local_args));
-    assert_eq!(on_lambda["verified"], Value::Bool(true), "{on_lambda}");
-    assert_eq!(on_lambda["dead_letters"], json!(0), "{on_lambda}");
-    for key in ["result_rows", "events", "functions", "stages", "epochs"] {
+    let local: Report = json_line(&skein(&store, &local_args));
+    assert_eq!(on_lambda.verified, Some(true), "{on_lambda:?}");
+    assert_eq!(
+        on_lambda.lambda.as_ref().map(|l| l.dead_letters),
+        Some(0),
+        "{on_lambda:?}"
+    );
+    let figures = |r: &Report| {
+        [
+            ("result_rows", r.result_rows as u64),
+            ("events", r.events),
+            ("functions", r.functions as u64),
+            ("stages", r.stages as u64),
+            ("epochs", r.epochs),
+        ]
+    };
+    for ((key, lambda), (_, local_figure)) in figures(&on_lambda).into_iter().zip(figures(&local)) {
         assert_eq!(
-            on_lambda[key], local[key],
-            "{key}: lambda {on_lambda} local {local}"
+            lambda, local_figure,
+            "{key}: lambda {on_lambda:?} local {local:?}"
         );
     }
-    assert!(
-        on_lambda["result_rows"].as_u64().unwrap_or(0) > 0,
-        "{on_lambda}"
-    );
+    assert!(on_lambda.result_rows > 0, "{on_lambda:?}");
     skein(&store, &["destroy", &file]);
 }
 
@@ -337,7 +350,7 @@ async fn poisoned_async_payload_ends_as_a_dead_letter(store: &str, code: &str) {
         .unwrap_or_else(|e| panic!("Event invoke of {member}: {e}"));
     let counted = common::within(90, "waiting for the dead letter", async {
         loop {
-            let status = json_line(&skein(store, &["status", "--json"]));
+            let status: Value = json_line(&skein(store, &["status", "--json"]));
             if let Some(n) = status["dead_letters"][code].as_u64() {
                 break n;
             }

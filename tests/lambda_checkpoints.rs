@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use common::windowed::{self, Reference, assert_exact};
 use rand::Rng;
 use serde_json::Value;
+use skein::report::Report;
 
 const PARTITIONS: usize = 2;
 /// Event time the records span: ten 10 s windows.
@@ -145,7 +146,7 @@ impl Setup {
     }
 
     /// The run's report; fails the test unless it succeeded.
-    fn finish(&self, child: Child) -> Value {
+    fn finish(&self, child: Child) -> Report {
         let output = common::wait_with_timeout(child, Duration::from_secs(600));
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -154,16 +155,16 @@ impl Setup {
             "skein run failed:\n{stdout}\n{stderr}"
         );
         let line = stdout.lines().rev().find(|l| l.starts_with('{'));
-        let report: Value = serde_json::from_str(line.expect("a JSON line")).expect("JSON");
-        eprintln!("report: {report}\n{stderr}");
+        let report: Report = serde_json::from_str(line.expect("a JSON line")).expect("JSON");
+        eprintln!("report: {report:?}\n{stderr}");
         report
     }
 
-    fn assert_exact(&self, report: &Value) {
+    fn assert_exact(&self, report: &Report) {
         assert_exact(
             &windowed::kafka_rows(&self.out),
             &self.reference,
-            &format!("lambda to kafka read_committed {report}"),
+            &format!("lambda to kafka read_committed {report:?}"),
         );
     }
 }
@@ -248,8 +249,8 @@ fn group_members_whose_bootstrap_is_killed_mid_run_restore_from_the_last_commit(
     eprintln!("killed (function, pid, after commit): {killed:?}");
     setup.assert_exact(&report);
     assert!(
-        report["resumed_after"].is_null(),
-        "a first run resumes nothing: {report}"
+        report.resumed_after.is_none(),
+        "a first run resumes nothing: {report:?}"
     );
 }
 
@@ -270,10 +271,10 @@ fn a_second_run_resumes_after_the_last_commit_of_a_killed_one() {
         "the first run was still running when killed: {status}"
     );
     let report = setup.finish(setup.spawn());
-    let resumed = report["resumed_after"].as_u64();
+    let resumed = report.resumed_after;
     assert!(
         resumed.is_some_and(|r| r >= epoch.unwrap_or(0)),
-        "the second run resumed after the commit the first reached ({epoch:?}): {report}"
+        "the second run resumed after the commit the first reached ({epoch:?}): {report:?}"
     );
     setup.assert_exact(&report);
 }
@@ -297,7 +298,7 @@ fn a_member_killed_between_commits_is_caught_up_by_replacing_every_instance() {
     );
     setup.assert_exact(&report);
     assert!(
-        report["recoveries"].as_u64() >= Some(1),
-        "the driver replaced every instance: {report}"
+        report.lambda.as_ref().map(|l| l.recoveries) >= Some(1),
+        "the driver replaced every instance: {report:?}"
     );
 }

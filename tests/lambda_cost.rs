@@ -22,28 +22,25 @@ fn cost_measured_on_lambda_prices_the_functions_reports() {
         ],
     );
     assert!(ok, "{stdout}\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let (c, v) = common::cost::cost_json(&stdout);
     assert_eq!(v["backend"], "lambda", "{v}");
     assert_eq!(v["epochs"].as_u64(), Some(3), "{v}");
-    let m = &v["measured"];
+    let m = &c.measured;
     // Every trigger, payload and probe, as the functions answered them.
-    assert!(
-        m["invocations"].as_u64() > Some(v["functions"].as_u64().unwrap()),
-        "{v}"
-    );
-    assert!(m["billed_ms"].as_u64() > Some(0), "{v}");
+    assert!(m.invocations > v["functions"].as_u64().unwrap(), "{v}");
+    assert!(m.billed_ms > 0, "{c:?}");
     // Checkpointed every epoch: each member's writes and the driver's commits.
-    assert!(m["checkpoint_puts"].as_u64() >= Some(3), "{v}");
+    assert!(m.checkpoint_puts >= 3, "{c:?}");
     // What the functions reported, priced at the published prices: the
     // report's figures are that arithmetic and nothing else.
     let prices = skein_cost::Prices::default();
-    assert_eq!(v["prices"].as_str(), Some(prices.date.as_str()), "{v}");
-    common::cost::assert_lambda_priced(&v, &prices);
+    assert_eq!(c.prices, prices.date, "{c:?}");
+    common::cost::assert_lambda_priced(&c, &prices);
     assert!(
-        v["measured_on"]
-            .as_str()
+        c.measured_on
+            .as_deref()
             .is_some_and(|s| s.starts_with("Lambda")),
-        "{v}"
+        "{c:?}"
     );
 
     // The scratch checkpoints and the functions are gone.

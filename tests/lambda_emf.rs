@@ -9,6 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
+use skein::report::Report;
 
 /// Every log line of every function of `query_code`, by function name.
 async fn function_logs(query_code: &str) -> BTreeMap<String, Vec<String>> {
@@ -121,14 +122,14 @@ async fn functions_write_emf_lines_to_their_logs() {
     ];
     let (ok, stdout, stderr) = common::skein_on_aws(Some(&store), &args);
     assert!(ok, "skein run failed:\n{stdout}\n{stderr}");
-    let report: Value = stdout
+    let report: Report = stdout
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
         .unwrap_or_else(|| panic!("no JSON report in {stdout}"));
-    let code = report["query_code"].as_str().expect("query_code");
-    let events = report["events"].as_f64().expect("events");
-    assert!(events > 0.0, "{report}");
+    let code = report.query_code.as_str();
+    let events = report.events as f64;
+    assert!(events > 0.0, "{report:?}");
 
     let logs_by_function = function_logs(code).await;
     assert!(

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::windowed::{self, BASE_MS, WINDOW_MS};
 use serde_json::Value;
+use skein_engine::status::QueryStatus;
 
 const PARTITIONS: usize = 2;
 
@@ -21,9 +22,13 @@ fn skein_aws(store: &str, args: &[&str]) -> String {
     stdout
 }
 
-fn status(store: &str, code: &str) -> Value {
+/// `skein status CODE --backend lambda --json`: the query's status, typed,
+/// and the whole object for what only Lambda adds (its schedule and lease,
+/// an object of their own: src/status.rs).
+fn status(store: &str, code: &str) -> (QueryStatus, Value) {
     let out = skein_aws(store, &["status", code, "--backend", "lambda", "--json"]);
-    serde_json::from_str(out.trim()).expect("status --json")
+    let v: Value = serde_json::from_str(out.trim()).expect("status --json");
+    (common::typed(&v, &out), v)
 }
 
 /// Polls `ready` every 2 s for up to `secs`.
@@ -95,7 +100,8 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
         windowed::produce(&topic, chunk);
         std::thread::sleep(Duration::from_secs(secs) / chunks as u32);
         // Halfway, once a tick has committed: kill every bootstrap once.
-        if killed.is_empty() && i >= chunks / 2 && status(&store, &code)["committed"].is_object() {
+        if killed.is_empty() && i >= chunks / 2 && status(&store, &code).0.store.committed.is_some()
+        {
             let wanted = format!("{code}-");
             for pid in common::kills::bootstraps(|f| f.starts_with(&wanted)) {
                 let _ = std::process::Command::new("kill")
@@ -128,23 +134,26 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
         (windows(&prefix) >= reference.len()).then_some(())
     });
     windowed::assert_lists_exact(&url, &prefix, &reference, &["end"]);
-    let lag0 = eventually(180, "lag 0 in skein status", || {
-        let s = status(&store, &code);
-        (s["lag"] == 0).then_some(s)
+    let (lag0, lag0_platform) = eventually(180, "lag 0 in skein status", || {
+        let (s, platform) = status(&store, &code);
+        (s.lag == 0).then_some((s, platform))
     });
-    assert_eq!(lag0["schedule"], "ENABLED", "{lag0}");
-    assert!(lag0["lease"]["holder"].is_string(), "{lag0}");
-    let committed = lag0["committed"]["epoch"].as_u64().expect("a commit");
+    assert_eq!(lag0_platform["schedule"], "ENABLED", "{lag0_platform}");
+    assert!(
+        lag0_platform["lease"]["holder"].is_string(),
+        "{lag0_platform}"
+    );
+    let committed = lag0.store.committed.map(|c| c.epoch).expect("a commit");
 
     // Stop: the schedule is disabled, the state kept; start resumes.
     skein_aws(&store, &["stop", &code]);
-    assert_eq!(status(&store, &code)["schedule"], "DISABLED");
+    assert_eq!(status(&store, &code).1["schedule"], "DISABLED");
     skein_aws(&store, &["start", &code]);
-    let after = status(&store, &code);
-    assert_eq!(after["schedule"], "ENABLED");
+    let (after, after_platform) = status(&store, &code);
+    assert_eq!(after_platform["schedule"], "ENABLED");
     assert!(
-        after["committed"]["epoch"].as_u64() >= Some(committed),
-        "state kept across stop/start: {after}"
+        after.store.committed.map(|c| c.epoch) >= Some(committed),
+        "state kept across stop/start: {after:?}"
     );
 
     // destroy --purge leaves no function, schedule or checkpoint.

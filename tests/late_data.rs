@@ -18,6 +18,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
+use skein::report::Report;
+use skein_engine::epochs::Stopped;
 
 /// A hang guard, not a measure: what a test waits for has its own condition.
 const HANG_GUARD: Duration = Duration::from_secs(300);
@@ -99,19 +101,13 @@ fn kafka_table(name: &str, topic: &str, brokers: &str, options: &str) -> String 
 }
 
 /// Run `skein run SQL ARGS --json`; its report, or a failure naming `what`.
-fn run_report(what: &str, sql: &str, args: &[&str]) -> serde_json::Value {
+fn run_report(what: &str, sql: &str, args: &[&str]) -> Report {
     let mut all = vec!["run", sql];
     all.extend_from_slice(args);
     all.push("--json");
     let (ok, stdout, stderr) = common::skein(&all);
     assert!(ok, "{what} failed:\n{stderr}");
-    report(&stdout)
-}
-
-/// The summary line of `skein run --json`.
-fn report(stdout: &str) -> serde_json::Value {
-    let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("not a report ({e}): {stdout}"))
+    common::run_report(&stdout)
 }
 
 /// Window start (ms) -> (count, sum) of the rows the query wrote.
@@ -165,9 +161,13 @@ fn a_late_row_is_dropped_and_counted_never_a_second_row() {
     let (_, sql, out) = late_table(&brokers, "");
     let args = ["--until-drained", "--interval", "50ms", "--group-size", "2"];
     let r = run_report("the run", &sql, &args);
-    assert_eq!(r["late_rows"], 1, "{r}");
-    assert_eq!(r["late_rows_by_table"]["ev"], 1, "{r}");
-    assert_eq!(r["events"], 601, "each record counted once: {r}");
+    assert_eq!(r.late_rows, Some(1), "{r:?}");
+    assert_eq!(
+        r.late_rows_by_table.as_ref().and_then(|t| t.get("ev")),
+        Some(&1),
+        "{r:?}"
+    );
+    assert_eq!(r.events, 601, "each record counted once: {r:?}");
     let by_window = counts(&rows_under(&out));
     assert_eq!(by_window.len(), 6, "six 10 s windows: {by_window:?}");
     for (w, rows) in &by_window {
@@ -189,7 +189,7 @@ fn a_late_row_goes_to_the_dead_letter_topic_with_its_window() {
         &format!(", 'late' 'dead-letter', 'dead.letter.topic' '{dead}'"),
     );
     let r = run_report("the run", &sql, &["--until-drained", "--interval", "50ms"]);
-    assert_eq!(r["late_rows"], 1, "{r}");
+    assert_eq!(r.late_rows, Some(1), "{r:?}");
     assert_eq!(counts(&rows_under(&out)).len(), 6);
 
     let consumer: BaseConsumer = ClientConfig::new()
@@ -271,19 +271,23 @@ fn an_empty_topic_neither_stalls_nor_ends_a_query() {
     let out = common::wait_with_timeout(child, HANG_GUARD);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the standing run failed:\n{stderr}");
-    let r = report(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(r["stopped"], "signal", "ended by the signal only: {r}");
-    assert_eq!(r["result_rows"], 0, "{r}");
+    let r = common::run_report(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        r.stopped,
+        Stopped::Signal,
+        "ended by the signal only: {r:?}"
+    );
+    assert_eq!(r.result_rows, 0, "{r:?}");
     assert!(
-        r["epochs"].as_f64() >= Some(epochs),
-        "{epochs} epochs counted while it ran: {r}"
+        r.epochs as f64 >= epochs,
+        "{epochs} epochs counted while it ran: {r:?}"
     );
     let r = run_report(
         "--until-drained on an empty topic",
         &sql,
         &["--until-drained"],
     );
-    assert_eq!(r["events"], 0, "{r}");
+    assert_eq!(r.events, 0, "{r:?}");
 }
 
 #[test]
@@ -351,11 +355,11 @@ fn a_topic_ending_in_transaction_markers_is_read_to_its_end() {
         "windows over a transactional topic failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r = report(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(r["events"], 2000, "{r}");
+    let r = common::run_report(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(r.events, 2000, "{r:?}");
     assert_eq!(
-        r["result_rows"], 10,
-        "100 s of event time in 10 s windows: {r}"
+        r.result_rows, 10,
+        "100 s of event time in 10 s windows: {r:?}"
     );
 }
 

@@ -199,11 +199,11 @@ fn q10_logs_bids_to_files_partitioned_by_day_and_minute() {
         "--output", &output, "--verify", "--json",
     ]);
     assert!(ok, "q10 failed:\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(v["verified"], true, "{v}");
+    let r = common::run_report(&stdout);
+    assert_eq!(r.verified, Some(true), "{r:?}");
     assert_eq!(
-        v["result_rows"], 18_400,
-        "46 of every 50 events are bids: {v}"
+        r.result_rows, 18_400,
+        "46 of every 50 events are bids: {r:?}"
     );
     let day = dir.join("dt=2020-01-01");
     let mut minutes: Vec<String> = std::fs::read_dir(&day)

@@ -23,6 +23,7 @@ use common::nexmark_reference::{self as reference, Row, float};
 use common::nexmark_topics::NexmarkTopics;
 use common::rows::read_rows;
 use serde_json::{Map, Value};
+use skein::report::Report;
 use skein_generators::nexmark::Event;
 
 const EVENTS: u64 = 40_000;
@@ -190,12 +191,12 @@ fn check(query: u32, kills: usize) {
         run.mid_run(),
         run.kills
     );
-    let report: Value = run.assert_resumed();
+    let report: Report = run.assert_resumed();
     if kills > 1 {
         assert!(
-            report["resumed_after"].is_u64(),
-            "q{query} resumed: {}",
-            report["resumed_after"]
+            report.resumed_after.is_some(),
+            "q{query} resumed: {:?}",
+            report.resumed_after
         );
     }
     let got = replay(&read_rows(&out, true), &cols);

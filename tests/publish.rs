@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::publish::{drain_topic, report};
+use common::publish::{drain_topic, gen_report};
 
 #[test]
 fn gen_ysb_to_kafka_publishes_reference_records() {
@@ -16,8 +16,8 @@ fn gen_ysb_to_kafka_publishes_reference_records() {
     let (ok, stdout, stderr) =
         common::skein(&["gen", "ysb", "--to", &to, "--events", "20000", "--json"]);
     assert!(ok, "skein gen failed:\n{stderr}");
-    let r = report(&stdout);
-    assert_eq!(r["events"], 20000, "{r}");
+    let r = gen_report(&stdout);
+    assert_eq!(r.events, 20000, "{r:?}");
     let messages = drain_topic(&brokers, &topic);
     assert_eq!(messages.len(), 20000);
     let mut ads = BTreeSet::new();
@@ -50,10 +50,10 @@ fn gen_nexmark_to_kafka_writes_one_topic_per_table_at_the_rate() {
         "gen", "nexmark", "--to", &to, "--events", "10000", "--rate", "20000", "--json",
     ]);
     assert!(ok, "skein gen failed:\n{stderr}");
-    let r = report(&stdout);
-    assert_eq!(r["events"], 10000, "{r}");
+    let r = gen_report(&stdout);
+    assert_eq!(r.events, 10000, "{r:?}");
     // Paced at 20,000/s, 10,000 events take at least about half a second.
-    assert!(r["elapsed_s"].as_f64().unwrap() >= 0.45, "{r}");
+    assert!(r.elapsed_s >= 0.45, "{r:?}");
     // 1 : 3 : 46 per 50 events.
     let counts: Vec<usize> = ["person", "auction", "bid"]
         .iter()
@@ -125,7 +125,7 @@ fn gen_writes_each_partition_in_event_time_order_at_the_event_rate() {
         args.extend(more);
         let (ok, stdout, stderr) = common::skein(&args);
         assert!(ok, "skein gen {benchmark} failed:\n{stderr}");
-        report(&stdout)
+        gen_report(&stdout)
     };
     let ysb = common::unique_name("gen-order-ysb");
     let r = gen_unpaced(
@@ -133,7 +133,7 @@ fn gen_writes_each_partition_in_event_time_order_at_the_event_rate() {
         &ysb,
         &["--events", "100000", "--event-rate", "10000"],
     );
-    assert_eq!(r["event_rate"], 10000, "{r}");
+    assert_eq!(r.event_rate, 10000, "{r:?}");
     let times = event_times_by_partition(&brokers, &ysb, "event_time");
     assert_eq!(times.values().map(Vec::len).sum::<usize>(), 100_000);
     // Event 99,999 at 10,000 events/s is 9,999.9 ms after event 0.
@@ -141,7 +141,7 @@ fn gen_writes_each_partition_in_event_time_order_at_the_event_rate() {
 
     let bid = common::unique_name("gen-order-bid");
     let r = gen_unpaced("nexmark", &bid, &["--table", "bid", "--events", "60000"]);
-    assert_eq!(r["event_rate"], 10000, "NEXMark's default: {r}");
+    assert_eq!(r.event_rate, 10000, "NEXMark's default: {r:?}");
     let times = event_times_by_partition(&brokers, &bid, "date_time");
     assert_eq!(times.values().map(Vec::len).sum::<usize>(), 60_000);
     // 60,000 bids are about 65,200 events: some 6.5 s at 10,000 events/s.
@@ -196,7 +196,7 @@ async fn gen_ysb_to_kinesis_puts_every_event_over_the_shards() {
     .await
     .unwrap();
     assert!(ok, "skein gen failed:\n{stderr}");
-    assert_eq!(report(&stdout)["events"], 1234);
+    assert_eq!(gen_report(&stdout).events, 1234);
     let records = common::drain_stream(&stream).await;
     assert_eq!(records.len(), 1234);
     let distinct: BTreeSet<&Vec<u8>> = records.iter().map(|(_, d)| d).collect();

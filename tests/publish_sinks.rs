@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::publish::{bids, drain_topic, report, write_sql};
+use common::publish::{bids, drain_topic, write_sql};
 use rdkafka::ClientConfig;
 
 #[test]
@@ -159,7 +159,7 @@ async fn q10_writes_its_files_to_s3() {
     .await
     .unwrap();
     assert!(ok, "q10 to S3 failed:\n{stderr}");
-    assert_eq!(report(&stdout)["verified"], true, "{stdout}");
+    assert_eq!(common::run_report(&stdout).verified, Some(true), "{stdout}");
     let listed = s3
         .list_objects_v2()
         .bucket(bucket)

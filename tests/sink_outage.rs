@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use common::kills::committed_epoch;
 use common::services::{PrivateBroker, PrivateRedis};
 use common::windowed::{self, Reference};
-use serde_json::Value;
+use skein_engine::sink_health::SinkHealthReport;
+use skein_engine::status::QueryStatus;
 
 const BOUND: Duration = Duration::from_secs(10);
 /// One retry step: the longest wait between a sink's attempts.
@@ -225,7 +226,7 @@ impl Standing {
     }
 
     /// `skein status --json` of the run.
-    fn status(&self) -> Value {
+    fn status(&self) -> QueryStatus {
         let (ok, stdout, stderr) = common::skein(&[
             "status",
             self.sql.to_str().expect("utf-8"),
@@ -238,13 +239,11 @@ impl Standing {
     }
 
     /// The failing sinks `skein status --json` lists.
-    fn failing_sinks(&self) -> Vec<Value> {
-        self.status()["sinks"]
-            .as_array()
-            .expect("status lists sinks")
-            .iter()
-            .filter(|s| s["consecutive_failures"].as_u64() > Some(0))
-            .cloned()
+    fn failing_sinks(&self) -> Vec<SinkHealthReport> {
+        self.status()
+            .sinks
+            .into_iter()
+            .filter(|s| s.consecutive_failures > 0)
             .collect()
     }
 
@@ -282,9 +281,9 @@ impl Standing {
             },
         );
         println!("{what}: failing sink in status: {failing:?}");
-        let text = failing[0].to_string();
+        let text = format!("{:?}", failing[0]);
         assert!(
-            failing[0]["last_error"].is_string() && failing[0]["failing_since_ms"].is_i64(),
+            failing[0].last_error.is_some() && failing[0].failing_since_ms.is_some(),
             "{text}"
         );
         let gauge = common::wait_until(&mut child, PATIENCE, "the failures gauge", || {
@@ -293,11 +292,11 @@ impl Standing {
         println!("{what}: skein_sink_consecutive_failures {gauge}");
         service.up();
         common::wait_until(&mut child, PATIENCE, "the sink to write again", || {
-            let recovered = self.status()["sinks"].as_array().is_some_and(|s| {
-                !s.is_empty()
-                    && s.iter()
-                        .all(|s| s["consecutive_failures"] == 0 && s["last_success_ms"].is_i64())
-            });
+            let sinks = self.status().sinks;
+            let recovered = !sinks.is_empty()
+                && sinks
+                    .iter()
+                    .all(|s| s.consecutive_failures == 0 && s.last_success_ms.is_some());
             let moved = committed_epoch(&self.checkpoints()) > Some(at);
             (recovered && moved).then_some(())
         });

@@ -15,6 +15,9 @@ use common::kills::committed_epoch;
 use common::rows::read_rows;
 use common::windowed::{self, Reference, assert_exact};
 use serde_json::{Map, Value};
+use skein::report::Report;
+use skein_engine::epochs::Stopped;
+use skein_engine::status::QueryStatus;
 
 const PARTITIONS: usize = 4;
 const RECORDS: usize = 30_000;
@@ -104,14 +107,12 @@ impl Standing {
             output.status
         );
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let report: Value = serde_json::from_str(stdout.lines().last().expect("a summary line"))
-            .unwrap_or_else(|e| panic!("{e}: {stdout}"));
-        assert_eq!(report["stopped"], "signal", "{report}");
-        assert!(report["epochs"].as_u64() > Some(3), "{report}");
+        let report = common::run_report(&stdout);
+        assert_eq!(report.stopped, Stopped::Signal, "{report:?}");
+        assert!(report.epochs > 3, "{report:?}");
         assert_eq!(
-            report["resumed_after"].as_u64(),
-            resumes,
-            "{signal}: the run resumed after the commit before it: {report}"
+            report.resumed_after, resumes,
+            "{signal}: the run resumed after the commit before it: {report:?}"
         );
         let committed = committed_epoch(&self.checkpoints());
         assert!(
@@ -131,7 +132,7 @@ impl Standing {
     }
 
     /// The bounded last run: it takes what is left and flushes.
-    fn drain(&self) -> Value {
+    fn drain(&self) -> Report {
         let child = self
             .command(&["--until-drained"])
             .spawn()
@@ -143,9 +144,8 @@ impl Standing {
             "the draining run failed:\n{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let report: Value =
-            serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
-        assert_eq!(report["stopped"], "bound", "{report}");
+        let report = common::run_report(&stdout);
+        assert_eq!(report.stopped, Stopped::Bound, "{report:?}");
         report
     }
 
@@ -166,11 +166,10 @@ impl Standing {
         windowed::produce(&self.topic, &bad);
         let report = self.drain();
         assert_eq!(
-            report["resumed_after"].as_u64(),
-            second,
-            "the draining run resumed after the second stop's commit: {report}"
+            report.resumed_after, second,
+            "the draining run resumed after the second stop's commit: {report:?}"
         );
-        assert_exact(&written(), &reference, &format!("standing runs {report}"));
+        assert_exact(&written(), &reference, &format!("standing runs {report:?}"));
         self.assert_status_caught_up();
     }
 
@@ -189,23 +188,24 @@ impl Standing {
             "skein status failed:\n{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let status: Value = serde_json::from_slice(&output.stdout).expect("status is JSON");
-        let partitions = status["partitions"].as_array().expect("partitions");
-        assert_eq!(partitions.len(), PARTITIONS, "{status}");
+        let status: QueryStatus = serde_json::from_slice(&output.stdout).expect("status is JSON");
+        let partitions = &status.partitions;
+        assert_eq!(partitions.len(), PARTITIONS, "{status:?}");
         for p in partitions {
-            assert!(p["latest"].as_i64().is_some_and(|l| l > 0), "{status}");
-            assert_eq!(p["committed"], p["latest"], "{status}");
-            assert_eq!(p["lag"], 0, "{status}");
+            assert!(p.latest.is_some_and(|l| l > 0), "{status:?}");
+            assert_eq!(p.committed, p.latest, "{status:?}");
+            assert_eq!(p.lag, Some(0), "{status:?}");
         }
-        assert_eq!(status["lag"], 0, "{status}");
+        assert_eq!(status.lag, 0, "{status:?}");
         assert_eq!(
-            status["committed"]["epoch"], status["last_epoch"],
-            "{status}"
+            status.store.committed.map(|c| c.epoch),
+            status.store.last_epoch,
+            "{status:?}"
         );
-        assert!(status["watermark_ms"].is_i64(), "{status}");
+        assert!(status.watermark_ms.is_some(), "{status:?}");
         assert_eq!(
-            status["since_start"]["dead_letters"], BAD_RECORDS as u64,
-            "{status}"
+            status.since_start.dead_letters, BAD_RECORDS as u64,
+            "{status:?}"
         );
     }
 }

@@ -27,6 +27,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde_json::Value;
+use skein_cost::CostReport;
 use skein_ysb::Workload;
 use skein_ysb::check::{CheckReport, check_report};
 
@@ -92,13 +93,10 @@ fn assert_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) -> Chec
 /// `skein ysb check` itself: exits zero and says `exact` in its JSON line.
 fn assert_cli_check_exact(topic: &str, dir: &Path, seed: u64, expected_views: u64) {
     let (ok, check, log) = ysb("check", topic, dir, seed, &[]);
-    assert_eq!(
-        check["exact"],
-        Value::Bool(true),
-        "ysb check: {check} {log}"
-    );
+    let check: CheckReport = common::typed(&check, &log);
+    assert!(check.exact, "ysb check: {check:?} {log}");
     assert!(ok, "ysb check exited non-zero: {log}");
-    assert_eq!(check["views"].as_u64(), Some(expected_views), "{check}");
+    assert_eq!(check.views, expected_views, "{check:?}");
 }
 
 /// Every record of `topic` from the beginning up to the high watermarks
@@ -250,7 +248,8 @@ fn killed_at_commits_and_restarted_still_exact() {
         "the late kills cut runs after a commit: {:?}",
         kills.kills
     );
-    let run = kills.assert_resumed();
+    // `ysb run --json` prints an object of its own (src/ysb/run.rs).
+    let run: Value = kills.assert_resumed();
     eprintln!("final run: {run}");
     assert!(
         run["functions"].as_u64() > Some(3),
@@ -339,9 +338,9 @@ fn duration_run_keeps_pulling_while_a_producer_writes() {
     let run: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("ysb run output {stdout:?}: {e}"));
     assert!(run["events"].as_u64() > Some(0), "{run}");
-    let lambda = &run["cost"]["lambda"][0];
+    let cost: CostReport = common::typed(&run["cost"], &stdout);
     assert!(
-        lambda["usd_per_million_events"].as_f64() > Some(0.0),
+        cost.lambda.first().map(|l| l.usd_per_million_events) > Some(0.0),
         "{run}"
     );
     // What its duration left unread, a run to the end of the topic takes:

@@ -19,6 +19,9 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
+use skein::r#gen::GenReport;
+use skein_ysb::bench::LatencyBench;
+use skein_ysb::check::CheckReport;
 
 /// `skein <args> --json`: (success, last stdout line as JSON, log).
 fn skein_json(args: &[&str]) -> (bool, Value, String) {
@@ -136,7 +139,8 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
     let to = format!("kafka://{}/{topic}", common::kafka_brokers());
     let (ok, generated, log) = skein_json(&["gen", "ysb", "--to", &to, "--events", "20000"]);
     assert!(ok, "gen ysb: {log}");
-    assert_eq!(generated["events"].as_u64(), Some(20_000), "{generated}");
+    let generated: GenReport = common::typed(&generated, &log);
+    assert_eq!(generated.events, 20_000, "{generated:?}");
     // A few views of ads nobody set up.
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", common::kafka_brokers())
@@ -170,15 +174,12 @@ fn gen_and_setup_agree_and_unknown_ads_become_dead_letters() {
     let fresh = tempdir(&format!("{topic}-check"));
     let (ok, check, log) = ysb("check", &topic, &fresh, &[]);
     assert!(ok, "ysb check: {check} {log}");
-    assert_eq!(check["exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["truth_exact"], Value::Null, "{check}");
-    assert_eq!(check["topic_unknown_ad_views"].as_u64(), Some(5), "{check}");
-    assert_eq!(
-        check["dead_letter_unknown_ad_views"].as_u64(),
-        Some(5),
-        "{check}"
-    );
-    assert_eq!(check["topic_records"].as_u64(), Some(20_005), "{check}");
+    let check: CheckReport = common::typed(&check, &log);
+    assert!(check.exact, "{check:?}");
+    assert_eq!(check.truth_exact, None, "{check:?}");
+    assert_eq!(check.topic_unknown_ad_views, 5, "{check:?}");
+    assert_eq!(check.dead_letter_unknown_ad_views, 5, "{check:?}");
+    assert_eq!(check.topic_records, 20_005, "{check:?}");
 
     // One letter per view, from the lookup join with `campaigns`.
     let dlt = format!("{topic}-dead-letters");
@@ -275,12 +276,10 @@ fn check_without_ground_truth_on_a_live_topic() {
         );
     }
     assert!(ok, "ysb check on a live topic: {check} {log}");
-    assert_eq!(check["exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["truth_exact"], Value::Null, "{check}");
-    assert!(
-        check["committed_records"].as_i64().unwrap_or(0) > 0,
-        "{check}"
-    );
+    let check: CheckReport = common::typed(&check, &log);
+    assert!(check.exact, "{check:?}");
+    assert_eq!(check.truth_exact, None, "{check:?}");
+    assert!(check.committed_records > 0, "{check:?}");
     // Both stopped: the producer's last records are in the topic or not at
     // all, and the query resumes from its last commit.
     for (what, child) in [("the producer", &mut load), ("the query", &mut run)] {
@@ -292,12 +291,13 @@ fn check_without_ground_truth_on_a_live_topic() {
     // Once drained, everything in the topic is counted.
     let (ok, check, log) = ysb("check", &topic, &dir, &["--seed", "41"]);
     assert!(ok, "ysb check after the run: {check} {log}");
-    assert_eq!(check["exact"], Value::Bool(true), "{check}");
-    assert!(check["topic_records"].as_u64() > Some(0), "{check}");
+    let check: CheckReport = common::typed(&check, &log);
+    assert!(check.exact, "{check:?}");
+    assert!(check.topic_records > 0, "{check:?}");
     assert_eq!(
-        check["committed_records"].as_u64(),
-        check["topic_records"].as_u64(),
-        "{check}"
+        u64::try_from(check.committed_records).ok(),
+        Some(check.topic_records),
+        "{check:?}"
     );
 }
 
@@ -311,8 +311,7 @@ fn bench_at_a_rate_reports_window_latencies() {
         &["--rate", "5000", "--duration", "10s", "--seed", "42"],
     );
     assert!(ok, "ysb bench: {log}");
-    assert_eq!(bench["exact"], Value::Bool(true), "{bench}");
-    assert!(bench["windows"].as_u64().unwrap_or(0) > 0, "{bench}");
+    // The names as printed; the figures are read from the typed report.
     for k in [
         "latency_ms_p50",
         "latency_ms_p90",
@@ -321,18 +320,15 @@ fn bench_at_a_rate_reports_window_latencies() {
     ] {
         assert!(bench[k].is_i64(), "{k}: {bench}");
     }
-    assert!(
-        bench["latency_ms_p50"].as_i64() <= bench["latency_ms_p99"].as_i64(),
-        "{bench}"
-    );
+    let bench: LatencyBench = common::typed(&bench, &log);
+    assert!(bench.exact, "{bench:?}");
+    assert!(bench.windows > 0, "{bench:?}");
+    assert!(bench.latency_ms_p50 <= bench.latency_ms_p99, "{bench:?}");
     // How many events a loaded machine publishes in 10 s is a benchmark's
     // figure (`skein ysb bench`), not this test's: never more than the rate
     // allows, and every one read.
-    let events = bench["events"].as_u64().unwrap_or(0);
-    assert!((1..=55_000).contains(&events), "{bench}");
-    assert_eq!(bench["events_read"].as_u64(), Some(events), "{bench}");
-    assert!(
-        bench["achieved_events_per_s"].as_f64().unwrap_or(0.0) > 0.0,
-        "{bench}"
-    );
+    let events = bench.events;
+    assert!((1..=55_000).contains(&events), "{bench:?}");
+    assert_eq!(bench.events_read, events, "{bench:?}");
+    assert!(bench.achieved_events_per_s > 0.0, "{bench:?}");
 }

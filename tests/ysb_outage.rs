@@ -22,6 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use skein_ysb::check::CheckReport;
 
 /// Runs `skein ysb <cmd> ... --json` against `brokers`: (ok, last line, log).
 fn ysb(
@@ -224,17 +225,14 @@ fn broker_stopped_mid_run_still_exact() {
     assert_eq!(run["events"].as_u64(), Some(events), "{run}");
 
     let (ok, check, log) = ysb("check", &brokers, &name, &dir, seed, &[]);
-    assert_eq!(
-        check["exact"],
-        Value::Bool(true),
-        "ysb check: {check} {log}"
-    );
+    let check: CheckReport = common::typed(&check, &log);
+    assert!(check.exact, "ysb check: {check:?} {log}");
     assert!(ok, "ysb check exited non-zero: {log}");
-    assert_eq!(check["truth_exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["topic_exact"], Value::Bool(true), "{check}");
-    assert_eq!(check["topic_records"].as_u64(), Some(events), "{check}");
+    assert_eq!(check.truth_exact, Some(true), "{check:?}");
+    assert!(check.topic_exact, "{check:?}");
+    assert_eq!(check.topic_records, events, "{check:?}");
     let views = first["views"].as_u64().unwrap() + second["views"].as_u64().unwrap();
-    assert_eq!(check["views"].as_u64(), Some(views), "{check}");
+    assert_eq!(check.views, views, "{check:?}");
     assert_eq!(committed(&mut redis, &name), events as i64);
     drop(broker);
     let _ = std::fs::remove_dir_all(&dir);
