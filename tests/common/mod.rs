@@ -12,7 +12,8 @@
 //! A test whose service is not there fails at once with a message naming
 //! `scripts/services.sh start`: it never passes or skips silently.
 
-// Each tests/*.rs is its own crate and uses only some of these helpers.
+// Each test binary (a tests/*.rs, or a folder's main.rs) is its own crate
+// and uses only some of these helpers.
 #![allow(dead_code)]
 
 use std::future::Future;

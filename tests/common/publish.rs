@@ -1,4 +1,4 @@
-//! Helpers of the publishing tests (publish.rs, publish_sinks.rs).
+//! Helpers of the publishing tests (tests/publish/).
 
 use skein::r#gen::GenReport;
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
