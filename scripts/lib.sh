@@ -22,7 +22,7 @@ SKEIN_STATE="${SKEIN_STATE:-$SKEIN_ROOT/.services}"
 KAFKA_PORT=9092
 KAFKA_CONTROLLER_PORT=9093
 # A second broker that keeps its data across stop and start, for tests that
-# stop a broker mid-run (tests/ysb_outage.rs starts its own, on free ports).
+# stop a broker mid-run (tests/ysb/kafka_outage.rs starts its own, on free ports).
 KAFKA_OUTAGE_PORT="${KAFKA_OUTAGE_PORT:-9094}"
 KAFKA_OUTAGE_CONTROLLER_PORT="${KAFKA_OUTAGE_CONTROLLER_PORT:-9095}"
 REDIS_PORT=6379

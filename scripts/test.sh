@@ -19,7 +19,7 @@ t0=$SECONDS
 scripts/setup.sh
 t_setup=$((SECONDS - t0))
 
-# Services a test starts for itself (tests/ysb_outage.rs: a Kafka broker it
+# Services a test starts for itself (tests/ysb/kafka_outage.rs: a Kafka broker it
 # stops and starts) live here; the tests stop them, and so does the exit
 # handler if the run is interrupted.
 export SKEIN_TEST_STATE="$SKEIN_STATE/tests"

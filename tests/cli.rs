@@ -1,7 +1,8 @@
 //! The `skein` command line on the embedded default: no external service.
 
 mod common;
-use common::skein;
+use common::{run_report, skein};
+use skein_engine::epochs::Stopped;
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 #[test]
@@ -21,6 +22,7 @@ fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {
     ]);
     assert!(ok, "{stderr}");
     let line = stdout.lines().last().expect("a summary line");
+    // The names as printed; the figures are read from the typed report.
     let v: serde_json::Value = serde_json::from_str(line).expect("JSON summary");
     for key in [
         "stages",
@@ -35,10 +37,11 @@ fn nexmark_q5_runs_staged_and_verifies_with_a_json_summary() {
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {line}");
     }
-    assert_eq!(v["verified"], true);
-    assert_eq!(v["query"], 5);
-    assert!(v["stages"].as_u64().unwrap() > 1, "{line}");
-    assert!(v["invocations"].as_u64().unwrap() > 0 && v["payload_bytes"].as_u64().unwrap() > 0);
+    let r = run_report(&stdout);
+    assert_eq!(r.verified, Some(true));
+    assert_eq!(r.query, Some(5));
+    assert!(r.stages > 1, "{line}");
+    assert!(r.invocations > 0 && r.payload_bytes > 0);
 }
 
 /// Writes `sql` to `<temp>/skein-cli-<test>-<pid>/query.sql`: (dir, file).
@@ -123,11 +126,11 @@ fn a_ysb_generator_table_runs_the_ysb_aggregate_and_verifies() {
         "--json",
     ]);
     assert!(ok, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(v["verified"], true, "{v}");
-    assert_eq!(v["events"], 50_000, "{v}");
+    let r = run_report(&stdout);
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    assert_eq!(r.events, 50_000, "{r:?}");
     // 1,000 ads, each seen in the one window.
-    assert_eq!(v["result_rows"], 1000, "{v}");
+    assert_eq!(r.result_rows, 1000, "{r:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -142,10 +145,10 @@ fn a_generator_query_without_a_bound_runs_ten_epochs_and_exits() {
     // Bounded sources are no standing query: no bound means --epochs 10.
     let (ok, stdout, stderr) = skein(&["run", file.to_str().unwrap(), "--json"]);
     assert!(ok, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(v["epochs"], 10, "{v}");
-    assert_eq!(v["stopped"], "bound", "{v}");
-    assert_eq!(v["result_rows"], 1, "{v}");
+    let r = run_report(&stdout);
+    assert_eq!(r.epochs, 10, "{r:?}");
+    assert_eq!(r.stopped, Stopped::Bound, "{r:?}");
+    assert_eq!(r.result_rows, 1, "{r:?}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -181,12 +184,16 @@ fn a_blackhole_sink_counts_the_rows_it_drops() {
     let query = write("blackhole.sql", "");
     let (ok, stdout, stderr) = skein(&["run", &query, "--epochs", "4", "--json"]);
     assert!(ok, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(v["result_rows"], expected, "{v}");
-    assert_eq!(v["blackhole"]["rows"], expected, "{v}");
+    let r = run_report(&stdout);
+    assert_eq!(r.result_rows, expected, "{r:?}");
+    let discarded = r
+        .blackhole
+        .as_ref()
+        .expect("what the BLACKHOLE sink discarded");
+    assert_eq!(discarded.rows, expected as u64, "{r:?}");
     // Two generator instances, four epochs: a batch per instance and epoch.
-    let batches = v["blackhole"]["batches"].as_u64().unwrap();
-    assert!((2..=8).contains(&batches), "{v}");
+    let batches = discarded.batches;
+    assert!((2..=8).contains(&batches), "{r:?}");
 
     let misspelt = write("blackhole-option.sql", "OPTIONS ('fromat' 'json')");
     let (ok, _, stderr) = skein(&["run", &misspelt]);
@@ -354,14 +361,14 @@ fn a_checkpoint_directory_is_kept_to_its_query_and_process() {
     let first = query(100);
     let (ok, stdout, stderr) = run(&first, "4");
     assert!(ok, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(report["epochs"], 4, "{report}");
+    let report = run_report(&stdout);
+    assert_eq!(report.epochs, 4, "{report:?}");
     // Run again: it resumes after its last epoch and has nothing left.
     let (ok, stdout, stderr) = run(&first, "4");
     assert!(ok, "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert_eq!(report["resumed_after"], 3, "{report}");
-    assert_eq!(report["epochs"], 0, "{report}");
+    let report = run_report(&stdout);
+    assert_eq!(report.resumed_after, Some(3), "{report:?}");
+    assert_eq!(report.epochs, 0, "{report:?}");
     // A generator slices its input by --epochs: another count would read
     // events twice, so it is refused.
     let (ok, _, stderr) = run(&first, "6");

@@ -3,6 +3,7 @@
 
 mod common;
 use common::skein;
+use skein_cost::{Arch, CostReport};
 
 #[test]
 fn cost_of_nexmark_q5_prints_json_with_every_column() {
@@ -17,27 +18,27 @@ fn cost_of_nexmark_q5_prints_json_with_every_column() {
         "--json",
     ]);
     assert!(ok, "{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
-    assert_eq!(v["rate"].as_f64(), Some(20000.0), "{v}");
+    let (c, v) = common::cost::cost_json(&stdout);
+    assert_eq!(c.rate, Some(20000.0), "{c:?}");
     // 4 s at 20,000 events/s, in 4 epochs, checkpointed every epoch.
-    assert_eq!(v["measured"]["events"].as_u64(), Some(80_000), "{v}");
-    assert!(v["measured"]["invocations"].as_u64() > Some(0), "{v}");
+    assert_eq!(c.measured.events, 80_000, "{c:?}");
+    assert!(c.measured.invocations > 0, "{c:?}");
     assert_eq!(v["epochs"].as_u64(), Some(4), "{v}");
-    assert!(v["measured"]["checkpoint_puts"].as_u64() > Some(0), "{v}");
-    assert!(v["measured"]["billed_ms"].as_u64() > Some(0), "{v}");
-    let lambda = v["lambda"].as_array().expect("lambda columns");
-    assert_eq!(lambda.len(), 2, "{v}");
-    assert_eq!(lambda[0]["arch"], "x86_64");
-    assert_eq!(lambda[1]["arch"], "arm64");
+    assert!(c.measured.checkpoint_puts > 0, "{c:?}");
+    assert!(c.measured.billed_ms > 0, "{c:?}");
+    let lambda = &c.lambda;
+    assert_eq!(lambda.len(), 2, "{c:?}");
+    assert_eq!(lambda[0].arch, Arch::X86_64);
+    assert_eq!(lambda[1].arch, Arch::Arm64);
     // Each Lambda figure is the measured requests, GB-s and checkpoint
     // requests at the published prices.
     let prices = skein_cost::Prices::default();
-    assert_eq!(v["prices"].as_str(), Some(prices.date.as_str()), "{v}");
-    common::cost::assert_lambda_priced(&v, &prices);
+    assert_eq!(c.prices, prices.date, "{c:?}");
+    common::cost::assert_lambda_priced(&c, &prices);
     // arm64 is cheaper per GB-s, the rest is the same.
-    assert!(lambda[1]["usd_per_month"].as_f64() < lambda[0]["usd_per_month"].as_f64());
-    assert!(v["vm"]["units"].as_u64() >= Some(1), "{v}");
-    assert!(v["flink"]["units"].as_u64() >= Some(2), "{v}");
+    assert!(lambda[1].usd_per_month < lambda[0].usd_per_month);
+    assert!(c.vm.units >= Some(1), "{c:?}");
+    assert!(c.flink.units >= Some(2), "{c:?}");
 }
 
 #[test]
@@ -97,9 +98,9 @@ fn without_group_size_the_group_is_sized_from_the_measured_work() {
         args.extend_from_slice(extra);
         let (ok, stdout, stderr) = skein(&args);
         assert!(ok, "{stderr}");
-        serde_json::from_str::<serde_json::Value>(stdout.trim()).expect("one JSON object")
+        common::cost::cost_json(&stdout)
     };
-    let sized = run(&[]);
+    let (sized_cost, sized) = run(&[]);
     let from = &sized["group_sized_from"];
     let busy = from["busy_ms_per_epoch_at_one_member"]
         .as_f64()
@@ -109,14 +110,14 @@ fn without_group_size_the_group_is_sized_from_the_measured_work() {
     // No member busy over half an epoch, at least one member.
     let expected = ((busy / (interval * 0.5)).ceil() as u64).max(1);
     assert_eq!(sized["group_size"].as_u64(), Some(expected), "{sized}");
-    let fixed = run(&["--group-size", "3"]);
+    let (fixed_cost, fixed) = run(&["--group-size", "3"]);
     assert_eq!(fixed["group_size"].as_u64(), Some(3), "{fixed}");
     assert!(fixed["group_sized_from"].is_null(), "{fixed}");
     // Each of YSB's two source members invokes every member of the group
     // each epoch: per epoch its two triggers and two payloads per member.
-    let per_epoch = |v: &serde_json::Value| {
-        v["measured"]["invocations"].as_u64().unwrap() / v["epochs"].as_u64().unwrap()
+    let per_epoch = |c: &CostReport, v: &serde_json::Value| {
+        c.measured.invocations / v["epochs"].as_u64().unwrap()
     };
-    assert_eq!(per_epoch(&fixed), 2 + 2 * 3, "{fixed}");
-    assert_eq!(per_epoch(&sized), 2 + 2 * expected, "{sized}");
+    assert_eq!(per_epoch(&fixed_cost, &fixed), 2 + 2 * 3, "{fixed}");
+    assert_eq!(per_epoch(&sized_cost, &sized), 2 + 2 * expected, "{sized}");
 }

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use common::kafka::{PartitionWriter, committed_records, create_topic};
 use common::kills::committed_epoch;
 use serde_json::Value;
+use skein::report::Report;
+use skein_engine::epochs::Stopped;
 
 const KEYS: usize = 10;
 const PARTITIONS: usize = 2;
@@ -230,18 +232,11 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Value = serde_json::from_slice(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .expect("a report")
-            .as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(report["stopped"], "signal", "{report}");
+    let report = common::run_report(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(report.stopped, Stopped::Signal, "{report:?}");
     assert!(
-        report["resumed_after"].is_u64(),
-        "the last run resumed: {report}"
+        report.resumed_after.is_some(),
+        "the last run resumed: {report:?}"
     );
     assert_eq!(redis_counts(&prefix), reference(produced), "at the end");
 }
@@ -249,7 +244,7 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
 /// Runs the query to the end of the topic through `kills` SIGKILLs, each
 /// landed; the later ones cut a run after its commit, and the last run
 /// resumed after the last commit.
-fn drain_through_kills(live: &Live, sql: &Path, kills: usize) -> Value {
+fn drain_through_kills(live: &Live, sql: &Path, kills: usize) -> Report {
     let run = common::kills::run_through_kills(
         || live.command(sql, &["--until-drained", "--interval", "10ms"]),
         &live.checkpoints(),

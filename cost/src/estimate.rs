@@ -104,9 +104,20 @@ pub struct ServerCost {
     pub unit: String,
     /// Units running at the rate (Flink: with its orchestration KPU).
     pub units: Option<u32>,
+    /// Infinite when the run measured no CPU time (`null` in JSON).
+    #[serde(deserialize_with = "infinite_if_null")]
     pub events_per_vcpu_s: f64,
+    /// Infinite when the run read no events in CPU time it measured
+    /// (`null` in JSON).
+    #[serde(deserialize_with = "infinite_if_null")]
     pub usd_per_million_events: f64,
     pub usd_per_month: Option<f64>,
+}
+
+/// JSON has no infinity: serde_json writes it as `null`, read back here as
+/// the infinity it was, so a report reads back whatever its run measured.
+fn infinite_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// The cost section of a report.
@@ -391,5 +402,29 @@ mod tests {
             r.kinesis_usd_per_million_events,
             2.0 * 0.014 + shards_pm
         ));
+    }
+
+    /// A run that read nothing: no CPU time makes events per vCPU-second
+    /// infinite, CPU time with no events makes the dollars per million
+    /// infinite; JSON writes both as `null` and they read back as infinity.
+    #[test]
+    fn a_report_of_no_events_reads_back_from_json() {
+        for cpu_s in [0.0, 0.5] {
+            let m = Measured {
+                cpu_s,
+                ..Default::default()
+            };
+            let r = estimate(&m, &Prices::default(), &ModelOptions::default());
+            let json = serde_json::to_string(&r).unwrap();
+            assert!(json.contains("null"), "{json}");
+            let back: CostReport = serde_json::from_str(&json).unwrap();
+            for (was, is) in [(&r.vm, &back.vm), (&r.flink, &back.flink)] {
+                assert_eq!(was.events_per_vcpu_s, is.events_per_vcpu_s, "{json}");
+                assert_eq!(
+                    was.usd_per_million_events, is.usd_per_million_events,
+                    "{json}"
+                );
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
 use crate::checkpoint::{CheckpointStore, StoreSummary, Tally};
@@ -15,7 +15,7 @@ use crate::planner::QueryPlan;
 use crate::sink_health::SinkHealthReport;
 
 /// Where one source partition stands.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionStatus {
     /// The source table.
     pub source: String,
@@ -34,7 +34,7 @@ pub struct PartitionStatus {
 }
 
 /// What `skein status` reports about a query.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueryStatus {
     /// The query code.
     pub query_code: String,

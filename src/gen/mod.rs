@@ -247,7 +247,7 @@ fn now_ms() -> i64 {
 }
 
 /// What a publishing run did.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct GenReport {
     pub benchmark: String,
     pub destinations: Vec<String>,

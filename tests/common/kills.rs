@@ -77,15 +77,35 @@ impl KillRun {
 
     /// The finishing run's JSON report (its last stdout line) resumed after
     /// the last commit before it started; returns the report.
-    pub fn assert_resumed(&self) -> Value {
-        let report: Value = serde_json::from_str(self.stdout.lines().last().unwrap_or_default())
+    pub fn assert_resumed<R: Resumed>(&self) -> R {
+        let report: R = serde_json::from_str(self.stdout.lines().last().unwrap_or_default())
             .unwrap_or_else(|e| panic!("a report line in {:?}: {e}", self.stdout));
         assert_eq!(
-            report["resumed_after"].as_u64(),
+            report.resumed_after(),
             self.final_start,
-            "the last run resumed after the last commit before it: {report}"
+            "the last run resumed after the last commit before it: {report:?}"
         );
         report
+    }
+}
+
+/// The JSON report of a run that can resume from a checkpoint: which
+/// commit it resumed after.
+pub trait Resumed: serde::de::DeserializeOwned + std::fmt::Debug {
+    fn resumed_after(&self) -> Option<u64>;
+}
+
+/// `skein run --json`.
+impl Resumed for skein::report::Report {
+    fn resumed_after(&self) -> Option<u64> {
+        self.resumed_after
+    }
+}
+
+/// `skein ysb run --json`: an object of its own (src/ysb/run.rs), no struct.
+impl Resumed for Value {
+    fn resumed_after(&self) -> Option<u64> {
+        self["resumed_after"].as_u64()
     }
 }
 

@@ -12,7 +12,8 @@
 //! A test whose service is not there fails at once with a message naming
 //! `scripts/services.sh start`: it never passes or skips silently.
 
-// Each tests/*.rs is its own crate and uses only some of these helpers.
+// Each test binary (a tests/*.rs, or a folder's main.rs) is its own crate
+// and uses only some of these helpers.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -449,9 +450,24 @@ pub fn repo_path(relative: &str) -> std::path::PathBuf {
     root.join(relative)
 }
 
-/// The typed report of `skein run --json`: its last stdout line, read back
-/// into the report the command printed, so a test checks figures by name.
+/// The typed report of `skein run --json` (`skein nexmark --json`, `skein
+/// run --backend lambda --json`): its last stdout line, read back into the
+/// report the command printed, so a test checks figures by name.
 pub fn run_report(stdout: &str) -> skein::report::Report {
+    json_line(stdout)
+}
+
+/// The last stdout line of a `--json` command, read back into `T`: the
+/// struct the command printed it from.
+pub fn json_line<T: serde::de::DeserializeOwned>(stdout: &str) -> T {
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("not a run report ({e}): {stdout}"))
+    serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("not a {} ({e}): {stdout}", std::any::type_name::<T>()))
+}
+
+/// A command's JSON line already read as a `Value` (`log`: what to show
+/// if it is not one), read into `T`: the struct the command printed it from.
+pub fn typed<T: serde::de::DeserializeOwned>(json: &serde_json::Value, log: &str) -> T {
+    T::deserialize(json)
+        .unwrap_or_else(|e| panic!("not a {} ({e}): {json}\n{log}", std::any::type_name::<T>()))
 }

@@ -1,5 +1,6 @@
-//! Helpers of the publishing tests (publish.rs, publish_sinks.rs).
+//! Helpers of the publishing tests (tests/publish/).
 
+use skein::r#gen::GenReport;
 use skein_generators::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 /// (key, value) of every message of `topic`, partition by partition.
@@ -10,10 +11,9 @@ pub fn drain_topic(brokers: &str, topic: &str) -> Vec<(Option<Vec<u8>>, Vec<u8>)
         .collect()
 }
 
-/// The last stdout line of a `--json` command, as JSON.
-pub fn report(stdout: &str) -> serde_json::Value {
-    let line = stdout.lines().last().expect("a JSON line");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))
+/// The report of `skein gen --json`: its last stdout line.
+pub fn gen_report(stdout: &str) -> GenReport {
+    super::json_line(stdout)
 }
 
 /// Writes `sql` to a fresh file named after `name`; its path.

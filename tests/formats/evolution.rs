@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{common, final_rows, produce, temp_dir};
+use skein_engine::status::QueryStatus;
 
 const V1: &str = r#"{"type":"record","name":"Reading","namespace":"skein.tests","fields":[{"name":"sensor","type":"string"},{"name":"value","type":"int"}]}"#;
 const V2: &str = r#"{"type":"record","name":"Reading","namespace":"skein.tests","fields":[{"name":"sensor","type":"string"},{"name":"value","type":"long"},{"name":"unit","type":["null","string"],"default":null}]}"#;
@@ -181,12 +182,10 @@ fn a_schema_evolving_mid_topic_loses_nothing() {
         "--json",
     ]);
     assert!(ok, "skein status: {stderr}");
-    let status: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    let problems = status["problems"]
-        .as_array()
-        .expect("status lists problems");
-    assert_eq!(problems.len(), 1, "{status}");
-    let problem = problems[0].as_str().unwrap();
+    let status: QueryStatus = serde_json::from_str(stdout.trim()).unwrap();
+    let problems = &status.problems;
+    assert_eq!(problems.len(), 1, "{status:?}");
+    let problem = &problems[0];
     assert!(
         problem.starts_with("readings: ") && problem.contains(&format!("schema registry {url}")),
         "{problem}"

@@ -8,6 +8,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use skein::report::Report;
+use skein_engine::epochs::Stopped;
 use sqllogictest::{DBOutput, DefaultColumnType};
 
 use super::changes::{Done, Tables};
@@ -272,11 +274,11 @@ impl SkeinDb {
         if !ok {
             return Err(refusal(&stderr));
         }
-        let report: Value = serde_json::from_str(stdout.trim())
+        let report: Report = serde_json::from_str(stdout.trim())
             .map_err(|e| format!("skein run --json: {e}: {stdout}"))?;
-        if report["stopped"] != "bound" {
+        if report.stopped != Stopped::Bound {
             return Err(format!(
-                "the run did not reach the end of its input: {report}"
+                "the run did not reach the end of its input: {report:?}"
             ));
         }
         Ok(())

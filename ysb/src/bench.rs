@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use skein_connectors::kafka::{BatchConsumer, FETCH_DEFAULTS, Fetched};
 
 use crate::error::{Result, fail};
@@ -68,7 +68,7 @@ pub fn raw_drain(brokers: &str, topic: &str) -> Result<(u64, f64)> {
 }
 
 /// What `ysb bench --rate R --duration D` reports.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct LatencyBench {
     pub target_rate: u64,
     pub duration_s: f64,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use skein_sinks::epoch_markers::parse_marker_field;
 use skein_sinks::redis::{epochs_key, offsets_key};
 
@@ -18,7 +18,7 @@ use crate::{
     Windows, Workload, campaigns, checkpoint, default_dead_letter_topic, redis_connection, run_key,
 };
 /// The result of comparing Redis with the ground truth and with the topic.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct CheckReport {
     /// Redis matches the ground truth and the topic, and every undecodable
     /// record of the topic is in the dead-letter topic.

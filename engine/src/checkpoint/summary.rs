@@ -2,13 +2,13 @@
 //! status`: the last epoch decided and the last committed, with the times
 //! their objects were written, and the bytes of state held.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{CheckpointStore, Commit, StateKind, epoch_name};
 use crate::error::Result;
 
 /// What a checkpoint store holds, for `skein status`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StoreSummary {
     /// The last epoch the driver decided (and may have fired).
     pub last_epoch: Option<u64>,

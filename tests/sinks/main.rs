@@ -1,0 +1,10 @@
+//! Sinks on the real services:
+//! * the Redis sink's layouts and replays (`redis.rs`);
+//! * a sink that cannot write: a bounded run ends, a standing run rides the
+//!   outage out (`outage.rs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod outage;
+mod redis;
