@@ -48,14 +48,15 @@ pub async fn preview_command(args: PreviewArgs) -> Result<()> {
     let json = args.json;
     preview(&registries().catalog, &sql, &options, |event| {
         let mut out = std::io::stdout().lock();
-        let _ = if json {
+        let printed = if json {
             serde_json::to_string(&event)
                 .map_err(std::io::Error::other)
                 .and_then(|line| writeln!(out, "{line}"))
         } else {
             table.print(&mut out, &event)
         };
-        let _ = out.flush();
+        // A closed terminal or pipe ends the preview.
+        printed.and_then(|()| out.flush()).is_ok()
     })
     .await
     .with_context(|| format!("previewing {}", args.file.display()))

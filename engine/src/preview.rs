@@ -67,7 +67,9 @@ pub struct PreviewRow {
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PreviewEvent {
-    /// The query is planned: its columns, and whether its result updates.
+    /// The query runs: its first epoch has read, so every table stands
+    /// where it starts (a record produced from now on is read). Its
+    /// columns, and whether its result updates.
     Started {
         /// The result's columns.
         columns: Vec<String>,
@@ -89,17 +91,19 @@ pub enum PreviewEvent {
         events: u64,
         /// Epochs run.
         epochs: u64,
-        /// Why it ended: `rows` or `seconds`.
+        /// Why it ended: `rows`, `seconds`, or `gone` (no one watched).
         reason: &'static str,
     },
 }
 
-/// Plan `sql` and run it as a preview, handing each event to `on_event`.
+/// Plan `sql` and run it as a preview, handing each event to `on_event`,
+/// which answers whether anyone still watches (`false` ends the preview
+/// after the epoch in flight: the terminal or the page went away).
 pub async fn preview(
     catalog: &Catalog,
     sql: &str,
     options: &PreviewOptions,
-    mut on_event: impl FnMut(PreviewEvent) + Send,
+    mut on_event: impl FnMut(PreviewEvent) -> bool + Send,
 ) -> Result<()> {
     let collect = CollectSinkFactory::default();
     let mut catalog = catalog.clone();
@@ -114,7 +118,7 @@ pub async fn preview(
     into_preview(&mut plan, &catalog, &options.from);
     let name = plan.sink.location.clone();
     let sink = collect.sink(&name);
-    on_event(PreviewEvent::Started {
+    let mut started = Some(PreviewEvent::Started {
         columns: plan
             .output_schema
             .fields()
@@ -136,19 +140,23 @@ pub async fn preview(
         signal: signal.clone(),
     };
     let (mut seen, mut rows, mut failed) = (None, 0usize, None);
+    let mut watched = true;
     let report = run_local_until(&plan, &runtime, &plan_options, stop, |_, _| {
+        if let Some(event) = started.take() {
+            watched &= on_event(event);
+        }
         for (epoch, batches) in sink.writes_after(seen) {
             seen = Some(epoch);
             match preview_rows(&batches) {
                 Ok(out) if out.is_empty() => {}
                 Ok(out) => {
                     rows += out.len();
-                    on_event(PreviewEvent::Rows { epoch, rows: out });
+                    watched &= on_event(PreviewEvent::Rows { epoch, rows: out });
                 }
                 Err(e) => failed = Some(e),
             }
         }
-        if rows >= options.rows || failed.is_some() {
+        if rows >= options.rows || failed.is_some() || !watched {
             handle.stop();
         }
     })
@@ -158,12 +166,14 @@ pub async fn preview(
     if let Some(e) = failed {
         return Err(e);
     }
-    on_event(PreviewEvent::Ended {
+    let _ = on_event(PreviewEvent::Ended {
         rows,
         events: report.events,
         epochs: report.epochs,
         reason: if rows >= options.rows {
             "rows"
+        } else if !watched {
+            "gone"
         } else {
             "seconds"
         },

@@ -385,7 +385,7 @@ async function previewQuery() {
     holder.innerHTML = table(["", ...columns.map(esc)], cells, [], "preview-rows");
   };
   document.getElementById("stop-preview").disabled = false;
-  status.textContent = "Running…";
+  status.textContent = "Starting…";
   try {
     const r = await fetch("/api/preview", {
       method: "POST",

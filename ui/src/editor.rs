@@ -99,10 +99,11 @@ pub(crate) async fn preview_rows(State(app): State<Arc<App>>, Json(w): Json<Writ
     let catalog = app.options.catalog.clone();
     tokio::spawn(async move {
         let lines = tx.clone();
+        // The page going away (Stop, another preview, a closed tab) drops
+        // the stream: the preview then ends after the epoch in flight.
         let ran = preview(&catalog, &w.sql, &options, move |event| {
-            if let Ok(line) = serde_json::to_string(&event) {
-                let _ = lines.send(line + "\n");
-            }
+            let line = serde_json::to_string(&event).unwrap_or_default();
+            lines.send(line + "\n").is_ok()
         })
         .await;
         if let Err(e) = ran {
