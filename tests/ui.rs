@@ -453,8 +453,11 @@ fn the_page_shows_a_standing_query_on_lambda_and_stops_and_starts_it() {
 /// Set the editor's SQL and press one of its buttons.
 fn editor_run(browser: &Browser, sql: &str, button: &str) {
     let sql = serde_json::to_string(sql).unwrap();
+    // As many rows and seconds as the page takes: the test ends a preview.
     browser.eval(&format!(
         "document.getElementById('sql').value = {sql}; \
+         document.getElementById('preview-rows').value = '10000'; \
+         document.getElementById('preview-seconds').value = '300'; \
          document.getElementById('{button}').click(); return true;"
     ));
 }
