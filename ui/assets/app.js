@@ -362,8 +362,10 @@ async function explainQuery() {
   });
   const body = await r.json();
   if (!r.ok) return showEditorError(body);
+  // An exchange is a word ("sink") or an object ({"hash": [...]}).
+  const exchange = (o) => (typeof o === "string" ? o : Object.keys(o ?? {}).join(", "));
   const stages = body.stages.map((s) => [
-    s.id, s.kind, s.mode, s.members, s.output,
+    s.id, s.kind, s.mode, s.members, exchange(s.output),
     s.state ? `${s.state.incremental ? "incremental" : "recompute"}: ${s.state.keeps}` : "–",
   ].map(esc));
   document.getElementById("plan").innerHTML =
