@@ -42,6 +42,7 @@ mod source_log;
 mod source_note;
 mod source_stage;
 mod updating;
+mod updating_join;
 mod windowed;
 
 /// What a function instance needs from the world it runs in.

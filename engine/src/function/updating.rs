@@ -6,17 +6,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::physical_plan::ExecutionPlan;
 
 use super::payload_stage::Outgoing;
 use super::{StageFunction, bind_leaves};
 use crate::changelog;
 use crate::compaction::Compactor;
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::exec::StageInput;
 use crate::payload::{Arrived, batches_of};
 use crate::updating::aggregate::AggregatePlan;
-use crate::updating::join::AppendJoin;
 use crate::updating::keyed::concat;
 use crate::updating::state::Due;
 use crate::updating::{UpdatingPlan, UpdatingState};
@@ -72,7 +70,7 @@ impl UpdatingStep {
             Due::Nothing
         };
         let changes = match (&due, joined) {
-            (_, Some(rows)) => Some((RecordBatch::new_empty(rows.schema()), rows)),
+            (_, Some(changes)) => Some(changes),
             (Due::Nothing, None) => None,
             (due, None) if self.state.aggregates() => {
                 let result = self.state.aggregate_result(due)?;
@@ -87,22 +85,22 @@ impl UpdatingStep {
     }
 
     /// Take an epoch's rows into the state, as the stage's path wants
-    /// them; the pairs a join whose result appends made, if it is one.
+    /// them; the changes of an incremental join's pairs, if it is one.
     async fn take_epoch(
         &mut self,
         f: &StageFunction,
         edges: BTreeMap<u32, Vec<Arrived>>,
         emit_every: u64,
-    ) -> Result<Option<RecordBatch>> {
+    ) -> Result<Option<(RecordBatch, RecordBatch)>> {
         let plan = self.plan.clone();
-        // A join whose result appends emits what its new rows join to; with
-        // an emit interval, changes wait, and only the recompute path can
-        // tell after a restart what waited.
-        let append_join = plan.append_join.filter(|_| emit_every <= 1);
-        match (&plan.aggregate, append_join) {
+        // An incremental join emits what its changed rows join to; with an
+        // emit interval, changes wait, and only the recompute path can tell
+        // after a restart what waited.
+        let join = plan.join.as_ref().filter(|_| emit_every <= 1);
+        match (&plan.aggregate, join) {
             (Some(agg), _) => self.take_aggregate_input(f, agg, edges).await?,
             (None, Some(join)) => {
-                return Ok(Some(self.join_new_rows(f, &plan.core, join, edges).await?));
+                return Ok(Some(self.join_changes(f, &plan.core, join, edges).await?));
             }
             (None, None) => {
                 for (edge, arrived) in edges {
@@ -127,11 +125,10 @@ impl UpdatingStep {
         agg: &AggregatePlan,
         edges: BTreeMap<u32, Vec<Arrived>>,
     ) -> Result<()> {
-        if let (Some(join), Some(below)) = (agg.join, &agg.input) {
-            let pairs = self.join_new_rows(f, below, join, edges).await?;
+        if let (Some(join), Some(below)) = (&agg.join, &agg.input) {
+            let (retract, insert) = self.join_changes(f, below, join, edges).await?;
             self.state.forget_touched_rows();
-            let none = RecordBatch::new_empty(agg.input_schema.clone());
-            return self.state.take_aggregate_input(none, pairs);
+            return self.state.take_aggregate_input(retract, insert);
         }
         let (mut retract, mut insert) = (vec![], vec![]);
         for (edge, arrived) in edges {
@@ -202,55 +199,6 @@ impl UpdatingStep {
                 .replace(*edge, &keys, concat(&schema, &merged)?)?;
         }
         Ok(())
-    }
-
-    /// Keep an epoch's new rows of a join whose result appends, and the
-    /// pairs they make: new left rows with the right rows of their keys
-    /// (kept and new), and kept left rows with the new right rows.
-    async fn join_new_rows(
-        &mut self,
-        f: &StageFunction,
-        core: &Arc<dyn ExecutionPlan>,
-        join: AppendJoin,
-        edges: BTreeMap<u32, Vec<Arrived>>,
-    ) -> Result<RecordBatch> {
-        let mut new: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
-        for (edge, arrived) in edges {
-            new.entry(edge).or_default().extend(batches_of(arrived));
-        }
-        let u = &mut self.state;
-        let side = |edge: u32| -> Result<RecordBatch> {
-            let schema = u
-                .edge_schema(edge)
-                .ok_or_else(|| EngineError::Context(format!("{}: no input edge {edge}", f.name)))?;
-            concat(
-                &schema,
-                new.get(&edge).map(Vec::as_slice).unwrap_or_default(),
-            )
-        };
-        let (new_left, new_right) = (side(join.left)?, side(join.right)?);
-        let right_kept = u.rows_of(join.right, &u.keys_in(join.left, &new_left)?)?;
-        let left_kept = u.rows_of(join.left, &u.keys_in(join.right, &new_right)?)?;
-        u.take_input(join.left, new_left.clone(), false)?;
-        u.take_input(join.right, new_right.clone(), false)?;
-        let mut pairs = vec![];
-        for (left, right) in [
-            (vec![new_left], vec![right_kept, new_right.clone()]),
-            (vec![left_kept], vec![new_right]),
-        ] {
-            if left.iter().chain(&right).all(|b| b.num_rows() == 0) {
-                continue;
-            }
-            let mut sides = BTreeMap::from([(join.left, left), (join.right, right)]);
-            let bound = bind_leaves(core, &mut |leaf| match leaf {
-                StageInput::Shuffle { shuffle_id } => {
-                    Ok(sides.remove(shuffle_id).unwrap_or_default())
-                }
-                StageInput::Source { table, .. } => Err(f.source_beside_exchanges(table)),
-            })?;
-            pairs.extend(f.execute(&bound).await?.into_iter().flatten());
-        }
-        concat(&core.schema(), &pairs)
     }
 }
 

@@ -11,7 +11,9 @@
 //!   states (the sender's partial aggregate ran; here they are merged) or
 //!   rows, without an `ORDER BY` inside the call;
 //! * over a changelog, `count`, `sum` and `avg` (not DISTINCT), whose
-//!   accumulators take a row back exactly;
+//!   accumulators take a row back exactly, and `min`, `max` and
+//!   `count(DISTINCT x)`, which keep a count per value
+//!   ([`super::value_counts`]);
 //! * over an inner join of two streams that append (NEXMark q4's highest
 //!   bid per auction): the join's new pairs each epoch are the
 //!   aggregate's new rows, and the stage keeps the join's sides too.

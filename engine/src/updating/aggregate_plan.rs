@@ -14,13 +14,16 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 
-use super::join::AppendJoin;
+use super::join::IncrementalJoin;
+use super::value_counts::{CountedReading, ValueCounts};
 use crate::context::InputEdge;
 use crate::error::Result;
 use crate::exec::{StageInput, StageInputExec, passes_batches_through};
 
-/// Aggregates whose accumulators take a row back exactly, and whose state
-/// says all they hold (so a checkpoint restores them whole).
+/// Aggregates whose DataFusion accumulators take a row back exactly, and
+/// whose state says all they hold (so a checkpoint restores them whole).
+/// `min`, `max` and `count(DISTINCT)` over a changelog count their values
+/// instead ([`ValueCounts`]).
 const RETRACTABLE: [&str; 3] = ["count", "sum", "avg"];
 
 /// The name of the column that counts a group's rows in a checkpoint.
@@ -31,7 +34,7 @@ const ROWS_COLUMN: &str = "__skein_rows";
 pub struct AggregatePlan {
     /// The inner join below the aggregate, when two streams feed it: each
     /// epoch's new pairs are its new rows.
-    pub join: Option<AppendJoin>,
+    pub join: Option<IncrementalJoin>,
     /// The operators between the edge and the aggregate, if any: run on an
     /// epoch's rows before the accumulators take them.
     pub input: Option<Arc<dyn ExecutionPlan>>,
@@ -45,6 +48,9 @@ pub struct AggregatePlan {
     pub(super) merge_columns: Option<Vec<std::ops::Range<usize>>>,
     /// The input is a changelog: rows are taken back.
     pub(super) retracts: bool,
+    /// Per aggregate over a changelog, the value count it keeps instead of
+    /// DataFusion's accumulator, with its argument's type.
+    pub(super) counted: Vec<Option<(CountedReading, DataType)>>,
     /// The aggregate's output: group columns, then one per aggregate.
     pub(super) output: SchemaRef,
     /// A group as a checkpoint writes it: group columns, its row count,
@@ -66,11 +72,12 @@ impl AggregatePlan {
             ([edge], Some((leaf, input))) if leaf == edge.shuffle_id => {
                 (input, None, edge.updating)
             }
-            // Fed by an inner join of two streams that append: its new
-            // pairs are new rows (see join.rs).
+            // Fed by an inner join of two streams: its changed pairs are
+            // its rows' changes (see join.rs).
             (_, None) => {
-                let join = AppendJoin::of(agg.input(), edges)?;
-                (Some(agg.input().clone()), Some(join), false)
+                let join = IncrementalJoin::of(agg.input(), edges, false)?;
+                let retracts = join.retracts;
+                (Some(agg.input().clone()), Some(join), retracts)
             }
             _ => return None,
         };
@@ -94,15 +101,14 @@ impl AggregatePlan {
                 Some(ranges)
             }
         };
-        if retracts
-            && agg.aggr_expr().iter().any(|a| {
-                a.is_distinct()
-                    || !RETRACTABLE.contains(&a.fun().name())
-                    || a.create_sliding_accumulator().is_err()
-            })
-        {
-            return None;
-        }
+        let counted = if retracts {
+            agg.aggr_expr()
+                .iter()
+                .map(|a| counted_over_a_changelog(a, &agg.input().schema()))
+                .collect::<Option<Vec<_>>>()?
+        } else {
+            vec![None; agg.aggr_expr().len()]
+        };
         let output = agg.schema();
         let mut fields: Vec<Field> = output
             .fields()
@@ -112,11 +118,7 @@ impl AggregatePlan {
             .collect();
         fields.push(Field::new(ROWS_COLUMN, DataType::Int64, false));
         for (i, a) in agg.aggr_expr().iter().enumerate() {
-            let mut probe = if retracts {
-                a.create_sliding_accumulator().ok()?
-            } else {
-                a.create_accumulator().ok()?
-            };
+            let mut probe = make_accumulator(a, retracts, &counted[i]).ok()?;
             for (j, s) in probe.state().ok()?.iter().enumerate() {
                 fields.push(Field::new(format!("s{i}_{j}"), s.data_type(), true));
             }
@@ -135,6 +137,7 @@ impl AggregatePlan {
             filters: agg.filter_expr().to_vec(),
             merge_columns,
             retracts,
+            counted,
             output,
             saved: Arc::new(Schema::new(fields)),
         })
@@ -157,9 +160,21 @@ impl AggregatePlan {
 
     /// What `skein explain` says of the state.
     pub fn describe(&self) -> String {
-        let names: Vec<&str> = self.aggs.iter().map(|a| a.fun().name()).collect();
+        let names: Vec<String> = self
+            .aggs
+            .iter()
+            .zip(&self.counted)
+            .map(|(a, counted)| match counted {
+                Some(_) if a.is_distinct() => {
+                    format!("{}(DISTINCT) as a count per value", a.fun().name())
+                }
+                Some(_) => format!("{} as a count per value", a.fun().name()),
+                None => a.fun().name().to_string(),
+            })
+            .collect();
         let over = match (self.retracts, self.join.is_some()) {
-            (true, _) => ", retracting",
+            (true, true) => ", retracting, over the changed pairs of an inner join of two streams",
+            (true, false) => ", retracting",
             (false, true) => ", over the new pairs of an inner join of two streams that append",
             (false, false) => "",
         };
@@ -171,13 +186,36 @@ impl AggregatePlan {
     }
 
     pub(super) fn accumulator(&self, i: usize) -> Result<Box<dyn Accumulator>> {
-        let a = &self.aggs[i];
-        Ok(if self.retracts {
-            a.create_sliding_accumulator()?
-        } else {
-            a.create_accumulator()?
-        })
+        make_accumulator(&self.aggs[i], self.retracts, &self.counted[i])
     }
+}
+
+/// How `a` runs over a changelog: `Some(None)` on DataFusion's retracting
+/// accumulator, `Some(Some(..))` on a value count, `None` not at all.
+fn counted_over_a_changelog(
+    a: &AggregateFunctionExpr,
+    input: &SchemaRef,
+) -> Option<Option<(CountedReading, DataType)>> {
+    let name = a.fun().name();
+    if !a.is_distinct() && RETRACTABLE.contains(&name) {
+        return a.create_sliding_accumulator().is_ok().then_some(None);
+    }
+    let arguments = a.expressions();
+    let reading = CountedReading::of(name, a.is_distinct(), arguments.len())?;
+    let data_type = arguments[0].data_type(input).ok()?;
+    Some(Some((reading, data_type)))
+}
+
+fn make_accumulator(
+    a: &AggregateFunctionExpr,
+    retracts: bool,
+    counted: &Option<(CountedReading, DataType)>,
+) -> Result<Box<dyn Accumulator>> {
+    Ok(match counted {
+        Some((reading, data_type)) => Box::new(ValueCounts::new(*reading, data_type.clone())),
+        None if retracts => a.create_sliding_accumulator()?,
+        None => a.create_accumulator()?,
+    })
 }
 
 /// The edge below `plan` through operators that pass or reshape rows one

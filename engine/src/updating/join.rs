@@ -1,8 +1,23 @@
-//! An inner join of two streams that only append. Its result only appends
-//! too: a pair, once matched, stays matched. So an epoch's output is the
-//! pairs its new rows make, `ΔL ⋈ (R + ΔR)` and `L ⋈ ΔR`, each new row
-//! meeting the other side's rows of its key; the stage keeps both sides'
-//! rows by key, and nothing of what it emitted.
+//! A join of two streams, run on each epoch's changes.
+//!
+//! Inner: the change of `L ⋈ R` when `L` gains `ΔL` and `R` gains `ΔR` is
+//! `ΔL ⋈ (R + ΔR) + L ⋈ ΔR`: each changed row meets the other side's rows
+//! of its key. Over streams that only append every change is an insert and
+//! so is every pair: the result only appends. Over a changelog a retracted
+//! row's pairs are retracted (a retraction joined with an insert is one;
+//! two retractions do not meet, as the formula joins the old `L` with
+//! `ΔR`).
+//!
+//! Left or right outer, with `P` the side whose unmatched rows are padded
+//! with nulls and `O` the other: `P ⟕ O = P ⋈ O + pad(P, O)`, so the change
+//! is `ΔP ⟕ (O + ΔO) + P ⋈ ΔO + pad(P, O + ΔO) - pad(P, O)`. The padding of
+//! the old `P` rows changes only for keys whose `O` rows went from none to
+//! some or back (for any key `ΔO` touched, when the join has a filter
+//! beyond its keys): for those keys alone it is worked out whole, from
+//! both versions of their `O` rows.
+//!
+//! Either way the stage keeps both sides' rows by key, and nothing of what
+//! it emitted.
 
 use std::sync::Arc;
 
@@ -16,36 +31,98 @@ use super::aggregate_plan::leaf_below;
 use crate::context::InputEdge;
 use crate::exec::passes_batches_through;
 
-/// The two edges of an inner join over rows that only append.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppendJoin {
+/// The two edges of a join run on its changes.
+#[derive(Debug, Clone)]
+pub struct IncrementalJoin {
     /// The edge of the join's left (build) side.
     pub left: u32,
     /// The edge of its right (probe) side.
     pub right: u32,
+    /// A side is a changelog: the join's changes retract too.
+    pub retracts: bool,
+    /// A left or right outer join: which side is padded, and how.
+    pub outer: Option<OuterSide>,
 }
 
-impl AppendJoin {
-    /// The join `core` is, if it is an inner hash join (under operators
-    /// that reshape rows one at a time) of two edges that only append.
-    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge]) -> Option<Self> {
+/// What an outer join needs beyond an inner one.
+#[derive(Debug, Clone)]
+pub struct OuterSide {
+    /// The edge whose unmatched rows come out padded with nulls.
+    pub preserved: u32,
+    /// The other edge.
+    pub other: u32,
+    /// The stage's core with the join made inner: the pairs alone.
+    pub pairs_only: Arc<dyn ExecutionPlan>,
+    /// The join has a filter beyond its keys, so a row can be unmatched
+    /// while its key has rows on the other side.
+    pub filtered: bool,
+}
+
+impl IncrementalJoin {
+    /// The join `core` is, if it is a hash join (under operators that
+    /// reshape rows one at a time) of two edges: inner, or left or right
+    /// outer when `outer` allows.
+    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge], outer: bool) -> Option<Self> {
         let [a, b] = edges else { return None };
-        if a.updating || b.updating || a.shuffle_id == b.shuffle_id {
+        if a.shuffle_id == b.shuffle_id {
             return None;
         }
         let mut node = core.clone();
-        while node.downcast_ref::<ProjectionExec>().is_some()
-            || node.downcast_ref::<FilterExec>().is_some()
-            || passes_batches_through(&node)
-        {
+        while row_by_row(&node) {
             node = node.children().first().copied()?.clone();
         }
         let join = node.downcast_ref::<HashJoinExec>()?;
-        if *join.join_type() != JoinType::Inner {
-            return None;
-        }
         let (left, _) = leaf_below(join.left())?;
         let (right, _) = leaf_below(join.right())?;
-        (left != right).then_some(AppendJoin { left, right })
+        if left == right {
+            return None;
+        }
+        let (preserved, other) = match join.join_type() {
+            JoinType::Inner => (None, None),
+            JoinType::Left if outer => (Some(left), Some(right)),
+            JoinType::Right if outer => (Some(right), Some(left)),
+            _ => return None,
+        };
+        let outer = match (preserved, other) {
+            (Some(preserved), Some(other)) => Some(OuterSide {
+                preserved,
+                other,
+                pairs_only: made_inner(core)?,
+                filtered: join.filter().is_some(),
+            }),
+            _ => None,
+        };
+        Some(IncrementalJoin {
+            left,
+            right,
+            retracts: a.updating || b.updating,
+            outer,
+        })
     }
+}
+
+fn row_by_row(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.downcast_ref::<ProjectionExec>().is_some()
+        || node.downcast_ref::<FilterExec>().is_some()
+        || passes_batches_through(node)
+}
+
+/// `plan` with its hash join (under operators that reshape rows one at a
+/// time) made an inner join.
+fn made_inner(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        return join
+            .builder()
+            .with_type(JoinType::Inner)
+            .recompute_properties()
+            .build_exec()
+            .ok();
+    }
+    if !row_by_row(plan) {
+        return None;
+    }
+    let child = made_inner(plan.children().first()?)?;
+    plan.clone()
+        .replace_children(vec![child], crate::exec::recompute())
+        .ok()
 }

@@ -120,20 +120,34 @@ impl KeyedRows {
         Ok(())
     }
 
+    /// Whether a row of `key` is kept.
+    pub fn has_key(&self, key: &Key) -> bool {
+        self.index.contains_key(key)
+    }
+
     /// Take back one kept row equal to each row of `batch`; returns how
     /// many rows of `batch` matched nothing kept.
     pub fn retract(&mut self, batch: &RecordBatch) -> Result<usize> {
+        Ok(self
+            .retract_matching(batch)?
+            .iter()
+            .filter(|m| !**m)
+            .count())
+    }
+
+    /// Take back one kept row equal to each row of `batch`; returns, per
+    /// row of `batch`, whether it matched a kept row (and took it back).
+    pub fn retract_matching(&mut self, batch: &RecordBatch) -> Result<Vec<bool>> {
         if batch.num_rows() == 0 {
-            return Ok(0);
+            return Ok(vec![]);
         }
         let keys = self.keys_of(batch)?;
         let wanted = self.whole.encode(batch)?;
         // Kept batches encoded whole, once each, as candidates need them.
         let mut encoded: HashMap<u32, Rows> = HashMap::new();
-        let mut unmatched = 0;
+        let mut matched = vec![false; batch.num_rows()];
         for (r, key) in keys.iter().enumerate() {
             let Some(slots) = self.index.get_mut(key) else {
-                unmatched += 1;
                 continue;
             };
             let mut found = None;
@@ -147,19 +161,17 @@ impl KeyedRows {
                     break;
                 }
             }
-            match found {
-                Some(i) => {
-                    slots.swap_remove(i);
-                    if slots.is_empty() {
-                        self.index.remove(key);
-                    }
-                    self.live -= 1;
-                    self.dead += 1;
+            if let Some(i) = found {
+                slots.swap_remove(i);
+                if slots.is_empty() {
+                    self.index.remove(key);
                 }
-                None => unmatched += 1,
+                self.live -= 1;
+                self.dead += 1;
+                matched[r] = true;
             }
         }
-        Ok(unmatched)
+        Ok(matched)
     }
 
     /// The rows of the given keys (all rows when this keeps one group and

@@ -20,6 +20,8 @@
 //!   an epoch's rows update and retract (no input row is kept);
 //! * `join.rs`: an inner join of two streams that append, which joins
 //!   each epoch's new rows only;
+//! * `value_counts.rs`: `min`, `max` and `count(DISTINCT)` over a
+//!   changelog, as a count per value;
 //! * `keyed.rs`: rows kept by key;
 //! * `diff.rs`: the changes between two results, and consolidating a
 //!   changelog into a table;
@@ -34,6 +36,7 @@ pub mod keyed;
 pub mod split;
 pub mod state;
 pub mod top_n;
+mod value_counts;
 
 pub use split::UpdatingPlan;
 pub use state::UpdatingState;

@@ -26,7 +26,7 @@ use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 
 use super::aggregate::AggregatePlan;
-use super::join::AppendJoin;
+use super::join::IncrementalJoin;
 use super::top_n::TopN;
 use crate::context::InputEdge;
 use crate::error::Result;
@@ -52,9 +52,9 @@ pub struct UpdatingPlan {
     pub aggregate: Option<Arc<AggregatePlan>>,
     /// A top-N whose kept rows are cut to its result after each emission.
     pub top_n: Option<TopN>,
-    /// An inner join of two streams that append: each epoch joins its new
-    /// rows only, and keeps nothing it emitted.
-    pub append_join: Option<AppendJoin>,
+    /// An inner join of two streams: each epoch joins its changed rows
+    /// only, and keeps nothing it emitted.
+    pub join: Option<IncrementalJoin>,
 }
 
 impl UpdatingPlan {
@@ -137,7 +137,7 @@ impl UpdatingPlan {
                 .and_then(|s| TopN::of(&core, edges, s.fields().len())),
             _ => None,
         };
-        let append_join = AppendJoin::of(&core, edges);
+        let join = IncrementalJoin::of(&core, edges, true);
         Ok(UpdatingPlan {
             core,
             tail,
@@ -145,7 +145,7 @@ impl UpdatingPlan {
             out_key,
             aggregate,
             top_n,
-            append_join,
+            join,
         })
     }
 
@@ -168,10 +168,20 @@ impl UpdatingPlan {
                 format!("aggregate: {}", agg.describe()),
                 format!("{sides}one entry per group, and the rows it emitted"),
             )
-        } else if self.append_join.is_some() {
+        } else if let Some(join) = &self.join {
+            let kind = if join.outer.is_some() {
+                "outer join"
+            } else {
+                "inner join"
+            };
+            let operator = if join.retracts {
+                format!("{kind} over a changelog: joins each epoch's changed rows, retractions too")
+            } else {
+                format!("{kind} of two streams that append: joins each epoch's new rows")
+            };
             (
                 true,
-                "inner join of two streams that append: joins each epoch's new rows".into(),
+                operator,
                 "both sides' rows by join key; nothing it emitted".into(),
             )
         } else if self.top_n.is_some() {

@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use datafusion::arrow::array::{Int8Array, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Int8Array, RecordBatch};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 
 use super::aggregate::GroupAccumulators;
@@ -252,15 +253,25 @@ impl UpdatingState {
     /// Take an epoch's batch of one edge: a changelog, or (`updating`
     /// false) rows that are all new.
     pub fn take_input(&mut self, edge: u32, batch: RecordBatch, updating: bool) -> Result<()> {
+        self.take_input_changes(edge, batch, updating).map(|_| ())
+    }
+
+    /// As [`Self::take_input`], returning the rows it took back (only those
+    /// this stage held) and the rows it added.
+    pub fn take_input_changes(
+        &mut self,
+        edge: u32,
+        batch: RecordBatch,
+        updating: bool,
+    ) -> Result<(RecordBatch, RecordBatch)> {
         let batch = if updating {
             batch
         } else {
             changelog::tag(&batch, INSERT)?
         };
-        if batch.num_rows() == 0 {
-            return Ok(());
-        }
-        if let Some(j) = &mut self.journal {
+        if batch.num_rows() > 0
+            && let Some(j) = &mut self.journal
+        {
             j.push(Change::Rows {
                 edge,
                 batch: batch.clone(),
@@ -269,11 +280,20 @@ impl UpdatingState {
         self.apply_input(edge, &batch, true)
     }
 
-    fn apply_input(&mut self, edge: u32, batch: &RecordBatch, touch: bool) -> Result<()> {
+    fn apply_input(
+        &mut self,
+        edge: u32,
+        batch: &RecordBatch,
+        touch: bool,
+    ) -> Result<(RecordBatch, RecordBatch)> {
         let rows = self
             .edges
             .get_mut(&edge)
             .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
+        if batch.num_rows() == 0 {
+            let none = RecordBatch::new_empty(rows.schema().clone());
+            return Ok((none.clone(), none));
+        }
         let (retract, insert) = changelog::split(batch)?;
         if touch {
             let keys: Vec<Key> = rows
@@ -289,17 +309,22 @@ impl UpdatingState {
             self.pending.extend(keys);
         }
         // A retraction names a row sent before it, possibly in this batch.
-        rows.insert(insert)?;
-        let unmatched = rows.retract(&retract)?;
-        if unmatched > 0 {
+        rows.insert(insert.clone())?;
+        let matched = rows.retract_matching(&retract)?;
+        let unmatched = matched.iter().filter(|m| !**m).count();
+        let retract = if unmatched > 0 {
             self.unmatched += unmatched as u64;
             tracing::warn!(
                 edge,
                 rows = unmatched,
                 "retractions named rows this stage does not hold; they were ignored"
             );
-        }
-        rows.compact_if_sparse()
+            filter_record_batch(&retract, &BooleanArray::from(matched))?
+        } else {
+            retract
+        };
+        rows.compact_if_sparse()?;
+        Ok((retract, insert))
     }
 
     /// Forget the keys rows touched (not a restore's "every key"): an
@@ -376,6 +401,31 @@ impl UpdatingState {
             Some(rows) => Ok(rows.keys_of(batch)?.into_iter().collect()),
             None => Ok(HashSet::new()),
         }
+    }
+
+    /// Whether `edge` holds a row of `key`.
+    pub fn holds(&self, edge: u32, key: &Key) -> bool {
+        self.edges.get(&edge).is_some_and(|r| r.has_key(key))
+    }
+
+    /// The rows of `batch`, rows of `edge`, whose keys are in `keys`.
+    pub fn rows_with_keys(
+        &self,
+        edge: u32,
+        batch: &RecordBatch,
+        keys: &HashSet<Key>,
+    ) -> Result<RecordBatch> {
+        let mine = self.keys_in_order(edge, batch)?;
+        let wanted: BooleanArray = mine.iter().map(|k| Some(keys.contains(k))).collect();
+        Ok(filter_record_batch(batch, &wanted)?)
+    }
+
+    fn keys_in_order(&self, edge: u32, batch: &RecordBatch) -> Result<Vec<Key>> {
+        let rows = self
+            .edges
+            .get(&edge)
+            .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
+        rows.keys_of(batch)
     }
 
     /// The schema of `edge`'s rows.
@@ -576,7 +626,7 @@ impl UpdatingState {
             }
         }
         if edge != EMITTED {
-            return self.apply_input(edge, batch, false);
+            return self.apply_input(edge, batch, false).map(|_| ());
         }
         let (retract, insert) = changelog::split(batch)?;
         self.emitted.retract(&retract)?;
