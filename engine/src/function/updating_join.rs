@@ -38,9 +38,13 @@ impl UpdatingStep {
         join: &IncrementalJoin,
         edges: BTreeMap<u32, Vec<Arrived>>,
     ) -> Result<(RecordBatch, RecordBatch)> {
-        let mut new: BTreeMap<u32, Vec<RecordBatch>> = BTreeMap::new();
+        // Each edge's rows of the epoch, as one batch.
+        let mut new: BTreeMap<u32, RecordBatch> = BTreeMap::new();
         for (edge, arrived) in edges {
-            new.entry(edge).or_default().extend(batches_of(arrived));
+            let batches = batches_of(arrived);
+            if let Some(first) = batches.first() {
+                new.insert(edge, concat(&first.schema(), &batches)?);
+            }
         }
         // P: the side an outer join pads (the left of an inner one); O: the other.
         let (p, o) = match &join.outer {
@@ -49,20 +53,22 @@ impl UpdatingStep {
         };
         let u = &mut self.state;
         let o_keys = match new.get(&o) {
-            Some(batches) if !batches.is_empty() => {
-                let plain = plain_rows(f, o, batches)?;
-                u.keys_in(o, &plain)?
+            Some(batch) if f.edge_updates(o) => u.keys_in(o, &changelog::strip(batch)?)?,
+            Some(batch) => u.keys_in(o, batch)?,
+            None => HashSet::new(),
+        };
+        // Which of those keys had O rows: an outer join's padding changes
+        // where that changes.
+        let had: HashSet<Key> = match &join.outer {
+            Some(side) if !side.filtered => {
+                o_keys.iter().filter(|k| u.holds(o, k)).cloned().collect()
             }
             _ => HashSet::new(),
         };
-        // Both sides as they were, for the keys ΔO touched.
+        let (o_out, o_in) = take(f, u, new.remove(&o), o)?;
+        // P as it was (ΔP is taken below), for the keys ΔO touched.
         let p_old = u.rows_of(p, &o_keys)?;
-        let o_old = match &join.outer {
-            Some(_) => u.rows_of(o, &o_keys)?,
-            None => RecordBatch::new_empty(p_old.schema()),
-        };
-        let (o_out, o_in) = take(f, u, &new, o)?;
-        let (p_out, p_in) = take(f, u, &new, p)?;
+        let (p_out, p_in) = take(f, u, new.remove(&p), p)?;
         let mut p_keys = u.keys_in(p, &p_out)?;
         p_keys.extend(u.keys_in(p, &p_in)?);
         let o_now = u.rows_of(o, &p_keys)?;
@@ -78,20 +84,22 @@ impl UpdatingStep {
         out.retract.extend(run(core, p_out, o_now, pads).await?);
         // P as it was with ΔO: pairs alone.
         out.insert
-            .extend(run(pairs_only, p_old.clone(), o_in, false).await?);
+            .extend(run(pairs_only, p_old.clone(), o_in.clone(), false).await?);
         out.retract
-            .extend(run(pairs_only, p_old.clone(), o_out, false).await?);
+            .extend(run(pairs_only, p_old.clone(), o_out.clone(), false).await?);
 
         if let Some(side) = &join.outer {
-            let had: HashSet<Key> = u.keys_in(o, &o_old)?;
             let flipped: HashSet<Key> = o_keys
                 .into_iter()
                 .filter(|k| side.filtered || u.holds(o, k) != had.contains(k))
                 .collect();
-            let p_was = u.rows_with_keys(p, &p_old, &flipped)?;
+            let p_was = match flipped.is_empty() {
+                true => RecordBatch::new_empty(p_old.schema()),
+                false => u.rows_with_keys(p, &p_old, &flipped)?,
+            };
             if p_was.num_rows() > 0 {
-                let o_was = u.rows_with_keys(o, &o_old, &flipped)?;
                 let o_is = u.rows_of(o, &flipped)?;
+                let o_was = o_as_it_was(u, o, &flipped, &o_is, &o_out, &o_in)?;
                 // pad(P, O) = P ⟕ O - P ⋈ O, after minus before.
                 let mut padding = Pairs::default();
                 padding
@@ -122,35 +130,42 @@ impl UpdatingStep {
     }
 }
 
-/// The rows of `batches` of `edge`, without a changelog's op column.
-fn plain_rows(f: &StageFunction, edge: u32, batches: &[RecordBatch]) -> Result<RecordBatch> {
-    let batch = concat(&batches[0].schema(), batches)?;
-    if f.edge_updates(edge) {
-        changelog::strip(&batch)
-    } else {
-        Ok(batch)
-    }
+/// `edge`'s rows of `keys` before this epoch: as they are now, plus those
+/// it took back (`gone`), less those it added (`came`).
+fn o_as_it_was(
+    u: &UpdatingState,
+    edge: u32,
+    keys: &HashSet<Key>,
+    now: &RecordBatch,
+    gone: &RecordBatch,
+    came: &RecordBatch,
+) -> Result<RecordBatch> {
+    let schema = now.schema();
+    let gone = u.rows_with_keys(edge, gone, keys)?;
+    let came = u.rows_with_keys(edge, came, keys)?;
+    let with_gone = concat(&schema, &[now.clone(), gone])?;
+    let (_, was) = changelog::diff::diff(&RowEncoder::whole(&schema)?, &came, &with_gone)?;
+    Ok(was)
 }
 
 /// Keep `edge`'s new rows: the rows it took back and the rows it added.
 fn take(
     f: &StageFunction,
     u: &mut UpdatingState,
-    new: &BTreeMap<u32, Vec<RecordBatch>>,
+    batch: Option<RecordBatch>,
     edge: u32,
 ) -> Result<(RecordBatch, RecordBatch)> {
-    let schema = u
-        .edge_schema(edge)
-        .ok_or_else(|| EngineError::Context(format!("{}: no input edge {edge}", f.name)))?;
-    match new.get(&edge).filter(|b| !b.is_empty()) {
-        Some(batches) => {
-            let batch = concat(&batches[0].schema(), batches)?;
-            u.take_input_changes(edge, batch, f.edge_updates(edge))
+    match batch {
+        Some(batch) => u.take_input_changes(edge, batch, f.edge_updates(edge)),
+        None => {
+            let schema = u
+                .edge_schema(edge)
+                .ok_or_else(|| EngineError::Context(format!("{}: no input edge {edge}", f.name)))?;
+            Ok((
+                RecordBatch::new_empty(schema.clone()),
+                RecordBatch::new_empty(schema),
+            ))
         }
-        None => Ok((
-            RecordBatch::new_empty(schema.clone()),
-            RecordBatch::new_empty(schema),
-        )),
     }
 }
 

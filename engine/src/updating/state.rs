@@ -415,17 +415,16 @@ impl UpdatingState {
         batch: &RecordBatch,
         keys: &HashSet<Key>,
     ) -> Result<RecordBatch> {
-        let mine = self.keys_in_order(edge, batch)?;
-        let wanted: BooleanArray = mine.iter().map(|k| Some(keys.contains(k))).collect();
-        Ok(filter_record_batch(batch, &wanted)?)
-    }
-
-    fn keys_in_order(&self, edge: u32, batch: &RecordBatch) -> Result<Vec<Key>> {
         let rows = self
             .edges
             .get(&edge)
             .ok_or_else(|| EngineError::Context(format!("updating stage: no input edge {edge}")))?;
-        rows.keys_of(batch)
+        let wanted: BooleanArray = rows
+            .keys_of(batch)?
+            .iter()
+            .map(|k| Some(keys.contains(k)))
+            .collect();
+        Ok(filter_record_batch(batch, &wanted)?)
     }
 
     /// The schema of `edge`'s rows.
