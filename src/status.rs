@@ -83,7 +83,7 @@ async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
     let dir = args
         .checkpoint_dir
         .clone()
-        .unwrap_or_else(|| Path::new(crate::run::checkpoint_dir::DEFAULT_ROOT).join(&plan.query_code));
+        .unwrap_or_else(|| crate::run::checkpoint_dir::root().join(&plan.query_code));
     if !dir.join("manifest.json").is_file() {
         bail!(
             "{}: not a checkpoint directory of this query (run it first, or pass --checkpoint-dir)",

@@ -1,10 +1,11 @@
 //! `skein ui [--listen 127.0.0.1:8080]`: wires the page (`skein_ui`) to
 //! this binary's table kinds and the environment's Lambda endpoint.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::registry::registries;
@@ -15,12 +16,20 @@ pub struct UiArgs {
     /// address unless a proxy in front of it authenticates.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Where local queries keep their checkpoint directories.
-    #[arg(long, default_value = crate::run::checkpoint_dir::DEFAULT_ROOT)]
+    /// Where local queries keep their checkpoint directories (and those
+    /// without one say they run); the queries the page starts use it too.
+    #[arg(long, env = crate::run::checkpoint_dir::ROOT_ENV, default_value = crate::run::checkpoint_dir::DEFAULT_ROOT)]
     pub checkpoint_root: PathBuf,
     /// The Lambda deployment's store, where standing queries' specs are.
     #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]
     pub store: String,
+    /// A Kafka cluster whose topics the page lists and samples, as
+    /// bootstrap servers (host:port,...).
+    #[arg(long, env = "SKEIN_KAFKA_BROKERS", value_name = "BROKERS")]
+    pub kafka: Option<String>,
+    /// The schema registry of that cluster's Avro and Protobuf topics.
+    #[arg(long, env = "SKEIN_SCHEMA_REGISTRY", value_name = "URL")]
+    pub schema_registry: Option<String>,
     /// Do not ask Lambda for deployed queries (by default it is asked when
     /// the environment names an AWS endpoint, region or profile).
     #[arg(long)]
@@ -39,13 +48,32 @@ fn aws_configured() -> bool {
     .any(|v| std::env::var_os(v).is_some())
 }
 
+/// The clusters the page lists the streams of.
+fn source_clusters(args: &UiArgs) -> Vec<skein_ui::sources::SourceCluster> {
+    let Some(brokers) = &args.kafka else {
+        return vec![];
+    };
+    let mut options = BTreeMap::from([("bootstrap.servers".to_string(), brokers.clone())]);
+    if let Some(url) = &args.schema_registry {
+        options.insert("schema.registry.url".into(), url.clone());
+    }
+    vec![skein_ui::sources::SourceCluster {
+        kind: skein_connectors::kafka::KIND.into(),
+        name: brokers.clone(),
+        options,
+    }]
+}
+
 pub async fn ui(args: UiArgs) -> Result<()> {
+    let sources = source_clusters(&args);
     let lambda_store = (!args.no_lambda && aws_configured()).then_some(args.store);
     skein_ui::serve(skein_ui::UiOptions {
         listen: args.listen,
         checkpoint_root: args.checkpoint_root,
         lambda_store,
         catalog: registries().catalog,
+        launcher: std::env::current_exe().context("finding this skein binary")?,
+        sources,
     })
     .await?;
     Ok(())

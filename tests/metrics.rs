@@ -71,6 +71,15 @@ fn a_running_query_serves_its_metrics() {
     assert!(records > 0.0, "partition 0 records: {records}\n{body}");
     let epochs = sample(&body, "skein_epochs_total", "").unwrap();
     assert!(epochs >= 1.0, "{body}");
+    // Every series names its query: the code, and the name (the file's stem).
+    let stem = body
+        .lines()
+        .find(|l| l.starts_with("skein_epochs_total"))
+        .unwrap();
+    assert!(
+        stem.contains("query=\"q") && stem.contains("query_name=\"metrics-"),
+        "{stem}"
+    );
 }
 
 /// Bids joined with their auction's seller in Redis (`SET <p>:auction:<id>`

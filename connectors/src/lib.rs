@@ -24,6 +24,7 @@ use skein_engine::catalog::Catalog;
 /// lookup factory.
 pub fn register(catalog: &mut Catalog) {
     catalog.register_source(kafka::KIND, Arc::new(kafka::KafkaSourceFactory));
+    catalog.register_browser(kafka::KIND, Arc::new(kafka::browse::KafkaBrowser));
     catalog.register_source(kinesis::KIND, Arc::new(kinesis::KinesisSourceFactory));
     catalog.register_lookup(redis::KIND, Arc::new(redis::lookup::RedisLookupFactory));
 }

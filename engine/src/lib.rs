@@ -44,6 +44,7 @@ pub mod preview;
 pub mod query;
 pub mod request;
 pub mod ring;
+pub mod running;
 pub mod session;
 pub mod sink;
 pub mod sink_health;

@@ -152,6 +152,14 @@ impl Deployment {
     pub async fn service_options(&self, plan: &QueryPlan) -> Result<ServiceOptions> {
         let (code, code_sha256) = self.code().await?;
         let o = &self.options;
+        let name = skein_engine::query::declared_name(&plan.sql);
+        let mut extra_env = BTreeMap::from([
+            (STORE_ENV.to_string(), self.store_url.clone()),
+            (RUN_ENV.to_string(), run_id()),
+        ]);
+        if let Some(name) = &name {
+            extra_env.insert(crate::emf::QUERY_NAME_ENV.to_string(), name.clone());
+        }
         let mut service = ServiceOptions {
             code,
             code_sha256,
@@ -159,11 +167,9 @@ impl Deployment {
             memory_mb: o.memory_mb,
             timeout_s: o.timeout_s,
             arch: o.arch.clone(),
-            extra_env: BTreeMap::from([
-                (STORE_ENV.to_string(), self.store_url.clone()),
-                (RUN_ENV.to_string(), run_id()),
-            ]),
+            extra_env,
             on_failure: None,
+            tags: crate::service::query_tags(&plan.query_code, name.as_deref()),
         };
         service.on_failure = match &o.on_failure {
             Some(arn) => Some(arn.clone()),

@@ -16,6 +16,10 @@ use serde_json::{Map, Value, json};
 /// The CloudWatch namespace of Skein's metrics.
 pub const NAMESPACE: &str = "Skein";
 
+/// The variable that gives a deployed function its query's name (a
+/// property of every document, beside the function's name).
+pub const QUERY_NAME_ENV: &str = "SKEIN_QUERY_NAME";
+
 /// EMF takes at most 100 values per metric in one document.
 const MAX_VALUES: usize = 100;
 
@@ -115,12 +119,17 @@ impl EmfRecorder {
     }
 
     /// Print what was recorded since the last call to stdout, one EMF line
-    /// per label set, stamped now and naming the function.
+    /// per label set, stamped now and naming the function and its query.
     pub fn print(&self, function_name: &str) {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        for line in self.flush(now_ms, &[("function_name", function_name)]) {
+        let query_name = std::env::var(QUERY_NAME_ENV).ok();
+        let mut properties = vec![("function_name", function_name)];
+        if let Some(name) = &query_name {
+            properties.push(("query_name", name));
+        }
+        for line in self.flush(now_ms, &properties) {
             println!("{line}");
         }
     }

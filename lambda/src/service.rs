@@ -41,6 +41,22 @@ pub struct ServiceOptions {
     /// Where async invocations go after Lambda's retries (an SQS, SNS or
     /// Lambda ARN): the on-failure destination of every function.
     pub on_failure: Option<String>,
+    /// Tags every function gets (the query's code and name, [`query_tags`]).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The tag that holds a function's query code.
+pub const QUERY_TAG: &str = "skein:query";
+/// The tag that holds its query's name.
+pub const NAME_TAG: &str = "skein:name";
+
+/// The tags of a query's functions: its code, and its name where it has one.
+pub fn query_tags(code: &str, name: Option<&str>) -> BTreeMap<String, String> {
+    let mut tags = BTreeMap::from([(QUERY_TAG.to_string(), code.to_string())]);
+    if let Some(name) = name {
+        tags.insert(NAME_TAG.to_string(), name.to_string());
+    }
+    tags
 }
 
 pub struct LambdaFunctionService {
@@ -132,10 +148,32 @@ impl LambdaFunctionService {
             .memory_size(o.memory_mb)
             .timeout(o.timeout_s)
             .code(Self::code(o))
-            .environment(env);
+            .environment(env)
+            .set_tags((!o.tags.is_empty()).then(|| o.tags.clone().into_iter().collect()));
         req.send()
             .await
             .map_err(|e| failed(&spec.name, "CreateFunction", &e))?;
+        Ok(())
+    }
+
+    /// Set the service's tags on an existing function (a redeploy may
+    /// carry a new name).
+    async fn tag(&self, name: &str) -> Result<()> {
+        let o = self.options()?;
+        if o.tags.is_empty() {
+            return Ok(());
+        }
+        let conf = self.configuration(name).await?;
+        let Some(arn) = conf.function_arn() else {
+            return Ok(());
+        };
+        self.client
+            .tag_resource()
+            .resource(arn)
+            .set_tags(Some(o.tags.clone().into_iter().collect()))
+            .send()
+            .await
+            .map_err(|e| failed(name, "TagResource", &e))?;
         Ok(())
     }
 
@@ -269,7 +307,10 @@ impl FunctionService for LambdaFunctionService {
         let env = self.environment(&spec)?;
         match self.existing_code(&spec.name).await? {
             None => self.create_new(&spec, env).await?,
-            Some(sha) => self.update(&spec, env, &sha).await?,
+            Some(sha) => {
+                self.update(&spec, env, &sha).await?;
+                self.tag(&spec.name).await?;
+            }
         }
         self.wait_ready(&spec.name).await?;
         self.configure_async(&spec.name).await?;

@@ -177,6 +177,7 @@ async fn exchange_bench(args: BenchLambdaArgs) -> Result<()> {
             (RUN_ENV.to_string(), run_id()),
         ]),
         on_failure: None,
+        tags: BTreeMap::new(),
     };
     let service = LambdaFunctionService::new(&b.sdk, Some(options));
     // Only these two serve exchange requests: the sender may invoke the

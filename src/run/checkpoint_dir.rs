@@ -16,6 +16,18 @@ use skein_engine::planner::{PlanOptions, QueryPlan};
 /// query under the working directory.
 pub const DEFAULT_ROOT: &str = ".skein/checkpoints";
 
+/// The environment variable that moves [`DEFAULT_ROOT`] (`skein ui
+/// --checkpoint-root` reads it too, and sets it for the queries it starts).
+pub use skein_engine::running::ROOT_ENV;
+
+/// Where local queries keep their checkpoint directories, and where those
+/// without one say they run: `$SKEIN_CHECKPOINT_ROOT`, else [`DEFAULT_ROOT`].
+pub fn root() -> PathBuf {
+    std::env::var_os(ROOT_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_ROOT), PathBuf::from)
+}
+
 pub use skein_engine::query::{CheckpointLocation as Location, CheckpointRequest as Request};
 
 /// A checkpoint directory this process holds; the lock goes with it.
@@ -69,7 +81,7 @@ pub fn pin_sources(catalog: &mut Catalog, sql: &str, request: &Request) -> Resul
     }
     let dir = match &request.dir {
         Some(dir) => dir.clone(),
-        None => Path::new(DEFAULT_ROOT).join(skein_engine::planner::query_code(sql)),
+        None => root().join(skein_engine::planner::query_code(sql)),
     };
     let path = dir.join("manifest.json");
     let bytes = match std::fs::read(&path) {
@@ -96,7 +108,7 @@ pub async fn open(
 ) -> Result<Option<Held>> {
     let dir = match skein_engine::query::checkpoint_location(catalog, plan, request)? {
         Some(Location::Given(dir)) => dir,
-        Some(Location::Default) => Path::new(DEFAULT_ROOT).join(&plan.query_code),
+        Some(Location::Default) => root().join(&plan.query_code),
         None => return Ok(None),
     };
     if let (Some(name), Some(root)) = (&name, dir.parent()) {
@@ -163,12 +175,48 @@ pub fn remove(dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// Say, under [`root`], that `plan` runs in this process without a
+/// checkpoint store, so `skein ui` lists it; refused when another running
+/// query holds `name`. The registration ends when the value is dropped.
+pub fn register_running(
+    plan: &QueryPlan,
+    name: Option<String>,
+) -> Result<skein_engine::running::Registration> {
+    let root = root();
+    if let Some(name) = &name {
+        refuse_a_taken_name(&root, name, &plan.query_code)?;
+    }
+    let query = skein_engine::running::RunningQuery {
+        query_code: plan.query_code.clone(),
+        name,
+        sql: plan.sql.clone(),
+        group_size: plan.group_size,
+        pid: std::process::id(),
+        started_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
+    };
+    skein_engine::running::register(&root, &query)
+        .with_context(|| format!("saying under {} that the query runs", root.display()))
+}
+
 /// One process per checkpoint directory: a second would interleave its
 /// epochs with the first's. A lock left by a killed process is taken over.
 /// A name is one running query's: another query (another code) whose
 /// directory under `root` is held by a live process and records `name`
 /// refuses it.
 fn refuse_a_taken_name(root: &Path, name: &str, code: &str) -> Result<()> {
+    if let Some(other) = skein_engine::running::list(root)
+        .into_iter()
+        .find(|q| q.name.as_deref() == Some(name) && q.query_code != code)
+    {
+        bail!(
+            "a running query is already named {name:?} (query {}, process {}, without a \
+             checkpoint store): give this one another --name",
+            other.query_code,
+            other.pid
+        );
+    }
     let Ok(entries) = std::fs::read_dir(root) else {
         return Ok(());
     };
@@ -185,7 +233,8 @@ fn refuse_a_taken_name(root: &Path, name: &str, code: &str) -> Result<()> {
         let taken = manifest.described.and_then(|d| d.name);
         if taken.as_deref() == Some(name) && manifest.query_code != code {
             bail!(
-                "a running query is already named {name:?} (query {}, process {holder}, {}):                  give this one another --name",
+                "a running query is already named {name:?} (query {}, process {holder}, {}): \
+                 give this one another --name",
                 manifest.query_code,
                 dir.display()
             );

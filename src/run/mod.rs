@@ -162,23 +162,30 @@ pub(crate) async fn run_prepared(
     args: &CommonRunArgs,
     nexmark_query: Option<u32>,
 ) -> Result<(Report, Option<Comparison>)> {
-    if let Some(addr) = args.metrics {
-        serve_metrics(addr)?;
-    }
     let Registries { catalog, collect } = regs;
     let opts = args.options();
     let Prepared { plan, ctx, .. } = prepared;
-    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
-    let mut opts = opts;
-    let request = args.checkpoint_request();
     let name = args
         .name
         .clone()
         .or_else(|| skein_engine::query::declared_name(&plan.sql));
-    let held = checkpoint_dir::open(&catalog, &plan, &request, name).await?;
+    if let Some(addr) = args.metrics {
+        serve_metrics(addr, &plan.query_code, name.as_deref())?;
+    }
+    let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
+    let mut opts = opts;
+    let request = args.checkpoint_request();
+    let held = checkpoint_dir::open(&catalog, &plan, &request, name.clone()).await?;
     if held.is_none() {
         checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }
+    // A query on a live source without a store says in a file that it
+    // runs, so `skein ui` lists it (generated inputs end on their own).
+    let live = skein_engine::query::reads_live_source(&catalog, &plan);
+    let _registered = match held {
+        None if live => Some(checkpoint_dir::register_running(&plan, name)?),
+        _ => None,
+    };
     let discards = catalog.sink_capabilities(&plan.sink.kind).discards_rows;
     if discards && args.verify {
         bail!(
@@ -314,10 +321,16 @@ pub(crate) async fn run_prepared(
     Ok((report, diff))
 }
 
-/// Serve what the engine measures as Prometheus text at `addr`/metrics.
-pub fn serve_metrics(addr: std::net::SocketAddr) -> Result<()> {
+/// Serve what the engine measures as Prometheus text at `addr`/metrics,
+/// every series labelled with the query's code (`query`) and its name
+/// (`query_name`), where it has one.
+pub fn serve_metrics(addr: std::net::SocketAddr, code: &str, name: Option<&str>) -> Result<()> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    PrometheusBuilder::new()
+    let mut builder = PrometheusBuilder::new().add_global_label("query", code);
+    if let Some(name) = name {
+        builder = builder.add_global_label("query_name", name);
+    }
+    builder
         .with_http_listener(addr)
         .set_buckets_for_metric(
             // Every histogram: epochs, checkpoint writes, commits.

@@ -196,7 +196,7 @@ impl YsbArgs {
     /// Where `ysb run` keeps the topic's checkpoints.
     fn checkpoint_dir(&self) -> PathBuf {
         self.checkpoint_dir.clone().unwrap_or_else(|| {
-            std::path::Path::new(crate::run::checkpoint_dir::DEFAULT_ROOT)
+            crate::run::checkpoint_dir::root()
                 .join(format!("ysb-{}", self.topic))
         })
     }

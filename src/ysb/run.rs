@@ -84,9 +84,6 @@ pub(super) struct RunOutcome {
 /// checkpoint directory.
 pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     let c = &a.common;
-    if let Some(addr) = a.metrics {
-        crate::run::serve_metrics(addr)?;
-    }
     let params = QueryParams {
         parallelism: a.parallelism,
         max_records: a.max_records,
@@ -107,6 +104,9 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         .await
         .context("planning queries/ysb.sql")?
         .plan;
+    if let Some(addr) = a.metrics {
+        crate::run::serve_metrics(addr, &plan.query_code, Some("ysb"))?;
+    }
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let request = crate::run::checkpoint_dir::Request {
         dir: Some(c.checkpoint_dir()),

@@ -119,7 +119,7 @@ function renderList(l) {
       <table id="queries">
         <thead><tr><th>query</th><th>backend</th><th>state</th><th>SQL</th><th class="num">lag (records)</th>
         <th class="num">watermark delay</th><th class="num">events/s</th><th class="num">$ / M events</th><th class="num">committed</th></tr></thead>
-        <tbody>${rows || '<tr><td colspan="9" class="muted">No queries: run one with <code>skein run</code> or deploy one with <code>skein deploy</code>.</td></tr>'}</tbody>
+        <tbody>${rows || '<tr><td colspan="9" class="muted">No queries: write one in the <a href="#/editor">editor</a>, or run one with <code>skein run</code> or <code>skein deploy</code>.</td></tr>'}</tbody>
       </table>
       ${lambda}
       <p class="muted">$ / M events: what the query used (invocations, billed time, checkpoint requests) at Lambda arm64 prices.</p>
@@ -169,7 +169,10 @@ function renderQuery(d) {
   const errors = [d.error && `last error: ${d.error}`, d.plan_error && `plan: ${d.plan_error}`].filter(Boolean);
   document.getElementById("controls").innerHTML =
     (errors.length ? `<p class="error" id="query-error">${errors.map(esc).join("<br>")}</p>` : "") +
-    (d.controls
+    (d.controls && d.backend === "local"
+      ? `<p><button class="stop" id="stop">Stop</button>
+         <span class="muted">Sends SIGTERM to its process, as Ctrl-C would: it ends after the epoch in flight; a query with a checkpoint store resumes from its last commit when run again.</span></p>`
+      : d.controls
       ? `<p><button class="stop" id="stop" ${d.schedule === "DISABLED" ? "disabled" : ""}>Stop</button>
          <button class="start" id="start" ${d.schedule === "ENABLED" ? "disabled" : ""}>Start</button>
          <span class="muted">What <code>skein stop</code> / <code>skein start</code> do: the schedule is disabled or enabled; state is kept.</span></p>`
@@ -326,6 +329,8 @@ let previewAbort = null;
 function renderEditor() {
   document.getElementById("crumbs").textContent = "editor";
   document.getElementById("main").innerHTML = `
+    <section class="card" id="sources"><h2>Topics</h2><div id="source-list"><p class="muted">Loading…</p></div>
+      <div id="sample"></div></section>
     <section class="card" id="editor">
       <h2>Query</h2>
       <textarea id="sql" rows="14" spellcheck="false" placeholder="CREATE EXTERNAL TABLE ...;&#10;SELECT ..."></textarea>
@@ -337,6 +342,16 @@ function renderEditor() {
         <label>seconds <input id="preview-seconds" type="number" value="30" min="1"></label>
         <label>from <select id="preview-from"><option>latest</option><option>earliest</option></select></label>
       </div>
+      <div class="controls">
+        <label>name <input id="deploy-name" placeholder="clicks-per-ad"></label>
+        <label>members <input id="group-size" type="number" value="8" min="1" title="members of each function group"></label>
+        <label>on <select id="deploy-backend"><option value="local">this machine</option><option value="lambda">Lambda</option></select></label>
+        <button id="deploy">Deploy…</button>
+      </div>
+      <div id="deploy-confirm" class="confirm" hidden>
+        <span id="deploy-question"></span>
+        <button id="deploy-yes">Deploy</button> <button id="deploy-no">Cancel</button>
+      </div>
       <div id="editor-error" class="error" hidden></div>
     </section>
     <section class="card"><h2>Plan</h2><div id="plan"><p class="muted">Explain shows the stages.</p></div></section>
@@ -345,6 +360,102 @@ function renderEditor() {
   document.getElementById("explain").onclick = explainQuery;
   document.getElementById("preview").onclick = previewQuery;
   document.getElementById("stop-preview").onclick = () => previewAbort && previewAbort.abort();
+  document.getElementById("deploy").onclick = askDeploy;
+  document.getElementById("deploy-no").onclick = () => { document.getElementById("deploy-confirm").hidden = true; };
+  document.getElementById("deploy-yes").onclick = deployQuery;
+  loadSources();
+}
+
+// ---------- topics, a sample, and declaring a table ----------
+
+async function loadSources() {
+  const holder = document.getElementById("source-list");
+  try {
+    const l = await getJson("/api/sources");
+    if (!l.clusters.length) {
+      holder.innerHTML = '<p class="muted">No cluster: start <code>skein ui --kafka HOST:PORT</code> to list its topics.</p>';
+      return;
+    }
+    holder.innerHTML = l.clusters.map((c) => {
+      if (c.error) return `<p class="error">${esc(c.kind)} ${esc(c.name)}: ${esc(c.error)}</p>`;
+      const rows = c.streams.map((t) => [
+        `<code>${esc(t.name)}</code>`, num(t.partitions.length), num(t.records),
+        `<button class="sample" data-cluster="${c.cluster}" data-stream="${esc(t.name)}">Sample</button>`,
+      ]);
+      return `<p class="muted">${esc(c.kind)} ${esc(c.name)}</p>` +
+        table(["topic", "partitions", "records", ""], rows, [1, 2], `streams-${c.cluster}`);
+    }).join("");
+    for (const b of holder.querySelectorAll("button.sample")) {
+      b.onclick = () => sampleStream(Number(b.dataset.cluster), b.dataset.stream);
+    }
+  } catch (e) {
+    holder.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+  }
+}
+
+async function sampleStream(cluster, stream) {
+  const holder = document.getElementById("sample");
+  holder.innerHTML = `<p class="muted">Reading the newest records of ${esc(stream)}…</p>`;
+  try {
+    const s = await getJson("/api/sources/sample", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ cluster, stream, records: 10 }),
+    });
+    const records = s.sample.records.map((r) => [esc(r.partition), esc(r.offset), esc(r.key ?? ""), `<code>${esc(r.value)}</code>`]);
+    const columns = s.sample.columns.map((c) => [esc(c.name), esc(c.sql_type), c.name === s.sample.event_time ? "event time" : ""]);
+    holder.innerHTML = `<h3>${esc(stream)}</h3>
+      ${table(["partition", "offset", "key", "value"], records, [], "sample-records")}
+      <p>Format: <b id="sample-format">${esc(s.sample.format ?? "unknown")}</b>; columns ${esc(s.sample.columns_from)}.</p>
+      ${table(["column", "type", ""], columns, [], "sample-columns")}
+      ${s.sample.schema ? `<details><summary>The registry's schema</summary><pre>${esc(s.sample.schema)}</pre></details>` : ""}
+      <pre id="declaration">${esc(s.declaration)}</pre>
+      <button id="declare">Declare this table</button>`;
+    document.getElementById("declare").onclick = () => {
+      const sql = document.getElementById("sql");
+      sql.value = s.declaration + "\n\n" + sql.value;
+      sql.focus();
+    };
+  } catch (e) {
+    holder.innerHTML = `<p class="error">${esc(e.message)}</p>`;
+  }
+}
+
+// ---------- deploy ----------
+
+function askDeploy() {
+  showEditorError(null);
+  const name = document.getElementById("deploy-name").value.trim();
+  const backend = document.getElementById("deploy-backend");
+  document.getElementById("deploy-question").textContent =
+    `Start ${name ? `"${name}"` : "this query"} on ${backend.options[backend.selectedIndex].text}? It runs until it is stopped.`;
+  document.getElementById("deploy-confirm").hidden = false;
+}
+
+async function deployQuery() {
+  document.getElementById("deploy-confirm").hidden = true;
+  const button = document.getElementById("deploy");
+  button.disabled = true;
+  button.textContent = "Deploying…";
+  try {
+    const r = await fetch("/api/queries", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        sql: document.getElementById("sql").value,
+        name: document.getElementById("deploy-name").value.trim() || null,
+        backend: document.getElementById("deploy-backend").value,
+        group_size: Number(document.getElementById("group-size").value),
+        confirmed: true,
+      }),
+    });
+    const body = await r.json();
+    if (!r.ok) return showEditorError(body);
+    location.hash = `#/q/${body.id}`;
+  } finally {
+    button.disabled = false;
+    button.textContent = "Deploy…";
+  }
 }
 
 function showEditorError(body) {
@@ -358,7 +469,10 @@ async function explainQuery() {
   const r = await fetch("/api/explain", {
     method: "POST",
     headers: { "content-type": "application/json" },
-    body: JSON.stringify({ sql: document.getElementById("sql").value }),
+    body: JSON.stringify({
+      sql: document.getElementById("sql").value,
+      group_size: Number(document.getElementById("group-size").value),
+    }),
   });
   const body = await r.json();
   if (!r.ok) return showEditorError(body);

@@ -65,8 +65,28 @@ pub struct Found {
     pub functions: Vec<String>,
 }
 
-/// Local queries: every directory under `root` with a manifest.
+/// Local queries: every directory under `root` with a manifest, and the
+/// queries running without a checkpoint store that say so there.
 pub async fn local(root: &Path) -> Vec<Found> {
+    let mut out = with_store(root).await;
+    for q in skein_engine::running::list(root) {
+        out.push(Found {
+            backend: Backend::Local,
+            code: q.query_code,
+            store: None,
+            location: format!("no checkpoint store (process {})", q.pid),
+            sql: Some((q.sql, q.group_size)),
+            name: q.name,
+            pid: Some(q.pid),
+            spec: None,
+            functions: vec![],
+        });
+    }
+    out
+}
+
+/// Every directory under `root` with a manifest.
+async fn with_store(root: &Path) -> Vec<Found> {
     let Ok(entries) = std::fs::read_dir(root) else {
         return vec![];
     };

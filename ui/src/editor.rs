@@ -12,7 +12,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use skein_engine::planner::{PlanOptions, plan_query, session};
+use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
 use skein_engine::preview::{PreviewOptions, preview};
 
 use crate::App;
@@ -41,7 +41,7 @@ pub(crate) struct Written {
 
 /// A planning error as the page shows it: the message, and the line of
 /// the SQL it names, if it names one.
-fn planning_error(e: &skein_engine::EngineError) -> Response {
+pub(crate) fn planning_error(e: &skein_engine::EngineError) -> Response {
     let message = skein_engine::error::one_line(e);
     let body = json!({ "error": message, "line": line_named(&message) });
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
@@ -57,11 +57,14 @@ fn line_named(message: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// POST /api/explain: the stage graph the query plans to, each stage's
-/// mode and state, as `skein explain --json` prints it.
-pub(crate) async fn explain(State(app): State<Arc<App>>, Json(w): Json<Written>) -> Response {
-    let group_size = w
-        .group_size
+/// Plan `sql` with the page's catalog at `group_size` members (default
+/// 8); a planning error is the page's 400.
+pub(crate) async fn plan_written(
+    app: &App,
+    sql: &str,
+    group_size: Option<usize>,
+) -> Result<QueryPlan, Response> {
+    let group_size = group_size
         .unwrap_or(skein_engine::planner::DEFAULT_GROUP_SIZE)
         .max(1);
     let ctx = session(&app.options.catalog, group_size);
@@ -69,9 +72,17 @@ pub(crate) async fn explain(State(app): State<Arc<App>>, Json(w): Json<Written>)
         group_size,
         ..Default::default()
     };
-    match plan_query(&ctx, &w.sql, &options).await {
+    plan_query(&ctx, sql, &options)
+        .await
+        .map_err(|e| planning_error(&e))
+}
+
+/// POST /api/explain: the stage graph the query plans to, each stage's
+/// mode and state, as `skein explain --json` prints it.
+pub(crate) async fn explain(State(app): State<Arc<App>>, Json(w): Json<Written>) -> Response {
+    match plan_written(&app, &w.sql, w.group_size).await {
         Ok(plan) => Json(plan.explain_json()).into_response(),
-        Err(e) => planning_error(&e),
+        Err(refused) => refused,
     }
 }
 

@@ -7,11 +7,13 @@
 
 mod assets;
 pub mod catalog;
+mod deploy;
 mod editor;
 mod error;
 pub mod graph;
 pub mod records;
 mod routes;
+pub mod sources;
 pub mod view;
 
 use std::collections::HashMap;
@@ -38,6 +40,10 @@ pub struct UiOptions {
     /// The table kinds queries may use (to plan them and ask their
     /// sources for lag).
     pub catalog: Catalog,
+    /// The `skein` binary that runs and deploys the queries the page starts.
+    pub launcher: PathBuf,
+    /// The clusters whose streams the page lists (`--kafka`).
+    pub sources: Vec<sources::SourceCluster>,
 }
 
 /// What the handlers share.

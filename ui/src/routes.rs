@@ -15,7 +15,7 @@ use skein_lambda::schedule::{Schedules, schedule_name};
 use crate::catalog::{self, Backend, Found};
 use crate::error::UiError;
 use crate::records::{self, Records};
-use crate::{App, assets, editor, view};
+use crate::{App, assets, deploy, editor, sources, view};
 
 /// How long the sources may take to say where their partitions end.
 const SOURCES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,12 +25,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/", get(assets::index))
         .route("/app.js", get(assets::script))
         .route("/style.css", get(assets::style))
-        .route("/api/queries", get(list))
+        .route("/api/queries", get(list).post(deploy::deploy))
         .route("/api/queries/{backend}/{code}", get(one))
         .route("/api/queries/{backend}/{code}/stop", post(stop))
         .route("/api/queries/{backend}/{code}/start", post(start))
         .route("/api/explain", post(editor::explain))
         .route("/api/preview", post(editor::preview_rows))
+        .route("/api/sources", get(sources::list))
+        .route("/api/sources/sample", post(sources::sample))
         .with_state(app)
 }
 
@@ -41,7 +43,7 @@ fn now_ms() -> i64 {
 }
 
 /// Every query, and why Lambda could not be asked if it could not.
-async fn find_all(app: &App) -> (Vec<Found>, Option<String>) {
+pub(crate) async fn find_all(app: &App) -> (Vec<Found>, Option<String>) {
     let mut found = catalog::local(&app.options.checkpoint_root).await;
     let mut lambda_error = None;
     if let Some(url) = &app.options.lambda_store {
@@ -192,16 +194,35 @@ async fn start(
 }
 
 /// What `skein stop` / `skein start` do: disable or enable the standing
-/// query's schedule (state kept).
+/// query's schedule (state kept). A local query is stopped as Ctrl-C stops
+/// it (SIGTERM to its process: it finishes the epoch in flight).
 async fn set_running(
     State(app): State<Arc<App>>,
     Path((backend, code)): Path<(String, String)>,
     enabled: bool,
 ) -> Result<Json<Value>, UiError> {
+    if Backend::parse(&backend) == Some(Backend::Local) && !enabled {
+        let found = find(&app, &backend, &code).await?;
+        let Some(pid) = found.pid else {
+            return Err(UiError::Refused(format!("query {code} is not running")));
+        };
+        let sent = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .map_err(|e| UiError::Refused(format!("kill -TERM {pid}: {e}")))?;
+        if !sent.success() {
+            return Err(UiError::Refused(format!("kill -TERM {pid}: {sent}")));
+        }
+        tracing::info!(query = %code, pid, "stopped from the page");
+        return Ok(Json(
+            json!({"query_code": code, "pid": pid, "signal": "SIGTERM"}),
+        ));
+    }
     if Backend::parse(&backend) != Some(Backend::Lambda) {
         return Err(UiError::Refused(
-            "stop and start are for standing queries on Lambda; a local query stops when its \
-             `skein run` gets SIGINT or SIGTERM"
+            "start is for standing queries on Lambda; run a local query again with `skein run`, \
+             or deploy it from the editor"
                 .into(),
         ));
     }

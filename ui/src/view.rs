@@ -247,7 +247,8 @@ pub fn detail(found: &Found, records: &Records, live: Live, now_ms: i64) -> Deta
         graph: plan
             .as_ref()
             .map(|p| crate::graph::graph(p, &records.members, now_ms)),
-        controls: found.spec.is_some(),
+        // Lambda: the schedule; local: the process (stop only).
+        controls: found.spec.is_some() || (found.backend == Backend::Local && found.pid.is_some()),
         schedule: live.schedule,
         partitions,
         partitions_error,

@@ -36,6 +36,7 @@ pub mod protobuf;
 mod recorded;
 pub mod registry;
 pub mod rejected;
+pub mod sniff;
 pub(crate) mod text;
 
 pub use format::{FORMAT_NAMES, Format};

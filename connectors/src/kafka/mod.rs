@@ -5,6 +5,7 @@
 //! log between checkpoints, kept in a consumer group). The sink is in skein-sinks;
 //! the client setup both sides share in skein-clients.
 
+pub mod browse;
 mod config;
 mod consumer;
 mod dead_letters;

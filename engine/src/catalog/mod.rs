@@ -12,6 +12,7 @@
 //! `table.rs` turns a `CREATE EXTERNAL TABLE` into a DataFusion table
 //! through the catalog.
 
+pub mod browse;
 mod capabilities;
 pub mod parallelism;
 pub mod table;
@@ -44,6 +45,8 @@ struct Kind {
     source: Option<Arc<dyn SourceFactory>>,
     sink: Option<Arc<dyn SinkFactory>>,
     lookup: Option<Arc<dyn LookupFactory>>,
+    /// What lists and samples the kind's streams (`skein ui`).
+    browser: Option<Arc<dyn browse::SourceBrowser>>,
     /// Options a backend reads from the kind's tables (Lambda's `mode`).
     backend: Vec<&'static str>,
 }
@@ -130,6 +133,17 @@ impl Catalog {
     /// Tables of `kind` can be lookup tables (see [`crate::lookup`]).
     pub fn register_lookup(&mut self, kind: &str, factory: Arc<dyn LookupFactory>) {
         self.entry(kind).lookup = Some(factory);
+    }
+
+    /// The streams of `kind`'s clusters can be listed and sampled through
+    /// `browser`.
+    pub fn register_browser(&mut self, kind: &str, browser: Arc<dyn browse::SourceBrowser>) {
+        self.entry(kind).browser = Some(browser);
+    }
+
+    /// The browser of `kind`'s streams, if it has one.
+    pub fn browser(&self, kind: &str) -> Option<Arc<dyn browse::SourceBrowser>> {
+        self.get(kind).and_then(|k| k.browser.clone())
     }
 
     /// Tables of `kind` take `names` too, which a backend reads (Lambda's

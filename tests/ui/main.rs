@@ -5,9 +5,12 @@
 //! records arrive, and once the query is stopped (SIGTERM) the list shows
 //! it stopped. The same for a standing query deployed on Lambda (ministack),
 //! stopped and started with the page's buttons. Screenshots go to
-//! target/ui-screenshots (docs/ui.md).
+//! target/ui-screenshots (docs/ui.md). From a topic to a deployed query
+//! in the editor, locally and on Lambda: `deploy.rs`.
 
+#[path = "../common/mod.rs"]
 mod common;
+mod deploy;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -22,7 +25,7 @@ use serde_json::Value;
 const PARTITIONS: usize = 2;
 
 /// A child process killed when dropped (the test's own processes only).
-struct Owned(Option<Child>);
+pub(crate) struct Owned(Option<Child>);
 
 impl Owned {
     fn new(child: Child) -> Self {
@@ -51,11 +54,18 @@ impl Drop for Owned {
 /// `skein ui` on a free port, looking at Lambda with the deployment's
 /// `store` if given: (process, port).
 fn start_ui(checkpoint_root: &Path, store: Option<&str>) -> (Owned, u16) {
+    start_ui_with(checkpoint_root, store, &[])
+}
+
+/// [`start_ui`] with more arguments (`--kafka BROKERS`).
+fn start_ui_with(checkpoint_root: &Path, store: Option<&str>, more: &[&str]) -> (Owned, u16) {
     let port = common::free_port();
     let mut command = match store {
         Some(store) => {
             let mut c = common::skein_command_on_aws();
-            c.env("SKEIN_STORE", store);
+            // What a deploy from the page deploys.
+            c.env("SKEIN_STORE", store)
+                .env("SKEIN_FUNCTION_BINARY", common::function_binary());
             c
         }
         None => Command::new(env!("CARGO_BIN_EXE_skein")),
@@ -64,6 +74,7 @@ fn start_ui(checkpoint_root: &Path, store: Option<&str>) -> (Owned, u16) {
         .args(["ui", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--checkpoint-root")
         .arg(checkpoint_root)
+        .args(more)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if store.is_none() {
@@ -201,8 +212,11 @@ fn the_page_shows_a_running_local_query_and_then_that_it_stopped() {
     );
     let (status, body) = http(port, "GET", "/api/queries/local/qnope", None);
     assert_eq!(status, 404, "{body}");
-    let (status, body) = http(port, "POST", &format!("/api/queries/{id}/stop"), None);
-    assert_eq!(status, 400, "a local query has no stop button: {body}");
+    let (status, body) = http(port, "POST", &format!("/api/queries/{id}/start"), None);
+    assert_eq!(
+        status, 400,
+        "a local query is started by running it: {body}"
+    );
 
     // The browser: the graph, and numbers that change between two loads.
     let browser = Browser::start();
