@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use skein_engine::preview::{PreviewEvent, PreviewOptions, PreviewRow, preview};
+use skein_engine::preview::{PreviewEvent, PreviewOptions, PreviewRow, PreviewStart, preview};
 
 use crate::args::read_sql;
 use crate::registry::registries;
@@ -24,9 +24,10 @@ pub struct PreviewArgs {
     #[arg(long, default_value = "30s", value_parser = crate::duration)]
     pub seconds: Duration,
     /// Where tables that take a 'startup' option start reading, unless they
-    /// declare one: latest (records produced from now on) or earliest.
-    #[arg(long, default_value = "latest", value_parser = ["latest", "earliest"])]
-    pub from: String,
+    /// declare one: latest (records produced from now on), earliest, or a
+    /// time (2026-11-28T10:00:00Z, or ms since the epoch).
+    #[arg(long, default_value = "latest", value_parser = parse_start)]
+    pub from: PreviewStart,
     /// The time between epochs.
     #[arg(long, default_value = "500ms", value_parser = crate::duration)]
     pub interval: Duration,
@@ -35,12 +36,16 @@ pub struct PreviewArgs {
     pub json: bool,
 }
 
+fn parse_start(s: &str) -> std::result::Result<PreviewStart, String> {
+    PreviewStart::parse(s).map_err(|e| e.to_string())
+}
+
 pub async fn preview_command(args: PreviewArgs) -> Result<()> {
     let sql = read_sql(&args.file)?;
     let options = PreviewOptions {
         rows: args.rows,
         seconds: args.seconds,
-        from: args.from.clone(),
+        from: args.from,
         interval: args.interval,
         group_size: 1,
     };

@@ -30,6 +30,10 @@ pub struct UiArgs {
     /// The schema registry of that cluster's Avro and Protobuf topics.
     #[arg(long, env = "SKEIN_SCHEMA_REGISTRY", value_name = "URL")]
     pub schema_registry: Option<String>,
+    /// Do not list the Kinesis streams of the AWS endpoint the environment
+    /// names (listed by default when it names one).
+    #[arg(long)]
+    pub no_kinesis: bool,
     /// Do not ask Lambda for deployed queries (by default it is asked when
     /// the environment names an AWS endpoint, region or profile).
     #[arg(long)]
@@ -49,19 +53,36 @@ fn aws_configured() -> bool {
 }
 
 /// The clusters the page lists the streams of.
+/// Kafka when `--kafka` names brokers; Kinesis when the environment names
+/// an AWS endpoint, region or profile (as for Lambda), unless `--no-kinesis`.
 fn source_clusters(args: &UiArgs) -> Vec<skein_ui::sources::SourceCluster> {
-    let Some(brokers) = &args.kafka else {
-        return vec![];
-    };
-    let mut options = BTreeMap::from([("bootstrap.servers".to_string(), brokers.clone())]);
-    if let Some(url) = &args.schema_registry {
-        options.insert("schema.registry.url".into(), url.clone());
+    let registry: BTreeMap<String, String> = args
+        .schema_registry
+        .iter()
+        .map(|url| ("schema.registry.url".to_string(), url.clone()))
+        .collect();
+    let mut clusters = vec![];
+    if let Some(brokers) = &args.kafka {
+        let mut options = registry.clone();
+        options.insert("bootstrap.servers".into(), brokers.clone());
+        clusters.push(skein_ui::sources::SourceCluster {
+            kind: skein_connectors::kafka::KIND.into(),
+            name: brokers.clone(),
+            options,
+        });
     }
-    vec![skein_ui::sources::SourceCluster {
-        kind: skein_connectors::kafka::KIND.into(),
-        name: brokers.clone(),
-        options,
-    }]
+    if !args.no_kinesis && aws_configured() {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_REGION"))
+            .or_else(|_| std::env::var("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|_| "the AWS profile's region".into());
+        clusters.push(skein_ui::sources::SourceCluster {
+            kind: skein_connectors::kinesis::KIND.into(),
+            name: endpoint,
+            options: registry,
+        });
+    }
+    clusters
 }
 
 pub async fn ui(args: UiArgs) -> Result<()> {

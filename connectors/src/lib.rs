@@ -26,5 +26,6 @@ pub fn register(catalog: &mut Catalog) {
     catalog.register_source(kafka::KIND, Arc::new(kafka::KafkaSourceFactory));
     catalog.register_browser(kafka::KIND, Arc::new(kafka::browse::KafkaBrowser));
     catalog.register_source(kinesis::KIND, Arc::new(kinesis::KinesisSourceFactory));
+    catalog.register_browser(kinesis::KIND, Arc::new(kinesis::browse::KinesisBrowser));
     catalog.register_lookup(redis::KIND, Arc::new(redis::lookup::RedisLookupFactory));
 }

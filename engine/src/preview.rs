@@ -24,6 +24,44 @@ use crate::sink::{COLLECT_KIND, CollectSinkFactory, SinkConfig};
 
 /// The option a table kind takes to say where reading starts.
 const STARTUP_OPTION: &str = "startup";
+/// With `'startup' 'at_timestamp'`: from when, ms since the epoch.
+const STARTUP_TIME_OPTION: &str = "startup.timestamp.ms";
+
+/// Where a preview's tables start reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreviewStart {
+    /// Records produced from now on.
+    Latest,
+    /// Everything the tables hold.
+    Earliest,
+    /// Records from this time on (ms since the epoch): Kafka's record
+    /// timestamps, Kinesis' arrival times.
+    At(i64),
+}
+
+impl PreviewStart {
+    /// `latest`, `earliest`, ms since the epoch, or a time such as
+    /// `2026-11-28T10:00:00Z` (UTC unless it says).
+    pub fn parse(s: &str) -> Result<PreviewStart> {
+        let s = s.trim();
+        match s {
+            "latest" => return Ok(PreviewStart::Latest),
+            "earliest" => return Ok(PreviewStart::Earliest),
+            _ => {}
+        }
+        if let Ok(ms) = s.parse::<i64>() {
+            return Ok(PreviewStart::At(ms));
+        }
+        datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(s)
+            .map(|ns| PreviewStart::At(ns.div_euclid(1_000_000)))
+            .map_err(|_| {
+                EngineError::Context(format!(
+                    "from {s:?}: latest, earliest, ms since the epoch, or a time such as \
+                     2026-11-28T10:00:00Z"
+                ))
+            })
+    }
+}
 
 /// How a preview runs.
 #[derive(Debug, Clone)]
@@ -33,8 +71,8 @@ pub struct PreviewOptions {
     /// Stop after this long.
     pub seconds: Duration,
     /// Where tables that take a `'startup'` option start reading, unless
-    /// they declare it (`latest`, `earliest`).
-    pub from: String,
+    /// they declare it.
+    pub from: PreviewStart,
     /// The time between epochs.
     pub interval: Duration,
     /// Members of each function group.
@@ -46,7 +84,7 @@ impl Default for PreviewOptions {
         PreviewOptions {
             rows: 100,
             seconds: Duration::from_secs(30),
-            from: "latest".into(),
+            from: PreviewStart::Latest,
             interval: Duration::from_millis(500),
             group_size: 1,
         }
@@ -115,7 +153,7 @@ pub async fn preview(
     };
     let ctx = session(&catalog, plan_options.group_size);
     let mut plan = plan_query(&ctx, sql, &plan_options).await?;
-    into_preview(&mut plan, &catalog, &options.from);
+    into_preview(&mut plan, &catalog, options.from);
     let name = plan.sink.location.clone();
     let sink = collect.sink(&name);
     let mut started = Some(PreviewEvent::Started {
@@ -183,15 +221,22 @@ pub async fn preview(
 
 /// `plan` made a preview: its result goes to the collector, and tables that
 /// take a `'startup'` option and declare none start at `from`.
-fn into_preview(plan: &mut QueryPlan, catalog: &Catalog, from: &str) {
+fn into_preview(plan: &mut QueryPlan, catalog: &Catalog, from: PreviewStart) {
     plan.sink = SinkConfig::collect(&format!("preview-{}", plan.query_code));
+    let (startup, at) = match from {
+        PreviewStart::Latest => ("latest", None),
+        PreviewStart::Earliest => ("earliest", None),
+        PreviewStart::At(ms) => ("at_timestamp", Some(ms)),
+    };
     for stage in &mut plan.stages {
         for leaf in &mut stage.sources {
             let takes = catalog.takes_option(&leaf.config.kind, STARTUP_OPTION);
             if takes && !leaf.config.options.contains_key(STARTUP_OPTION) {
-                leaf.config
-                    .options
-                    .insert(STARTUP_OPTION.into(), from.to_string());
+                let options = &mut leaf.config.options;
+                options.insert(STARTUP_OPTION.into(), startup.into());
+                if let Some(ms) = at {
+                    options.insert(STARTUP_TIME_OPTION.into(), ms.to_string());
+                }
             }
         }
     }

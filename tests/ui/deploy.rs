@@ -191,6 +191,51 @@ fn a_topic_becomes_a_named_query_deployed_from_the_editor() {
     assert_eq!(shown.into_iter().collect::<BTreeMap<_, _>>(), per_key);
     click(&browser, "stop-preview");
 
+    // A preview from a time reads only the records produced after it.
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let from = now_ms() + 1;
+    while now_ms() <= from {
+        std::thread::yield_now();
+    }
+    let later: Vec<(usize, String)> = (0..100)
+        .map(|i| {
+            let json = format!(
+                r#"{{"k":"later","v":{},"ts":{}}}"#,
+                1000 + i,
+                1_700_000_100_000i64 + i
+            );
+            (i as usize % 2, json)
+        })
+        .collect();
+    windowed::produce(&topic, &later);
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/preview",
+        Some(&serde_json::json!({
+            "sql": format!("{declared}\nSELECT k, v FROM {table};"),
+            "from": from.to_string(), "rows": 100, "seconds": 120,
+        })),
+    );
+    assert_eq!(status, 200, "{body}");
+    let read: Vec<Value> = body
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "rows")
+        .flat_map(|e| e["rows"].as_array().unwrap().clone())
+        .map(|r| r["row"].clone())
+        .collect();
+    assert_eq!(read.len(), 100, "{body}");
+    assert!(
+        read.iter().all(|r| r["k"] == "later"),
+        "only the records after {from}: {body}"
+    );
+
     // Deploy under a name, after a confirmation.
     let name = common::unique_name("clicks-per-key");
     browser.eval(&format!(
@@ -289,8 +334,99 @@ fn the_editor_deploys_a_named_query_on_lambda() {
     let (_, sink) = windowed::kafka_sink();
     let sql = windowed::query(&source, &sink);
     let store = format!("s3://{}", common::unique_name("skein-ui-deploy"));
+    // A Kinesis stream of two shards with JSON records, for the topics panel.
+    let stream = common::unique_name("ui-stream");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        common::create_stream(&stream, 2).await;
+        let kinesis = aws_sdk_kinesis::Client::new(&common::aws_sdk_config().await);
+        let entries = (0..50)
+            .map(|i| {
+                aws_sdk_kinesis::types::PutRecordsRequestEntry::builder()
+                    .partition_key(format!("p{i}"))
+                    .data(aws_sdk_kinesis::primitives::Blob::new(format!(
+                        r#"{{"user":"u{}","amount":{}.5,"at":{}}}"#,
+                        i % 5,
+                        i,
+                        1_700_000_000_000i64 + i
+                    )))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        common::put_records(&kinesis, &stream, entries).await;
+    });
     let (_ui, port) = start_ui(&work.join("none"), Some(&store));
     let name = common::unique_name("windows");
+
+    // The endpoint's Kinesis streams are listed, and one sampled.
+    let (cluster, listed) = wait_json(port, "/api/sources", 60, "the stream listed", |v| {
+        let c = v["clusters"]
+            .as_array()?
+            .iter()
+            .find(|c| c["kind"] == "KINESIS")?
+            .clone();
+        let s = c["streams"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == stream.as_str())?
+            .clone();
+        Some(Value::Array(vec![c["cluster"].clone(), s]))
+    })
+    .as_array()
+    .map(|a| (a[0].clone(), a[1].clone()))
+    .unwrap();
+    assert_eq!(
+        listed["partitions"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/sources/sample",
+        Some(&serde_json::json!({"cluster": cluster, "stream": stream, "records": 10})),
+    );
+    assert_eq!(status, 200, "{body}");
+    let sample: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        sample["sample"]["records"].as_array().map(Vec::len),
+        Some(10),
+        "{sample}"
+    );
+    assert_eq!(sample["sample"]["format"], "json", "{sample}");
+    let columns: Vec<(String, String)> = sample["sample"]["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().into(),
+                c["sql_type"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ("amount", "DOUBLE"),
+            ("at", "TIMESTAMP"),
+            ("user", "VARCHAR")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    let declaration = sample["declaration"].as_str().unwrap();
+    assert!(declaration.contains("STORED AS KINESIS"), "{declaration}");
+    // What it declares plans.
+    let (status, body) = http(
+        port,
+        "POST",
+        "/api/explain",
+        Some(
+            &serde_json::json!({"sql": format!("{declaration}\nSELECT user, sum(amount) FROM {} GROUP BY user;", sample["table"].as_str().unwrap())}),
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
 
     let browser = Browser::start();
     browser.goto(&format!("http://127.0.0.1:{port}/#/editor"));
@@ -324,7 +460,6 @@ fn the_editor_deploys_a_named_query_on_lambda() {
     assert_eq!(row["name"], name.as_str(), "{row}");
 
     // Its functions carry its code and name as tags.
-    let runtime = tokio::runtime::Runtime::new().unwrap();
     let tags = runtime.block_on(async {
         let lambda = aws_sdk_lambda::Client::new(&common::aws_sdk_config().await);
         let mut marker: Option<String> = None;

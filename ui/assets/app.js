@@ -340,7 +340,8 @@ function renderEditor() {
         <button id="stop-preview" disabled>Stop</button>
         <label>rows <input id="preview-rows" type="number" value="100" min="1"></label>
         <label>seconds <input id="preview-seconds" type="number" value="30" min="1"></label>
-        <label>from <select id="preview-from"><option>latest</option><option>earliest</option></select></label>
+        <label>from <select id="preview-from"><option>latest</option><option>earliest</option><option value="time">a time…</option></select></label>
+        <input id="preview-time" type="datetime-local" step="1" hidden>
       </div>
       <div class="controls">
         <label>name <input id="deploy-name" placeholder="clicks-per-ad"></label>
@@ -360,6 +361,9 @@ function renderEditor() {
   document.getElementById("explain").onclick = explainQuery;
   document.getElementById("preview").onclick = previewQuery;
   document.getElementById("stop-preview").onclick = () => previewAbort && previewAbort.abort();
+  document.getElementById("preview-from").onchange = (e) => {
+    document.getElementById("preview-time").hidden = e.target.value !== "time";
+  };
   document.getElementById("deploy").onclick = askDeploy;
   document.getElementById("deploy-no").onclick = () => { document.getElementById("deploy-confirm").hidden = true; };
   document.getElementById("deploy-yes").onclick = deployQuery;
@@ -487,6 +491,15 @@ async function explainQuery() {
     table(["stage", "kind", "mode", "members", "output", "state"], stages, [], "plan-stages");
 }
 
+// Where a preview starts: latest, earliest, or the time picked (local
+// time on the page, sent as UTC).
+function previewFrom() {
+  const from = document.getElementById("preview-from").value;
+  if (from !== "time") return from;
+  const t = document.getElementById("preview-time").value;
+  return t ? new Date(t).toISOString() : "latest";
+}
+
 async function previewQuery() {
   showEditorError(null);
   if (previewAbort) previewAbort.abort();
@@ -511,7 +524,7 @@ async function previewQuery() {
         sql: document.getElementById("sql").value,
         rows: Number(document.getElementById("preview-rows").value),
         seconds: Number(document.getElementById("preview-seconds").value),
-        from: document.getElementById("preview-from").value,
+        from: previewFrom(),
       }),
     });
     if (!r.ok) return showEditorError(await r.json());

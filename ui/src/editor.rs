@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
-use skein_engine::preview::{PreviewOptions, preview};
+use skein_engine::preview::{PreviewOptions, PreviewStart, preview};
 
 use crate::App;
 
@@ -34,7 +34,8 @@ pub(crate) struct Written {
     /// Preview: stop after this many seconds (default 30).
     #[serde(default)]
     seconds: Option<u64>,
-    /// Preview: `latest` (default) or `earliest`.
+    /// Preview: `latest` (default), `earliest`, or a time (RFC 3339, or
+    /// ms since the epoch).
     #[serde(default)]
     from: Option<String>,
 }
@@ -90,11 +91,13 @@ pub(crate) async fn explain(State(app): State<Arc<App>>, Json(w): Json<Written>)
 /// JSON lines, one event each (`started`, `rows`, `ended`, or `error`),
 /// sent as they happen.
 pub(crate) async fn preview_rows(State(app): State<Arc<App>>, Json(w): Json<Written>) -> Response {
-    let from = w.from.clone().unwrap_or_else(|| "latest".into());
-    if from != "latest" && from != "earliest" {
-        let body = json!({ "error": format!("from: {from:?} is neither latest nor earliest") });
-        return (StatusCode::BAD_REQUEST, Json(body)).into_response();
-    }
+    let from = match PreviewStart::parse(w.from.as_deref().unwrap_or("latest")) {
+        Ok(from) => from,
+        Err(e) => {
+            let body = json!({ "error": skein_engine::error::one_line(&e) });
+            return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+        }
+    };
     let options = PreviewOptions {
         rows: w.rows.unwrap_or(100).clamp(1, MAX_ROWS),
         seconds: Duration::from_secs(w.seconds.unwrap_or(30).clamp(1, MAX_SECONDS)),

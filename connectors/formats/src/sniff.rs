@@ -3,7 +3,7 @@
 //! Protobuf, Debezium JSON, JSON) and the columns to declare, as the
 //! decoders of this crate would read them.
 //!
-//! JSON columns are the union of the sampled objects' fields, typed as the
+//! JSON columns are the union of the sampled objects' fields, by name, typed as the
 //! JSON decoder reads them: strings `VARCHAR`, integers `BIGINT`, other
 //! numbers `DOUBLE`, booleans `BOOLEAN`. An integer field of epoch
 //! milliseconds (every value in 2001..2286) is a `TIMESTAMP`, and the first
@@ -11,10 +11,13 @@
 //! out: the decoder reads flat records. Avro columns come from the
 //! registry's schema of the topic's subject.
 
-use serde_json::Value;
-use skein_engine::catalog::browse::InferredColumn;
+use std::collections::BTreeMap;
 
-use crate::registry::{Registry, SchemaType};
+use serde_json::Value;
+use skein_clients::error::Result as ConnectorResult;
+use skein_engine::catalog::browse::{InferredColumn, Sample, SampledRecord};
+
+use crate::registry::{Registry, RegistryConfig, SchemaType, shared};
 
 /// Epoch milliseconds from 2001-09-09 to 2286-11-20: an integer in this
 /// range in a field of every sampled record is taken for a time.
@@ -86,7 +89,7 @@ impl Seen {
     }
 }
 
-/// The columns of flat JSON objects: every field, in first-seen order.
+/// The columns of flat JSON objects: every field, by name.
 fn json_columns(objects: &[&serde_json::Map<String, Value>]) -> (Vec<InferredColumn>, Vec<String>) {
     let mut fields: Vec<(String, Option<Seen>)> = vec![];
     for o in objects {
@@ -103,6 +106,7 @@ fn json_columns(objects: &[&serde_json::Map<String, Value>]) -> (Vec<InferredCol
             }
         }
     }
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
     let mut left_out = vec![];
     let columns = fields
         .into_iter()
@@ -302,6 +306,51 @@ pub fn sniff(values: &[&[u8]], registry: Option<&Registry>, subject_base: &str) 
     }
 }
 
+/// A record's bytes as a sample shows them: text as is, other bytes as hex.
+pub fn shown(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => s.to_string(),
+        Err(_) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// A stream's sample from the records read of it, each with its time (ms)
+/// and value: the newest `wanted`, oldest first, and what they suggest.
+/// The declaration's options are `declared` plus the registry's URL (from
+/// `options`) when the records are framed for one. Blocking: the registry
+/// client waits on its own runtime.
+pub fn sample(
+    mut read: Vec<(i64, SampledRecord, Vec<u8>)>,
+    wanted: usize,
+    options: &BTreeMap<String, String>,
+    stream: &str,
+    mut declared: BTreeMap<String, String>,
+) -> ConnectorResult<Sample> {
+    read.sort_by_key(|r| r.0);
+    let read = read.split_off(read.len().saturating_sub(wanted));
+    let values: Vec<&[u8]> = read.iter().map(|r| r.2.as_slice()).collect();
+    let registry = RegistryConfig::from_options(options)?
+        .map(shared)
+        .transpose()?;
+    let sniffed = sniff(&values, registry.as_deref(), stream);
+    let framed = sniffed
+        .format
+        .as_deref()
+        .is_some_and(|f| f.ends_with("-confluent"));
+    if framed && let Some(url) = options.get("schema.registry.url") {
+        declared.insert("schema.registry.url".into(), url.clone());
+    }
+    Ok(Sample {
+        records: read.into_iter().map(|r| r.1).collect(),
+        format: sniffed.format,
+        columns_from: sniffed.columns_from,
+        columns: sniffed.columns,
+        event_time: sniffed.event_time,
+        options: declared,
+        schema: sniffed.schema,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,12 +379,12 @@ mod tests {
         assert_eq!(
             cols(&s),
             pairs(&[
-                ("k", "VARCHAR"),
-                ("v", "BIGINT"),
-                ("ts", "TIMESTAMP"),
-                ("p", "DOUBLE"),
-                ("ok", "BOOLEAN"),
                 ("extra", "VARCHAR"),
+                ("k", "VARCHAR"),
+                ("ok", "BOOLEAN"),
+                ("p", "DOUBLE"),
+                ("ts", "TIMESTAMP"),
+                ("v", "BIGINT"),
             ])
         );
         assert_eq!(s.event_time.as_deref(), Some("ts"));

@@ -14,8 +14,7 @@ use skein_clients::error::{ConnectorError, Result};
 use skein_engine::catalog::browse::{
     PartitionRange, Sample, SampledRecord, SourceBrowser, StreamListing,
 };
-use skein_formats::registry::{RegistryConfig, shared};
-use skein_formats::sniff::sniff;
+use skein_formats::sniff::{sample, shown};
 
 use super::{KIND, KafkaRole, client_config};
 
@@ -95,14 +94,6 @@ fn list_blocking(options: &BTreeMap<String, String>) -> Result<Vec<StreamListing
     Ok(out)
 }
 
-/// Text as is; other bytes as hex.
-fn shown(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => s.to_string(),
-        Err(_) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
-    }
-}
-
 fn sample_blocking(
     options: &BTreeMap<String, String>,
     topic: &str,
@@ -172,32 +163,8 @@ fn sample_blocking(
             ));
         }
     }
-    // The newest `wanted`, oldest first.
-    records.sort_by(|a, b| a.0.cmp(&b.0));
-    let skip = records.len().saturating_sub(wanted);
-    let records: Vec<(i64, SampledRecord, Vec<u8>)> = records.into_iter().skip(skip).collect();
-    let values: Vec<&[u8]> = records.iter().map(|r| r.2.as_slice()).collect();
-    let registry = RegistryConfig::from_options(options)?
-        .map(shared)
-        .transpose()?;
-    let sniffed = sniff(&values, registry.as_deref(), topic);
-    let mut declared = BTreeMap::from([(BROKERS.to_string(), options[BROKERS].clone())]);
-    let framed = sniffed
-        .format
-        .as_deref()
-        .is_some_and(|f| f.ends_with("-confluent"));
-    if framed && let Some(url) = options.get("schema.registry.url") {
-        declared.insert("schema.registry.url".into(), url.clone());
-    }
-    Ok(Sample {
-        records: records.into_iter().map(|r| r.1).collect(),
-        format: sniffed.format,
-        columns_from: sniffed.columns_from,
-        columns: sniffed.columns,
-        event_time: sniffed.event_time,
-        options: declared,
-        schema: sniffed.schema,
-    })
+    let declared = BTreeMap::from([(BROKERS.to_string(), options[BROKERS].clone())]);
+    sample(records, wanted, options, topic, declared)
 }
 
 async fn blocking<T: Send + 'static>(

@@ -18,6 +18,7 @@ pub const SOURCE_OPTIONS: &[&str] = &[
     "format",
     "parallelism",
     "startup",
+    "startup.timestamp.ms",
     "offsets",
     "max.records.per.pull",
     "max.bytes.per.pull",
@@ -44,6 +45,9 @@ pub enum Startup {
     Committed,
     /// Explicit next offsets per partition; others start at the earliest.
     Offsets(BTreeMap<i32, i64>),
+    /// The first record whose timestamp is at or after this time (ms since
+    /// the epoch); a partition with none starts at its end.
+    AtTimestamp(i64),
     /// The offsets the query's exactly-once sink committed under its
     /// `checkpoint`. The runner (`skein run`) reads them from the sink and
     /// turns this into `Offsets` before the query starts.
@@ -85,6 +89,18 @@ impl KafkaSourceConfig {
             "committed" => Startup::Committed,
             "offsets" => Startup::Offsets(parse_offsets(config.option("offsets").unwrap_or(""))?),
             "checkpoint" => Startup::Checkpoint,
+            "at_timestamp" => {
+                let v = config.option("startup.timestamp.ms").ok_or_else(|| {
+                    ConnectorError::Config(
+                        "startup 'at_timestamp' needs 'startup.timestamp.ms'".into(),
+                    )
+                })?;
+                Startup::AtTimestamp(
+                    v.trim()
+                        .parse()
+                        .map_err(|_| options::bad("startup.timestamp.ms", v))?,
+                )
+            }
             other => return Err(options::bad("startup", other)),
         };
         let parallelism = options::parallelism(config)?;
@@ -114,5 +130,37 @@ impl KafkaSourceConfig {
     /// A client of the table's brokers in `role`.
     pub(super) fn client_config(&self, role: KafkaRole) -> ClientConfig {
         client_config(role, &self.client, &[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(options: &[(&str, &str)]) -> SourceConfig {
+        SourceConfig {
+            kind: "KAFKA".into(),
+            location: "t".into(),
+            options: options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_table_starts_at_a_time_it_names() {
+        let at = config(&[
+            ("bootstrap.servers", "b:9092"),
+            ("startup", "at_timestamp"),
+            ("startup.timestamp.ms", "1700000000000"),
+        ]);
+        let c = KafkaSourceConfig::from_source_config(&at).unwrap();
+        assert_eq!(c.startup, Startup::AtTimestamp(1_700_000_000_000));
+        // Its own option, not a librdkafka property.
+        assert!(!c.client.contains_key("startup.timestamp.ms"));
+        let missing = config(&[("bootstrap.servers", "b:9092"), ("startup", "at_timestamp")]);
+        let e = KafkaSourceConfig::from_source_config(&missing).unwrap_err();
+        assert!(e.to_string().contains("startup.timestamp.ms"), "{e}");
     }
 }

@@ -188,6 +188,17 @@ impl PartitionReader {
         } else {
             None
         };
+        // The first offset at or after the time, per partition (-1 or no
+        // answer: none, so the partition's end).
+        let at_time = if let Startup::AtTimestamp(ms) = config.startup {
+            let mut tpl = TopicPartitionList::new();
+            for p in &owned {
+                tpl.add_partition_offset(&config.topic, *p, Offset::Offset(ms))?;
+            }
+            Some(consumer.offsets_for_times(tpl, METADATA_TIMEOUT)?)
+        } else {
+            None
+        };
         if config.startup == Startup::Checkpoint {
             return Err(ConnectorError::Config(format!(
                 "topic {}: 'startup' 'checkpoint' was not resolved to the offsets the sink \
@@ -205,6 +216,14 @@ impl PartitionReader {
                 Startup::Earliest => low,
                 Startup::Latest => high,
                 Startup::Offsets(map) => map.get(&p).copied().unwrap_or(low),
+                Startup::AtTimestamp(_) => at_time
+                    .as_ref()
+                    .and_then(|t| t.find_partition(&config.topic, p))
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(n) if n >= 0 => Some(n),
+                        _ => None,
+                    })
+                    .unwrap_or(high),
                 // Refused above, before any partition is assigned.
                 Startup::Checkpoint => low,
                 Startup::Committed => committed

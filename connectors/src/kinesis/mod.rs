@@ -4,6 +4,7 @@
 //! share, `reader.rs` the shard reader, `shards.rs` listing and resharding).
 //! The sink is in skein-sinks.
 
+pub mod browse;
 mod config;
 mod reader;
 mod shards;
