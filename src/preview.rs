@@ -94,6 +94,7 @@ impl Table {
                 events,
                 epochs,
                 reason,
+                ..
             } => writeln!(
                 out,
                 "({rows} rows from {events} records in {epochs} epochs; stopped after the {reason} asked for)"

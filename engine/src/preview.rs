@@ -131,6 +131,10 @@ pub enum PreviewEvent {
         epochs: u64,
         /// Why it ended: `rows`, `seconds`, or `gone` (no one watched).
         reason: &'static str,
+        /// Invocations the epochs took (a price per event needs them).
+        invocations: u64,
+        /// Their handler time rounded up to 1 ms, summed.
+        billed_ms: u64,
     },
 }
 
@@ -208,6 +212,8 @@ pub async fn preview(
         rows,
         events: report.events,
         epochs: report.epochs,
+        invocations: report.invocations,
+        billed_ms: report.billed_ms,
         reason: if rows >= options.rows {
             "rows"
         } else if !watched {

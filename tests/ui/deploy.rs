@@ -231,6 +231,18 @@ fn a_topic_becomes_a_named_query_deployed_from_the_editor() {
         .map(|r| r["row"].clone())
         .collect();
     assert_eq!(read.len(), 100, "{body}");
+    let ended: Value = body
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["type"] == "ended")
+        .expect("an ended event");
+    assert!(
+        ended["usd_per_million_events"]
+            .as_f64()
+            .is_some_and(|p| p > 0.0)
+            && ended["invocations"].as_u64().is_some_and(|n| n > 0),
+        "a price from what the preview used: {ended}"
+    );
     assert!(
         read.iter().all(|r| r["k"] == "later"),
         "only the records after {from}: {body}"

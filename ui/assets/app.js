@@ -556,7 +556,10 @@ async function previewQuery() {
           draw();
           document.body.dataset.previewEpochs = String(e.epoch);
         } else if (e.type === "ended") {
-          status.textContent = `Stopped after ${e.reason === "rows" ? "the rows" : "the seconds"} asked for: ${num(e.rows)} rows from ${num(e.events)} records in ${num(e.epochs)} epochs.`;
+          const price = e.usd_per_million_events == null ? "" :
+            ` About ${usd(e.usd_per_million_events)} per million events on Lambda arm64, from what these epochs used (${num(e.invocations)} invocations, ${num(e.billed_ms)} ms; a deployed query adds its checkpoint writes).`;
+          status.innerHTML = esc(`Stopped after ${e.reason === "rows" ? "the rows" : "the seconds"} asked for: ${num(e.rows)} rows from ${num(e.events)} records in ${num(e.epochs)} epochs.`) +
+            `<span id="preview-price">${esc(price)}</span>`;
         } else if (e.type === "error") {
           showEditorError({ error: e.error });
         }

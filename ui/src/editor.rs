@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skein_engine::planner::{PlanOptions, QueryPlan, plan_query, session};
-use skein_engine::preview::{PreviewOptions, PreviewStart, preview};
+use skein_engine::preview::{PreviewEvent, PreviewOptions, PreviewStart, preview};
 
 use crate::App;
 
@@ -116,8 +116,19 @@ pub(crate) async fn preview_rows(State(app): State<Arc<App>>, Json(w): Json<Writ
         // The page going away (Stop, another preview, a closed tab) drops
         // the stream: the preview then ends after the epoch in flight.
         let ran = preview(&catalog, &w.sql, &options, move |event| {
-            let line = serde_json::to_string(&event).unwrap_or_default();
-            lines.send(line + "\n").is_ok()
+            let mut line = serde_json::to_value(&event).unwrap_or_default();
+            if let PreviewEvent::Ended {
+                events,
+                epochs,
+                invocations,
+                billed_ms,
+                ..
+            } = event
+            {
+                line["usd_per_million_events"] =
+                    json!(preview_price(events, epochs, invocations, billed_ms));
+            }
+            lines.send(line.to_string() + "\n").is_ok()
         })
         .await;
         if let Err(e) = ran {
@@ -135,6 +146,22 @@ pub(crate) async fn preview_rows(State(app): State<Arc<App>>, Json(w): Json<Writ
         Body::from_stream(stream),
     )
         .into_response()
+}
+
+/// $ per million events on Lambda arm64 of what a preview's epochs used:
+/// its invocations and handler time, without the checkpoint writes a
+/// deployed query adds.
+fn preview_price(events: u64, epochs: u64, invocations: u64, billed_ms: u64) -> Option<f64> {
+    let totals = skein_engine::checkpoint::Totals {
+        events,
+        epochs,
+        usage: skein_engine::usage::Usage {
+            invocations,
+            billed_ms,
+            ..Default::default()
+        },
+    };
+    crate::view::usd_per_million(&totals)
 }
 
 #[cfg(test)]
