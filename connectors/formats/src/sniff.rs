@@ -427,4 +427,35 @@ mod tests {
         );
         assert_eq!(left_out, ["m"]);
     }
+
+    #[test]
+    fn framed_records_take_the_registrys_schema_of_the_topic() {
+        let schema = r#"{\"type\":\"record\",\"name\":\"Click\",\"fields\":[{\"name\":\"ad\",\"type\":\"string\"},{\"name\":\"at\",\"type\":{\"type\":\"long\",\"logicalType\":\"timestamp-millis\"}}]}"#;
+        let latest =
+            format!(r#"{{"subject":"clicks-value","version":1,"id":4,"schema":"{schema}"}}"#);
+        let server = crate::recorded::Recorded::start(&[(
+            "GET /subjects/clicks-value/versions/latest",
+            200,
+            &latest,
+        )]);
+        let registry = Registry::new(RegistryConfig {
+            url: server.url.clone(),
+            user_info: None,
+            ca: None,
+            client_cert: None,
+            verify: true,
+        })
+        .unwrap();
+        let framed: Vec<&[u8]> = vec![&[0, 0, 0, 0, 4, 2, b'a'], &[0, 0, 0, 0, 4, 2, b'b']];
+        let s = sniff(&framed, Some(&registry), "clicks");
+        assert_eq!(s.format.as_deref(), Some("avro-confluent"));
+        assert_eq!(cols(&s), pairs(&[("ad", "VARCHAR"), ("at", "TIMESTAMP")]));
+        assert_eq!(s.event_time.as_deref(), Some("at"));
+        assert!(s.schema.unwrap().contains("Click"));
+        assert!(
+            s.columns_from.contains("clicks-value"),
+            "{}",
+            s.columns_from
+        );
+    }
 }
