@@ -66,6 +66,9 @@ pub struct CommonRunArgs {
     /// running queries may not share one.
     #[arg(long)]
     pub name: Option<String>,
+    /// The name is the file's stem, not one the user gave.
+    #[arg(skip)]
+    pub name_from_stem: bool,
 }
 
 /// [`CommonRunArgs`] parsed alone, for [`CommonRunArgs::from_flags`].

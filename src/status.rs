@@ -85,6 +85,19 @@ async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
         .clone()
         .unwrap_or_else(|| crate::run::checkpoint_dir::root().join(&plan.query_code));
     if !dir.join("manifest.json").is_file() {
+        let root = crate::run::checkpoint_dir::root();
+        if let Some(q) = skein_engine::running::list(&root)
+            .into_iter()
+            .find(|q| q.query_code == plan.query_code)
+        {
+            bail!(
+                "query {}{} runs in process {} without a checkpoint store: it records no \
+                 progress to report (skein ui lists it)",
+                q.query_code,
+                q.name.map(|n| format!(" ({n})")).unwrap_or_default(),
+                q.pid
+            );
+        }
         bail!(
             "{}: not a checkpoint directory of this query (run it first, or pass --checkpoint-dir)",
             dir.display()

@@ -489,6 +489,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         json: true,
         show: 0,
         name: None,
+        name_from_stem: false,
     };
     let run = crate::lambda::run::run_sql(sql, &common, &args.lambda).await;
     let cleaned = clean_up(&scratch, &skein_engine::planner::query_code(sql)).await;

@@ -176,15 +176,35 @@ pub fn remove(dir: &Path) -> Result<bool> {
 }
 
 /// Say, under [`root`], that `plan` runs in this process without a
-/// checkpoint store, so `skein ui` lists it; refused when another running
-/// query holds `name`. The registration ends when the value is dropped.
+/// checkpoint store, so `skein ui` lists it. A `name` given (`--name`, a
+/// `-- name:` line) that another running query holds is refused; one taken
+/// from the file's stem is only warned about, as two files of one stem in
+/// different directories are common. The registration ends when the value
+/// is dropped.
 pub fn register_running(
     plan: &QueryPlan,
     name: Option<String>,
+    name_given: bool,
 ) -> Result<skein_engine::running::Registration> {
     let root = root();
     if let Some(name) = &name {
-        refuse_a_taken_name(&root, name, &plan.query_code)?;
+        let taken = skein_engine::running::list(&root)
+            .into_iter()
+            .find(|q| q.name.as_deref() == Some(name) && q.query_code != plan.query_code);
+        if let Some(other) = taken {
+            let what = format!(
+                "a running query is already named {name:?} (query {}, process {}, without a \
+                 checkpoint store)",
+                other.query_code, other.pid
+            );
+            if name_given {
+                bail!("{what}: give this one another --name");
+            }
+            eprintln!("note: {what}; --name gives this one a name of its own");
+        }
+        if name_given {
+            refuse_a_taken_name(&root, name, &plan.query_code)?;
+        }
     }
     let query = skein_engine::running::RunningQuery {
         query_code: plan.query_code.clone(),
@@ -206,17 +226,6 @@ pub fn register_running(
 /// directory under `root` is held by a live process and records `name`
 /// refuses it.
 fn refuse_a_taken_name(root: &Path, name: &str, code: &str) -> Result<()> {
-    if let Some(other) = skein_engine::running::list(root)
-        .into_iter()
-        .find(|q| q.name.as_deref() == Some(name) && q.query_code != code)
-    {
-        bail!(
-            "a running query is already named {name:?} (query {}, process {}, without a \
-             checkpoint store): give this one another --name",
-            other.query_code,
-            other.pid
-        );
-    }
     let Ok(entries) = std::fs::read_dir(root) else {
         return Ok(());
     };

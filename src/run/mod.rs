@@ -91,10 +91,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let sql = read_sql(&args.file)?;
     let mut common = args.common;
     if common.name.is_none() {
-        common.name = skein_engine::query::declared_name(&sql).or_else(|| {
-            let stem = args.file.file_stem()?;
-            Some(stem.to_string_lossy().into_owned())
-        });
+        common.name = skein_engine::query::declared_name(&sql);
+    }
+    if common.name.is_none() {
+        common.name = args
+            .file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned());
+        common.name_from_stem = true;
     }
     let report = run_sql(&sql, &common, None).await?;
     println!("{}", report);
@@ -183,7 +187,11 @@ pub(crate) async fn run_prepared(
     // runs, so `skein ui` lists it (generated inputs end on their own).
     let live = skein_engine::query::reads_live_source(&catalog, &plan);
     let _registered = match held {
-        None if live => Some(checkpoint_dir::register_running(&plan, name)?),
+        None if live => Some(checkpoint_dir::register_running(
+            &plan,
+            name,
+            !args.name_from_stem,
+        )?),
         _ => None,
     };
     let discards = catalog.sink_capabilities(&plan.sink.kind).discards_rows;
