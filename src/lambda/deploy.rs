@@ -270,11 +270,20 @@ pub async fn status(as_json: bool) -> Result<()> {
             queries.entry(code.to_string()).or_default().insert(name);
         }
     }
-    // Dead letters of each query, when the store is there to ask.
+    // Dead letters and names of each query, when the store is there to ask.
     let mut dead: BTreeMap<String, usize> = BTreeMap::new();
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
     let store_url = std::env::var("SKEIN_STORE").unwrap_or_else(|_| "s3://skein".into());
     if let Ok(store) = skein_lambda::store::open(&store_url) {
         for code in queries.keys() {
+            let spec = skein_lambda::standing::get_spec(&store, code).await;
+            if let Some(name) = spec
+                .ok()
+                .flatten()
+                .and_then(|s| skein_engine::query::declared_name(&s.sql))
+            {
+                named.insert(code.clone(), name);
+            }
             let n = dead_letter::list(&store, code)
                 .await
                 .map(|v| v.len())
@@ -285,7 +294,10 @@ pub async fn status(as_json: bool) -> Result<()> {
         }
     }
     if as_json {
-        println!("{}", json!({"queries": queries, "dead_letters": dead}));
+        println!(
+            "{}",
+            json!({"queries": queries, "names": named, "dead_letters": dead})
+        );
     } else if queries.is_empty() {
         println!("no queries deployed");
     } else {
@@ -294,7 +306,11 @@ pub async fn status(as_json: bool) -> Result<()> {
                 .get(code)
                 .map(|n| format!(", {n} dead letters"))
                 .unwrap_or_default();
-            println!("{code}: {} functions{dl}", names.len());
+            let name = named
+                .get(code)
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            println!("{code}{name}: {} functions{dl}", names.len());
             for n in names {
                 println!("  {n}");
             }

@@ -513,6 +513,10 @@ fn the_editor_deploys_a_named_query_on_lambda() {
         Some(name.as_str()),
         "{tags:?}"
     );
+    // `skein status` lists it under its name too.
+    let listed: Value =
+        serde_json::from_str(skein_aws(&store, &["status", "--json"]).trim()).unwrap();
+    assert_eq!(listed["names"][&code], name.as_str(), "{listed}");
     skein_aws(&store, &["destroy", &code, "--purge"]);
     let _ = std::fs::remove_dir_all(&work);
 }
