@@ -470,5 +470,29 @@ fn a_query_is_named_by_its_file_or_a_comment_and_two_running_queries_cannot_shar
     std::fs::remove_file(root.join("b").join("lock")).unwrap();
     let (ok, stderr) = run(&query("d.sql", 40, ""), "d", &["--name", "big-bids"]);
     assert!(ok, "the name is free once its query stopped: {stderr}");
+
+    // A query without a checkpoint store holds its name too (this test's
+    // process stands in for it): a name given is refused, a file's stem is
+    // only noted.
+    std::fs::create_dir_all(root.join(".running")).unwrap();
+    std::fs::write(
+        root.join(".running")
+            .join(format!("{}.json", std::process::id())),
+        serde_json::json!({
+            "query_code": "qstoreless", "name": "printed", "sql": "SELECT 1",
+            "group_size": 1, "pid": std::process::id(), "started_ms": 0,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, stderr) = run(&query("e.sql", 50, ""), "e", &["--name", "printed"]);
+    assert!(!ok, "a name a store-less query holds was taken");
+    assert!(stderr.contains("without a checkpoint store"), "{stderr}");
+    let (ok, stderr) = run(&query("printed.sql", 60, ""), "f", &[]);
+    assert!(ok, "a file's stem is noted, not refused: {stderr}");
+    assert!(
+        stderr.contains("note: a running query is already named"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

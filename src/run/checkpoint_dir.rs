@@ -105,6 +105,7 @@ pub async fn open(
     plan: &QueryPlan,
     request: &Request,
     name: Option<String>,
+    name_given: bool,
 ) -> Result<Option<Held>> {
     let dir = match skein_engine::query::checkpoint_location(catalog, plan, request)? {
         Some(Location::Given(dir)) => dir,
@@ -113,6 +114,7 @@ pub async fn open(
     };
     if let (Some(name), Some(root)) = (&name, dir.parent()) {
         refuse_a_taken_name(root, name, &plan.query_code)?;
+        refuse_a_running_name(root, name, &plan.query_code, name_given)?;
     }
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
@@ -188,20 +190,7 @@ pub fn register_running(
 ) -> Result<skein_engine::running::Registration> {
     let root = root();
     if let Some(name) = &name {
-        let taken = skein_engine::running::list(&root)
-            .into_iter()
-            .find(|q| q.name.as_deref() == Some(name) && q.query_code != plan.query_code);
-        if let Some(other) = taken {
-            let what = format!(
-                "a running query is already named {name:?} (query {}, process {}, without a \
-                 checkpoint store)",
-                other.query_code, other.pid
-            );
-            if name_given {
-                bail!("{what}: give this one another --name");
-            }
-            eprintln!("note: {what}; --name gives this one a name of its own");
-        }
+        refuse_a_running_name(&root, name, &plan.query_code, name_given)?;
         if name_given {
             refuse_a_taken_name(&root, name, &plan.query_code)?;
         }
@@ -218,6 +207,27 @@ pub fn register_running(
     };
     skein_engine::running::register(&root, &query)
         .with_context(|| format!("saying under {} that the query runs", root.display()))
+}
+
+/// A query without a checkpoint store under `root` that runs under `name`
+/// with another code: refused when the name was given, noted when it is a
+/// file's stem (two files of one stem in different directories are common).
+fn refuse_a_running_name(root: &Path, name: &str, code: &str, name_given: bool) -> Result<()> {
+    let taken = skein_engine::running::list(root)
+        .into_iter()
+        .find(|q| q.name.as_deref() == Some(name) && q.query_code != code);
+    if let Some(other) = taken {
+        let what = format!(
+            "a running query is already named {name:?} (query {}, process {}, without a \
+             checkpoint store)",
+            other.query_code, other.pid
+        );
+        if name_given {
+            bail!("{what}: give this one another --name");
+        }
+        eprintln!("note: {what}; --name gives this one a name of its own");
+    }
+    Ok(())
 }
 
 /// One process per checkpoint directory: a second would interleave its

@@ -179,7 +179,8 @@ pub(crate) async fn run_prepared(
     let runtime = LocalRuntime::new(catalog.clone(), Arc::new(InMemory::new()));
     let mut opts = opts;
     let request = args.checkpoint_request();
-    let held = checkpoint_dir::open(&catalog, &plan, &request, name.clone()).await?;
+    let held =
+        checkpoint_dir::open(&catalog, &plan, &request, name.clone(), !args.name_from_stem).await?;
     if held.is_none() {
         checkpoint_dir::note_if_at_least_once(&catalog, &plan, &request);
     }

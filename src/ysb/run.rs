@@ -112,7 +112,7 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         dir: Some(c.checkpoint_dir()),
         off: false,
     };
-    let held = crate::run::checkpoint_dir::open(&catalog, &plan, &request, None)
+    let held = crate::run::checkpoint_dir::open(&catalog, &plan, &request, None, false)
         .await?
         .context("the YSB query cannot checkpoint")?;
     held.attach(&runtime, &mut options, a.checkpoint_every);
