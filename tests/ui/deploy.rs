@@ -177,14 +177,10 @@ fn a_topic_becomes_a_named_query_deployed_from_the_editor() {
          document.getElementById('preview-seconds').value = '300'; \
          document.getElementById('preview').click(); return true;",
     );
-    let want = per_key.values().sum::<i64>();
-    browser.wait_for(
-        120,
+    wait_preview_total(
+        &browser,
+        per_key.values().sum::<i64>(),
         "every record counted",
-        &format!(
-            "const r = (() => {{ {PREVIEW_COUNTS} }})(); \
-             return r && r.reduce((s, x) => s + x[1], 0) === {want};"
-        ),
     );
     let shown: Vec<(String, i64)> =
         serde_json::from_value(browser.eval(PREVIEW_COUNTS)).expect("preview rows");

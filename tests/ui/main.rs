@@ -476,6 +476,18 @@ fn editor_run(browser: &Browser, sql: &str, button: &str) {
     ));
 }
 
+/// Wait until the preview table's counts add up to `want`.
+fn wait_preview_total(browser: &Browser, want: i64, what: &str) {
+    browser.wait_for(
+        120,
+        what,
+        &format!(
+            "const r = (() => {{ {PREVIEW_COUNTS} }})(); \
+             return r && r.reduce((s, x) => s + x[1], 0) === {want};"
+        ),
+    );
+}
+
 /// The preview table's rows as (key, count), or null while it has none.
 const PREVIEW_COUNTS: &str = "const rows = [...document.querySelectorAll('#preview-rows tbody tr')]\
     .map(tr => [...tr.children].map(td => td.textContent)); \
@@ -563,14 +575,10 @@ fn the_editor_explains_and_previews_queries_on_a_live_topic() {
                 .or_default() += 1;
         }
         // Each round shows before the next is produced.
-        let want = expected.values().sum::<i64>();
-        browser.wait_for(
-            120,
+        wait_preview_total(
+            &browser,
+            expected.values().sum::<i64>(),
             "the round's counts",
-            &format!(
-                "const r = (() => {{ {PREVIEW_COUNTS} }})(); \
-                 return r && r.reduce((s, x) => s + x[1], 0) === {want};"
-            ),
         );
     }
     let shown: Vec<(String, i64)> =

@@ -119,7 +119,7 @@ async fn with_store(root: &Path) -> Vec<Found> {
 
 /// The live process that holds a local checkpoint directory's lock (a
 /// running `skein run`), if any.
-fn lock_holder(dir: &Path) -> Option<u32> {
+pub(crate) fn lock_holder(dir: &Path) -> Option<u32> {
     let pid: u32 = std::fs::read_to_string(dir.join("lock"))
         .ok()?
         .trim()

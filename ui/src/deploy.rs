@@ -254,8 +254,15 @@ async fn start_local(
                 last_line(&written)
             ));
         }
-        let listed = crate::catalog::local(&app.options.checkpoint_root).await;
-        if listed.iter().any(|f| f.code == code && f.pid == Some(pid)) {
+        // Its checkpoint directory's lock, or the file of a query without
+        // one: nothing else under the root need be opened.
+        let root = &app.options.checkpoint_root;
+        let holds_dir = crate::catalog::lock_holder(&root.join(code)) == Some(pid);
+        if holds_dir
+            || skein_engine::running::list(root)
+                .iter()
+                .any(|q| q.pid == pid)
+        {
             return Ok(json!({ "pid": pid, "log": log.display().to_string() }));
         }
         if since.elapsed() > LOCAL_START {
