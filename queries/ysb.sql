@@ -14,6 +14,10 @@
 -- result layout (STORED AS YSB_REDIS, docs/ysb.md); 'emit' 'updates' writes each
 -- epoch's counts as HINCRBY deltas, each sink member's in one MULTI/EXEC
 -- with its epoch marker (named by 'checkpoint') and the offsets they cover.
+-- 'event_time' gives the epochs a watermark: no row is held back or dropped
+-- (the counts are written every epoch), but the driver learns when event
+-- time reaches a window's end and fires an epoch then, so a window's last
+-- update lands a few ms after its end, not up to an interval later.
 CREATE EXTERNAL TABLE ad_events (
   ad_id VARCHAR NOT NULL,
   event_type VARCHAR NOT NULL,
@@ -21,6 +25,7 @@ CREATE EXTERNAL TABLE ad_events (
 ) STORED AS KAFKA LOCATION '{{topic}}' OPTIONS (
   'bootstrap.servers' '{{brokers}}',
   'format' 'json',
+  'event_time' 'event_time',
   'parallelism' '{{parallelism}}',
   'max.records.per.pull' '{{max_records}}',
   'dead.letter.topic' '{{dead_letter_topic}}'

@@ -141,6 +141,7 @@ pub async fn fire_epoch(
         finished: answers.iter().all(|r| r.finished),
         lag: (!lags.is_empty()).then(|| lags.iter().sum()),
         watermark_ms: answers.iter().filter_map(|r| r.watermark_ms).min(),
+        newest_event_ms: answers.iter().filter_map(|r| r.newest_event_ms).max(),
     })
 }
 
@@ -320,6 +321,10 @@ struct LocalEpochs<'a> {
 
 #[async_trait]
 impl EpochRuntime for LocalEpochs<'_> {
+    fn window_step_ms(&self) -> Option<i64> {
+        self.shape.window_step_ms
+    }
+
     async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
         let outcome = fire_epoch(&self.shape, self.runtime.as_ref(), fire).await?;
         self.runtime.wait_idle().await;

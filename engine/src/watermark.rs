@@ -288,6 +288,14 @@ impl SourceClock {
         self.reported = state.reported;
     }
 
+    /// The largest event time read from any partition, lateness aside.
+    pub fn newest(&self) -> Option<i64> {
+        self.partitions
+            .values()
+            .filter_map(|p| p.max_event_time)
+            .max()
+    }
+
     /// The instance's watermark for this table as of `now`.
     pub fn watermark(&mut self, now: Instant) -> Watermark {
         let lateness = self.lateness_ms;

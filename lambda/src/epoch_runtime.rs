@@ -106,6 +106,10 @@ impl<'a> LambdaEpochs<'a> {
 
 #[async_trait]
 impl EpochRuntime for LambdaEpochs<'_> {
+    fn window_step_ms(&self) -> Option<i64> {
+        self.shape.window_step_ms
+    }
+
     async fn run_epoch(&self, fire: EpochFire) -> Result<EpochOutcome> {
         skein_engine::driver::fire_epoch(&self.shape, self.invoker, fire).await
     }

@@ -4,12 +4,12 @@
 //! query `ysb run`'s); what is measured and how is `skein_ysb`'s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use skein_sinks::kafka::ensure_topic;
+use skein_engine::epochs::default_checkpoint_interval;
 use skein_ysb::bench::{LatencyBench, fresh_topic, load_avg, raw_drain};
 use skein_ysb::check::{check_report, check_windows};
 use skein_ysb::latency::latencies;
@@ -17,7 +17,7 @@ use skein_ysb::{default_dead_letter_topic, now_ms};
 
 use super::run::{RunOutcome, run_query};
 use super::setup::{generate, setup};
-use super::{BenchArgs, GenerateArgs, YsbArgs, YsbRunArgs};
+use super::{BenchArgs, GenerateArgs, LoadEnd, YsbArgs, YsbRunArgs};
 
 pub(super) async fn bench(a: BenchArgs) -> Result<()> {
     match (a.rate, a.duration) {
@@ -44,26 +44,31 @@ fn bench_topic(a: &BenchArgs) -> (YsbArgs, YsbArgs) {
     (common, quiet)
 }
 
-/// `ysb run --until-drained` as a bench runs it; with `load_done`, not
-/// drained before the load has stopped.
+/// `ysb run` as a bench runs it: until drained, or with `load`, as a
+/// standing query stopped once it has read the whole load.
 fn run_args(
     a: &BenchArgs,
     quiet: &YsbArgs,
     interval: Duration,
-    load_done: Option<Arc<AtomicBool>>,
+    load: Option<Arc<LoadEnd>>,
 ) -> YsbRunArgs {
+    let checkpoint_every = a.checkpoint_every.unwrap_or(if load.is_some() {
+        default_checkpoint_interval(true, interval)
+    } else {
+        1
+    });
     YsbRunArgs {
         common: quiet.clone(),
-        until_drained: true,
+        until_drained: load.is_none(),
         duration: None,
         interval,
         parallelism: a.parallelism,
         max_records: 250_000,
         group_size: a.group_size,
-        checkpoint_every: a.checkpoint_every,
+        checkpoint_every,
         dead_letter_topic: None,
         metrics: a.metrics,
-        load_done,
+        load,
     }
 }
 
@@ -75,7 +80,7 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
     ensure_topic(&common.brokers, &common.topic, 4, &[])
         .await
         .context("creating the bench's topic")?;
-    let done = Arc::new(AtomicBool::new(false));
+    let load_end = Arc::new(LoadEnd::default());
     let gen_args = crate::r#gen::GenArgs {
         benchmark: crate::r#gen::Benchmark::Ysb,
         to: format!("kafka://{}/{}", common.brokers, common.topic),
@@ -91,15 +96,15 @@ async fn latency_bench(a: &BenchArgs, rate: u64, duration: Duration) -> Result<(
         options: vec![],
         json: common.json,
     };
-    let load_done = done.clone();
+    let ended = load_end.clone();
     // The publisher of `skein gen ysb`, beside the query in this process.
     let load = tokio::spawn(async move {
         let report = crate::r#gen::publish(&gen_args).await;
         let stopped_ms = now_ms();
-        load_done.store(true, Ordering::Release);
+        ended.ended(report.as_ref().map_or(0, |r| r.events));
         report.map(|r| (r, stopped_ms, Instant::now()))
     });
-    let run = run_query(&run_args(a, &quiet, a.interval, Some(done.clone()))).await;
+    let run = run_query(&run_args(a, &quiet, a.interval, Some(load_end))).await;
     if run.is_err() {
         // Let the load end with the run rather than after it.
         load.abort();

@@ -27,7 +27,6 @@ mod setup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -78,9 +77,11 @@ pub struct BenchArgs {
     /// Members of each function group of the Skein run.
     #[arg(long, default_value_t = skein_engine::planner::DEFAULT_GROUP_SIZE)]
     pub group_size: usize,
-    /// Commit a checkpoint every this many epochs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    pub checkpoint_every: u64,
+    /// Commit a checkpoint every this many epochs [default: every epoch for
+    /// a drain bench; for a latency bench, as a standing query commits:
+    /// every 10 s of epochs].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: Option<u64>,
     /// Serve Prometheus metrics at http://ADDR/metrics while the query runs.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -166,10 +167,28 @@ pub struct YsbRunArgs {
     /// (docs/metrics.md).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
-    /// Set once a producer in the same process (`bench --rate`) has
-    /// finished; until then the run does not stop for being drained.
+    /// Set by `bench --rate`: the query runs as a standing query (deciding
+    /// its epochs through the next checkpoint, as a deployed one does) and
+    /// is stopped once the load beside it has ended and all it published
+    /// has been read.
     #[arg(skip)]
-    pub load_done: Option<Arc<AtomicBool>>,
+    pub load: Option<Arc<LoadEnd>>,
+}
+
+/// The end of a load published beside the query: how many events it
+/// published, once it has stopped (0 if it failed, so the run stops too).
+#[derive(Debug, Default)]
+pub struct LoadEnd(std::sync::OnceLock<u64>);
+
+impl LoadEnd {
+    pub fn ended(&self, published: u64) {
+        let _ = self.0.set(published);
+    }
+
+    /// Whether a run that has read `read` events has read the whole load.
+    fn read_all(&self, read: u64) -> bool {
+        self.0.get().is_some_and(|&published| read >= published)
+    }
 }
 
 #[derive(Args, Debug)]

@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use object_store::memory::InMemory;
 use serde_json::json;
 use skein_engine::driver::{RunReport, StopAfter, run_local_drained_by};
+use skein_engine::epochs::stop_signal;
 use skein_engine::local::LocalRuntime;
 use skein_engine::lookup::LOOKUP_MISSES_SET_ASIDE as UNKNOWN_AD_VIEWS;
 use skein_engine::planner::PlanOptions;
@@ -121,12 +122,17 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
         .values()
         .sum();
     announce_run(&workload, &plan, &options.run).await?;
-    let stop = match a.duration {
-        Some(duration) => StopAfter::Duration {
+    let (handle, signal) = stop_signal();
+    let stop = match (&a.load, a.duration) {
+        (Some(_), _) => StopAfter::Signalled {
+            interval: a.interval,
+            signal,
+        },
+        (None, Some(duration)) => StopAfter::Duration {
             duration,
             interval: a.interval,
         },
-        None => StopAfter::Drained {
+        (None, None) => StopAfter::Drained {
             interval: a.interval,
         },
     };
@@ -134,20 +140,21 @@ pub(super) async fn run_query(a: &YsbRunArgs) -> Result<RunOutcome> {
     // the query started: this run's are the difference.
     let dead_before = held.store.tally().await?.dead_letters;
     let unknown_before = UNKNOWN_AD_VIEWS.load(Ordering::Relaxed);
-    let mut drained = DrainedTest::new(
-        &c.brokers,
-        &c.topic,
-        &plan,
-        held.store.clone(),
-        a.load_done.clone(),
-    );
+    let mut drained = DrainedTest::new(&c.brokers, &c.topic, &plan, held.store.clone());
+    // A standing run beside a load stops once it has read all of it.
+    let load = a.load.clone();
+    let on_epoch = move |_, read: u64| {
+        if load.as_ref().is_some_and(|l| l.read_all(read)) {
+            handle.stop();
+        }
+    };
     let cpu_before = crate::cost::report::process_cpu_s();
     let report = run_local_drained_by(
         &plan,
         &runtime,
         &options,
         stop,
-        |_, _| {},
+        on_epoch,
         Some(&mut drained),
     )
     .await

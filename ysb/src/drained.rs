@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -21,9 +20,8 @@ use crate::query::committed_topic_offsets;
 const STUCK_EPOCHS: u32 = 50;
 
 /// The engine driver's drained test for YSB: an epoch found nothing new,
-/// no producer of this process is still writing, and the offsets committed
-/// in the checkpoint directory have reached every partition's high
-/// watermark as the broker gives it now. A pull that came back empty
+/// and the offsets committed in the checkpoint directory have reached every
+/// partition's high watermark as the broker gives it now. A pull that came back empty
 /// because the broker was away therefore never ends the run, and records
 /// written during the run are read before it ends.
 pub struct DrainedTest<'a> {
@@ -31,9 +29,6 @@ pub struct DrainedTest<'a> {
     topic: String,
     plan: &'a QueryPlan,
     store: Arc<CheckpointStore>,
-    /// Set once a producer in the same process has finished; until then
-    /// the run is not drained.
-    load_done: Option<Arc<AtomicBool>>,
     watermarks: Option<Arc<HighWatermarks>>,
     /// Empty epochs in a row that left the committed offsets where they were.
     stuck: (u32, BTreeMap<i32, i64>),
@@ -58,25 +53,19 @@ impl<'a> DrainedTest<'a> {
         topic: &str,
         plan: &'a QueryPlan,
         store: Arc<CheckpointStore>,
-        load_done: Option<Arc<AtomicBool>>,
     ) -> Self {
         DrainedTest {
             brokers: brokers.to_string(),
             topic: topic.to_string(),
             plan,
             store,
-            load_done,
             watermarks: None,
             stuck: (0, BTreeMap::new()),
         }
     }
 
     async fn test(&mut self, outcome: EpochOutcome) -> Result<bool> {
-        let loading = self
-            .load_done
-            .as_ref()
-            .is_some_and(|done| !done.load(Ordering::Acquire));
-        if outcome.events > 0 || loading {
+        if outcome.events > 0 {
             self.stuck = (0, BTreeMap::new());
             return Ok(false);
         }

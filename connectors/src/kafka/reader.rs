@@ -39,7 +39,15 @@ pub(super) struct PartitionReader {
     ends_at_open: BTreeMap<i32, i64>,
     /// Polled by `flush` when dead letters are sent (no thread of its own).
     dead_letter_producer: Option<BaseProducer>,
+    /// Per owned partition: the cached high watermark last seen, and when
+    /// it last moved (or the broker last confirmed it).
+    watermarks_seen: Mutex<BTreeMap<i32, (i64, Instant)>>,
 }
+
+/// How long a cached high watermark that has not moved is trusted before
+/// the broker is asked: a partition whose fetches stopped coming back (a
+/// broker gone away) then finds out within this time.
+const CACHED_WATERMARK_TRUST: Duration = Duration::from_secs(1);
 
 /// An undecodable record, kept until it is sent to the dead-letter topic.
 struct Undecodable {
@@ -253,6 +261,7 @@ impl PartitionReader {
             positions: Mutex::new(positions),
             ends_at_open,
             dead_letter_producer,
+            watermarks_seen: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -303,28 +312,45 @@ impl PartitionReader {
         // While the broker is away, wait for it (up to BROKER_WAIT): an
         // empty pull would otherwise look like a drained topic.
         // The high watermark of the last fetch response is used when it
-        // shows records to read (it never exceeds the true end); otherwise
-        // the broker is asked, which is slower: the request waits behind any
-        // fetch the broker is holding for `fetch.wait.max.ms`.
+        // shows records to read, or has moved within the last
+        // CACHED_WATERMARK_TRUST: it never exceeds the true end, and a fetch
+        // the broker holds at the end of a partition returns as soon as a
+        // record is appended, so on a live partition it is at most a round
+        // trip old. Otherwise the broker is asked, which is slow: the
+        // request waits behind any fetch the broker is holding for
+        // `fetch.wait.max.ms` (asked on every pull, that wait set an epoch's
+        // length at the end of a live topic, and so YSB's window latency).
         // Per owned partition: (partition, next offset, target).
         let started = Instant::now();
         let mut parts: Vec<(i32, i64, i64)> = Vec::with_capacity(positions.len());
         let waiting_since = Instant::now();
+        let mut seen = self.watermarks_seen.lock().expect("watermarks seen");
         for (&p, &pos) in positions.iter() {
             if let Some(targets) = targets {
                 // A replay reads exactly what the logged pull read.
                 parts.push((p, pos, targets.get(&p).copied().unwrap_or(pos)));
                 continue;
             }
-            if let Some((_, high)) = self.consumer.cached_watermarks(&config.topic, p)
-                && high > pos
-            {
-                parts.push((p, pos, high));
-                continue;
+            if let Some((_, high)) = self.consumer.cached_watermarks(&config.topic, p) {
+                let now = Instant::now();
+                let moved = match seen.get(&p) {
+                    Some(&(last, since)) if last == high => {
+                        now.duration_since(since) < CACHED_WATERMARK_TRUST
+                    }
+                    _ => {
+                        seen.insert(p, (high, now));
+                        true
+                    }
+                };
+                if high > pos || moved {
+                    parts.push((p, pos, high.max(pos)));
+                    continue;
+                }
             }
             loop {
                 match consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT) {
                     Ok((_, high)) => {
+                        seen.insert(p, (high, Instant::now()));
                         parts.push((p, pos, high));
                         break;
                     }
@@ -336,6 +362,7 @@ impl PartitionReader {
                 }
             }
         }
+        drop(seen);
         let lagging = parts.iter().filter(|(_, pos, high)| pos < high).count();
         // One builder per partition, so event time is tracked per partition.
         let builders: Vec<_> = parts

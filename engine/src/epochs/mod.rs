@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 mod epoch_log;
 mod runtime;
 mod stop;
+mod window_clock;
 
 use epoch_log::Ahead;
 pub use epoch_log::EpochLog;
@@ -85,6 +86,8 @@ pub async fn run_epochs(
     let mut flush = false;
     // The last epoch this run committed.
     let mut committed: Option<u64> = None;
+    // Event time as the last epoch saw it.
+    let mut clocks = window_clock::EventClocks::default();
     loop {
         let stop_asked = signal.is_some_and(StopSignal::is_raised);
         // Stopped right after a commit: nothing to finish.
@@ -166,7 +169,17 @@ pub async fn run_epochs(
         if flush {
             continue;
         }
-        let wait = interval.saturating_sub(fired.elapsed());
+        let mut wait = interval.saturating_sub(fired.elapsed());
+        // A window due to end before the interval is up gets its epoch;
+        // windows shorter than the interval do not make epochs more often.
+        if let Some(step) = runtime.window_step_ms()
+            && step as u128 > interval.as_millis()
+        {
+            let due = clocks.next_end(step, &outcome);
+            if let Some(due) = due {
+                wait = wait.min(due.saturating_sub(fired.elapsed()));
+            }
+        }
         match signal {
             Some(signal) => tokio::select! {
                 () = tokio::time::sleep(wait) => {}

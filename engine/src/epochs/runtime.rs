@@ -19,6 +19,8 @@ pub struct EpochOutcome {
     pub lag: Option<u64>,
     /// The lowest watermark the sources sent, Unix ms.
     pub watermark_ms: Option<i64>,
+    /// The largest event time the sources have read, Unix ms.
+    pub newest_event_ms: Option<i64>,
 }
 /// Decides when a `StopAfter::Drained` run has drained, in place of its
 /// sources' flag: e.g. by comparing the committed offsets with ends that
@@ -60,6 +62,13 @@ pub trait EpochRuntime: Send + Sync {
 
     /// After `epoch` was committed.
     async fn committed(&self, _epoch: u64) {}
+
+    /// The smallest size of the fixed windows the query closes, ms: an
+    /// epoch fires when event time should reach the next multiple of it
+    /// (`window_clock`). None: epochs fire at the interval only.
+    fn window_step_ms(&self) -> Option<i64> {
+        None
+    }
 
     /// Whether a `StopAfter::Drained` run has drained after `epoch`
     /// (committed): by default what its sources said.

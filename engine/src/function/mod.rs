@@ -92,6 +92,9 @@ pub struct Response {
     /// A source stage: the watermark it sent, Unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watermark_ms: Option<i64>,
+    /// A source stage: the largest event time it has read, Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest_event_ms: Option<i64>,
     /// A pushed batch: its records that could not be taken, in order; the
     /// first is reported to the platform as the batch's first failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -52,6 +52,8 @@ struct TableEpoch {
     drained: bool,
     finished: bool,
     watermark: Watermark,
+    /// The largest event time read so far, from any partition.
+    newest_ms: Option<i64>,
     /// Where the read started and ended, for the offsets log.
     read: Option<TableRead>,
 }
@@ -63,6 +65,7 @@ struct EpochRead {
     events: u64,
     lag: Option<u64>,
     watermark: WatermarkMin,
+    newest_ms: Option<i64>,
     drained: bool,
     finished: bool,
     reads: Vec<TableRead>,
@@ -76,6 +79,7 @@ impl EpochRead {
             events: 0,
             lag: None,
             watermark: WatermarkMin::default(),
+            newest_ms: None,
             drained: true,
             finished: true,
             reads: vec![],
@@ -88,6 +92,7 @@ impl EpochRead {
             *self.lag.get_or_insert(0) += l;
         }
         self.watermark.add(t.watermark);
+        self.newest_ms = self.newest_ms.max(t.newest_ms);
         self.drained &= t.drained;
         self.finished &= t.finished;
         self.reads.extend(t.read);
@@ -193,6 +198,7 @@ impl SourceStage {
             finished: read.finished,
             lag: read.lag,
             watermark_ms,
+            newest_event_ms: read.newest_ms,
             ..Response::status("ran")
         })
     }
@@ -292,6 +298,7 @@ async fn read_table(
         drained: progress.iter().all(|p| p.drained || p.finished),
         finished: progress.iter().all(|p| p.finished),
         watermark,
+        newest_ms: clock.as_ref().and_then(|c| c.newest()),
         read,
         offsets: mb.offsets,
         batches: mb.batches,

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{QueryPlan, StageKind};
-use crate::context::function_name;
+use crate::context::{EdgeWindow, function_name};
 
 /// A plan's stages as its driver sees them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,6 +16,11 @@ pub struct PlanShape {
     pub query_code: String,
     /// Its stages, by id.
     pub stages: Vec<StageShape>,
+    /// The smallest size of the tumbling or sliding windows it closes, ms:
+    /// the driver fires an epoch when event time should pass the next
+    /// multiple of it (`crate::epochs`). Absent in specs written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_step_ms: Option<i64>,
 }
 
 /// One stage as its driver sees it.
@@ -78,6 +83,15 @@ impl QueryPlan {
                     takes_payloads: !s.inputs.is_empty(),
                 })
                 .collect(),
+            window_step_ms: self
+                .stages
+                .iter()
+                .flat_map(|s| &s.windows)
+                .filter_map(|w| match w {
+                    Some(EdgeWindow::Fixed(c)) if c.size_ms > 0 => Some(c.size_ms),
+                    _ => None,
+                })
+                .min(),
         }
     }
 }
@@ -90,6 +104,7 @@ mod tests {
     fn names_follow_the_stages_roles() {
         let shape = PlanShape {
             query_code: "q".into(),
+            window_step_ms: None,
             stages: vec![
                 StageShape {
                     id: 0,
