@@ -333,7 +333,8 @@ impl PartitionReader {
             }
             if let Some((_, high)) = self.consumer.cached_watermarks(&config.topic, p) {
                 let now = Instant::now();
-                let moved = match seen.get(&p) {
+                // Trusted while it moves, and a second after it last did.
+                let trusted = match seen.get(&p) {
                     Some(&(last, since)) if last == high => {
                         now.duration_since(since) < CACHED_WATERMARK_TRUST
                     }
@@ -342,7 +343,7 @@ impl PartitionReader {
                         true
                     }
                 };
-                if high > pos || moved {
+                if high > pos || trusted {
                     parts.push((p, pos, high.max(pos)));
                     continue;
                 }
