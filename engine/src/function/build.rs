@@ -202,6 +202,9 @@ fn updating_step(
         "updating stage"
     );
     let mut state = UpdatingState::new(&plan, input_schemas)?;
+    if ctx.updating.as_ref().is_none_or(|s| s.emit_every <= 1) {
+        state.emit_from_groups();
+    }
     if let Some(spec) = &ctx.updating {
         for (edge, ttl) in ctx.inputs.iter().zip(&spec.ttl_epochs) {
             if let Some(epochs) = ttl {

@@ -563,7 +563,10 @@ impl QueryPlan {
         let schemas = crate::updating::leaf_schemas(&s.plan);
         let plan =
             crate::updating::UpdatingPlan::new(&s.plan, &self.input_edges(s), &schemas).ok()?;
-        Some(plan.path())
+        let emit_every = self
+            .updating_spec(s, &PlanOptions::default())
+            .map_or(1, |spec| spec.emit_every);
+        Some(plan.path(emit_every))
     }
 
     fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {

@@ -1,10 +1,14 @@
-//! An aggregate without a window, kept as accumulators: per group, one
-//! DataFusion accumulator per aggregate expression. An epoch's rows update
-//! them (or, over a changelog, retract from them), and only the groups the
-//! epoch touched are evaluated again. Work per epoch follows the epoch's
-//! rows, and the state holds one entry per group (plus what an accumulator
-//! needs, such as a `count(DISTINCT ...)`'s values), not the rows that made
-//! it.
+//! An aggregate without a window, kept as accumulators: each group has a
+//! slot, and each aggregate a column indexed by slot: a typed column for
+//! the common aggregates ([`super::aggregate_columns`]), shared sets for
+//! distinct counts ([`super::distinct_values`]), or a DataFusion
+//! accumulator per group for the rest. An epoch's rows update them (or,
+//! over a changelog, retract from them), and only the groups the epoch
+//! touched are evaluated again. Work per epoch follows the epoch's rows,
+//! and the state holds one entry per group (plus what an aggregate needs,
+//! such as a `count(DISTINCT ...)`'s values), not the rows that made it.
+//! When every epoch emits, the groups' rows before an epoch's first change
+//! are what was emitted, and no copy of it is kept ([`GroupAccumulators::take_before`]).
 //!
 //! Which aggregates run so ([`AggregatePlan::of`]):
 //! * over rows that only append, any aggregate whose input is partial
@@ -23,45 +27,67 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt32Array,
-};
-use datafusion::arrow::compute::{cast, filter, take};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::ScalarValue;
-use datafusion::logical_expr::Accumulator;
 
+use super::aggregate_columns::{AggColumn, Op, as_mask, group_rows, update_boxed};
 pub use super::aggregate_plan::AggregatePlan;
+use super::distinct_values::DistinctFamily;
 use super::keyed::Key;
 use crate::error::{EngineError, Result};
 
 /// Groups per batch of a whole checkpoint.
 const CHECKPOINT_BATCH_GROUPS: usize = 16 * 1024;
 
-struct Group {
-    accumulators: Vec<Box<dyn Accumulator>>,
-    /// Input rows in the group (partial rows, when merging).
-    rows: i64,
-    /// The epoch that last had a row of the group.
-    touched: u64,
-    /// Bytes its accumulators held when last touched.
-    bytes: usize,
-}
+/// Bytes a group costs beside its columns: its slot in the key index, its
+/// row count, last epoch and size.
+const GROUP_OVERHEAD: usize = 48;
 
-/// One member's groups and their accumulators.
+/// Where an input's rows go: each row's slot, the groups in the order they
+/// first come with their keys, and the slots made for them.
+type Placed = (Vec<u32>, Vec<(u32, Key)>, HashSet<u32>);
+
+/// One member's groups: each group a slot, and per aggregate a column
+/// indexed by slot ([`AggColumn`]).
 pub struct GroupAccumulators {
     plan: Arc<AggregatePlan>,
     /// Encodes group values as keys; `None` for an aggregate without
     /// `GROUP BY` (one group, the empty key).
     keys: Option<RowConverter>,
-    groups: HashMap<Key, Group>,
+    slots: HashMap<Key, u32>,
+    /// Slots of groups that are gone, to reuse.
+    free: Vec<u32>,
+    /// Per slot: input rows in the group (partial rows, when merging).
+    rows: Vec<i64>,
+    /// Per slot: the epoch that last had a row of the group.
+    touched: Vec<u64>,
+    /// Per slot: bytes its key and boxed accumulators held when last
+    /// touched.
+    sizes: Vec<u32>,
+    columns: Vec<AggColumn>,
+    /// The sets distinct counts share, by family.
+    families: Vec<DistinctFamily>,
+    /// The sum of `sizes` over live slots.
     bytes: usize,
+    /// When the groups, not a copy, say what was emitted: the rows of the
+    /// groups touched since the last emission as they were before.
+    before: Option<Before>,
+}
+
+/// The output rows of groups as they were at the last emission.
+#[derive(Default)]
+struct Before {
+    /// Groups touched since (with a row below if they were groups then).
+    keys: HashSet<Key>,
+    rows: Vec<RecordBatch>,
 }
 
 impl std::fmt::Debug for GroupAccumulators {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GroupAccumulators({} groups)", self.groups.len())
+        write!(f, "GroupAccumulators({} groups)", self.slots.len())
     }
 }
 
@@ -80,11 +106,20 @@ impl GroupAccumulators {
                 .collect();
             Some(RowConverter::new(fields)?)
         };
+        let columns = (0..plan.aggs.len()).map(|i| plan.column(i)).collect();
+        let families = (0..plan.families).map(|_| DistinctFamily::new()).collect();
         Ok(GroupAccumulators {
             plan,
             keys,
-            groups: HashMap::new(),
+            slots: HashMap::new(),
+            free: vec![],
+            rows: vec![],
+            touched: vec![],
+            sizes: vec![],
+            columns,
+            families,
             bytes: 0,
+            before: None,
         })
     }
 
@@ -95,32 +130,85 @@ impl GroupAccumulators {
 
     /// Groups kept.
     pub fn len(&self) -> usize {
-        self.groups.len()
+        self.slots.len()
     }
 
     /// No group kept.
     pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
+        self.slots.is_empty()
     }
 
-    /// Bytes the accumulators held when last touched.
+    /// Bytes the groups held when last touched.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        let width: usize = self.columns.iter().map(AggColumn::width).sum();
+        self.bytes + self.slots.len() * (width + GROUP_OVERHEAD)
     }
 
     /// Drop everything.
     pub fn clear(&mut self) {
-        self.groups.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.rows.clear();
+        self.touched.clear();
+        self.sizes.clear();
+        self.columns = (0..self.plan.aggs.len())
+            .map(|i| self.plan.column(i))
+            .collect();
+        self.families = (0..self.plan.families)
+            .map(|_| DistinctFamily::new())
+            .collect();
         self.bytes = 0;
+        if let Some(before) = &mut self.before {
+            *before = Before::default();
+        }
     }
 
     /// Drop the given groups.
     pub fn remove(&mut self, keys: &HashSet<Key>) {
         for k in keys {
-            if let Some(g) = self.groups.remove(k) {
-                self.bytes -= g.bytes;
+            if let Some(s) = self.slots.remove(k) {
+                self.release(s);
             }
         }
+    }
+
+    fn release(&mut self, slot: u32) {
+        let s = slot as usize;
+        self.bytes -= self.sizes[s] as usize;
+        self.sizes[s] = 0;
+        for c in &mut self.columns {
+            c.free(s);
+        }
+        for f in &mut self.families {
+            f.reset(s);
+        }
+        self.free.push(slot);
+    }
+
+    /// A slot for a new group `key`, touched in `epoch`.
+    fn allocate(&mut self, key: Key, epoch: u64) -> Result<u32> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.rows.push(0);
+                self.touched.push(0);
+                self.sizes.push(0);
+                (self.rows.len() - 1) as u32
+            }
+        };
+        let s = slot as usize;
+        self.rows[s] = 0;
+        self.touched[s] = epoch;
+        self.sizes[s] = 0;
+        let plan = self.plan.clone();
+        for (i, c) in self.columns.iter_mut().enumerate() {
+            c.reset(s, || plan.accumulator(i))?;
+        }
+        for f in &mut self.families {
+            f.reset(s);
+        }
+        self.slots.insert(key, slot);
+        Ok(slot)
     }
 
     /// Groups last touched more than `ttl` epochs before `epoch`.
@@ -129,23 +217,50 @@ impl GroupAccumulators {
         if self.keys.is_none() {
             return HashSet::new();
         }
-        self.groups
+        self.slots
             .iter()
-            .filter(|(_, g)| epoch.saturating_sub(g.touched) > ttl)
+            .filter(|(_, s)| epoch.saturating_sub(self.touched[**s as usize]) > ttl)
             .map(|(k, _)| k.clone())
             .collect()
     }
 
-    /// Encoded group values of `columns`, one per row.
-    fn encode(&self, columns: &[ArrayRef], rows: usize) -> Result<Vec<Key>> {
-        Ok(match &self.keys {
-            Some(conv) => conv
-                .convert_columns(columns)?
-                .iter()
-                .map(|r| Box::from(r.as_ref()))
-                .collect(),
-            None => vec![Key::default(); rows],
-        })
+    /// The slot of each row's group (made for groups not yet kept), and the
+    /// groups in the order they first come, with their keys.
+    fn slots_of(&mut self, columns: &[ArrayRef], rows: usize, epoch: u64) -> Result<Placed> {
+        let mut slots = Vec::with_capacity(rows);
+        let mut order: Vec<(u32, Key)> = vec![];
+        let mut seen: HashSet<u32> = HashSet::new();
+        let mut fresh: HashSet<u32> = HashSet::new();
+        let mut place = |this: &mut Self, key: &[u8]| -> Result<u32> {
+            let slot = match this.slots.get(key) {
+                Some(s) => *s,
+                None => {
+                    let s = this.allocate(Box::from(key), epoch)?;
+                    fresh.insert(s);
+                    s
+                }
+            };
+            if seen.insert(slot) {
+                order.push((slot, Box::from(key)));
+            }
+            Ok(slot)
+        };
+        match self.keys.take() {
+            Some(conv) => {
+                let encoded = conv.convert_columns(columns);
+                self.keys = Some(conv);
+                for row in encoded?.iter() {
+                    slots.push(place(self, row.as_ref())?);
+                }
+            }
+            None => {
+                if rows > 0 {
+                    let slot = place(self, &[])?;
+                    slots.resize(rows, slot);
+                }
+            }
+        }
+        Ok((slots, order, fresh))
     }
 
     /// Take an epoch's rows of the aggregate's input: add them, or take
@@ -166,113 +281,68 @@ impl GroupAccumulators {
             .iter()
             .map(|e| Ok(e.evaluate(batch)?.into_array(n)?))
             .collect::<Result<Vec<ArrayRef>>>()?;
-        let keys = self.encode(&group_columns, n)?;
-        // Rows of each group, groups in the order they first come.
-        let mut slot: HashMap<&Key, usize> = HashMap::new();
-        let mut members: Vec<Vec<u32>> = vec![];
-        let mut order: Vec<&Key> = vec![];
-        for (i, k) in keys.iter().enumerate() {
-            let s = *slot.entry(k).or_insert_with(|| {
-                members.push(vec![]);
-                order.push(k);
-                members.len() - 1
-            });
-            members[s].push(i as u32);
-        }
-        let by_group = UInt32Array::from(members.concat());
-        // Each aggregate's arguments (or states), rows grouped.
-        let mut arguments: Vec<Vec<ArrayRef>> = vec![];
-        let mut filters: Vec<Option<BooleanArray>> = vec![];
-        for (i, agg) in plan.aggs.iter().enumerate() {
-            let columns: Vec<ArrayRef> = match &plan.merge_columns {
+        let (slots, order, fresh) = self.slots_of(&group_columns, n, epoch)?;
+        self.keep_before(&order, &fresh)?;
+        let op = match (&plan.merge_columns, retract) {
+            (Some(_), _) => Op::Merge,
+            (None, true) => Op::Retract,
+            (None, false) => Op::Add,
+        };
+        // Boxed accumulators take each group's rows as one slice.
+        let boxed = self.columns.iter().any(AggColumn::is_boxed);
+        let grouped = boxed.then(|| group_rows(&slots, &order));
+        for i in 0..plan.aggs.len() {
+            let values: Vec<ArrayRef> = match &plan.merge_columns {
                 Some(ranges) => ranges[i].clone().map(|c| batch.column(c).clone()).collect(),
-                None => agg
+                None => plan.aggs[i]
                     .expressions()
                     .iter()
                     .map(|e| Ok(e.evaluate(batch)?.into_array(n)?))
                     .collect::<Result<_>>()?,
             };
-            arguments.push(
-                columns
-                    .iter()
-                    .map(|c| Ok(take(c, &by_group, None)?))
-                    .collect::<Result<_>>()?,
-            );
-            let predicate = match (&plan.merge_columns, plan.filters.get(i)) {
-                (None, Some(Some(f))) => {
-                    let mask = f.evaluate(batch)?.into_array(n)?;
-                    let mask = take(&mask, &by_group, None)?;
-                    Some(
-                        mask.as_any()
-                            .downcast_ref::<BooleanArray>()
-                            .ok_or_else(|| {
-                                EngineError::Context("an aggregate's FILTER is not boolean".into())
-                            })?
-                            .clone(),
-                    )
-                }
+            let mask = match (&plan.merge_columns, plan.filters.get(i)) {
+                (None, Some(Some(f))) => Some(as_mask(f.evaluate(batch)?.into_array(n)?)?),
                 _ => None,
             };
-            filters.push(predicate);
-        }
-        let mut at = 0;
-        let mut touched = Vec::with_capacity(order.len());
-        for (k, rows) in order.into_iter().zip(&members) {
-            let len = rows.len();
-            let group = match self.groups.get_mut(k) {
-                Some(g) => g,
-                None => {
-                    let fresh = Group {
-                        accumulators: plan.accumulators()?,
-                        rows: 0,
-                        touched: epoch,
-                        bytes: 0,
-                    };
-                    self.groups.entry(k.clone()).or_insert(fresh)
+            match (&mut self.columns[i], &grouped) {
+                (AggColumn::Boxed(_), Some((by_group, bounds))) => {
+                    let column = &mut self.columns[i];
+                    update_boxed(column, &order, by_group, bounds, &values, mask, op)?;
                 }
-            };
-            for (i, acc) in group.accumulators.iter_mut().enumerate() {
-                let mut values: Vec<ArrayRef> =
-                    arguments[i].iter().map(|a| a.slice(at, len)).collect();
-                if let Some(mask) = &filters[i] {
-                    let mask = mask.slice(at, len);
-                    if mask.true_count() == 0 {
-                        continue;
-                    }
-                    if mask.true_count() < len {
-                        values = values
-                            .iter()
-                            .map(|v| Ok(filter(v, &mask)?))
-                            .collect::<Result<_>>()?;
-                    }
+                (
+                    AggColumn::Distinct {
+                        family,
+                        bit,
+                        counts,
+                        ..
+                    },
+                    _,
+                ) => {
+                    let first = values.first().ok_or_else(|| {
+                        EngineError::Context("a distinct count without an argument".into())
+                    })?;
+                    self.families[*family].add(&slots, first, mask.as_ref(), *bit, counts, op)?;
                 }
-                if plan.merge_columns.is_some() {
-                    acc.merge_batch(&values)?;
-                } else if retract {
-                    acc.retract_batch(&values)?;
-                } else {
-                    acc.update_batch(&values)?;
-                }
+                (column, _) => column.update(&slots, &values, mask.as_ref(), op)?,
             }
-            group.rows += if retract { -(len as i64) } else { len as i64 };
-            group.touched = epoch;
-            let bytes: usize = group.accumulators.iter().map(|a| a.size()).sum::<usize>() + k.len();
-            self.bytes = self.bytes + bytes - group.bytes;
-            group.bytes = bytes;
-            touched.push(k.clone());
-            at += len;
+        }
+        for s in &slots {
+            let r = &mut self.rows[*s as usize];
+            *r += if retract { -1 } else { 1 };
+        }
+        let mut touched = Vec::with_capacity(order.len());
+        for (slot, key) in order {
+            self.touch(slot, &key, epoch, boxed);
+            touched.push(key);
         }
         if retract && self.keys.is_some() {
             // A group whose every row was taken back is no longer a group.
             let gone: HashSet<Key> = touched
                 .iter()
-                .filter(|k| self.groups.get(*k).is_some_and(|g| g.rows <= 0))
+                .filter(|k| self.rows_of(k).is_some_and(|r| r <= 0))
                 .cloned()
                 .collect();
-            if gone
-                .iter()
-                .any(|k| self.groups.get(k).is_some_and(|g| g.rows < 0))
-            {
+            if gone.iter().any(|k| self.rows_of(k).is_some_and(|r| r < 0)) {
                 tracing::warn!(
                     "retractions named rows this aggregate never counted; their groups were dropped"
                 );
@@ -280,6 +350,80 @@ impl GroupAccumulators {
             self.remove(&gone);
         }
         Ok(touched)
+    }
+
+    /// From now on, keep the rows of the groups each epoch touches as they
+    /// were before it ([`Self::take_before`]): what was last emitted, read
+    /// from the groups instead of kept beside them.
+    pub fn keep_rows_before(&mut self) {
+        self.before.get_or_insert_with(Before::default);
+    }
+
+    /// The rows of the touched groups as they were at the last emission,
+    /// of those of `keys` (all when `None`); the next emission starts
+    /// afresh.
+    pub fn take_before(&mut self, keys: Option<&HashSet<Key>>) -> Result<RecordBatch> {
+        let before = self.before.as_mut().map(std::mem::take).unwrap_or_default();
+        let schema = self.plan.output.clone();
+        let rows = super::keyed::concat(&schema, &before.rows)?;
+        let (Some(keys), Some(conv)) = (keys, &self.keys) else {
+            return Ok(rows);
+        };
+        let g = self.plan.group_count();
+        let encoded = conv.convert_columns(&rows.columns()[..g])?;
+        let wanted: BooleanArray = encoded
+            .iter()
+            .map(|r| Some(keys.contains(r.as_ref())))
+            .collect();
+        Ok(datafusion::arrow::compute::filter_record_batch(
+            &rows, &wanted,
+        )?)
+    }
+
+    /// Keep the rows of the groups in `order` not yet touched since the
+    /// last emission, as they are now (`fresh` ones were no group).
+    fn keep_before(&mut self, order: &[(u32, Key)], fresh: &HashSet<u32>) -> Result<()> {
+        let Some(before) = &mut self.before else {
+            return Ok(());
+        };
+        let mut now: Vec<&Key> = vec![];
+        for (slot, key) in order {
+            if before.keys.insert(key.clone()) && !fresh.contains(slot) {
+                now.push(key);
+            }
+        }
+        if now.is_empty() {
+            return Ok(());
+        }
+        let rows = self.evaluate(now)?;
+        if let Some(before) = &mut self.before {
+            before.rows.push(rows);
+        }
+        Ok(())
+    }
+
+    /// Group `key` in `slot` was touched in `epoch`: what it holds now.
+    fn touch(&mut self, slot: u32, key: &Key, epoch: u64, boxed: bool) {
+        let s = slot as usize;
+        self.touched[s] = epoch;
+        let size = key.len() + self.held(s, boxed);
+        self.bytes = self.bytes + size - self.sizes[s] as usize;
+        self.sizes[s] = size as u32;
+    }
+
+    /// Bytes slot `s` holds beside its columns: its distinct sets, and its
+    /// boxed accumulators (when there are any).
+    fn held(&self, s: usize, boxed: bool) -> usize {
+        let sets: usize = self.families.iter().map(|f| f.bytes(s)).sum();
+        let accumulators: usize = match boxed {
+            true => self.columns.iter().map(|c| c.boxed_size(s)).sum(),
+            false => 0,
+        };
+        sets + accumulators
+    }
+
+    fn rows_of(&self, key: &Key) -> Option<i64> {
+        self.slots.get(key).map(|s| self.rows[*s as usize])
     }
 
     /// The aggregate's output rows of `keys` (those that are groups), in
@@ -291,24 +435,18 @@ impl GroupAccumulators {
         }
         let mut keys: Vec<&Key> = keys
             .into_iter()
-            .filter(|k| self.groups.contains_key(*k))
+            .filter(|k| self.slots.contains_key(*k))
             .collect();
         keys.sort_unstable();
         let plan = self.plan.clone();
         if keys.is_empty() {
             return Ok(RecordBatch::new_empty(plan.output.clone()));
         }
+        let slots: Vec<u32> = keys.iter().map(|k| self.slots[*k]).collect();
         let mut columns = self.group_columns(&keys)?;
-        for i in 0..plan.aggs.len() {
-            let values = keys
-                .iter()
-                .map(|k| self.groups.get_mut(*k).expect("a group").accumulators[i].evaluate())
-                .collect::<datafusion::common::Result<Vec<ScalarValue>>>()?;
+        for (i, column) in self.columns.iter_mut().enumerate() {
             let field = plan.output.field(plan.group_count() + i);
-            columns.push(as_type(
-                ScalarValue::iter_to_array(values)?,
-                field.data_type(),
-            )?);
+            columns.push(as_type(column.evaluate(&slots)?, field.data_type())?);
         }
         Ok(RecordBatch::try_new(plan.output.clone(), columns)?)
     }
@@ -317,14 +455,8 @@ impl GroupAccumulators {
     /// (`count(*)` 0, `sum` NULL over no rows): its group exists from the
     /// start, and stays when every row is taken back.
     fn ensure_global_group(&mut self) -> Result<()> {
-        if self.keys.is_none() && !self.groups.contains_key(&Key::default()) {
-            let fresh = Group {
-                accumulators: self.plan.accumulators()?,
-                rows: 0,
-                touched: 0,
-                bytes: 0,
-            };
-            self.groups.insert(Key::default(), fresh);
+        if self.keys.is_none() && !self.slots.contains_key(&Key::default()) {
+            self.allocate(Key::default(), 0)?;
         }
         Ok(())
     }
@@ -332,7 +464,7 @@ impl GroupAccumulators {
     /// Every group's output row.
     pub fn evaluate_all(&mut self) -> Result<RecordBatch> {
         self.ensure_global_group()?;
-        let keys: Vec<Key> = self.groups.keys().cloned().collect();
+        let keys: Vec<Key> = self.slots.keys().cloned().collect();
         self.evaluate(keys.iter())
     }
 
@@ -347,45 +479,63 @@ impl GroupAccumulators {
     /// Every group as a checkpoint writes it ([`AggregatePlan::saved_schema`]).
     pub fn whole(&mut self) -> Result<Vec<RecordBatch>> {
         let plan = self.plan.clone();
-        let mut keys: Vec<Key> = self.groups.keys().cloned().collect();
+        let mut keys: Vec<Key> = self.slots.keys().cloned().collect();
         keys.sort_unstable();
         let mut out = vec![];
         for chunk in keys.chunks(CHECKPOINT_BATCH_GROUPS) {
             let refs: Vec<&Key> = chunk.iter().collect();
+            let slots: Vec<u32> = chunk.iter().map(|k| self.slots[k]).collect();
             let mut columns = self.group_columns(&refs)?;
             columns.push(Arc::new(Int64Array::from_iter_values(
-                chunk.iter().map(|k| self.groups[k].rows),
+                slots.iter().map(|s| self.rows[*s as usize]),
             )));
-            let mut states: Vec<Vec<ScalarValue>> = vec![];
-            for k in chunk {
-                let group = self.groups.get_mut(k).expect("a group");
-                let mut row = vec![];
-                for (i, acc) in group.accumulators.iter_mut().enumerate() {
-                    // Taking an accumulator's state may empty it: it is
-                    // built again from what was taken.
-                    let state = acc.state()?;
-                    let mut again = plan.accumulator(i)?;
-                    let arrays = state
-                        .iter()
-                        .map(|s| Ok(s.to_array()?))
-                        .collect::<Result<Vec<ArrayRef>>>()?;
-                    again.merge_batch(&arrays)?;
-                    *acc = again;
-                    row.extend(state);
-                }
-                states.push(row);
+            for i in 0..plan.aggs.len() {
+                let state = match &self.columns[i] {
+                    AggColumn::Boxed(_) => self.boxed_state(i, &slots)?,
+                    AggColumn::Distinct {
+                        family, bit, item, ..
+                    } => vec![self.families[*family].state(&slots, *bit, item)?],
+                    column => column.state(&slots)?,
+                };
+                columns.extend(state);
             }
-            let first_state = plan.group_count() + 1;
-            for (c, field) in plan.saved.fields().iter().enumerate().skip(first_state) {
-                let values = states.iter().map(|r| r[c - first_state].clone());
-                columns.push(as_type(
-                    ScalarValue::iter_to_array(values)?,
-                    field.data_type(),
-                )?);
-            }
+            let columns = columns
+                .into_iter()
+                .zip(plan.saved.fields())
+                .map(|(c, f)| as_type(c, f.data_type()))
+                .collect::<Result<Vec<_>>>()?;
             out.push(RecordBatch::try_new(plan.saved.clone(), columns)?);
         }
         Ok(out)
+    }
+
+    /// The state of aggregate `i`'s boxed accumulators of `slots`, a column
+    /// per state value.
+    fn boxed_state(&mut self, i: usize, slots: &[u32]) -> Result<Vec<ArrayRef>> {
+        let plan = self.plan.clone();
+        let mut rows: Vec<Vec<ScalarValue>> = vec![];
+        for s in slots {
+            let acc = self.columns[i].boxed(*s as usize)?;
+            // Taking an accumulator's state may empty it: it is built
+            // again from what was taken.
+            let state = acc.state()?;
+            let mut again = plan.accumulator(i)?;
+            let arrays = state
+                .iter()
+                .map(|s| Ok(s.to_array()?))
+                .collect::<Result<Vec<ArrayRef>>>()?;
+            again.merge_batch(&arrays)?;
+            *acc = again;
+            rows.push(state);
+        }
+        let width = rows.first().map_or(0, Vec::len);
+        (0..width)
+            .map(|c| {
+                Ok(ScalarValue::iter_to_array(
+                    rows.iter().map(|r| r[c].clone()),
+                )?)
+            })
+            .collect()
     }
 
     /// Take back groups a checkpoint wrote ([`Self::whole`]), as of `epoch`.
@@ -403,7 +553,17 @@ impl GroupAccumulators {
         let group_columns: Vec<ArrayRef> = (0..g)
             .map(|c| as_type(batch.column(c).clone(), plan.output.field(c).data_type()))
             .collect::<Result<_>>()?;
-        let keys = self.encode(&group_columns, n)?;
+        // A group saved again replaces the one kept.
+        let (slots, order, _) = self.slots_of(&group_columns, n, epoch)?;
+        for (slot, _) in &order {
+            let s = *slot as usize;
+            for (i, c) in self.columns.iter_mut().enumerate() {
+                c.reset(s, || plan.accumulator(i))?;
+            }
+            for f in &mut self.families {
+                f.reset(s);
+            }
+        }
         let rows = batch
             .column(g)
             .as_any()
@@ -412,7 +572,6 @@ impl GroupAccumulators {
                 EngineError::Context("a checkpoint's group counts are not Int64".into())
             })?;
         let mut state_at = g + 1;
-        let mut ranges = vec![];
         for i in 0..plan.aggs.len() {
             let width = plan
                 .saved
@@ -420,29 +579,36 @@ impl GroupAccumulators {
                 .iter()
                 .filter(|f| f.name().starts_with(&format!("s{i}_")))
                 .count();
-            ranges.push(state_at..state_at + width);
+            let states: Vec<ArrayRef> = (state_at..state_at + width)
+                .map(|c| batch.column(c).clone())
+                .collect();
             state_at += width;
+            match &mut self.columns[i] {
+                AggColumn::Boxed(_) => {
+                    for (r, s) in slots.iter().enumerate() {
+                        let row: Vec<ArrayRef> = states.iter().map(|c| c.slice(r, 1)).collect();
+                        self.columns[i].boxed(*s as usize)?.merge_batch(&row)?;
+                    }
+                }
+                AggColumn::Distinct {
+                    family,
+                    bit,
+                    counts,
+                    ..
+                } => {
+                    let lists = states.first().ok_or_else(|| {
+                        EngineError::Context("a distinct count's checkpoint has no list".into())
+                    })?;
+                    self.families[*family].add(&slots, lists, None, *bit, counts, Op::Merge)?;
+                }
+                column => column.update(&slots, &states, None, Op::Merge)?,
+            }
         }
-        for (r, key) in keys.into_iter().enumerate() {
-            let mut accumulators = plan.accumulators()?;
-            for (acc, range) in accumulators.iter_mut().zip(&ranges) {
-                let states: Vec<ArrayRef> =
-                    range.clone().map(|c| batch.column(c).slice(r, 1)).collect();
-                acc.merge_batch(&states)?;
-            }
-            let bytes = accumulators.iter().map(|a| a.size()).sum::<usize>() + key.len();
-            self.bytes += bytes;
-            if let Some(old) = self.groups.insert(
-                key,
-                Group {
-                    accumulators,
-                    rows: rows.value(r),
-                    touched: epoch,
-                    bytes,
-                },
-            ) {
-                self.bytes -= old.bytes;
-            }
+        for (r, s) in slots.iter().enumerate() {
+            self.rows[*s as usize] = rows.value(r);
+        }
+        for (slot, key) in order {
+            self.touch(slot, &key, epoch, true);
         }
         Ok(())
     }

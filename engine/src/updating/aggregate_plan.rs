@@ -14,6 +14,8 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 
+use super::aggregate_columns::{AggColumn, ColumnKind};
+use super::distinct_values::MEMBERS;
 use super::join::IncrementalJoin;
 use super::value_counts::{CountedReading, ValueCounts};
 use crate::context::InputEdge;
@@ -51,6 +53,11 @@ pub struct AggregatePlan {
     /// Per aggregate over a changelog, the value count it keeps instead of
     /// DataFusion's accumulator, with its argument's type.
     pub(super) counted: Vec<Option<(CountedReading, DataType)>>,
+    /// Per aggregate, the typed column it runs as (`None`: a boxed
+    /// accumulator per group).
+    pub(super) columns: Vec<Option<ColumnKind>>,
+    /// Sets of distinct values shared by distinct counts of one argument.
+    pub(super) families: usize,
     /// The aggregate's output: group columns, then one per aggregate.
     pub(super) output: SchemaRef,
     /// A group as a checkpoint writes it: group columns, its row count,
@@ -117,12 +124,30 @@ impl AggregatePlan {
             .map(|f| f.as_ref().clone().with_nullable(true))
             .collect();
         fields.push(Field::new(ROWS_COLUMN, DataType::Int64, false));
+        let mut columns = vec![];
         for (i, a) in agg.aggr_expr().iter().enumerate() {
             let mut probe = make_accumulator(a, retracts, &counted[i]).ok()?;
-            for (j, s) in probe.state().ok()?.iter().enumerate() {
-                fields.push(Field::new(format!("s{i}_{j}"), s.data_type(), true));
+            let state: Vec<DataType> = probe.state().ok()?.iter().map(|s| s.data_type()).collect();
+            for (j, t) in state.iter().enumerate() {
+                fields.push(Field::new(format!("s{i}_{j}"), t.clone(), true));
             }
+            // Rows in: the argument's type decides; partial states in: the
+            // state's.
+            let argument = match merge_columns {
+                Some(_) => Ok(None),
+                None => a
+                    .expressions()
+                    .first()
+                    .and_then(|e| e.data_type(&agg.input().schema()).ok())
+                    .map(Some)
+                    .ok_or(()),
+            };
+            columns.push(match (&counted[i], argument) {
+                (None, Ok(argument)) => ColumnKind::of(a, argument.as_ref(), retracts, &state),
+                _ => None,
+            });
         }
+        let families = share_distinct_sets(agg.aggr_expr(), &mut columns);
         Some(AggregatePlan {
             join,
             input,
@@ -138,6 +163,8 @@ impl AggregatePlan {
             merge_columns,
             retracts,
             counted,
+            columns,
+            families,
             output,
             saved: Arc::new(Schema::new(fields)),
         })
@@ -169,6 +196,7 @@ impl AggregatePlan {
                     format!("{}(DISTINCT) as a count per value", a.fun().name())
                 }
                 Some(_) => format!("{} as a count per value", a.fun().name()),
+                None if a.is_distinct() => format!("{}(DISTINCT)", a.fun().name()),
                 None => a.fun().name().to_string(),
             })
             .collect();
@@ -178,16 +206,67 @@ impl AggregatePlan {
             (false, true) => ", over the new pairs of an inner join of two streams that append",
             (false, false) => "",
         };
-        format!("accumulators per group ({}){over}", names.join(", "))
+        let shared = match self.families {
+            0 => String::new(),
+            n => format!("; distinct values in {n} set(s) per group, shared by argument"),
+        };
+        let typed = self.columns.iter().filter(|c| c.is_some()).count();
+        let columns = match typed {
+            0 => String::new(),
+            n if n == self.columns.len() => "; each a typed column".to_string(),
+            n => format!("; {n} of {} as typed columns", self.columns.len()),
+        };
+        format!(
+            "accumulators per group ({}{columns}{shared}){over}",
+            names.join(", ")
+        )
     }
 
-    pub(super) fn accumulators(&self) -> Result<Vec<Box<dyn Accumulator>>> {
-        (0..self.aggs.len()).map(|i| self.accumulator(i)).collect()
+    /// Aggregate `i`'s empty column.
+    pub(super) fn column(&self, i: usize) -> AggColumn {
+        let prefix = format!("s{i}_");
+        let state: Vec<DataType> = self
+            .saved
+            .fields()
+            .iter()
+            .filter(|f| f.name().starts_with(&prefix))
+            .map(|f| f.data_type().clone())
+            .collect();
+        AggColumn::new(self.columns[i], &state)
     }
 
     pub(super) fn accumulator(&self, i: usize) -> Result<Box<dyn Accumulator>> {
         make_accumulator(&self.aggs[i], self.retracts, &self.counted[i])
     }
+}
+
+/// Gives each distinct count in a column its family, one per argument
+/// (up to [`MEMBERS`] each), and its bit in it. Returns how many families.
+fn share_distinct_sets(
+    aggs: &[Arc<AggregateFunctionExpr>],
+    columns: &mut [Option<ColumnKind>],
+) -> usize {
+    let mut families: Vec<(String, usize)> = vec![];
+    for (a, column) in aggs.iter().zip(columns.iter_mut()) {
+        let Some(ColumnKind::Distinct { .. }) = column else {
+            continue;
+        };
+        let argument = a.expressions()[0].to_string();
+        let family = match families
+            .iter()
+            .position(|(t, n)| *t == argument && *n < MEMBERS)
+        {
+            Some(f) => f,
+            None => {
+                families.push((argument, 0));
+                families.len() - 1
+            }
+        };
+        let bit = 1u8 << families[family].1;
+        families[family].1 += 1;
+        *column = Some(ColumnKind::Distinct { family, bit });
+    }
+    families.len()
 }
 
 /// How `a` runs over a changelog: `Some(None)` on DataFusion's retracting

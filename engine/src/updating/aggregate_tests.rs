@@ -336,3 +336,136 @@ fn a_global_aggregate_has_its_row_over_no_rows_and_after_every_row_is_taken_back
         "its one group never expires"
     );
 }
+
+/// `aggregate`, with `count(v) FILTER (WHERE v > 3)` as a last aggregate
+/// (`count(DISTINCT v) FILTER (...)` too, when `distinct`).
+fn with_a_filtered_count(
+    functions: &[(Arc<AggregateUDF>, bool)],
+    distinct: bool,
+) -> Arc<dyn ExecutionPlan> {
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::expressions::{binary, lit};
+    let plain = aggregate(functions);
+    let agg = plain.downcast_ref::<AggregateExec>().unwrap();
+    let s = schema();
+    let mut aggs = agg.aggr_expr().to_vec();
+    aggs.push(Arc::new(
+        AggregateExprBuilder::new(count_udaf(), vec![col("v", &s).unwrap()])
+            .schema(s.clone())
+            .alias("filtered")
+            .build()
+            .unwrap(),
+    ));
+    let mut filters = agg.filter_expr().to_vec();
+    let over_3 = binary(col("v", &s).unwrap(), Operator::Gt, lit(3i64), &s).unwrap();
+    filters.push(Some(over_3.clone()));
+    if distinct {
+        aggs.push(Arc::new(
+            AggregateExprBuilder::new(count_udaf(), vec![col("v", &s).unwrap()])
+                .schema(s.clone())
+                .alias("filtered_distinct")
+                .with_distinct(true)
+                .build()
+                .unwrap(),
+        ));
+        filters.push(Some(over_3));
+    }
+    Arc::new(
+        AggregateExec::try_new(
+            AggregateMode::SinglePartitioned,
+            agg.group_expr().clone(),
+            aggs,
+            filters,
+            agg.input().clone(),
+            s,
+        )
+        .unwrap(),
+    )
+}
+
+/// The typed columns against DataFusion's own accumulators (the same plan
+/// with every aggregate boxed), over random rows with NULLs, a FILTER,
+/// retractions of rows added before, and checkpoints written by one and
+/// read by the other.
+#[test]
+fn typed_columns_agree_with_datafusions_accumulators() {
+    use rand::{Rng, SeedableRng};
+    for updating in [false, true] {
+        let mut functions: Vec<(Arc<AggregateUDF>, bool)> = vec![
+            (count_udaf(), false),
+            (sum_udaf(), false),
+            (avg_udaf(), false),
+        ];
+        if !updating {
+            functions.push((min_udaf(), false));
+            functions.push((max_udaf(), false));
+            functions.push((count_udaf(), true));
+        }
+        let core = with_a_filtered_count(&functions, !updating);
+        let typed = AggregatePlan::of(&core, &[edge(updating)]).unwrap();
+        assert!(typed.columns.iter().all(Option::is_some), "{typed:?}");
+        assert!(typed.describe().contains("each a typed column"));
+        assert_eq!(
+            typed.families,
+            usize::from(!updating),
+            "one set for both distinct counts"
+        );
+        let mut boxed = AggregatePlan::of(&core, &[edge(updating)]).unwrap();
+        boxed.columns = vec![None; boxed.columns.len()];
+        let (typed, boxed) = (Arc::new(typed), Arc::new(boxed));
+        let mut a = GroupAccumulators::new(typed.clone()).unwrap();
+        let mut b = GroupAccumulators::new(boxed.clone()).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(37);
+        let names = ["a", "b", "c", "d", "e", "f", "g"];
+        let mut held: Vec<(&str, Option<i64>)> = vec![];
+        for epoch in 1..=60u64 {
+            let added: Vec<(&str, Option<i64>)> = (0..rng.random_range(1..40))
+                .map(|_| {
+                    let v = rng.random_range(-5..50);
+                    (
+                        names[rng.random_range(0..names.len())],
+                        (v >= 0).then_some(v),
+                    )
+                })
+                .collect();
+            let batch = |these: &[(&str, Option<i64>)]| {
+                let (k, v): (Vec<&str>, Vec<Option<i64>>) = these.iter().cloned().unzip();
+                rows(&k, &v)
+            };
+            let touched = a.apply(&batch(&added), false, epoch).unwrap();
+            b.apply(&batch(&added), false, epoch).unwrap();
+            held.extend(added);
+            let mut keys: Vec<Key> = touched;
+            if updating && held.len() > 10 {
+                let gone: Vec<(&str, Option<i64>)> = (0..rng.random_range(1..10))
+                    .map(|_| held.swap_remove(rng.random_range(0..held.len())))
+                    .collect();
+                keys.extend(a.apply(&batch(&gone), true, epoch).unwrap());
+                b.apply(&batch(&gone), true, epoch).unwrap();
+            }
+            assert_eq!(
+                table(&a.evaluate(keys.iter()).unwrap()),
+                table(&b.evaluate(keys.iter()).unwrap()),
+                "epoch {epoch}, updating {updating}"
+            );
+            if epoch % 13 == 0 {
+                // Each restores the other's checkpoint: the state is the same.
+                let (from_a, from_b) = (a.whole().unwrap(), b.whole().unwrap());
+                a = GroupAccumulators::new(typed.clone()).unwrap();
+                b = GroupAccumulators::new(boxed.clone()).unwrap();
+                for batch in &from_b {
+                    a.restore(batch, epoch).unwrap();
+                }
+                for batch in &from_a {
+                    b.restore(batch, epoch).unwrap();
+                }
+            }
+        }
+        assert_eq!(a.len(), b.len());
+        assert_eq!(
+            table(&a.evaluate_all().unwrap()),
+            table(&b.evaluate_all().unwrap()),
+            "updating {updating}"
+        );
+    }
+}

@@ -18,6 +18,8 @@
 //!   operators above (the tail);
 //! * `aggregate.rs`: an aggregate kept as accumulators per group, which
 //!   an epoch's rows update and retract (no input row is kept);
+//!   `aggregate_columns.rs` keeps them in typed columns by group slot,
+//!   `distinct_values.rs` the distinct counts' shared sets;
 //! * `join.rs`: an inner join of two streams that append, which joins
 //!   each epoch's new rows only;
 //! * `value_counts.rs`: `min`, `max` and `count(DISTINCT)` over a
@@ -30,7 +32,9 @@
 //!   rows are cut to its result.
 
 pub mod aggregate;
+mod aggregate_columns;
 pub mod aggregate_plan;
+mod distinct_values;
 pub mod join;
 pub mod keyed;
 pub mod split;

@@ -155,8 +155,9 @@ impl UpdatingPlan {
         self.out_key.is_none()
     }
 
-    /// How the stage computes its changes and what it keeps.
-    pub fn path(&self) -> super::StatePath {
+    /// How the stage computes its changes and what it keeps, emitting
+    /// every `emit_every` epochs.
+    pub fn path(&self, emit_every: u64) -> super::StatePath {
         let (incremental, operator, keeps) = if let Some(agg) = &self.aggregate {
             let sides = if agg.join.is_some() {
                 "both sides' rows by join key, "
@@ -166,7 +167,11 @@ impl UpdatingPlan {
             (
                 true,
                 format!("aggregate: {}", agg.describe()),
-                format!("{sides}one entry per group, and the rows it emitted"),
+                if emit_every <= 1 {
+                    format!("{sides}one entry per group (what it emitted is read from them)")
+                } else {
+                    format!("{sides}one entry per group, and the rows it emitted")
+                },
             )
         } else if let Some(join) = &self.join {
             let kind = if join.outer.is_some() {

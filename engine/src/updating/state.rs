@@ -52,6 +52,9 @@ pub struct UpdatingState {
     /// aggregate's groups expired): the next one is whole.
     whole_next: bool,
     emitted: KeyedRows,
+    /// An aggregate's groups say what was emitted (every epoch emits), so
+    /// `emitted` stays empty.
+    emitted_from_groups: bool,
     whole_rows: RowEncoder,
     /// Keys touched since the last emission.
     pending: HashSet<Key>,
@@ -106,6 +109,7 @@ impl UpdatingState {
             whole_next: false,
             whole_rows: RowEncoder::whole(&core_schema)?,
             emitted: KeyedRows::new(core_schema, emitted_key)?,
+            emitted_from_groups: false,
             pending: HashSet::new(),
             pending_all: false,
             journal: None,
@@ -122,6 +126,18 @@ impl UpdatingState {
     pub fn set_ttl(&mut self, edge: u32, epochs: u64) {
         self.ttl.insert(edge, epochs);
         self.touched.entry(edge).or_default();
+    }
+
+    /// An aggregate that emits every epoch reads what it last emitted from
+    /// its groups as they were before the epoch, and keeps no copy of it:
+    /// at the end of every epoch the two are the same. (With an emit
+    /// interval, groups change between emissions, and a checkpoint between
+    /// them must hold what was emitted: the copy stays.)
+    pub fn emit_from_groups(&mut self) {
+        if let Some(agg) = &mut self.aggregate {
+            agg.keep_rows_before();
+            self.emitted_from_groups = true;
+        }
     }
 
     /// The epoch whose input comes next.
@@ -361,6 +377,15 @@ impl UpdatingState {
     /// since it was last emitted, as `(retractions, inserts)`, which are
     /// from now on what was emitted.
     pub fn emit(&mut self, due: &Due, result: RecordBatch) -> Result<(RecordBatch, RecordBatch)> {
+        if self.emitted_from_groups
+            && let Some(agg) = &mut self.aggregate
+        {
+            let old = match due {
+                Due::Keys(keys) => agg.take_before(Some(keys))?,
+                Due::All | Due::Nothing => agg.take_before(None)?,
+            };
+            return diff(&self.whole_rows, &old, &result);
+        }
         let old = match due {
             Due::Keys(keys) => self.emitted.gather(keys)?,
             Due::All | Due::Nothing => self.emitted.all()?,
@@ -596,7 +621,18 @@ impl UpdatingState {
             }
         }
         self.pending.clear();
-        self.pending_all = true;
+        if self.emitted_from_groups {
+            // Every epoch emitted, the last before the checkpoint too: the
+            // groups now are what was emitted.
+            self.pending_all = false;
+            self.first_of_one_group = false;
+            if let Some(agg) = &mut self.aggregate {
+                // The replayed changes' rows before are not news.
+                agg.take_before(None)?;
+            }
+        } else {
+            self.pending_all = true;
+        }
         if let Some(j) = &mut self.journal {
             j.clear();
         }
@@ -626,6 +662,10 @@ impl UpdatingState {
         }
         if edge != EMITTED {
             return self.apply_input(edge, batch, false).map(|_| ());
+        }
+        if self.emitted_from_groups {
+            // A checkpoint written with a copy: the groups say the same.
+            return Ok(());
         }
         let (retract, insert) = changelog::split(batch)?;
         self.emitted.retract(&retract)?;
