@@ -563,25 +563,39 @@ impl QueryPlan {
         let schemas = crate::updating::leaf_schemas(&s.plan);
         let plan =
             crate::updating::UpdatingPlan::new(&s.plan, &self.input_edges(s), &schemas).ok()?;
-        let emit_every = self
-            .updating_spec(s, &PlanOptions::default())
-            .map_or(1, |spec| spec.emit_every);
-        Some(plan.path(emit_every))
+        // The run's --interval is not known here: the tables' decides.
+        Some(plan.path(self.emit_every(None).unwrap_or(1)))
+    }
+
+    /// Epochs of `interval` (the run's, else the tables') in `d`, at least
+    /// one.
+    fn epochs_in(
+        &self,
+        interval: Option<std::time::Duration>,
+        d: std::time::Duration,
+    ) -> Result<u64> {
+        let epoch = crate::interval::effective_interval(interval, self.source_tables())?;
+        Ok((d.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
+            .ceil()
+            .max(1.0) as u64)
+    }
+
+    /// How many epochs an updating stage emits every: the sink's
+    /// `'emit.interval'` in epochs of `interval`, else every epoch.
+    fn emit_every(&self, interval: Option<std::time::Duration>) -> Result<u64> {
+        match self.sink.options.get(EMIT_INTERVAL_OPTION) {
+            None => Ok(1),
+            Some(text) => {
+                let d = crate::interval::parse_duration(text).map_err(|e| {
+                    EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
+                })?;
+                self.epochs_in(interval, d)
+            }
+        }
     }
 
     fn updating_spec(&self, s: &Stage, options: &PlanOptions) -> Result<UpdatingSpec> {
-        let epoch = crate::interval::effective_interval(options.interval, self.source_tables())?;
-        let epochs = |d: std::time::Duration| {
-            (d.as_secs_f64() / epoch.as_secs_f64().max(1e-3))
-                .ceil()
-                .max(1.0) as u64
-        };
-        let emit_every = match self.sink.options.get(EMIT_INTERVAL_OPTION) {
-            None => 1,
-            Some(text) => epochs(crate::interval::parse_duration(text).map_err(|e| {
-                EngineError::plan(format!("option '{EMIT_INTERVAL_OPTION}' = {text:?}: {e}"))
-            })?),
-        };
+        let emit_every = self.emit_every(options.interval)?;
         let mut ttl_epochs = vec![];
         for tables in &s.input_tables {
             let mut ttl: Option<std::time::Duration> = None;
@@ -590,7 +604,11 @@ impl QueryPlan {
                     ttl = Some(ttl.map_or(d, |x| x.min(d)));
                 }
             }
-            ttl_epochs.push(ttl.or(options.state_ttl).map(epochs));
+            ttl_epochs.push(
+                ttl.or(options.state_ttl)
+                    .map(|d| self.epochs_in(options.interval, d))
+                    .transpose()?,
+            );
         }
         Ok(UpdatingSpec {
             emit_every,

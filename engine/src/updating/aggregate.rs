@@ -27,7 +27,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, Int64Array, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, Int64Array, RecordBatch};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -46,9 +46,9 @@ const CHECKPOINT_BATCH_GROUPS: usize = 16 * 1024;
 /// row count, last epoch and size.
 const GROUP_OVERHEAD: usize = 48;
 
-/// Where an input's rows go: each row's slot, the groups in the order they
-/// first come with their keys, and the slots made for them.
-type Placed = (Vec<u32>, Vec<(u32, Key)>, HashSet<u32>);
+/// Where an input's rows go: each row's slot, and the groups in the order
+/// they first come with their keys.
+type Placed = (Vec<u32>, Vec<(u32, Key)>);
 
 /// One member's groups: each group a slot, and per aggregate a column
 /// indexed by slot ([`AggColumn`]).
@@ -72,17 +72,10 @@ pub struct GroupAccumulators {
     families: Vec<DistinctFamily>,
     /// The sum of `sizes` over live slots.
     bytes: usize,
-    /// When the groups, not a copy, say what was emitted: the rows of the
-    /// groups touched since the last emission as they were before.
-    before: Option<Before>,
-}
-
-/// The output rows of groups as they were at the last emission.
-#[derive(Default)]
-struct Before {
-    /// Groups touched since (with a row below if they were groups then).
-    keys: HashSet<Key>,
-    rows: Vec<RecordBatch>,
+    /// When the groups, not a copy, say what was emitted (every epoch
+    /// emits): the rows of the groups this epoch touched, as they were
+    /// before it.
+    before: Option<Vec<RecordBatch>>,
 }
 
 impl std::fmt::Debug for GroupAccumulators {
@@ -159,7 +152,7 @@ impl GroupAccumulators {
             .collect();
         self.bytes = 0;
         if let Some(before) = &mut self.before {
-            *before = Before::default();
+            before.clear();
         }
     }
 
@@ -200,6 +193,13 @@ impl GroupAccumulators {
         self.rows[s] = 0;
         self.touched[s] = epoch;
         self.sizes[s] = 0;
+        self.reset(s)?;
+        self.slots.insert(key, slot);
+        Ok(slot)
+    }
+
+    /// Slot `s`'s aggregates as a new group's.
+    fn reset(&mut self, s: usize) -> Result<()> {
         let plan = self.plan.clone();
         for (i, c) in self.columns.iter_mut().enumerate() {
             c.reset(s, || plan.accumulator(i))?;
@@ -207,8 +207,7 @@ impl GroupAccumulators {
         for f in &mut self.families {
             f.reset(s);
         }
-        self.slots.insert(key, slot);
-        Ok(slot)
+        Ok(())
     }
 
     /// Groups last touched more than `ttl` epochs before `epoch`.
@@ -224,21 +223,17 @@ impl GroupAccumulators {
             .collect()
     }
 
-    /// The slot of each row's group (made for groups not yet kept), and the
-    /// groups in the order they first come, with their keys.
+    /// The slot of each row's group (made for groups not yet kept, touched
+    /// in `epoch`), and the groups in the order they first come, with their
+    /// keys.
     fn slots_of(&mut self, columns: &[ArrayRef], rows: usize, epoch: u64) -> Result<Placed> {
         let mut slots = Vec::with_capacity(rows);
         let mut order: Vec<(u32, Key)> = vec![];
         let mut seen: HashSet<u32> = HashSet::new();
-        let mut fresh: HashSet<u32> = HashSet::new();
         let mut place = |this: &mut Self, key: &[u8]| -> Result<u32> {
             let slot = match this.slots.get(key) {
                 Some(s) => *s,
-                None => {
-                    let s = this.allocate(Box::from(key), epoch)?;
-                    fresh.insert(s);
-                    s
-                }
+                None => this.allocate(Box::from(key), epoch)?,
             };
             if seen.insert(slot) {
                 order.push((slot, Box::from(key)));
@@ -260,7 +255,7 @@ impl GroupAccumulators {
                 }
             }
         }
-        Ok((slots, order, fresh))
+        Ok((slots, order))
     }
 
     /// Take an epoch's rows of the aggregate's input: add them, or take
@@ -281,8 +276,8 @@ impl GroupAccumulators {
             .iter()
             .map(|e| Ok(e.evaluate(batch)?.into_array(n)?))
             .collect::<Result<Vec<ArrayRef>>>()?;
-        let (slots, order, fresh) = self.slots_of(&group_columns, n, epoch)?;
-        self.keep_before(&order, &fresh)?;
+        let (slots, order) = self.slots_of(&group_columns, n, epoch)?;
+        self.keep_before(&order, epoch)?;
         let op = match (&plan.merge_columns, retract) {
             (Some(_), _) => Op::Merge,
             (None, true) => Op::Retract,
@@ -354,50 +349,40 @@ impl GroupAccumulators {
 
     /// From now on, keep the rows of the groups each epoch touches as they
     /// were before it ([`Self::take_before`]): what was last emitted, read
-    /// from the groups instead of kept beside them.
+    /// from the groups instead of kept beside them. Every epoch must emit.
     pub fn keep_rows_before(&mut self) {
-        self.before.get_or_insert_with(Before::default);
+        self.before.get_or_insert_with(Vec::new);
     }
 
-    /// The rows of the touched groups as they were at the last emission,
-    /// of those of `keys` (all when `None`); the next emission starts
-    /// afresh.
-    pub fn take_before(&mut self, keys: Option<&HashSet<Key>>) -> Result<RecordBatch> {
-        let before = self.before.as_mut().map(std::mem::take).unwrap_or_default();
-        let schema = self.plan.output.clone();
-        let rows = super::keyed::concat(&schema, &before.rows)?;
-        let (Some(keys), Some(conv)) = (keys, &self.keys) else {
-            return Ok(rows);
-        };
-        let g = self.plan.group_count();
-        let encoded = conv.convert_columns(&rows.columns()[..g])?;
-        let wanted: BooleanArray = encoded
-            .iter()
-            .map(|r| Some(keys.contains(r.as_ref())))
-            .collect();
-        Ok(datafusion::arrow::compute::filter_record_batch(
-            &rows, &wanted,
-        )?)
+    /// Whether the rows before each epoch are kept.
+    pub fn keeps_rows_before(&self) -> bool {
+        self.before.is_some()
     }
 
-    /// Keep the rows of the groups in `order` not yet touched since the
-    /// last emission, as they are now (`fresh` ones were no group).
-    fn keep_before(&mut self, order: &[(u32, Key)], fresh: &HashSet<u32>) -> Result<()> {
-        let Some(before) = &mut self.before else {
+    /// The rows of the groups touched since the last emission as they were
+    /// then; the next emission starts afresh.
+    pub fn take_before(&mut self) -> Result<RecordBatch> {
+        let rows = self.before.as_mut().map(std::mem::take).unwrap_or_default();
+        super::keyed::concat(&self.plan.output.clone(), &rows)
+    }
+
+    /// Keep the rows of the groups in `order` as they are now, those not
+    /// touched yet in `epoch` (a group made in it was none before).
+    fn keep_before(&mut self, order: &[(u32, Key)], epoch: u64) -> Result<()> {
+        if self.before.is_none() {
             return Ok(());
-        };
-        let mut now: Vec<&Key> = vec![];
-        for (slot, key) in order {
-            if before.keys.insert(key.clone()) && !fresh.contains(slot) {
-                now.push(key);
-            }
         }
+        let now: Vec<&Key> = order
+            .iter()
+            .filter(|(slot, _)| self.touched[*slot as usize] != epoch)
+            .map(|(_, key)| key)
+            .collect();
         if now.is_empty() {
             return Ok(());
         }
         let rows = self.evaluate(now)?;
         if let Some(before) = &mut self.before {
-            before.rows.push(rows);
+            before.push(rows);
         }
         Ok(())
     }
@@ -554,15 +539,9 @@ impl GroupAccumulators {
             .map(|c| as_type(batch.column(c).clone(), plan.output.field(c).data_type()))
             .collect::<Result<_>>()?;
         // A group saved again replaces the one kept.
-        let (slots, order, _) = self.slots_of(&group_columns, n, epoch)?;
+        let (slots, order) = self.slots_of(&group_columns, n, epoch)?;
         for (slot, _) in &order {
-            let s = *slot as usize;
-            for (i, c) in self.columns.iter_mut().enumerate() {
-                c.reset(s, || plan.accumulator(i))?;
-            }
-            for f in &mut self.families {
-                f.reset(s);
-            }
+            self.reset(*slot as usize)?;
         }
         let rows = batch
             .column(g)

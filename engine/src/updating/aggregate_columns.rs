@@ -8,6 +8,7 @@
 //! either way. Other aggregates stay boxed, one accumulator per group.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float64Array, Int64Array, PrimitiveArray, UInt32Array,
@@ -163,7 +164,7 @@ impl AggColumn {
                 counts: vec![],
                 item: match state {
                     [DataType::List(item)] => item.clone(),
-                    _ => std::sync::Arc::new(datafusion::arrow::datatypes::Field::new(
+                    _ => Arc::new(datafusion::arrow::datatypes::Field::new(
                         "item",
                         DataType::Int64,
                         true,
@@ -408,87 +409,75 @@ impl AggColumn {
 
     /// The aggregate's value for each of `slots`.
     pub(super) fn evaluate(&mut self, slots: &[u32]) -> Result<ArrayRef> {
+        if let AggColumn::Boxed(_) = self {
+            let values = slots
+                .iter()
+                .map(|s| Ok(self.boxed(*s as usize)?.evaluate()?))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(datafusion::common::ScalarValue::iter_to_array(values)?);
+        }
+        self.typed_values(slots)
+    }
+
+    /// A typed column's value for each of `slots`.
+    fn typed_values(&self, slots: &[u32]) -> Result<ArrayRef> {
         let at = |s: &u32| *s as usize;
-        Ok(match self {
-            AggColumn::Count(counts) | AggColumn::Distinct { counts, .. } => Box::new(
+        let array: ArrayRef = match self {
+            AggColumn::Count(counts) | AggColumn::Distinct { counts, .. } => Arc::new(
                 Int64Array::from_iter_values(slots.iter().map(|s| counts[at(s)])),
-            )
-                as Box<dyn Array>,
-            AggColumn::SumInt { sums, seen, .. } => Box::new(Int64Array::from_iter(
+            ),
+            AggColumn::SumInt { sums, seen, .. } => Arc::new(Int64Array::from_iter(
                 slots
                     .iter()
                     .map(|s| (seen[at(s)] > 0).then_some(sums[at(s)])),
             )),
-            AggColumn::SumFloat { sums, seen, .. } => Box::new(Float64Array::from_iter(
+            AggColumn::SumFloat { sums, seen, .. } => Arc::new(Float64Array::from_iter(
                 slots
                     .iter()
                     .map(|s| (seen[at(s)] > 0).then_some(sums[at(s)])),
             )),
             AggColumn::Avg { sums, counts, has } => {
-                Box::new(Float64Array::from_iter(slots.iter().map(|s| {
+                Arc::new(Float64Array::from_iter(slots.iter().map(|s| {
                     let s = at(s);
                     (counts[s] > 0 && has[s]).then(|| sums[s] / counts[s] as f64)
                 })))
             }
-            AggColumn::Extreme { values, has, .. } => Box::new(Int64Array::from_iter(
+            AggColumn::Extreme { values, has, .. } => Arc::new(Int64Array::from_iter(
                 slots.iter().map(|s| has[at(s)].then_some(values[at(s)])),
             )),
             AggColumn::Boxed(_) => {
-                let values = slots
-                    .iter()
-                    .map(|s| Ok(self.boxed(at(s))?.evaluate()?))
-                    .collect::<Result<Vec<_>>>()?;
-                return Ok(datafusion::common::ScalarValue::iter_to_array(values)?);
+                return Err(EngineError::Context(
+                    "a boxed aggregate is not typed".into(),
+                ));
             }
-        }
-        .into())
+        };
+        Ok(array)
     }
 
     /// The checkpoint state of each of `slots`, as DataFusion's accumulator
-    /// writes it. A boxed column is written by its caller.
+    /// writes it: the value, but for a retracting sum's count of values and
+    /// avg's count and sum. A boxed column or a distinct count is written
+    /// by its owner.
     pub(super) fn state(&self, slots: &[u32]) -> Result<Vec<ArrayRef>> {
         let at = |s: &u32| *s as usize;
         Ok(match self {
-            AggColumn::Count(counts) => vec![std::sync::Arc::new(Int64Array::from_iter_values(
-                slots.iter().map(|s| counts[at(s)]),
-            ))],
-            AggColumn::SumInt {
-                sums,
-                seen,
-                sliding,
-            } => {
-                let sum = Int64Array::from_iter(
-                    slots
-                        .iter()
-                        .map(|s| (seen[at(s)] > 0).then_some(sums[at(s)])),
-                );
-                with_count(std::sync::Arc::new(sum), *sliding, seen, slots)
-            }
-            AggColumn::SumFloat {
-                sums,
-                seen,
-                sliding,
-            } => {
-                let sum = Float64Array::from_iter(
-                    slots
-                        .iter()
-                        .map(|s| (seen[at(s)] > 0).then_some(sums[at(s)])),
-                );
-                with_count(std::sync::Arc::new(sum), *sliding, seen, slots)
+            AggColumn::Count(_) | AggColumn::Extreme { .. } => vec![self.typed_values(slots)?],
+            AggColumn::SumInt { seen, sliding, .. } | AggColumn::SumFloat { seen, sliding, .. } => {
+                let mut state = vec![self.typed_values(slots)?];
+                if *sliding {
+                    let counts = UInt64Array::from_iter_values(slots.iter().map(|s| seen[at(s)]));
+                    state.push(Arc::new(counts));
+                }
+                state
             }
             AggColumn::Avg { sums, counts, has } => vec![
-                std::sync::Arc::new(UInt64Array::from_iter_values(
+                Arc::new(UInt64Array::from_iter_values(
                     slots.iter().map(|s| counts[at(s)]),
                 )),
-                std::sync::Arc::new(Float64Array::from_iter(
+                Arc::new(Float64Array::from_iter(
                     slots.iter().map(|s| has[at(s)].then_some(sums[at(s)])),
                 )),
             ],
-            AggColumn::Extreme { values, has, .. } => {
-                vec![std::sync::Arc::new(Int64Array::from_iter(
-                    slots.iter().map(|s| has[at(s)].then_some(values[at(s)])),
-                ))]
-            }
             AggColumn::Boxed(_) | AggColumn::Distinct { .. } => {
                 return Err(EngineError::Context(
                     "a boxed aggregate or a distinct count writes its state by its owner".into(),
@@ -611,15 +600,6 @@ fn tally(seen: u64, op: Op, valid: bool, counts: Option<&UInt64Array>, r: usize)
         (Op::Retract, _) => seen,
         _ => seen + u64::from(valid),
     }
-}
-
-/// A sum's state: the sum, and for a retracting sum its count of values.
-fn with_count(sum: ArrayRef, sliding: bool, seen: &[u64], slots: &[u32]) -> Vec<ArrayRef> {
-    if !sliding {
-        return vec![sum];
-    }
-    let counts = UInt64Array::from_iter_values(slots.iter().map(|s| seen[*s as usize]));
-    vec![sum, std::sync::Arc::new(counts)]
 }
 
 fn mistyped() -> EngineError {

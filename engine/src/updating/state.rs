@@ -52,9 +52,6 @@ pub struct UpdatingState {
     /// aggregate's groups expired): the next one is whole.
     whole_next: bool,
     emitted: KeyedRows,
-    /// An aggregate's groups say what was emitted (every epoch emits), so
-    /// `emitted` stays empty.
-    emitted_from_groups: bool,
     whole_rows: RowEncoder,
     /// Keys touched since the last emission.
     pending: HashSet<Key>,
@@ -109,7 +106,6 @@ impl UpdatingState {
             whole_next: false,
             whole_rows: RowEncoder::whole(&core_schema)?,
             emitted: KeyedRows::new(core_schema, emitted_key)?,
-            emitted_from_groups: false,
             pending: HashSet::new(),
             pending_all: false,
             journal: None,
@@ -136,8 +132,15 @@ impl UpdatingState {
     pub fn emit_from_groups(&mut self) {
         if let Some(agg) = &mut self.aggregate {
             agg.keep_rows_before();
-            self.emitted_from_groups = true;
         }
+    }
+
+    /// An aggregate's groups say what was emitted, and `emitted` stays
+    /// empty ([`Self::emit_from_groups`]).
+    fn emitted_from_groups(&self) -> bool {
+        self.aggregate
+            .as_ref()
+            .is_some_and(GroupAccumulators::keeps_rows_before)
     }
 
     /// The epoch whose input comes next.
@@ -377,13 +380,12 @@ impl UpdatingState {
     /// since it was last emitted, as `(retractions, inserts)`, which are
     /// from now on what was emitted.
     pub fn emit(&mut self, due: &Due, result: RecordBatch) -> Result<(RecordBatch, RecordBatch)> {
-        if self.emitted_from_groups
+        if self.emitted_from_groups()
             && let Some(agg) = &mut self.aggregate
         {
-            let old = match due {
-                Due::Keys(keys) => agg.take_before(Some(keys))?,
-                Due::All | Due::Nothing => agg.take_before(None)?,
-            };
+            // The rows before cover exactly the groups touched: the due
+            // keys, as every epoch emits.
+            let old = agg.take_before()?;
             return diff(&self.whole_rows, &old, &result);
         }
         let old = match due {
@@ -621,14 +623,14 @@ impl UpdatingState {
             }
         }
         self.pending.clear();
-        if self.emitted_from_groups {
+        if self.emitted_from_groups() {
             // Every epoch emitted, the last before the checkpoint too: the
             // groups now are what was emitted.
             self.pending_all = false;
             self.first_of_one_group = false;
             if let Some(agg) = &mut self.aggregate {
                 // The replayed changes' rows before are not news.
-                agg.take_before(None)?;
+                agg.take_before()?;
             }
         } else {
             self.pending_all = true;
@@ -663,7 +665,7 @@ impl UpdatingState {
         if edge != EMITTED {
             return self.apply_input(edge, batch, false).map(|_| ());
         }
-        if self.emitted_from_groups {
+        if self.emitted_from_groups() {
             // A checkpoint written with a copy: the groups say the same.
             return Ok(());
         }
