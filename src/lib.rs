@@ -54,6 +54,48 @@ pub struct PlanArgs {
     /// (e.g. 1h), for tables without a 'state.ttl' option; default forever.
     #[arg(long, value_parser = duration)]
     pub state_ttl: Option<std::time::Duration>,
+    /// Bytes of an updating aggregate's groups each member keeps in memory
+    /// (e.g. 64MiB); past them, the groups no epoch touched lately go to
+    /// local disk. `unlimited` keeps them all in memory [default: 16MiB].
+    #[arg(long, value_parser = memory_budget)]
+    pub state_memory: Option<MemoryBudget>,
+}
+
+/// `--state-memory`: a size, or no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryBudget(pub Option<u64>);
+
+/// A size in bytes (`1048576`, `512KiB`, `64MiB`, `1GiB`, or KB/MB/GB in
+/// thousands), or `unlimited`.
+pub fn memory_budget(s: &str) -> std::result::Result<MemoryBudget, String> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("unlimited") {
+        return Ok(MemoryBudget(None));
+    }
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let unit_bytes: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}: use B, KiB, MiB, GiB, KB, MB, GB, or unlimited"
+            ));
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 64MiB) or unlimited"))?;
+    match n.checked_mul(unit_bytes) {
+        Some(0) => Err("must be more than zero (or unlimited)".into()),
+        Some(bytes) => Ok(MemoryBudget(Some(bytes))),
+        None => Err(format!("{s:?} is too large")),
+    }
 }
 
 impl PlanArgs {
@@ -71,6 +113,10 @@ impl PlanArgs {
             encoding: self.encoding,
             invoke_async: self.invoke_async,
             state_ttl: self.state_ttl,
+            state_memory: match self.state_memory {
+                Some(MemoryBudget(budget)) => budget,
+                None => Some(skein_engine::planner::DEFAULT_STATE_MEMORY),
+            },
             ..Default::default()
         }
     }
@@ -112,3 +158,20 @@ pub const ALLOCATOR_NAME: &str = if cfg!(feature = "jemalloc") {
 } else {
     "glibc"
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memory_budget_is_a_size_or_unlimited() {
+        assert_eq!(memory_budget("64MiB"), Ok(MemoryBudget(Some(64 << 20))));
+        assert_eq!(memory_budget("512 KiB"), Ok(MemoryBudget(Some(512 << 10))));
+        assert_eq!(memory_budget("2GB"), Ok(MemoryBudget(Some(2_000_000_000))));
+        assert_eq!(memory_budget("4096"), Ok(MemoryBudget(Some(4096))));
+        assert_eq!(memory_budget("unlimited"), Ok(MemoryBudget(None)));
+        for bad in ["", "0", "64TB", "MiB", "-1MiB", "99999999999999999999GiB"] {
+            assert!(memory_budget(bad).is_err(), "{bad:?}");
+        }
+    }
+}

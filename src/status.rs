@@ -130,6 +130,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
         encoding: spec.encoding,
         invoke_async: false,
         state_ttl: None,
+        state_memory: None,
     };
     let mut catalog = registries().catalog;
     catalog.set_source_budget(SourceBudget::Members(spec.group_size));

@@ -142,6 +142,15 @@ fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
     }
 }
 
+/// A Redis table `out (k, n, total)`, a hash per key under `prefix:`.
+fn redis_hashes(prefix: &str) -> String {
+    format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
+        common::redis_url()
+    )
+}
+
 /// The hashes under `prefix:` as key -> (n, total).
 fn redis_counts(prefix: &str) -> BTreeMap<String, (i64, i64)> {
     let mut con = redis::Client::open(common::redis_url())
@@ -166,11 +175,7 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
     common::require_redis();
     let live = Live::new("updating-redis");
     let prefix = common::unique_name("upd");
-    let sql = live.write_query(&format!(
-        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
-         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
-        common::redis_url()
-    ));
+    let sql = live.write_query(&redis_hashes(&prefix));
     // A commit every epoch: the commits are the test's clock.
     let standing = ["--interval", "100ms", "--checkpoint-interval", "1"];
     let checkpoints = live.checkpoints();
@@ -221,6 +226,18 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
     produce(&live.writer, produced..20_000);
     produced = 20_000;
     check_within_two_epochs(&mut child, produced, "after 10 kills");
+    let out = stop_with_sigterm(child);
+    let report = common::run_report(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(report.stopped, Stopped::Signal, "{report:?}");
+    assert!(
+        report.resumed_after.is_some(),
+        "the last run resumed: {report:?}"
+    );
+    assert_eq!(redis_counts(&prefix), reference(produced), "at the end");
+}
+
+/// Stops a standing run with SIGTERM; it exits cleanly.
+fn stop_with_sigterm(child: Child) -> std::process::Output {
     let sent = Command::new("kill")
         .args(["-s", "TERM", &child.id().to_string()])
         .status()
@@ -232,13 +249,7 @@ fn an_aggregate_without_a_window_is_in_redis_within_two_epochs_and_exact_through
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report = common::run_report(&String::from_utf8_lossy(&out.stdout));
-    assert_eq!(report.stopped, Stopped::Signal, "{report:?}");
-    assert!(
-        report.resumed_after.is_some(),
-        "the last run resumed: {report:?}"
-    );
-    assert_eq!(redis_counts(&prefix), reference(produced), "at the end");
+    out
 }
 
 /// Runs the query to the end of the topic through `kills` SIGKILLs, each
@@ -563,4 +574,103 @@ fn an_aggregate_over_a_million_change_events_keeps_its_groups_not_its_rows() {
         kept, KEYS as f64,
         "the updating stage keeps one entry per group:\n{body}"
     );
+}
+
+/// Record `i` of a stream whose keys drift: mostly the newest key (one per
+/// 20 records), every fifth an older one. `(partition, json, key, v)`.
+fn drifting(i: usize) -> (usize, String, String, i64) {
+    let newest = i / 20;
+    let k = if i % 5 == 4 {
+        format!("g{}", (i * 7919) % (newest + 1))
+    } else {
+        format!("g{newest}")
+    };
+    let v = (i as i64 * 13) % 500;
+    let json = format!(
+        r#"{{"k":"{k}","v":{v},"ts":{}}}"#,
+        1_700_000_000_000i64 + i as i64
+    );
+    (i % PARTITIONS, json, k, v)
+}
+
+/// An aggregate whose members may keep 1 KiB of groups in memory moves the
+/// groups no epoch touched lately to local disk, and takes them back when
+/// an older key comes again: its Redis rows equal a reference through
+/// SIGKILLs (each restart reads the checkpoint, written from memory and
+/// disk), and the `skein_state_spilled_rows` gauge shows groups on disk.
+#[test]
+fn an_aggregate_that_moves_cold_groups_to_disk_is_exact_through_kills() {
+    common::require_redis();
+    let live = Live::new("updating-spill");
+    let prefix = common::unique_name("spill");
+    let sql = live.write_query(&redis_hashes(&prefix));
+    let standing = [
+        "--interval",
+        "50ms",
+        "--checkpoint-interval",
+        "1",
+        "--state-memory",
+        "1KiB",
+    ];
+    let checkpoints = live.checkpoints();
+    let spawn = |extra: &[&str]| {
+        let mut c = live.command(&sql, &standing);
+        c.args(extra).spawn().expect("starting skein")
+    };
+    let mut child = spawn(&[]);
+    wait_for_commit(&mut child, &checkpoints, 1);
+    let mut reference: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let mut produced = 0;
+    let produce = |reference: &mut BTreeMap<String, (i64, i64)>, produced: &mut usize, n| {
+        for i in *produced..*produced + n {
+            let (p, json, k, v) = drifting(i);
+            live.writer.send(p as i32, &json);
+            let e = reference.entry(k).or_default();
+            e.0 += 1;
+            e.1 += v;
+        }
+        live.writer.flush();
+        *produced += n;
+    };
+    for step in 0..9 {
+        produce(&mut reference, &mut produced, 1_000);
+        // Enough epochs for the step's keys to go cold (8 idle epochs).
+        let c0 = committed_epoch(&checkpoints).expect("a commit");
+        wait_for_commit(&mut child, &checkpoints, c0 + 12);
+        if step % 3 == 1 {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaping skein");
+            child = spawn(&[]);
+        }
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaping skein");
+    // The last run shows its gauges; records keep coming, so its epochs
+    // reach the aggregate, whose restored groups go cold again.
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let mut child = spawn(&["--metrics", &addr]);
+    let on_disk = |b: &str| gauge_sum(b, "skein_state_spilled_rows", "");
+    let mut rounds = 0;
+    let seen = loop {
+        let c0 = committed_epoch(&checkpoints).unwrap_or(0);
+        wait_for_commit(&mut child, &checkpoints, c0 + 3);
+        let spilled = common::scrape(&addr)
+            .and_then(|b| on_disk(&b))
+            .unwrap_or(0.0);
+        let redis = redis_counts(&prefix);
+        if spilled > 0.0 && redis == reference {
+            break spilled;
+        }
+        rounds += 1;
+        assert!(
+            rounds < 200,
+            "after {produced} records: {spilled} groups on disk, Redis {} keys of {}",
+            redis.len(),
+            reference.len()
+        );
+        produce(&mut reference, &mut produced, 50);
+    };
+    assert!(seen > 0.0);
+    stop_with_sigterm(child);
+    assert_eq!(redis_counts(&prefix), reference, "at the end");
 }

@@ -189,6 +189,11 @@ pub struct UpdatingSpec {
     /// (`'state.ttl'` over the run's epoch interval), if set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ttl_epochs: Vec<Option<u64>>,
+    /// Bytes of an aggregate's groups a member keeps in memory; past them,
+    /// the groups no epoch touched lately go to local disk. `None` keeps
+    /// every group in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
 }
 
 /// How a query checkpoints (see `crate::checkpoint`).

@@ -97,6 +97,14 @@ pub enum EngineError {
     /// A local file failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The local file an aggregate moves cold groups to failed.
+    #[error("groups on local disk ({path}): {reason}")]
+    Spill {
+        /// The file.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 fn with_context(context: &str, cause: &Cause) -> String {

@@ -58,6 +58,12 @@ pub fn state_rows(stage: &str, member: u32, rows: usize) {
         .set(rows as f64);
 }
 
+/// Of those, the groups an aggregate moved to local disk (`--state-memory`).
+pub fn state_spilled_rows(stage: &str, member: u32, rows: usize) {
+    gauge!("skein_state_spilled_rows", "stage" => stage.to_string(), "member" => member.to_string())
+        .set(rows as f64);
+}
+
 /// Bytes of the last state a member wrote to the checkpoint store.
 pub fn checkpoint_bytes(function: &str, bytes: usize) {
     gauge!("skein_checkpoint_bytes", "function" => function.to_string()).set(bytes as f64);

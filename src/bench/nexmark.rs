@@ -44,6 +44,10 @@ pub struct NexmarkBenchArgs {
     /// Runs per query (the median is reported).
     #[arg(long, default_value_t = 3, value_parser = crate::positive)]
     repeat: usize,
+    /// Bytes of an updating aggregate's groups each member keeps in memory
+    /// before the cold ones go to local disk, or `unlimited` [default: 16MiB].
+    #[arg(long, value_parser = crate::memory_budget)]
+    state_memory: Option<crate::MemoryBudget>,
     #[arg(long)]
     json: bool,
     /// Draw throughput and state bytes per epoch of the first run of each
@@ -85,10 +89,13 @@ async fn nexmark_run_seconds(
         Arc::new(skein_sinks::blackhole::BlackholeSinkFactory::default()),
     );
     let ctx = session(&regs.catalog, args.group_size);
-    let options = PlanOptions {
+    let mut options = PlanOptions {
         group_size: args.group_size,
         ..Default::default()
     };
+    if let Some(crate::MemoryBudget(budget)) = args.state_memory {
+        options.state_memory = budget;
+    }
     let plan = plan_query(&ctx, &sql, &options)
         .await
         .with_context(|| format!("planning NEXMark q{query}"))?;
@@ -253,6 +260,7 @@ mod tests {
             sources: 1,
             group_size: 2,
             repeat: 1,
+            state_memory: None,
             json: true,
             plot: Some(file.clone()),
         };

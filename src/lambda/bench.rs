@@ -68,6 +68,7 @@ pub async fn bench(args: BenchLambdaArgs) -> Result<()> {
         encoding: Default::default(),
         invoke_async: false,
         state_ttl: None,
+        state_memory: None,
     }
     .options();
     let (plan, _) = b.plan(&sql, &p).await?;

@@ -211,6 +211,9 @@ fn updating_step(
                 state.set_ttl(edge.shuffle_id, *epochs);
             }
         }
+        if let Some(budget) = spec.memory {
+            state.spill_groups_past(budget as usize)?;
+        }
     }
     Ok(UpdatingStep::new(Arc::new(plan), state, compactors))
 }

@@ -78,9 +78,16 @@ impl UpdatingStep {
             }
             (due, None) => Some(self.recompute(f, due).await?),
         };
+        let spilled = self.state.spill_cold()?;
+        if spilled > 0 {
+            tracing::debug!(stage = %f.name, groups = spilled, "cold groups moved to local disk");
+        }
         crate::metrics::state_bytes(&f.name, self.state.bytes());
         let rows = self.state.rows();
         crate::metrics::state_rows(&f.ctx.stage_name(), f.ctx.member, rows);
+        if let Some(on_disk) = self.state.spilled_rows() {
+            crate::metrics::state_spilled_rows(&f.ctx.stage_name(), f.ctx.member, on_disk);
+        }
         Ok(Outgoing::Changes(self.plan.clone(), changes))
     }
 

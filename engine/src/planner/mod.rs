@@ -58,6 +58,9 @@ use window_edges::window_sizes;
 pub const STATELESS_CONCURRENCY: usize = 1000;
 /// Members of a function group when not given.
 pub const DEFAULT_GROUP_SIZE: usize = 8;
+/// Bytes of an aggregate's groups a member keeps in memory when not given
+/// (`--state-memory`); past them, cold groups go to local disk.
+pub const DEFAULT_STATE_MEMORY: u64 = 16 << 20;
 
 /// How a stage's output leaves it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -192,6 +195,9 @@ pub struct PlanOptions {
     /// `--state-ttl`: how long an updating stage keeps rows of a key nothing
     /// touched, for tables that do not set `'state.ttl'`.
     pub state_ttl: Option<std::time::Duration>,
+    /// `--state-memory`: bytes of an aggregate's groups each member keeps
+    /// in memory before the cold ones go to local disk; `None`, all.
+    pub state_memory: Option<u64>,
 }
 
 impl Default for PlanOptions {
@@ -206,6 +212,7 @@ impl Default for PlanOptions {
             checkpoint: None,
             interval: None,
             state_ttl: None,
+            state_memory: Some(DEFAULT_STATE_MEMORY),
         }
     }
 }
@@ -613,6 +620,7 @@ impl QueryPlan {
         Ok(UpdatingSpec {
             emit_every,
             ttl_epochs,
+            memory: options.state_memory,
         })
     }
 

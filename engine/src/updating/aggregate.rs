@@ -9,6 +9,8 @@
 //! such as a `count(DISTINCT ...)`'s values), not the rows that made it.
 //! When every epoch emits, the groups' rows before an epoch's first change
 //! are what was emitted, and no copy of it is kept ([`GroupAccumulators::take_before`]).
+//! Past a memory budget, the groups no epoch touched for a while go to
+//! local disk and come back when a row of theirs does (`aggregate_spill.rs`).
 //!
 //! Which aggregates run so ([`AggregatePlan::of`]):
 //! * over rows that only append, any aggregate whose input is partial
@@ -76,6 +78,10 @@ pub struct GroupAccumulators {
     /// emits): the rows of the groups this epoch touched, as they were
     /// before it.
     before: Option<Vec<RecordBatch>>,
+    /// Where cold groups go past the memory budget, if they may.
+    spill: Option<spill::Spill>,
+    /// The last epoch that had rows.
+    epoch: u64,
 }
 
 impl std::fmt::Debug for GroupAccumulators {
@@ -113,6 +119,8 @@ impl GroupAccumulators {
             families,
             bytes: 0,
             before: None,
+            spill: None,
+            epoch: 0,
         })
     }
 
@@ -121,24 +129,24 @@ impl GroupAccumulators {
         &self.plan
     }
 
-    /// Groups kept.
+    /// Groups kept, in memory and on disk.
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.slots.len() + self.spilled()
     }
 
     /// No group kept.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.len() == 0
     }
 
-    /// Bytes the groups held when last touched.
+    /// Bytes the groups in memory held when last touched.
     pub fn bytes(&self) -> usize {
         let width: usize = self.columns.iter().map(AggColumn::width).sum();
         self.bytes + self.slots.len() * (width + GROUP_OVERHEAD)
     }
 
     /// Drop everything.
-    pub fn clear(&mut self) {
+    pub fn clear(&mut self) -> Result<()> {
         self.slots.clear();
         self.free.clear();
         self.rows.clear();
@@ -154,6 +162,7 @@ impl GroupAccumulators {
         if let Some(before) = &mut self.before {
             before.clear();
         }
+        self.clear_spilled()
     }
 
     /// Drop the given groups.
@@ -210,7 +219,8 @@ impl GroupAccumulators {
         Ok(())
     }
 
-    /// Groups last touched more than `ttl` epochs before `epoch`.
+    /// Groups in memory last touched more than `ttl` epochs before `epoch`
+    /// (those on disk expire when a whole checkpoint reads them).
     /// An aggregate without `GROUP BY` keeps its one group.
     pub fn idle(&self, epoch: u64, ttl: u64) -> HashSet<Key> {
         if self.keys.is_none() {
@@ -225,32 +235,63 @@ impl GroupAccumulators {
 
     /// The slot of each row's group (made for groups not yet kept, touched
     /// in `epoch`), and the groups in the order they first come, with their
-    /// keys.
-    fn slots_of(&mut self, columns: &[ArrayRef], rows: usize, epoch: u64) -> Result<Placed> {
+    /// keys. Groups on disk come back first, unless `from_disk` is false
+    /// (they are being taken back now).
+    fn slots_of(
+        &mut self,
+        columns: &[ArrayRef],
+        rows: usize,
+        epoch: u64,
+        from_disk: bool,
+    ) -> Result<Placed> {
         let mut slots = Vec::with_capacity(rows);
         let mut order: Vec<(u32, Key)> = vec![];
         let mut seen: HashSet<u32> = HashSet::new();
-        let mut place = |this: &mut Self, key: &[u8]| -> Result<u32> {
-            let slot = match this.slots.get(key) {
-                Some(s) => *s,
-                None => this.allocate(Box::from(key), epoch)?,
-            };
+        let mut first = |slot: u32, key: &[u8]| {
             if seen.insert(slot) {
                 order.push((slot, Box::from(key)));
             }
-            Ok(slot)
         };
         match self.keys.take() {
             Some(conv) => {
                 let encoded = conv.convert_columns(columns);
                 self.keys = Some(conv);
-                for row in encoded?.iter() {
-                    slots.push(place(self, row.as_ref())?);
+                let encoded = encoded?;
+                // Rows of groups kept place at once; the others wait for
+                // those on disk to come back, then for new groups.
+                let mut missing = vec![];
+                for (i, row) in encoded.iter().enumerate() {
+                    match self.slots.get(row.as_ref()) {
+                        Some(s) => {
+                            slots.push(*s);
+                            first(*s, row.as_ref());
+                        }
+                        None => {
+                            slots.push(u32::MAX);
+                            missing.push(i);
+                        }
+                    }
+                }
+                if from_disk && !missing.is_empty() {
+                    self.take_back(missing.iter().map(|i| encoded.row(*i).data()))?;
+                }
+                for i in missing {
+                    let key = encoded.row(i);
+                    let slot = match self.slots.get(key.as_ref()) {
+                        Some(s) => *s,
+                        None => self.allocate(Box::from(key.as_ref()), epoch)?,
+                    };
+                    slots[i] = slot;
+                    first(slot, key.as_ref());
                 }
             }
             None => {
                 if rows > 0 {
-                    let slot = place(self, &[])?;
+                    let slot = match self.slots.get(&[][..]) {
+                        Some(s) => *s,
+                        None => self.allocate(Key::default(), epoch)?,
+                    };
+                    first(slot, &[]);
                     slots.resize(rows, slot);
                 }
             }
@@ -276,7 +317,8 @@ impl GroupAccumulators {
             .iter()
             .map(|e| Ok(e.evaluate(batch)?.into_array(n)?))
             .collect::<Result<Vec<ArrayRef>>>()?;
-        let (slots, order) = self.slots_of(&group_columns, n, epoch)?;
+        self.epoch = self.epoch.max(epoch);
+        let (slots, order) = self.slots_of(&group_columns, n, epoch, true)?;
         self.keep_before(&order, epoch)?;
         let op = match (&plan.merge_columns, retract) {
             (Some(_), _) => Op::Merge,
@@ -446,8 +488,9 @@ impl GroupAccumulators {
         Ok(())
     }
 
-    /// Every group's output row.
+    /// Every group's output row (those on disk brought back).
     pub fn evaluate_all(&mut self) -> Result<RecordBatch> {
+        self.take_back_all()?;
         self.ensure_global_group()?;
         let keys: Vec<Key> = self.slots.keys().cloned().collect();
         self.evaluate(keys.iter())
@@ -461,37 +504,44 @@ impl GroupAccumulators {
         Ok(conv.convert_rows(keys.iter().map(|k| parser.parse(k)))?)
     }
 
-    /// Every group as a checkpoint writes it ([`AggregatePlan::saved_schema`]).
+    /// Every group as a checkpoint writes it ([`AggregatePlan::saved_schema`]):
+    /// those in memory, then those on disk.
     pub fn whole(&mut self) -> Result<Vec<RecordBatch>> {
-        let plan = self.plan.clone();
         let mut keys: Vec<Key> = self.slots.keys().cloned().collect();
         keys.sort_unstable();
         let mut out = vec![];
         for chunk in keys.chunks(CHECKPOINT_BATCH_GROUPS) {
             let refs: Vec<&Key> = chunk.iter().collect();
-            let slots: Vec<u32> = chunk.iter().map(|k| self.slots[k]).collect();
-            let mut columns = self.group_columns(&refs)?;
-            columns.push(Arc::new(Int64Array::from_iter_values(
-                slots.iter().map(|s| self.rows[*s as usize]),
-            )));
-            for i in 0..plan.aggs.len() {
-                let state = match &self.columns[i] {
-                    AggColumn::Boxed(_) => self.boxed_state(i, &slots)?,
-                    AggColumn::Distinct {
-                        family, bit, item, ..
-                    } => vec![self.families[*family].state(&slots, *bit, item)?],
-                    column => column.state(&slots)?,
-                };
-                columns.extend(state);
-            }
-            let columns = columns
-                .into_iter()
-                .zip(plan.saved.fields())
-                .map(|(c, f)| as_type(c, f.data_type()))
-                .collect::<Result<Vec<_>>>()?;
-            out.push(RecordBatch::try_new(plan.saved.clone(), columns)?);
+            out.push(self.saved_rows(&refs)?);
         }
+        out.extend(self.whole_spilled()?);
         Ok(out)
+    }
+
+    /// The groups of `keys` (all in memory) as a checkpoint writes them.
+    fn saved_rows(&mut self, keys: &[&Key]) -> Result<RecordBatch> {
+        let plan = self.plan.clone();
+        let slots: Vec<u32> = keys.iter().map(|k| self.slots[*k]).collect();
+        let mut columns = self.group_columns(keys)?;
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            slots.iter().map(|s| self.rows[*s as usize]),
+        )));
+        for i in 0..plan.aggs.len() {
+            let state = match &self.columns[i] {
+                AggColumn::Boxed(_) => self.boxed_state(i, &slots)?,
+                AggColumn::Distinct {
+                    family, bit, item, ..
+                } => vec![self.families[*family].state(&slots, *bit, item)?],
+                column => column.state(&slots)?,
+            };
+            columns.extend(state);
+        }
+        let columns = columns
+            .into_iter()
+            .zip(plan.saved.fields())
+            .map(|(c, f)| as_type(c, f.data_type()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(plan.saved.clone(), columns)?)
     }
 
     /// The state of aggregate `i`'s boxed accumulators of `slots`, a column
@@ -525,6 +575,17 @@ impl GroupAccumulators {
 
     /// Take back groups a checkpoint wrote ([`Self::whole`]), as of `epoch`.
     pub fn restore(&mut self, batch: &RecordBatch, epoch: u64) -> Result<()> {
+        self.restore_rows(batch, epoch, true).map(|_| ())
+    }
+
+    /// [`Self::restore`], returning each row's slot; groups on disk are
+    /// first taken back unless `from_disk` is false.
+    fn restore_rows(
+        &mut self,
+        batch: &RecordBatch,
+        epoch: u64,
+        from_disk: bool,
+    ) -> Result<Vec<u32>> {
         let plan = self.plan.clone();
         if batch.schema().fields().len() != plan.saved.fields().len() {
             return Err(EngineError::Context(format!(
@@ -539,7 +600,7 @@ impl GroupAccumulators {
             .map(|c| as_type(batch.column(c).clone(), plan.output.field(c).data_type()))
             .collect::<Result<_>>()?;
         // A group saved again replaces the one kept.
-        let (slots, order) = self.slots_of(&group_columns, n, epoch)?;
+        let (slots, order) = self.slots_of(&group_columns, n, epoch, from_disk)?;
         for (slot, _) in &order {
             self.reset(*slot as usize)?;
         }
@@ -589,7 +650,7 @@ impl GroupAccumulators {
         for (slot, key) in order {
             self.touch(slot, &key, epoch, true);
         }
-        Ok(())
+        Ok(slots)
     }
 }
 
@@ -600,6 +661,9 @@ fn as_type(array: ArrayRef, to: &DataType) -> Result<ArrayRef> {
     }
     Ok(cast(&array, to)?)
 }
+
+#[path = "aggregate_spill.rs"]
+mod spill;
 
 #[cfg(test)]
 #[path = "aggregate_tests.rs"]

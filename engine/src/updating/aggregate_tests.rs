@@ -469,3 +469,118 @@ fn typed_columns_agree_with_datafusions_accumulators() {
         );
     }
 }
+
+/// Groups moved to local disk past a tiny memory budget against the same
+/// groups kept in memory: each epoch's results and rows before, whole
+/// checkpoints, and a restore from one, over typed columns and boxed
+/// accumulators, rows that append and a changelog.
+#[test]
+fn groups_on_disk_come_back_as_they_were() {
+    use rand::{Rng, SeedableRng};
+    for updating in [false, true] {
+        let mut functions: Vec<(Arc<AggregateUDF>, bool)> = vec![
+            (count_udaf(), false),
+            (sum_udaf(), false),
+            (avg_udaf(), false),
+            (min_udaf(), false),
+        ];
+        if !updating {
+            functions.push((count_udaf(), true));
+        }
+        let core = with_a_filtered_count(&functions, !updating);
+        for boxed in [false, true] {
+            let mut plan = AggregatePlan::of(&core, &[edge(updating)]).unwrap();
+            if boxed {
+                plan.columns = vec![None; plan.columns.len()];
+            }
+            let plan = Arc::new(plan);
+            let mut kept = GroupAccumulators::new(plan.clone()).unwrap();
+            let mut spilled = GroupAccumulators::new(plan.clone()).unwrap();
+            kept.keep_rows_before();
+            spilled.keep_rows_before();
+            assert!(spilled.spill_past(1, None).unwrap());
+            let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+            let names: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+            let mut held: Vec<(String, Option<i64>)> = vec![];
+            let mut most_on_disk = 0;
+            let case = format!("updating {updating}, boxed {boxed}");
+            for epoch in 1..=80u64 {
+                // Mostly recent keys, now and then an old one.
+                let added: Vec<(String, Option<i64>)> = (0..rng.random_range(1..30))
+                    .map(|_| {
+                        let k = if rng.random_bool(0.8) {
+                            (epoch as usize * 3 + rng.random_range(0..5)) % names.len()
+                        } else {
+                            rng.random_range(0..names.len())
+                        };
+                        let v = rng.random_range(-5..50);
+                        (names[k].clone(), (v >= 0).then_some(v))
+                    })
+                    .collect();
+                let batch = |these: &[(String, Option<i64>)]| {
+                    let k: Vec<&str> = these.iter().map(|(k, _)| k.as_str()).collect();
+                    let v: Vec<Option<i64>> = these.iter().map(|(_, v)| *v).collect();
+                    rows(&k, &v)
+                };
+                let mut keys = spilled.apply(&batch(&added), false, epoch).unwrap();
+                kept.apply(&batch(&added), false, epoch).unwrap();
+                held.extend(added);
+                if updating && held.len() > 10 {
+                    let gone: Vec<(String, Option<i64>)> = (0..rng.random_range(1..10))
+                        .map(|_| held.swap_remove(rng.random_range(0..held.len())))
+                        .collect();
+                    keys.extend(spilled.apply(&batch(&gone), true, epoch).unwrap());
+                    kept.apply(&batch(&gone), true, epoch).unwrap();
+                }
+                assert_eq!(
+                    table(&spilled.take_before().unwrap()),
+                    table(&kept.take_before().unwrap()),
+                    "rows before epoch {epoch}, {case}"
+                );
+                assert_eq!(
+                    table(&spilled.evaluate(keys.iter()).unwrap()),
+                    table(&kept.evaluate(keys.iter()).unwrap()),
+                    "epoch {epoch}, {case}"
+                );
+                spilled.spill_cold(epoch).unwrap();
+                most_on_disk = most_on_disk.max(spilled.spilled());
+                assert_eq!(spilled.len(), kept.len(), "epoch {epoch}, {case}");
+                if epoch % 25 == 0 {
+                    let whole = spilled.whole().unwrap();
+                    // Both checkpoints hold the same groups (a set's order
+                    // in a state may differ: compare what they evaluate to).
+                    let read = |batches: &[RecordBatch]| {
+                        let mut g = GroupAccumulators::new(plan.clone()).unwrap();
+                        for b in batches {
+                            g.restore(b, epoch).unwrap();
+                        }
+                        table(&g.evaluate_all().unwrap())
+                    };
+                    assert_eq!(read(&whole), read(&kept.whole().unwrap()), "{case}");
+                    // A restarted member reads the checkpoint into memory.
+                    spilled = GroupAccumulators::new(plan.clone()).unwrap();
+                    spilled.keep_rows_before();
+                    assert!(spilled.spill_past(1, None).unwrap());
+                    for b in &whole {
+                        spilled.restore(b, epoch).unwrap();
+                    }
+                    spilled.take_before().unwrap();
+                }
+            }
+            assert!(
+                most_on_disk > 100,
+                "{case}: at most {most_on_disk} groups on disk"
+            );
+            assert_eq!(
+                table(&spilled.evaluate_all().unwrap()),
+                table(&kept.evaluate_all().unwrap()),
+                "{case}"
+            );
+            assert_eq!(
+                spilled.spilled(),
+                0,
+                "evaluating all brings every group back"
+            );
+        }
+    }
+}

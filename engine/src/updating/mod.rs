@@ -19,7 +19,9 @@
 //! * `aggregate.rs`: an aggregate kept as accumulators per group, which
 //!   an epoch's rows update and retract (no input row is kept);
 //!   `aggregate_columns.rs` keeps them in typed columns by group slot,
-//!   `distinct_values.rs` the distinct counts' shared sets;
+//!   `distinct_values.rs` the distinct counts' shared sets, and
+//!   `spilled_groups.rs` the groups it moved to local disk past its
+//!   memory budget;
 //! * `join.rs`: an inner join of two streams that append, which joins
 //!   each epoch's new rows only;
 //! * `value_counts.rs`: `min`, `max` and `count(DISTINCT)` over a
@@ -37,6 +39,7 @@ pub mod aggregate_plan;
 mod distinct_values;
 pub mod join;
 pub mod keyed;
+mod spilled_groups;
 pub mod split;
 pub mod state;
 pub mod top_n;

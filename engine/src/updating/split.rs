@@ -168,7 +168,10 @@ impl UpdatingPlan {
                 true,
                 format!("aggregate: {}", agg.describe()),
                 if emit_every <= 1 {
-                    format!("{sides}one entry per group (what it emitted is read from them)")
+                    format!(
+                        "{sides}one entry per group (what it emitted is read from them); \
+                         past --state-memory, groups idle a while go to local disk"
+                    )
                 } else {
                     format!("{sides}one entry per group, and the rows it emitted")
                 },

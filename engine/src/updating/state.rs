@@ -137,6 +137,30 @@ impl UpdatingState {
 
     /// An aggregate's groups say what was emitted, and `emitted` stays
     /// empty ([`Self::emit_from_groups`]).
+    /// An aggregate that emits every epoch moves its cold groups to local
+    /// disk once those in memory hold more than `budget` bytes (after the
+    /// TTLs are set). Whether it does: not with an emit interval, whose
+    /// copy of the emitted rows stays in memory anyway.
+    pub fn spill_groups_past(&mut self, budget: usize) -> Result<bool> {
+        if !self.emitted_from_groups() {
+            return Ok(false);
+        }
+        let ttl = self.ttl.values().min().copied();
+        match &mut self.aggregate {
+            Some(agg) => agg.spill_past(budget, ttl),
+            None => Ok(false),
+        }
+    }
+
+    /// After the epoch's emission: cold groups to disk, if over budget.
+    /// Returns how many went.
+    pub fn spill_cold(&mut self) -> Result<usize> {
+        match &mut self.aggregate {
+            Some(agg) => agg.spill_cold(self.epoch),
+            None => Ok(0),
+        }
+    }
+
     fn emitted_from_groups(&self) -> bool {
         self.aggregate
             .as_ref()
@@ -514,6 +538,15 @@ impl UpdatingState {
             + self.edges.values().map(KeyedRows::len).sum::<usize>()
     }
 
+    /// Of [`Self::rows`], the groups on local disk, if an aggregate may
+    /// move them there.
+    pub fn spilled_rows(&self) -> Option<usize> {
+        self.aggregate
+            .as_ref()
+            .filter(|agg| agg.spills())
+            .map(GroupAccumulators::spilled)
+    }
+
     /// Rows a whole checkpoint holds: every input edge's and the emitted.
     pub fn checkpoint_rows(&self) -> usize {
         self.rows() + self.emitted.len()
@@ -599,7 +632,7 @@ impl UpdatingState {
         }
         self.emitted.clear();
         if let Some(agg) = &mut self.aggregate {
-            agg.clear();
+            agg.clear()?;
         }
         self.whole_next = false;
         for (edge, batches) in whole {
