@@ -195,9 +195,7 @@ impl GroupAccumulators {
         let Some(spill) = self.spill.as_mut().filter(|s| !s.store.is_empty()) else {
             return Ok(());
         };
-        let keys = spill.store.keys()?;
-        let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_ref()).collect();
-        let found = spill.store.take(&refs)?;
+        let found = spill.store.take_all()?;
         self.restore_spilled(found)
     }
 

@@ -12,9 +12,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
-};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::keyed::Key;
 use crate::error::{EngineError, Result};
@@ -181,14 +179,15 @@ impl SpilledGroups {
         Ok(())
     }
 
-    /// Every key on disk.
-    pub(super) fn keys(&self) -> Result<Vec<Key>> {
-        let mut keys = Vec::with_capacity(self.len);
+    /// Take every group out of the disk, read once.
+    pub(super) fn take_all(&mut self) -> Result<Vec<(Key, Vec<u8>)>> {
+        let mut all = Vec::with_capacity(self.len);
         self.for_each_chunk(16 * 1024, |chunk| {
-            keys.extend(chunk.into_iter().map(|(k, _)| k));
+            all.extend(chunk);
             Ok(())
         })?;
-        Ok(keys)
+        self.clear()?;
+        Ok(all)
     }
 
     /// Drop every group on disk.
@@ -224,7 +223,6 @@ impl SpilledGroups {
         {
             let mut table = txn.open_table(GROUPS).map_err(|e| fail(&e))?;
             f(&mut table).map_err(|e| fail(&e))?;
-            debug_assert!(table.len().is_ok());
         }
         txn.commit().map_err(|e| fail(&e))?;
         self.lazy_commits = if durable { 0 } else { self.lazy_commits + 1 };
