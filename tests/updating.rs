@@ -131,7 +131,13 @@ fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
     let started = Instant::now();
     while committed_epoch(checkpoints).is_none_or(|c| c < epoch) {
         if let Some(status) = child.try_wait().expect("waiting for skein") {
-            panic!("skein exited ({status}) before committing epoch {epoch}");
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            panic!(
+                "skein exited ({status}) before committing epoch {epoch}; its stderr:\n{stderr}"
+            );
         }
         assert!(
             started.elapsed() < Duration::from_secs(300),

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
@@ -34,6 +35,14 @@ pub(super) struct PartitionReader {
     consumer: BatchConsumer,
     /// Next offset to read, per owned partition.
     positions: Mutex<BTreeMap<i32, i64>>,
+    /// Whether the partitions have been assigned (at the first pull, from
+    /// `positions`). The consumer is assigned once in its life and moved
+    /// by seeking after that: librdkafka 2.12 aborts the process when a
+    /// second assignment replaces one whose fetchers are still stopping
+    /// (confluentinc/librdkafka#5573), which a restart that assigned at
+    /// open, again at the checkpoint's offsets and again after a replay
+    /// could do.
+    assigned: AtomicBool,
     /// Each owned partition's end offset when the reader was opened: what
     /// `--until-drained` reads up to.
     ends_at_open: BTreeMap<i32, i64>,
@@ -69,6 +78,9 @@ struct PullState<'a> {
     parts: Vec<(i32, i64, i64)>,
     /// Partitions still short of their target.
     lagging: usize,
+    /// Per owned partition: whether a replay took records past its target
+    /// from the queue (and so must fetch them again).
+    overread: Vec<bool>,
     builders: Vec<BatchBuilder<'a>>,
     pushed: Vec<Vec<i64>>,
     undecodable: Vec<Undecodable>,
@@ -98,6 +110,7 @@ impl PullState<'_> {
             return; // already read (a refetch after a reconnect)
         }
         if self.replay && offset >= part.2 {
+            self.overread[i] = true;
             return; // past what the replayed pull read
         }
         let was_behind = part.1 < part.2;
@@ -216,7 +229,6 @@ impl PartitionReader {
         }
         let mut positions = BTreeMap::new();
         let mut ends_at_open = BTreeMap::new();
-        let mut assignment = TopicPartitionList::new();
         for &p in &owned {
             let (low, high) = consumer.fetch_watermarks(&config.topic, p, METADATA_TIMEOUT)?;
             ends_at_open.insert(p, high);
@@ -244,14 +256,12 @@ impl PartitionReader {
                     .unwrap_or(low),
             };
             positions.insert(p, start);
-            assignment.add_partition_offset(&config.topic, p, Offset::Offset(start))?;
         }
         // Each partition gets a queue of its own before it is assigned, so
         // that a pull takes a share of every one (see `pull`).
         let consumer = BatchConsumer::with_partition_queues(consumer, &config.topic, &owned)
             .map_err(ConnectorError::Other)?;
-        consumer.consumer().assign(&assignment)?;
-        debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source assigned");
+        debug!(topic = %config.topic, instance = spec.instance, ?positions, "kafka source opened");
         let dead_letter_producer = match &config.dead_letter_topic {
             Some(_) => Some(config.client_config(KafkaRole::Producer).create()?),
             None => None,
@@ -259,6 +269,7 @@ impl PartitionReader {
         Ok(PartitionReader {
             consumer,
             positions: Mutex::new(positions),
+            assigned: AtomicBool::new(false),
             ends_at_open,
             dead_letter_producer,
             watermarks_seen: Mutex::new(BTreeMap::new()),
@@ -284,18 +295,61 @@ impl PartitionReader {
     /// offsets log); the others stay where they are.
     pub(super) fn seek(&self, topic: &str, at: &BTreeMap<i32, i64>) -> Result<()> {
         let mut positions = self.positions.lock().expect("positions");
-        if at.iter().all(|(p, o)| positions.get(p) == Some(o)) {
+        let mut moved = vec![];
+        for (p, pos) in positions.iter_mut() {
+            if let Some(&o) = at.get(p)
+                && *pos != o
+            {
+                *pos = o;
+                moved.push(*p);
+            }
+        }
+        if moved.is_empty() {
+            return Ok(());
+        }
+        // Not yet assigned: the first pull assigns at the new positions.
+        if self.assigned.load(Ordering::Acquire) {
+            self.move_fetchers(topic, &positions, &moved)?;
+        }
+        debug!(%topic, ?positions, "kafka source moved to the checkpoint's offsets");
+        Ok(())
+    }
+
+    /// Assigns the owned partitions at `positions`, once.
+    fn assign_once(&self, topic: &str, positions: &BTreeMap<i32, i64>) -> Result<()> {
+        if self.assigned.load(Ordering::Acquire) {
             return Ok(());
         }
         let mut assignment = TopicPartitionList::new();
-        for (p, pos) in positions.iter_mut() {
-            if let Some(o) = at.get(p) {
-                *pos = *o;
-            }
+        for (p, pos) in positions {
             assignment.add_partition_offset(topic, *p, Offset::Offset(*pos))?;
         }
         self.consumer.consumer().assign(&assignment)?;
-        debug!(%topic, ?positions, "kafka source moved to the checkpoint's offsets");
+        self.assigned.store(true, Ordering::Release);
+        debug!(%topic, ?positions, "kafka source assigned");
+        Ok(())
+    }
+
+    /// Points the fetchers of the `moved` partitions (assigned already) at
+    /// their positions; what librdkafka had queued for them is dropped.
+    fn move_fetchers(
+        &self,
+        topic: &str,
+        positions: &BTreeMap<i32, i64>,
+        moved: &[i32],
+    ) -> Result<()> {
+        for p in moved {
+            let at = Offset::Offset(positions[p]);
+            self.consumer
+                .consumer()
+                .seek(topic, *p, at, METADATA_TIMEOUT)
+                .map_err(|e| {
+                    ConnectorError::Other(format!(
+                        "topic {topic}: moving partition {p} to offset {}: {e}",
+                        positions[p]
+                    ))
+                })?;
+        }
         Ok(())
     }
 
@@ -306,6 +360,7 @@ impl PartitionReader {
         targets: Option<&BTreeMap<i32, i64>>,
     ) -> Result<MicroBatch> {
         let mut positions = self.positions.lock().expect("positions");
+        self.assign_once(&config.topic, &positions)?;
         let consumer = self.consumer.consumer();
         // Read up to where each partition ended when the pull began, so that
         // a pull ends even while producers keep writing.
@@ -378,6 +433,7 @@ impl PartitionReader {
             replay: targets.is_some(),
             late: decoder.rejects_late(),
             pushed: vec![vec![]; parts.len()],
+            overread: vec![false; parts.len()],
             parts,
             lagging,
             builders,
@@ -446,6 +502,7 @@ impl PartitionReader {
             mut undecodable,
             records,
             bytes,
+            overread,
             ..
         } = read;
         for (p, pos, _) in &parts {
@@ -461,11 +518,13 @@ impl PartitionReader {
             }
             // Records past the targets were taken from librdkafka's queue
             // and skipped: fetch them again from where the replay ends.
-            let mut assignment = TopicPartitionList::new();
-            for (p, pos) in positions.iter() {
-                assignment.add_partition_offset(&config.topic, *p, Offset::Offset(*pos))?;
-            }
-            consumer.assign(&assignment)?;
+            let overread: Vec<i32> = parts
+                .iter()
+                .zip(&overread)
+                .filter(|(_, skipped)| **skipped)
+                .map(|((p, _, _), _)| *p)
+                .collect();
+            self.move_fetchers(&config.topic, &positions, &overread)?;
         }
         let mut batches: Vec<RecordBatch> = vec![];
         let mut partitions = Vec::with_capacity(parts.len());
