@@ -119,6 +119,23 @@ impl Live {
     }
 }
 
+impl Live {
+    /// A standing run of `sql` (an epoch every 50 ms, a commit each) whose
+    /// members keep at most 1 KiB of groups in memory.
+    fn spawn_in_1kib(&self, sql: &Path, extra: &[&str]) -> Child {
+        let standing = [
+            "--interval",
+            "50ms",
+            "--checkpoint-interval",
+            "1",
+            "--state-memory",
+            "1KiB",
+        ];
+        let mut c = self.command(sql, &standing);
+        c.args(extra).spawn().expect("starting skein")
+    }
+}
+
 impl Drop for Live {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -146,6 +163,18 @@ fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until the query has committed `n` epochs past its last commit.
+fn wait_for_epochs(child: &mut Child, checkpoints: &Path, n: u64) {
+    let c0 = committed_epoch(checkpoints).expect("a commit");
+    wait_for_commit(child, checkpoints, c0 + n);
+}
+
+/// SIGKILL `child` and reap it.
+fn sigkill(child: &mut Child) {
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaping skein");
 }
 
 /// A Redis table `out (k, n, total)`, a hash per key under `prefix:`.
@@ -599,6 +628,71 @@ fn drifting(i: usize) -> (usize, String, String, i64) {
     (i % PARTITIONS, json, k, v)
 }
 
+/// How [`exact_through_kills_with_state_on_disk`] feeds and kills a run.
+struct Steps {
+    /// Steps of `records` records, each followed by `epochs` commits, the
+    /// run SIGKILLed after every `kill_every`-th.
+    steps: usize,
+    records: usize,
+    epochs: u64,
+    kill_every: usize,
+    /// Records per round while the last run catches up.
+    more: usize,
+}
+
+/// Runs `sql` (members keeping 1 KiB of groups in memory) through
+/// `steps`, `produce(n)` writing n records and returning the reference
+/// Redis rows; then a last run with metrics until `gauge` shows state on
+/// disk and Redis equals the reference, stopped with SIGTERM.
+fn exact_through_kills_with_state_on_disk(
+    live: &Live,
+    sql: &Path,
+    prefix: &str,
+    gauge: &str,
+    mut produce: impl FnMut(usize) -> BTreeMap<String, (i64, i64)>,
+    steps: Steps,
+) {
+    let checkpoints = live.checkpoints();
+    let spawn = |extra: &[&str]| live.spawn_in_1kib(sql, extra);
+    let mut child = spawn(&[]);
+    wait_for_commit(&mut child, &checkpoints, 1);
+    let mut reference = BTreeMap::new();
+    for step in 0..steps.steps {
+        reference = produce(steps.records);
+        wait_for_epochs(&mut child, &checkpoints, steps.epochs);
+        if step % steps.kill_every == 1 {
+            sigkill(&mut child);
+            child = spawn(&[]);
+        }
+    }
+    sigkill(&mut child);
+    // The last run shows its gauges; records keep coming, so its epochs
+    // reach the aggregate, whose restored state goes to disk again.
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let mut child = spawn(&["--metrics", &addr]);
+    let mut rounds = 0;
+    loop {
+        wait_for_epochs(&mut child, &checkpoints, 3);
+        let on_disk = common::scrape(&addr)
+            .and_then(|b| gauge_sum(&b, gauge, ""))
+            .unwrap_or(0.0);
+        let redis = redis_counts(prefix);
+        if on_disk > 0.0 && redis == reference {
+            break;
+        }
+        rounds += 1;
+        assert!(
+            rounds < 200,
+            "{gauge} {on_disk}; Redis {} keys of {}: {redis:?} against {reference:?}",
+            redis.len(),
+            reference.len()
+        );
+        reference = produce(steps.more);
+    }
+    stop_with_sigterm(child);
+    assert_eq!(redis_counts(prefix), reference, "at the end");
+}
+
 /// An aggregate whose members may keep 1 KiB of groups in memory moves the
 /// groups no epoch touched lately to local disk, and takes them back when
 /// an older key comes again: its Redis rows equal a reference through
@@ -610,25 +704,10 @@ fn an_aggregate_that_moves_cold_groups_to_disk_is_exact_through_kills() {
     let live = Live::new("updating-spill");
     let prefix = common::unique_name("spill");
     let sql = live.write_query(&redis_hashes(&prefix));
-    let standing = [
-        "--interval",
-        "50ms",
-        "--checkpoint-interval",
-        "1",
-        "--state-memory",
-        "1KiB",
-    ];
-    let checkpoints = live.checkpoints();
-    let spawn = |extra: &[&str]| {
-        let mut c = live.command(&sql, &standing);
-        c.args(extra).spawn().expect("starting skein")
-    };
-    let mut child = spawn(&[]);
-    wait_for_commit(&mut child, &checkpoints, 1);
     let mut reference: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut produced = 0;
-    let produce = |reference: &mut BTreeMap<String, (i64, i64)>, produced: &mut usize, n| {
-        for i in *produced..*produced + n {
+    let produce = |n: usize| {
+        for i in produced..produced + n {
             let (p, json, k, v) = drifting(i);
             live.writer.send(p as i32, &json);
             let e = reference.entry(k).or_default();
@@ -636,47 +715,93 @@ fn an_aggregate_that_moves_cold_groups_to_disk_is_exact_through_kills() {
             e.1 += v;
         }
         live.writer.flush();
-        *produced += n;
+        produced += n;
+        reference.clone()
     };
-    for step in 0..9 {
-        produce(&mut reference, &mut produced, 1_000);
-        // Enough epochs for the step's keys to go cold (8 idle epochs).
-        let c0 = committed_epoch(&checkpoints).expect("a commit");
-        wait_for_commit(&mut child, &checkpoints, c0 + 12);
-        if step % 3 == 1 {
-            child.kill().expect("SIGKILL");
-            child.wait().expect("reaping skein");
-            child = spawn(&[]);
-        }
-    }
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaping skein");
-    // The last run shows its gauges; records keep coming, so its epochs
-    // reach the aggregate, whose restored groups go cold again.
-    let addr = format!("127.0.0.1:{}", common::free_port());
-    let mut child = spawn(&["--metrics", &addr]);
-    let on_disk = |b: &str| gauge_sum(b, "skein_state_spilled_rows", "");
-    let mut rounds = 0;
-    let seen = loop {
-        let c0 = committed_epoch(&checkpoints).unwrap_or(0);
-        wait_for_commit(&mut child, &checkpoints, c0 + 3);
-        let spilled = common::scrape(&addr)
-            .and_then(|b| on_disk(&b))
-            .unwrap_or(0.0);
-        let redis = redis_counts(&prefix);
-        if spilled > 0.0 && redis == reference {
-            break spilled;
-        }
-        rounds += 1;
-        assert!(
-            rounds < 200,
-            "after {produced} records: {spilled} groups on disk, Redis {} keys of {}",
-            redis.len(),
-            reference.len()
+    // Enough epochs after each step for its keys to go cold (8 idle epochs).
+    let steps = Steps {
+        steps: 9,
+        records: 1_000,
+        epochs: 12,
+        kill_every: 3,
+        more: 50,
+    };
+    exact_through_kills_with_state_on_disk(
+        &live,
+        &sql,
+        &prefix,
+        "skein_state_spilled_rows",
+        produce,
+        steps,
+    );
+}
+
+/// A distinct count over a few keys that every epoch touches, whose members
+/// may keep 1 KiB of groups in memory: the values no row named lately go to
+/// local disk from groups that stay, and come back when a row names one
+/// again. Its Redis rows equal a reference through SIGKILLs, and the
+/// `skein_state_spilled_values` gauge shows values on disk.
+#[test]
+fn a_distinct_count_that_moves_cold_values_to_disk_is_exact_through_kills() {
+    common::require_redis();
+    let live = Live::new("updating-spill-values");
+    let prefix = common::unique_name("spillv");
+    let sql = live.dir.join("q.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "{}{}\nINSERT INTO out SELECT k, count(DISTINCT v) AS n, count(*) AS total \
+             FROM src GROUP BY k;\n",
+            live.source(),
+            redis_hashes(&prefix)
+        ),
+    )
+    .expect("writing the query");
+    // Three keys, each value new most of the time and now and then one
+    // seen long before (back from disk).
+    let record = |i: usize| {
+        let k = format!("d{}", i % 3);
+        let v = if i % 7 == 6 {
+            ((i * 7919) % (i + 1)) as i64
+        } else {
+            i as i64
+        };
+        let json = format!(
+            r#"{{"k":"{k}","v":{v},"ts":{}}}"#,
+            1_700_000_000_000i64 + i as i64
         );
-        produce(&mut reference, &mut produced, 50);
+        (i % PARTITIONS, json, k, v)
     };
-    assert!(seen > 0.0);
-    stop_with_sigterm(child);
-    assert_eq!(redis_counts(&prefix), reference, "at the end");
+    let mut values: BTreeMap<String, (std::collections::BTreeSet<i64>, i64)> = BTreeMap::new();
+    let mut produced = 0;
+    let produce = |n: usize| {
+        for i in produced..produced + n {
+            let (p, json, k, v) = record(i);
+            live.writer.send(p as i32, &json);
+            let e = values.entry(k).or_default();
+            e.0.insert(v);
+            e.1 += 1;
+        }
+        live.writer.flush();
+        produced += n;
+        values
+            .iter()
+            .map(|(k, (set, n))| (k.clone(), (set.len() as i64, *n)))
+            .collect::<BTreeMap<String, (i64, i64)>>()
+    };
+    let steps = Steps {
+        steps: 6,
+        records: 2_000,
+        epochs: 6,
+        kill_every: 2,
+        more: 300,
+    };
+    exact_through_kills_with_state_on_disk(
+        &live,
+        &sql,
+        &prefix,
+        "skein_state_spilled_values",
+        produce,
+        steps,
+    );
 }

@@ -64,6 +64,13 @@ pub fn state_spilled_rows(stage: &str, member: u32, rows: usize) {
         .set(rows as f64);
 }
 
+/// Distinct values an aggregate moved to local disk from groups in memory
+/// (`--state-memory`).
+pub fn state_spilled_values(stage: &str, member: u32, values: usize) {
+    gauge!("skein_state_spilled_values", "stage" => stage.to_string(), "member" => member.to_string())
+        .set(values as f64);
+}
+
 /// Bytes of the last state a member wrote to the checkpoint store.
 pub fn checkpoint_bytes(function: &str, bytes: usize) {
     gauge!("skein_checkpoint_bytes", "function" => function.to_string()).set(bytes as f64);

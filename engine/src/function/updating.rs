@@ -88,6 +88,9 @@ impl UpdatingStep {
         if let Some(on_disk) = self.state.spilled_rows() {
             crate::metrics::state_spilled_rows(&f.ctx.stage_name(), f.ctx.member, on_disk);
         }
+        if let Some(on_disk) = self.state.spilled_values() {
+            crate::metrics::state_spilled_values(&f.ctx.stage_name(), f.ctx.member, on_disk);
+        }
         Ok(Outgoing::Changes(self.plan.clone(), changes))
     }
 

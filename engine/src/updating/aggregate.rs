@@ -155,9 +155,9 @@ impl GroupAccumulators {
         self.columns = (0..self.plan.aggs.len())
             .map(|i| self.plan.column(i))
             .collect();
-        self.families = (0..self.plan.families)
-            .map(|_| DistinctFamily::new())
-            .collect();
+        for f in &mut self.families {
+            f.clear()?;
+        }
         self.bytes = 0;
         if let Some(before) = &mut self.before {
             before.clear();

@@ -73,6 +73,9 @@ impl GroupAccumulators {
                 return Ok(false);
             }
         };
+        for f in &mut self.families {
+            f.spill_to_disk();
+        }
         self.spill = Some(Spill {
             store,
             budget,
@@ -96,6 +99,11 @@ impl GroupAccumulators {
         self.spill.as_ref().map_or(0, |s| s.store.len())
     }
 
+    /// Distinct values on local disk (of groups in memory).
+    pub fn spilled_values(&self) -> usize {
+        self.families.iter().map(DistinctFamily::spilled).sum()
+    }
+
     pub(super) fn clear_spilled(&mut self) -> Result<()> {
         if let Some(spill) = &mut self.spill {
             spill.store.clear()?;
@@ -105,15 +113,56 @@ impl GroupAccumulators {
     }
 
     /// After epoch `epoch`'s emission: if the groups in memory hold more
-    /// than the budget, move the coldest to disk. Returns how many went.
+    /// than the budget, move the coldest to disk, and then, if they still
+    /// hold more than three quarters of it, the distinct values no row named
+    /// since values last moved. Returns how many groups went.
     pub fn spill_cold(&mut self, epoch: u64) -> Result<usize> {
         let Some(spill) = &self.spill else {
             return Ok(0);
         };
-        let held = self.bytes();
-        if held <= spill.next_at {
+        if self.bytes() <= spill.next_at {
             return Ok(0);
         }
+        let moved = self.spill_cold_groups(epoch)?;
+        let budget = self.spill.as_ref().map_or(usize::MAX, |s| s.budget);
+        if self.bytes() > budget / 4 * 3 {
+            let (was, started) = (self.spilled_values(), std::time::Instant::now());
+            for f in 0..self.families.len() {
+                for (slot, freed) in self.families[f].spill_unnamed() {
+                    let freed = freed.min(self.sizes[slot] as usize);
+                    self.sizes[slot] -= freed as u32;
+                    self.bytes -= freed;
+                }
+            }
+            let after = self.bytes();
+            let (asked, found) = self
+                .families
+                .iter_mut()
+                .map(DistinctFamily::lookups)
+                .fold((0, 0), |(a, f), (x, y)| (a + x, f + y));
+            tracing::debug!(
+                asked,
+                found,
+                values = self.spilled_values().saturating_sub(was),
+                on_disk = self.spilled_values(),
+                bytes = after,
+                took = ?started.elapsed(),
+                "distinct values moved to local disk"
+            );
+            if let Some(spill) = &mut self.spill {
+                spill.next_at = budget.max(after.saturating_add(budget / 4));
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Move the coldest groups to disk, if those in memory hold more than
+    /// the budget. Returns how many went.
+    fn spill_cold_groups(&mut self, epoch: u64) -> Result<usize> {
+        let Some(spill) = &self.spill else {
+            return Ok(0);
+        };
+        let held = self.bytes();
         let (budget, idle) = (spill.budget, spill.idle);
         let target = budget / 4 * 3;
         let width = self.columns.iter().map(AggColumn::width).sum::<usize>() + GROUP_OVERHEAD;
@@ -147,7 +196,7 @@ impl GroupAccumulators {
             let saved = self.saved_rows(&refs)?;
             let spill = self.spill.as_mut().expect("checked above");
             let rows = spill.values.convert_columns(&saved.columns()[g..])?;
-            let groups = chunk
+            let groups: Vec<(Key, Vec<u8>)> = chunk
                 .iter()
                 .zip(rows.iter())
                 .map(|(key, row)| {
@@ -158,7 +207,7 @@ impl GroupAccumulators {
                     (key.clone(), value)
                 })
                 .collect();
-            if let Err(e) = spill.store.put(groups) {
+            if let Err(e) = spill.store.put(&groups) {
                 // Nothing was written: the groups stay, and so do the rest.
                 tracing::warn!("cold groups stay in memory from now on: {e}");
                 spill.budget = usize::MAX;

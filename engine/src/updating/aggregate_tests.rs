@@ -474,6 +474,35 @@ fn typed_columns_agree_with_datafusions_accumulators() {
 /// groups kept in memory: each epoch's results and rows before, whole
 /// checkpoints, and a restore from one, over typed columns and boxed
 /// accumulators, rows that append and a changelog.
+/// `spilled`'s whole checkpoint holds the same groups as `kept`'s (a set's
+/// order in a state may differ: compare what they evaluate to); a member
+/// restarted from it, reading it into memory, with a budget of one byte.
+fn restarted_from_whole(
+    spilled: &mut GroupAccumulators,
+    kept: &mut GroupAccumulators,
+    epoch: u64,
+    case: &str,
+) -> GroupAccumulators {
+    let plan = spilled.plan().clone();
+    let whole = spilled.whole().unwrap();
+    let read = |batches: &[RecordBatch]| {
+        let mut g = GroupAccumulators::new(plan.clone()).unwrap();
+        for b in batches {
+            g.restore(b, epoch).unwrap();
+        }
+        table(&g.evaluate_all().unwrap())
+    };
+    assert_eq!(read(&whole), read(&kept.whole().unwrap()), "{case}");
+    let mut restarted = GroupAccumulators::new(plan.clone()).unwrap();
+    restarted.keep_rows_before();
+    assert!(restarted.spill_past(1, None).unwrap());
+    for b in &whole {
+        restarted.restore(b, epoch).unwrap();
+    }
+    restarted.take_before().unwrap();
+    restarted
+}
+
 #[test]
 fn groups_on_disk_come_back_as_they_were() {
     use rand::{Rng, SeedableRng};
@@ -546,25 +575,7 @@ fn groups_on_disk_come_back_as_they_were() {
                 most_on_disk = most_on_disk.max(spilled.spilled());
                 assert_eq!(spilled.len(), kept.len(), "epoch {epoch}, {case}");
                 if epoch % 25 == 0 {
-                    let whole = spilled.whole().unwrap();
-                    // Both checkpoints hold the same groups (a set's order
-                    // in a state may differ: compare what they evaluate to).
-                    let read = |batches: &[RecordBatch]| {
-                        let mut g = GroupAccumulators::new(plan.clone()).unwrap();
-                        for b in batches {
-                            g.restore(b, epoch).unwrap();
-                        }
-                        table(&g.evaluate_all().unwrap())
-                    };
-                    assert_eq!(read(&whole), read(&kept.whole().unwrap()), "{case}");
-                    // A restarted member reads the checkpoint into memory.
-                    spilled = GroupAccumulators::new(plan.clone()).unwrap();
-                    spilled.keep_rows_before();
-                    assert!(spilled.spill_past(1, None).unwrap());
-                    for b in &whole {
-                        spilled.restore(b, epoch).unwrap();
-                    }
-                    spilled.take_before().unwrap();
+                    spilled = restarted_from_whole(&mut spilled, &mut kept, epoch, &case);
                 }
             }
             assert!(
@@ -583,4 +594,71 @@ fn groups_on_disk_come_back_as_they_were() {
             );
         }
     }
+}
+
+#[test]
+fn distinct_values_on_disk_are_counted_once() {
+    use rand::{Rng, SeedableRng};
+    // count(DISTINCT v), count(v) FILTER (v > 3) and count(DISTINCT v)
+    // FILTER (v > 3): one family of two distinct counts.
+    let core = with_a_filtered_count(&[(count_udaf(), true)], true);
+    let plan = Arc::new(AggregatePlan::of(&core, &[edge(false)]).unwrap());
+    let mut kept = GroupAccumulators::new(plan.clone()).unwrap();
+    let mut spilled = GroupAccumulators::new(plan.clone()).unwrap();
+    kept.keep_rows_before();
+    spilled.keep_rows_before();
+    assert!(spilled.spill_past(1, None).unwrap());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut most_on_disk = 0;
+    let mut went_whole = false;
+    for epoch in 1..=70u64 {
+        // Three groups every epoch, mostly new values and some old ones
+        // (back from disk); "cold" in its first epochs and once more late,
+        // after it went to disk whole with values of its own there.
+        let mut added: Vec<(&str, Option<i64>)> = vec![];
+        for k in ["a", "b", "c"] {
+            for _ in 0..30 {
+                let top = epoch as i64 * 20;
+                let v = if rng.random_bool(0.8) {
+                    top + rng.random_range(0..20)
+                } else {
+                    rng.random_range(0..top)
+                };
+                added.push((k, Some(v)));
+            }
+        }
+        if epoch <= 5 || epoch == 60 {
+            added.extend((0..40).map(|i| ("cold", Some(epoch as i64 * 40 + i))));
+            added.push(("cold", Some(3)));
+        }
+        let k: Vec<&str> = added.iter().map(|(k, _)| *k).collect();
+        let v: Vec<Option<i64>> = added.iter().map(|(_, v)| *v).collect();
+        let keys = spilled.apply(&rows(&k, &v), false, epoch).unwrap();
+        kept.apply(&rows(&k, &v), false, epoch).unwrap();
+        assert_eq!(
+            table(&spilled.take_before().unwrap()),
+            table(&kept.take_before().unwrap()),
+            "rows before epoch {epoch}"
+        );
+        assert_eq!(
+            table(&spilled.evaluate(keys.iter()).unwrap()),
+            table(&kept.evaluate(keys.iter()).unwrap()),
+            "epoch {epoch}"
+        );
+        spilled.spill_cold(epoch).unwrap();
+        most_on_disk = most_on_disk.max(spilled.spilled_values());
+        went_whole |= spilled.spilled() > 0;
+        if epoch % 20 == 0 {
+            spilled = restarted_from_whole(&mut spilled, &mut kept, epoch, "distinct values");
+        }
+    }
+    assert!(
+        most_on_disk > 1_000,
+        "at most {most_on_disk} values on disk"
+    );
+    assert!(went_whole, "a group with values on disk went to disk whole");
+    assert_eq!(
+        table(&spilled.evaluate_all().unwrap()),
+        table(&kept.evaluate_all().unwrap())
+    );
 }

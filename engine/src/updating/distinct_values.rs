@@ -5,6 +5,15 @@
 //! auctions at four price levels: one set of each, where DataFusion's
 //! accumulators kept four. A value costs 9 bytes and its slot in the index
 //! 5; a count per aggregate and group says how many values have its bit.
+//!
+//! Past the memory budget, the values no row named since the last time
+//! values moved go to local disk (a second chance: each value carries a
+//! bit set when a row names it, cleared when values move). A group's set
+//! then knows how many of its values are on disk; a value it does not hold
+//! is looked up there (behind a key filter, so a new value costs no read)
+//! and comes back with its bits before the row counts it. A value is in
+//! memory or on disk, never both. A group that moves to disk whole, or is
+//! dropped, takes its values off the disk with it.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray};
 use datafusion::arrow::buffer::OffsetBuffer;
@@ -14,43 +23,128 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::aggregate_columns::Op;
+use super::distinct_on_disk::ValuesOnDisk;
 use crate::error::{EngineError, Result};
 
-/// Distinct counts that share a set: at most this many per family.
-pub(super) const MEMBERS: usize = 8;
+/// Distinct counts that share a set: at most this many per family (the
+/// mask's last bit is [`NAMED`]).
+pub(super) const MEMBERS: usize = 7;
+
+/// The bit of a mask that says a row named the value since values last
+/// moved to disk (the aggregates' bits are below it).
+const NAMED: u8 = 1 << MEMBERS;
 
 /// One group's values, each with the bits of the aggregates that counted
 /// it.
-#[derive(Default)]
 struct MaskedSet {
+    /// The set's name on disk (never reused within a family).
+    id: u64,
     values: Vec<i64>,
+    /// The aggregates' bits, and [`NAMED`].
     masks: Vec<u8>,
     /// Positions in `values`, by the value's hash.
     index: HashTable<u32>,
+    /// Values of the set on disk, and the least and greatest of them
+    /// (a value outside is not there: ids that only grow never ask the
+    /// disk's filter).
+    on_disk: usize,
+    disk_range: (i64, i64),
 }
 
 impl MaskedSet {
-    /// Count `v` for the aggregate of `bit`: whether it was new to it.
-    fn insert(&mut self, hasher: &DefaultHashBuilder, v: i64, bit: u8) -> bool {
-        let hash = hasher.hash_one(v);
-        let values = &self.values;
-        if let Some(i) = self.index.find(hash, |i| values[*i as usize] == v) {
-            let mask = &mut self.masks[*i as usize];
-            let new = *mask & bit == 0;
-            *mask |= bit;
-            return new;
+    fn new(id: u64) -> Self {
+        MaskedSet {
+            id,
+            values: vec![],
+            masks: vec![],
+            index: HashTable::new(),
+            on_disk: 0,
+            disk_range: (i64::MAX, i64::MIN),
         }
-        let i = self.values.len() as u32;
-        self.values.push(v);
-        self.masks.push(bit);
+    }
+
+    fn find(&self, hasher: &DefaultHashBuilder, v: i64) -> Option<usize> {
         let values = &self.values;
         self.index
-            .insert_unique(hash, i, |j| hasher.hash_one(values[*j as usize]));
+            .find(hasher.hash_one(v), |i| values[*i as usize] == v)
+            .map(|i| *i as usize)
+    }
+
+    /// Count `v` (at `found`, if the set holds it) for the aggregate of
+    /// `bit`: whether it was new to it.
+    fn count(
+        &mut self,
+        hasher: &DefaultHashBuilder,
+        found: Option<usize>,
+        v: i64,
+        bit: u8,
+    ) -> bool {
+        if let Some(i) = found {
+            let mask = &mut self.masks[i];
+            let new = *mask & bit == 0;
+            *mask |= bit | NAMED;
+            return new;
+        }
+        self.push(hasher, v, bit | NAMED);
         true
+    }
+
+    /// A value not in the set, with its mask.
+    fn push(&mut self, hasher: &DefaultHashBuilder, v: i64, mask: u8) {
+        let i = self.values.len() as u32;
+        self.values.push(v);
+        self.masks.push(mask);
+        let values = &self.values;
+        self.index.insert_unique(hasher.hash_one(v), i, |j| {
+            hasher.hash_one(values[*j as usize])
+        });
+    }
+
+    /// Take out the values no row named since the last call (they are
+    /// returned with their aggregates' bits), and clear the rest's
+    /// [`NAMED`].
+    fn take_unnamed(&mut self, hasher: &DefaultHashBuilder) -> Vec<(i64, u8)> {
+        let mut out = vec![];
+        let mut kept = 0;
+        for i in 0..self.values.len() {
+            let (v, m) = (self.values[i], self.masks[i]);
+            if m & NAMED == 0 {
+                out.push((v, m));
+            } else {
+                self.values[kept] = v;
+                self.masks[kept] = m & !NAMED;
+                kept += 1;
+            }
+        }
+        if out.is_empty() {
+            return out;
+        }
+        for (v, _) in &out {
+            self.disk_range = (self.disk_range.0.min(*v), self.disk_range.1.max(*v));
+        }
+        self.values.truncate(kept);
+        self.masks.truncate(kept);
+        self.values.shrink_to_fit();
+        self.masks.shrink_to_fit();
+        let values = &self.values;
+        self.index = HashTable::with_capacity(kept);
+        for (i, v) in values.iter().enumerate() {
+            self.index
+                .insert_unique(hasher.hash_one(*v), i as u32, |j| {
+                    hasher.hash_one(values[*j as usize])
+                });
+        }
+        self.on_disk += out.len();
+        out
     }
 
     fn bytes(&self) -> usize {
         self.values.capacity() * 8 + self.masks.capacity() + self.index.capacity() * 5
+    }
+
+    /// Whether `v` may be on disk.
+    fn may_be_on_disk(&self, v: i64) -> bool {
+        self.on_disk > 0 && (self.disk_range.0..=self.disk_range.1).contains(&v)
     }
 }
 
@@ -58,6 +152,14 @@ impl MaskedSet {
 pub(super) struct DistinctFamily {
     hasher: DefaultHashBuilder,
     sets: Vec<Option<MaskedSet>>,
+    /// The id of the next set.
+    next_id: u64,
+    /// Where values go past the memory budget, if they may.
+    disk: Option<ValuesOnDisk>,
+    /// Values looked up on disk, and found there, since the last call of
+    /// [`Self::lookups`].
+    asked: usize,
+    found: usize,
 }
 
 impl DistinctFamily {
@@ -65,16 +167,107 @@ impl DistinctFamily {
         DistinctFamily {
             hasher: DefaultHashBuilder::default(),
             sets: vec![],
+            next_id: 0,
+            disk: None,
+            asked: 0,
+            found: 0,
         }
     }
 
-    /// Slot `slot` holds no value (a new group's, or a group gone).
+    /// From now on, values may move to local disk ([`Self::spill_unnamed`]).
+    /// False when no file can be made for them.
+    pub(super) fn spill_to_disk(&mut self) -> bool {
+        match ValuesOnDisk::create() {
+            Ok(store) => {
+                self.disk = Some(store);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("distinct values stay in memory: {e}");
+                false
+            }
+        }
+    }
+
+    /// Values looked up on disk and found there since the last call.
+    pub(super) fn lookups(&mut self) -> (usize, usize) {
+        (
+            std::mem::take(&mut self.asked),
+            std::mem::take(&mut self.found),
+        )
+    }
+
+    /// Values on local disk.
+    pub(super) fn spilled(&self) -> usize {
+        self.disk.as_ref().map_or(0, ValuesOnDisk::len)
+    }
+
+    /// Drop every set, in memory and on disk.
+    pub(super) fn clear(&mut self) -> Result<()> {
+        self.sets.clear();
+        if let Some(disk) = &mut self.disk {
+            disk.clear()?;
+        }
+        Ok(())
+    }
+
+    /// Slot `slot` holds no value (a new group's, or a group gone); its
+    /// values on disk go too.
     pub(super) fn reset(&mut self, slot: usize) {
-        if slot < self.sets.len() {
-            self.sets[slot] = None;
-        } else {
+        if slot >= self.sets.len() {
             self.sets.resize_with(slot + 1, || None);
         }
+        if let Some(set) = self.sets[slot].take()
+            && set.on_disk > 0
+            && let Some(disk) = &mut self.disk
+            && let Err(e) = disk.drop_set(set.id, set.on_disk)
+        {
+            // Harmless beside the file's space: no set reuses the id.
+            tracing::warn!("values of a dropped group stay on disk: {e}");
+        }
+    }
+
+    /// Move to disk the values no row named since the last move, from
+    /// every set. Returns the slots whose sets shrank, with the bytes each
+    /// freed. If the disk fails, nothing moves now or later.
+    pub(super) fn spill_unnamed(&mut self) -> Vec<(usize, usize)> {
+        let Some(disk) = &mut self.disk else {
+            return vec![];
+        };
+        let mut moved = vec![];
+        let mut shrunk = vec![];
+        for (slot, set) in self.sets.iter_mut().enumerate() {
+            let Some(set) = set else { continue };
+            let before = set.bytes();
+            let out = set.take_unnamed(&self.hasher);
+            if out.is_empty() {
+                continue;
+            }
+            shrunk.push((slot, before.saturating_sub(set.bytes())));
+            moved.extend(out.into_iter().map(|(v, m)| (set.id, v, m)));
+        }
+        if moved.is_empty() {
+            return shrunk;
+        }
+        if let Err(e) = disk.put(moved.clone()) {
+            // Nothing was written: the values go back into their sets.
+            tracing::warn!("distinct values stay in memory from now on: {e}");
+            self.disk = None;
+            let slot_of: hashbrown::HashMap<u64, usize> = self
+                .sets
+                .iter()
+                .enumerate()
+                .filter_map(|(slot, s)| s.as_ref().map(|s| (s.id, slot)))
+                .collect();
+            for (id, v, mask) in moved {
+                if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
+                    set.push(&self.hasher, v, mask);
+                    set.on_disk -= 1;
+                }
+            }
+            return vec![];
+        }
+        shrunk
     }
 
     /// Bytes the set of `slot` holds.
@@ -99,9 +292,20 @@ impl DistinctFamily {
         op: Op,
     ) -> Result<()> {
         let counted = |r: usize| mask.is_none_or(|m| m.is_valid(r) && m.value(r));
-        let mut put = |set: &mut Option<MaskedSet>, slot: usize, v: i64| {
-            let set = set.get_or_insert_with(MaskedSet::default);
-            if set.insert(&self.hasher, v, bit) {
+        // Values that may be on disk wait until the disk is read.
+        let mut waiting: Vec<(usize, i64)> = vec![];
+        let mut put = |sets: &mut [Option<MaskedSet>], slot: usize, v: i64| {
+            let set = sets[slot].get_or_insert_with(|| {
+                self.next_id += 1;
+                MaskedSet::new(self.next_id)
+            });
+            let found = set.find(&self.hasher, v);
+            if found.is_none()
+                && set.may_be_on_disk(v)
+                && self.disk.as_ref().is_some_and(|d| d.may_hold(set.id, v))
+            {
+                waiting.push((slot, v));
+            } else if set.count(&self.hasher, found, v, bit) {
                 counts[slot] += 1;
             }
         };
@@ -112,8 +316,7 @@ impl DistinctFamily {
                     .ok_or_else(mistyped)?;
                 for (r, s) in slots.iter().enumerate() {
                     if counted(r) && v.is_valid(r) {
-                        let s = *s as usize;
-                        put(&mut self.sets[s], s, v.value(r));
+                        put(&mut self.sets, *s as usize, v.value(r));
                     }
                 }
             }
@@ -127,14 +330,13 @@ impl DistinctFamily {
                     if lists.is_null(r) {
                         continue;
                     }
-                    let s = *s as usize;
                     let (from, to) = (
                         lists.value_offsets()[r] as usize,
                         lists.value_offsets()[r + 1] as usize,
                     );
                     for i in from..to {
                         if items.is_valid(i) {
-                            put(&mut self.sets[s], s, items.value(i));
+                            put(&mut self.sets, *s as usize, items.value(i));
                         }
                     }
                 }
@@ -143,6 +345,45 @@ impl DistinctFamily {
                 return Err(EngineError::Context(
                     "a distinct count over rows that append was asked to take a value back".into(),
                 ));
+            }
+        }
+        if !waiting.is_empty() {
+            self.take_back(&waiting)?;
+            for (slot, v) in waiting {
+                if let Some(set) = &mut self.sets[slot]
+                    && set.count(&self.hasher, set.find(&self.hasher, v), v, bit)
+                {
+                    counts[slot] += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bring back into their sets those of `values` (slot, value) that are
+    /// on disk, with their bits.
+    fn take_back(&mut self, values: &[(usize, i64)]) -> Result<()> {
+        let Some(disk) = &mut self.disk else {
+            return Ok(());
+        };
+        let wanted: Vec<(u64, i64)> = values
+            .iter()
+            .filter_map(|(slot, v)| self.sets[*slot].as_ref().map(|s| (s.id, *v)))
+            .collect();
+        let found = disk.take(&wanted)?;
+        self.asked += wanted.len();
+        self.found += found.len();
+        if found.is_empty() {
+            return Ok(());
+        }
+        let slot_of: hashbrown::HashMap<u64, usize> = values
+            .iter()
+            .filter_map(|(slot, _)| self.sets[*slot].as_ref().map(|s| (s.id, *slot)))
+            .collect();
+        for (id, v, mask) in found {
+            if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
+                set.push(&self.hasher, v, mask);
+                set.on_disk -= 1;
             }
         }
         Ok(())
@@ -163,6 +404,16 @@ impl DistinctFamily {
                         .filter(|(_, m)| **m & bit != 0)
                         .map(|(v, _)| *v),
                 );
+                if set.on_disk > 0
+                    && let Some(disk) = &self.disk
+                {
+                    values.extend(
+                        disk.read_set(set.id)?
+                            .into_iter()
+                            .filter(|(_, m)| m & bit != 0)
+                            .map(|(v, _)| v),
+                    );
+                }
             }
             offsets.push(i32::try_from(values.len()).map_err(|_| {
                 EngineError::Context(

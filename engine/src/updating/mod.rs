@@ -36,6 +36,7 @@
 pub mod aggregate;
 mod aggregate_columns;
 pub mod aggregate_plan;
+mod distinct_on_disk;
 mod distinct_values;
 pub mod join;
 pub mod keyed;

@@ -2,13 +2,14 @@
 //! for a while, kept by key in a file on local disk (an embedded B-tree,
 //! `redb`), and taken back into memory when a row of theirs comes. A key
 //! filter in memory answers "not on disk" for a new group without reading
-//! the file, so a stream of new keys costs no disk reads.
+//! the file, so a stream of new keys costs no disk reads. The values of
+//! distinct counts that move out of memory use the same store, keyed by
+//! their set and value (`distinct_values.rs`).
 //!
 //! The file is a cache of the member's state, not part of its checkpoint: a
 //! whole checkpoint reads the groups in it, and a restarted member starts
 //! a new file. So its commits need not survive a crash of the machine.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -88,20 +89,21 @@ impl SpilledGroups {
         self.len > 0 && self.filter.may_hold(key)
     }
 
-    /// Keep `groups` (none of which is on disk already).
-    pub(super) fn put(&mut self, groups: Vec<(Key, Vec<u8>)>) -> Result<()> {
-        if groups.is_empty() {
+    /// Keep `entries` (none of which is on disk already), best in key
+    /// order. If it fails, none is kept.
+    pub(super) fn put<K: AsRef<[u8]>, V: AsRef<[u8]>>(&mut self, entries: &[(K, V)]) -> Result<()> {
+        if entries.is_empty() {
             return Ok(());
         }
-        let n = groups.len();
+        let n = entries.len();
         self.write(|table| {
-            for (key, value) in &groups {
-                table.insert(key.as_ref(), value.as_slice())?;
+            for (key, value) in entries {
+                table.insert(key.as_ref(), value.as_ref())?;
             }
             Ok(())
         })?;
-        for (key, _) in &groups {
-            self.filter.insert(key);
+        for (key, _) in entries {
+            self.filter.insert(key.as_ref());
         }
         self.len += n;
         Ok(())
@@ -140,6 +142,35 @@ impl SpilledGroups {
         Ok(found)
     }
 
+    /// Write each entry's new value, or drop it (`None`), in one commit.
+    pub(super) fn upsert<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &mut self,
+        entries: &[(K, Option<V>)],
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let (mut added, mut gone) = (vec![], 0usize);
+        self.write(|table| {
+            for (key, value) in entries {
+                match value {
+                    Some(v) => {
+                        if table.insert(key.as_ref(), v.as_ref())?.is_none() {
+                            added.push(key.as_ref());
+                        }
+                    }
+                    None => gone += usize::from(table.remove(key.as_ref())?.is_some()),
+                }
+            }
+            Ok(())
+        })?;
+        for key in &added {
+            self.filter.insert(key);
+        }
+        self.len = self.len + added.len() - gone;
+        Ok(())
+    }
+
     /// Drop the groups of `keys` from the disk.
     pub(super) fn remove(&mut self, keys: &[Key]) -> Result<()> {
         let mut gone = 0;
@@ -151,6 +182,38 @@ impl SpilledGroups {
         })?;
         self.len -= gone;
         Ok(())
+    }
+
+    /// The entries whose keys start with `prefix`, in key order.
+    pub(super) fn read_prefix(&self, prefix: &[u8]) -> Result<Vec<(Key, Vec<u8>)>> {
+        if self.len == 0 {
+            return Ok(vec![]);
+        }
+        let fail = |e: &dyn std::fmt::Display| spill_error(&self.path, e);
+        let txn = self.db.begin_read().map_err(|e| fail(&e))?;
+        let table = txn.open_table(GROUPS).map_err(|e| fail(&e))?;
+        let mut out = vec![];
+        for entry in table.range(prefix..).map_err(|e| fail(&e))? {
+            let (key, value) = entry.map_err(|e| fail(&e))?;
+            if !key.value().starts_with(prefix) {
+                break;
+            }
+            out.push((Key::from(key.value()), value.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Drop the entries whose keys start with `prefix`.
+    pub(super) fn remove_prefix(&mut self, prefix: &[u8]) -> Result<()> {
+        let keys: Vec<Key> = self
+            .read_prefix(prefix)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.remove(&keys)
     }
 
     /// Every group on disk, in key order, `n` at a time.
@@ -268,7 +331,7 @@ fn remove_orphans(root: &Path) {
 /// time the last is full, ~1% false positives at ~10 bits a key. A key
 /// taken back stays in them (a false positive costs one lookup).
 #[derive(Default)]
-struct KeyFilter {
+pub(super) struct KeyFilter {
     filters: Vec<Bloom>,
 }
 
@@ -282,7 +345,7 @@ struct Bloom {
 const PROBES: u64 = 7;
 
 impl KeyFilter {
-    fn insert(&mut self, key: &[u8]) {
+    pub(super) fn insert(&mut self, key: &[u8]) {
         let full = self.filters.last().is_none_or(|b| b.keys >= b.capacity);
         if full {
             let capacity = self
@@ -301,7 +364,7 @@ impl KeyFilter {
         }
     }
 
-    fn may_hold(&self, key: &[u8]) -> bool {
+    pub(super) fn may_hold(&self, key: &[u8]) -> bool {
         let hash = hash_of(key);
         self.filters.iter().any(|b| b.may_hold(hash))
     }
@@ -336,7 +399,7 @@ fn hash_of(key: &[u8]) -> u64 {
 
 /// Distinct keys among `keys`, in first-come order.
 pub(super) fn distinct<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> Vec<&'a [u8]> {
-    let mut seen = HashSet::new();
+    let mut seen = hashbrown::HashSet::new();
     keys.into_iter().filter(|k| seen.insert(*k)).collect()
 }
 
@@ -351,7 +414,7 @@ mod tests {
         let groups: Vec<(Key, Vec<u8>)> = (0..50_000u32)
             .map(|i| (Key::from(&i.to_be_bytes()[..]), i.to_le_bytes().to_vec()))
             .collect();
-        store.put(groups).unwrap();
+        store.put(&groups).unwrap();
         assert_eq!(store.len(), 50_000);
         let k7 = 7u32.to_be_bytes();
         let absent = 70_000u32.to_be_bytes();

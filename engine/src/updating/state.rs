@@ -547,6 +547,14 @@ impl UpdatingState {
             .map(GroupAccumulators::spilled)
     }
 
+    /// Distinct values on local disk, if an aggregate may move them there.
+    pub fn spilled_values(&self) -> Option<usize> {
+        self.aggregate
+            .as_ref()
+            .filter(|agg| agg.spills())
+            .map(GroupAccumulators::spilled_values)
+    }
+
     /// Rows a whole checkpoint holds: every input edge's and the emitted.
     pub fn checkpoint_rows(&self) -> usize {
         self.rows() + self.emitted.len()
