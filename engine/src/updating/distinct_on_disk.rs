@@ -102,25 +102,28 @@ impl ValuesOnDisk {
         self.values > 0 && self.filter.may_hold(&value_key(id, v))
     }
 
-    /// Keep `values` (set id, value, mask), none on disk already: a run
-    /// per set. If it fails, none is kept.
-    pub(super) fn put(&mut self, mut values: Vec<(u64, i64, u8)>) -> Result<()> {
-        if values.is_empty() {
+    /// Keep `runs` (a set's id and values with their masks, each set
+    /// once, none of its values on disk already): a run per set, its
+    /// values sorted in place. If it fails, none is kept.
+    pub(super) fn put(&mut self, runs: &mut [(u64, Vec<(i64, u8)>)]) -> Result<()> {
+        if runs.is_empty() {
             return Ok(());
         }
-        values.sort_unstable();
+        runs.sort_unstable_by_key(|(id, _)| *id);
         let run = self.run;
-        let mut entries: Vec<([u8; 16], Option<Vec<u8>>)> = vec![];
-        for set in values.chunk_by(|a, b| a.0 == b.0) {
-            let items: Vec<(i64, u8)> = set.iter().map(|(_, v, m)| (*v, *m)).collect();
-            entries.push((run_key(set[0].0, run), Some(encode(&items))));
+        let mut entries: Vec<([u8; 16], Option<Vec<u8>>)> = Vec::with_capacity(runs.len());
+        for (id, values) in runs.iter_mut() {
+            values.sort_unstable();
+            entries.push((run_key(*id, run), Some(encode(values))));
         }
         self.store.upsert(&entries)?;
         self.run += 1;
-        for (id, v, _) in &values {
-            self.filter.insert(&value_key(*id, *v));
+        for (id, values) in runs.iter() {
+            for (v, _) in values {
+                self.filter.insert(&value_key(*id, *v));
+            }
+            self.values += values.len();
         }
-        self.values += values.len();
         Ok(())
     }
 
@@ -203,8 +206,15 @@ mod tests {
             (0..1_000).map(|v| (1, v * 7, (v % 3 + 1) as u8)).collect();
         values.extend((-70..-60).map(|v| (1, v, 4)));
         values.extend([(2, 5, 1), (2, i64::MAX, 2), (2, i64::MIN, 1)]);
-        disk.put(values.clone()).unwrap();
-        disk.put(vec![(1, 5, 1), (1, 50_001, 2)]).unwrap();
+        let mut runs: Vec<(u64, Vec<(i64, u8)>)> = vec![];
+        for (id, v, m) in values.iter().rev() {
+            match runs.iter_mut().find(|(r, _)| r == id) {
+                Some((_, run)) => run.push((*v, *m)),
+                None => runs.push((*id, vec![(*v, *m)])),
+            }
+        }
+        disk.put(&mut runs).unwrap();
+        disk.put(&mut [(1, vec![(50_001, 2), (5, 1)])]).unwrap();
         assert_eq!(disk.len(), 1_015);
         let mut set1 = disk.read_set(1).unwrap();
         set1.sort_unstable();

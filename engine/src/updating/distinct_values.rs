@@ -26,6 +26,9 @@ use super::aggregate_columns::Op;
 use super::distinct_on_disk::ValuesOnDisk;
 use crate::error::{EngineError, Result};
 
+/// Values a move writes at a time.
+const MOVE_BATCH: usize = 1 << 16;
+
 /// Distinct counts that share a set: at most this many per family (the
 /// mask's last bit is [`NAMED`]).
 pub(super) const MEMBERS: usize = 7;
@@ -234,38 +237,47 @@ impl DistinctFamily {
         let Some(disk) = &mut self.disk else {
             return vec![];
         };
-        let mut moved = vec![];
+        // Written a batch at a time, so a move holds little beside the
+        // sets: (slot, set id, values) of the sets taken from since the
+        // last write.
+        let mut batch: Vec<(usize, (u64, Vec<(i64, u8)>))> = vec![];
+        let mut in_batch = 0;
         let mut shrunk = vec![];
-        for (slot, set) in self.sets.iter_mut().enumerate() {
-            let Some(set) = set else { continue };
-            let before = set.bytes();
-            let out = set.take_unnamed(&self.hasher);
-            if out.is_empty() {
-                continue;
-            }
-            shrunk.push((slot, before.saturating_sub(set.bytes())));
-            moved.extend(out.into_iter().map(|(v, m)| (set.id, v, m)));
-        }
-        if moved.is_empty() {
-            return shrunk;
-        }
-        if let Err(e) = disk.put(moved.clone()) {
-            // Nothing was written: the values go back into their sets.
-            tracing::warn!("distinct values stay in memory from now on: {e}");
-            self.disk = None;
-            let slot_of: hashbrown::HashMap<u64, usize> = self
-                .sets
-                .iter()
-                .enumerate()
-                .filter_map(|(slot, s)| s.as_ref().map(|s| (s.id, slot)))
-                .collect();
-            for (id, v, mask) in moved {
-                if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
-                    set.push(&self.hasher, v, mask);
-                    set.on_disk -= 1;
+        let slots = self.sets.len();
+        for slot in 0..=slots {
+            if let Some(Some(set)) = self.sets.get_mut(slot) {
+                let before = set.bytes();
+                let out = set.take_unnamed(&self.hasher);
+                if !out.is_empty() {
+                    shrunk.push((slot, before.saturating_sub(set.bytes())));
+                    in_batch += out.len();
+                    batch.push((slot, (set.id, out)));
                 }
             }
-            return vec![];
+            if batch.is_empty() || (in_batch < MOVE_BATCH && slot < slots) {
+                continue;
+            }
+            let mut runs: Vec<(u64, Vec<(i64, u8)>)> =
+                batch.iter_mut().map(|(_, r)| std::mem::take(r)).collect();
+            if let Err(e) = disk.put(&mut runs) {
+                // Nothing of this batch was written: its values go back
+                // into their sets, and no more values move.
+                tracing::warn!("distinct values stay in memory from now on: {e}");
+                for ((slot, _), (_, values)) in batch.iter().zip(runs) {
+                    if let Some(set) = self.sets[*slot].as_mut() {
+                        set.on_disk -= values.len();
+                        for (v, mask) in values {
+                            set.push(&self.hasher, v, mask);
+                        }
+                    }
+                }
+                let undone: Vec<usize> = batch.iter().map(|(s, _)| *s).collect();
+                shrunk.retain(|(s, _)| !undone.contains(s));
+                self.disk = None;
+                return shrunk;
+            }
+            batch.clear();
+            in_batch = 0;
         }
         shrunk
     }
