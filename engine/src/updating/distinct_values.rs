@@ -26,8 +26,9 @@ use super::aggregate_columns::Op;
 use super::distinct_on_disk::ValuesOnDisk;
 use crate::error::{EngineError, Result};
 
-/// Values a move writes at a time.
-const MOVE_BATCH: usize = 1 << 16;
+/// Values a move writes at a time (few in unit tests, so that their moves
+/// take several writes).
+const MOVE_BATCH: usize = if cfg!(test) { 64 } else { 1 << 16 };
 
 /// Distinct counts that share a set: at most this many per family (the
 /// mask's last bit is [`NAMED`]).
