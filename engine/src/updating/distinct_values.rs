@@ -258,14 +258,17 @@ impl DistinctFamily {
             if batch.is_empty() || (in_batch < MOVE_BATCH && slot < slots) {
                 continue;
             }
+            let slot_of: hashbrown::HashMap<u64, usize> =
+                batch.iter().map(|(slot, (id, _))| (*id, *slot)).collect();
             let mut runs: Vec<(u64, Vec<(i64, u8)>)> =
                 batch.iter_mut().map(|(_, r)| std::mem::take(r)).collect();
             if let Err(e) = disk.put(&mut runs) {
                 // Nothing of this batch was written: its values go back
-                // into their sets, and no more values move.
+                // into their sets (the runs are in id order now), and no
+                // more values move.
                 tracing::warn!("distinct values stay in memory from now on: {e}");
-                for ((slot, _), (_, values)) in batch.iter().zip(runs) {
-                    if let Some(set) = self.sets[*slot].as_mut() {
+                for (id, values) in runs {
+                    if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
                         set.on_disk -= values.len();
                         for (v, mask) in values {
                             set.push(&self.hasher, v, mask);
