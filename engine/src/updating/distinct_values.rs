@@ -95,13 +95,18 @@ impl MaskedSet {
 
     /// A value not in the set, with its mask.
     fn push(&mut self, hasher: &DefaultHashBuilder, v: i64, mask: u8) {
-        let i = self.values.len() as u32;
         self.values.push(v);
         self.masks.push(mask);
+        self.index_at(hasher, self.values.len() - 1);
+    }
+
+    /// Put `values[i]` in the index.
+    fn index_at(&mut self, hasher: &DefaultHashBuilder, i: usize) {
         let values = &self.values;
-        self.index.insert_unique(hasher.hash_one(v), i, |j| {
-            hasher.hash_one(values[*j as usize])
-        });
+        self.index
+            .insert_unique(hasher.hash_one(values[i]), i as u32, |j| {
+                hasher.hash_one(values[*j as usize])
+            });
     }
 
     /// Take out the values no row named since the last call (they are
@@ -130,13 +135,9 @@ impl MaskedSet {
         self.masks.truncate(kept);
         self.values.shrink_to_fit();
         self.masks.shrink_to_fit();
-        let values = &self.values;
         self.index = HashTable::with_capacity(kept);
-        for (i, v) in values.iter().enumerate() {
-            self.index
-                .insert_unique(hasher.hash_one(*v), i as u32, |j| {
-                    hasher.hash_one(values[*j as usize])
-                });
+        for i in 0..kept {
+            self.index_at(hasher, i);
         }
         self.on_disk += out.len();
         out

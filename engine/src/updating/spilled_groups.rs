@@ -3,8 +3,8 @@
 //! `redb`), and taken back into memory when a row of theirs comes. A key
 //! filter in memory answers "not on disk" for a new group without reading
 //! the file, so a stream of new keys costs no disk reads. The values of
-//! distinct counts that move out of memory use the same store, keyed by
-//! their set and value (`distinct_values.rs`).
+//! distinct counts that move out of memory use the same store, a run per
+//! set and move (`distinct_on_disk.rs`).
 //!
 //! The file is a cache of the member's state, not part of its checkpoint: a
 //! whole checkpoint reads the groups in it, and a restarted member starts
@@ -204,16 +204,25 @@ impl SpilledGroups {
     }
 
     /// Drop the entries whose keys start with `prefix`.
+    /// (One write over the prefix's range: its values are not read.)
     pub(super) fn remove_prefix(&mut self, prefix: &[u8]) -> Result<()> {
-        let keys: Vec<Key> = self
-            .read_prefix(prefix)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        if keys.is_empty() {
+        if self.len == 0 {
             return Ok(());
         }
-        self.remove(&keys)
+        let mut gone = 0;
+        let end = after_prefix(prefix);
+        self.write(|table| {
+            let drop_all = |_: &[u8], _: &[u8]| {
+                gone += 1;
+                false
+            };
+            match &end {
+                Some(end) => table.retain_in::<&[u8], _>(prefix..end.as_slice(), drop_all),
+                None => table.retain_in::<&[u8], _>(prefix.., drop_all),
+            }
+        })?;
+        self.len -= gone;
+        Ok(())
     }
 
     /// Every group on disk, in key order, `n` at a time.
@@ -301,6 +310,19 @@ impl Drop for SpilledGroups {
             let _ = std::fs::remove_dir(dir);
         }
     }
+}
+
+/// The least key past every key that starts with `prefix` (none when the
+/// prefix is all 0xff bytes).
+fn after_prefix(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
 }
 
 fn spill_error(path: &Path, e: &dyn std::fmt::Display) -> EngineError {
