@@ -27,8 +27,14 @@ const CACHE_BYTES: usize = 2 << 20;
 /// commit that does lets the file reuse the pages freed before it).
 const LAZY_COMMITS: u32 = 64;
 
-/// Keys the first filter is sized for; each further one holds twice the last.
+/// Keys the first filter is sized for; each further one holds twice the
+/// last, up to `LAST_FILTER_KEYS`.
 const FIRST_FILTER_KEYS: usize = 64 * 1024;
+
+/// Keys a filter holds at most: past it, filters stop doubling, so their
+/// bits follow the keys (~10 a key) instead of running up to twice ahead of
+/// them (a filter is touched all over as soon as it is made).
+const LAST_FILTER_KEYS: usize = 1024 * 1024;
 
 /// Files made by this process, to name the next.
 static FILES: AtomicU64 = AtomicU64::new(0);
@@ -349,9 +355,10 @@ fn remove_orphans(root: &Path) {
     }
 }
 
-/// Which keys may be on disk: Bloom filters, a new one twice as large each
-/// time the last is full, ~1% false positives at ~10 bits a key. A key
-/// taken back stays in them (a false positive costs one lookup).
+/// Which keys may be on disk: Bloom filters, a new one each time the last
+/// is full (twice as large, up to a million keys), ~1% false positives a
+/// filter at ~10 bits a key. A key taken back stays in them (a false
+/// positive costs one lookup).
 #[derive(Default)]
 pub(super) struct KeyFilter {
     filters: Vec<Bloom>,
@@ -366,14 +373,16 @@ struct Bloom {
 /// Probes per key.
 const PROBES: u64 = 7;
 
+/// Keys the filter after one of `last` keys is sized for.
+fn next_capacity(last: Option<usize>) -> usize {
+    last.map_or(FIRST_FILTER_KEYS, |c| (c * 2).min(LAST_FILTER_KEYS))
+}
+
 impl KeyFilter {
     pub(super) fn insert(&mut self, key: &[u8]) {
         let full = self.filters.last().is_none_or(|b| b.keys >= b.capacity);
         if full {
-            let capacity = self
-                .filters
-                .last()
-                .map_or(FIRST_FILTER_KEYS, |b| b.capacity * 2);
+            let capacity = next_capacity(self.filters.last().map(|b| b.capacity));
             self.filters.push(Bloom {
                 bits: vec![0; (capacity * 10).div_ceil(64)],
                 keys: 0,
@@ -428,6 +437,31 @@ pub(super) fn distinct<'a>(keys: impl IntoIterator<Item = &'a [u8]>) -> Vec<&'a 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn filters_double_up_to_a_million_keys_then_stay() {
+        let mut sizes = vec![];
+        let mut last = None;
+        for _ in 0..8 {
+            let c = next_capacity(last);
+            sizes.push(c);
+            last = Some(c);
+        }
+        let k = 1024;
+        assert_eq!(
+            sizes,
+            [
+                64 * k,
+                128 * k,
+                256 * k,
+                512 * k,
+                k * k,
+                k * k,
+                k * k,
+                k * k
+            ]
+        );
+    }
 
     #[test]
     fn groups_go_to_disk_and_come_back_once() {
