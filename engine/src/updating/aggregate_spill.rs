@@ -128,10 +128,10 @@ impl GroupAccumulators {
         if self.bytes() > budget / 4 * 3 {
             let (was, started) = (self.spilled_values(), std::time::Instant::now());
             for f in 0..self.families.len() {
-                for (slot, freed) in self.families[f].spill_unnamed() {
-                    let freed = freed.min(self.sizes[slot] as usize);
-                    self.sizes[slot] -= freed as u32;
-                    self.bytes -= freed;
+                for (slot, was, now) in self.families[f].spill_unnamed()? {
+                    let size = (self.sizes[slot] as usize + now).saturating_sub(was);
+                    self.bytes = (self.bytes + size).saturating_sub(self.sizes[slot] as usize);
+                    self.sizes[slot] = u32::try_from(size).unwrap_or(u32::MAX);
                 }
             }
             let after = self.bytes();

@@ -598,6 +598,19 @@ fn groups_on_disk_come_back_as_they_were() {
 
 #[test]
 fn distinct_values_on_disk_are_counted_once() {
+    distinct_values_through_moves(None);
+}
+
+/// A write to disk that fails (with values of earlier moves there) brings
+/// every value back into memory, and the counts stay exact.
+#[test]
+fn a_failed_write_of_distinct_values_brings_them_all_back() {
+    distinct_values_through_moves(Some(30));
+}
+
+/// Runs an aggregate with distinct values on disk against one in memory;
+/// at epoch `fail_at`, the move's write fails.
+fn distinct_values_through_moves(fail_at: Option<u64>) {
     use rand::{Rng, SeedableRng};
     // count(DISTINCT v), count(v) FILTER (v > 3) and count(DISTINCT v)
     // FILTER (v > 3): one family of two distinct counts.
@@ -645,7 +658,26 @@ fn distinct_values_on_disk_are_counted_once() {
             table(&kept.evaluate(keys.iter()).unwrap()),
             "epoch {epoch}"
         );
-        spilled.spill_cold(epoch).unwrap();
+        if fail_at == Some(epoch) {
+            let on_disk = spilled.spilled_values();
+            assert!(on_disk > 500, "{on_disk} values on disk before the failure");
+            for f in &mut spilled.families {
+                f.fail_writes_after = Some(1);
+            }
+            let held = spilled.bytes();
+            spilled.spill_cold(epoch).unwrap();
+            assert_eq!(spilled.spilled_values(), 0, "every value back in memory");
+            assert!(
+                spilled.bytes() > held,
+                "{} bytes after, {held} before",
+                spilled.bytes()
+            );
+        } else {
+            spilled.spill_cold(epoch).unwrap();
+        }
+        if fail_at.is_some_and(|at| epoch >= at && epoch < 40) {
+            assert_eq!(spilled.spilled_values(), 0, "no value moves again");
+        }
         most_on_disk = most_on_disk.max(spilled.spilled_values());
         went_whole |= spilled.spilled() > 0;
         if epoch % 20 == 0 {

@@ -153,6 +153,9 @@ impl MaskedSet {
     }
 }
 
+/// A set's id and values with their masks, as they go to disk.
+type Run = (u64, Vec<(i64, u8)>);
+
 /// The shared sets of one argument, by group slot.
 pub(super) struct DistinctFamily {
     hasher: DefaultHashBuilder,
@@ -165,6 +168,9 @@ pub(super) struct DistinctFamily {
     /// [`Self::lookups`].
     asked: usize,
     found: usize,
+    /// Writes to disk that succeed before one fails (tests of that path).
+    #[cfg(test)]
+    pub(super) fail_writes_after: Option<usize>,
 }
 
 impl DistinctFamily {
@@ -176,6 +182,8 @@ impl DistinctFamily {
             disk: None,
             asked: 0,
             found: 0,
+            #[cfg(test)]
+            fail_writes_after: None,
         }
     }
 
@@ -233,25 +241,27 @@ impl DistinctFamily {
     }
 
     /// Move to disk the values no row named since the last move, from
-    /// every set. Returns the slots whose sets shrank, with the bytes each
-    /// freed. If the disk fails, nothing moves now or later.
-    pub(super) fn spill_unnamed(&mut self) -> Vec<(usize, usize)> {
+    /// every set. Returns the slots whose sets changed, with the bytes each
+    /// held before and after. If the disk fails, every value comes back
+    /// into memory and none moves again; an error then is one reading them
+    /// back.
+    pub(super) fn spill_unnamed(&mut self) -> Result<Vec<(usize, usize, usize)>> {
         let Some(disk) = &mut self.disk else {
-            return vec![];
+            return Ok(vec![]);
         };
         // Written a batch at a time, so a move holds little beside the
         // sets: (slot, set id, values) of the sets taken from since the
         // last write.
-        let mut batch: Vec<(usize, (u64, Vec<(i64, u8)>))> = vec![];
+        let mut batch: Vec<(usize, Run)> = vec![];
         let mut in_batch = 0;
-        let mut shrunk = vec![];
+        let mut before: Vec<(usize, usize)> = vec![];
         let slots = self.sets.len();
         for slot in 0..=slots {
             if let Some(Some(set)) = self.sets.get_mut(slot) {
-                let before = set.bytes();
+                let bytes = set.bytes();
                 let out = set.take_unnamed(&self.hasher);
                 if !out.is_empty() {
-                    shrunk.push((slot, before.saturating_sub(set.bytes())));
+                    before.push((slot, bytes));
                     in_batch += out.len();
                     batch.push((slot, (set.id, out)));
                 }
@@ -261,30 +271,71 @@ impl DistinctFamily {
             }
             let slot_of: hashbrown::HashMap<u64, usize> =
                 batch.iter().map(|(slot, (id, _))| (*id, *slot)).collect();
-            let mut runs: Vec<(u64, Vec<(i64, u8)>)> =
-                batch.iter_mut().map(|(_, r)| std::mem::take(r)).collect();
-            if let Err(e) = disk.put(&mut runs) {
-                // Nothing of this batch was written: its values go back
-                // into their sets (the runs are in id order now), and no
-                // more values move.
-                tracing::warn!("distinct values stay in memory from now on: {e}");
-                for (id, values) in runs {
-                    if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
-                        set.on_disk -= values.len();
-                        for (v, mask) in values {
-                            set.push(&self.hasher, v, mask);
-                        }
-                    }
-                }
-                let undone: Vec<usize> = batch.iter().map(|(s, _)| *s).collect();
-                shrunk.retain(|(s, _)| !undone.contains(s));
-                self.disk = None;
-                return shrunk;
+            let mut runs: Vec<Run> = batch.iter_mut().map(|(_, r)| std::mem::take(r)).collect();
+            #[cfg(test)]
+            let failed = self.fail_writes_after.as_mut().is_some_and(|n| {
+                *n = n.saturating_sub(1);
+                *n == 0
+            });
+            #[cfg(not(test))]
+            let failed = false;
+            let written = if failed {
+                Err(EngineError::Context("a write failed (test)".into()))
+            } else {
+                disk.put(&mut runs)
+            };
+            if let Err(e) = written {
+                tracing::warn!("distinct values come back into memory and stay there: {e}");
+                self.bring_back(runs, &slot_of, &mut before)?;
+                return Ok(self.changed(before));
             }
             batch.clear();
             in_batch = 0;
         }
-        shrunk
+        Ok(self.changed(before))
+    }
+
+    /// After a failed write: `unwritten` (set id, values) back into their
+    /// sets (at `slot_of`), then every value on disk, and the disk goes.
+    /// Adds to `before` the bytes of each set it changes first.
+    fn bring_back(
+        &mut self,
+        unwritten: Vec<Run>,
+        slot_of: &hashbrown::HashMap<u64, usize>,
+        before: &mut Vec<(usize, usize)>,
+    ) -> Result<()> {
+        for (id, values) in unwritten {
+            if let Some(set) = slot_of.get(&id).and_then(|s| self.sets[*s].as_mut()) {
+                set.on_disk -= values.len();
+                for (v, mask) in values {
+                    set.push(&self.hasher, v, mask);
+                }
+            }
+        }
+        let Some(disk) = self.disk.take() else {
+            return Ok(());
+        };
+        for (slot, set) in self.sets.iter_mut().enumerate() {
+            let Some(set) = set.as_mut().filter(|s| s.on_disk > 0) else {
+                continue;
+            };
+            if !before.iter().any(|(s, _)| *s == slot) {
+                before.push((slot, set.bytes()));
+            }
+            for (v, mask) in disk.read_set(set.id)? {
+                set.push(&self.hasher, v, mask);
+            }
+            set.on_disk = 0;
+        }
+        Ok(())
+    }
+
+    /// `before` (slot, bytes) with each set's bytes now.
+    fn changed(&self, before: Vec<(usize, usize)>) -> Vec<(usize, usize, usize)> {
+        before
+            .into_iter()
+            .map(|(slot, was)| (slot, was, self.bytes(slot)))
+            .collect()
     }
 
     /// Bytes the set of `slot` holds.
