@@ -297,7 +297,8 @@ impl DistinctFamily {
 
     /// After a failed write: `unwritten` (set id, values) back into their
     /// sets (at `slot_of`), then every value on disk, and the disk goes.
-    /// Adds to `before` the bytes of each set it changes first.
+    /// Adds to `before` the bytes of each set it changes first. If the
+    /// disk cannot be read, the values on it stay there.
     fn bring_back(
         &mut self,
         unwritten: Vec<Run>,
@@ -312,21 +313,30 @@ impl DistinctFamily {
                 }
             }
         }
-        let Some(disk) = self.disk.take() else {
+        let Some(disk) = &self.disk else {
             return Ok(());
         };
-        for (slot, set) in self.sets.iter_mut().enumerate() {
-            let Some(set) = set.as_mut().filter(|s| s.on_disk > 0) else {
+        // All read before any goes in, so a failed read changes nothing.
+        let mut read: Vec<(usize, Vec<(i64, u8)>)> = vec![];
+        for (slot, set) in self.sets.iter().enumerate() {
+            if let Some(set) = set.as_ref().filter(|s| s.on_disk > 0) {
+                read.push((slot, disk.read_set(set.id)?));
+            }
+        }
+        let seen: hashbrown::HashSet<usize> = before.iter().map(|(s, _)| *s).collect();
+        for (slot, values) in read {
+            let Some(set) = self.sets[slot].as_mut() else {
                 continue;
             };
-            if !before.iter().any(|(s, _)| *s == slot) {
+            if !seen.contains(&slot) {
                 before.push((slot, set.bytes()));
             }
-            for (v, mask) in disk.read_set(set.id)? {
+            for (v, mask) in values {
                 set.push(&self.hasher, v, mask);
             }
             set.on_disk = 0;
         }
+        self.disk = None;
         Ok(())
     }
 
