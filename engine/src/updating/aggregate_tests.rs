@@ -470,6 +470,26 @@ fn typed_columns_agree_with_datafusions_accumulators() {
     }
 }
 
+/// `spilled` and `kept` agree on an epoch that touched `keys`: the rows
+/// they had emitted before it, and what the keys evaluate to now.
+fn same_epoch(
+    spilled: &mut GroupAccumulators,
+    kept: &mut GroupAccumulators,
+    keys: &[Key],
+    at: &str,
+) {
+    assert_eq!(
+        table(&spilled.take_before().unwrap()),
+        table(&kept.take_before().unwrap()),
+        "rows before, {at}"
+    );
+    assert_eq!(
+        table(&spilled.evaluate(keys.iter()).unwrap()),
+        table(&kept.evaluate(keys.iter()).unwrap()),
+        "{at}"
+    );
+}
+
 /// Groups moved to local disk past a tiny memory budget against the same
 /// groups kept in memory: each epoch's results and rows before, whole
 /// checkpoints, and a restore from one, over typed columns and boxed
@@ -561,15 +581,11 @@ fn groups_on_disk_come_back_as_they_were() {
                     keys.extend(spilled.apply(&batch(&gone), true, epoch).unwrap());
                     kept.apply(&batch(&gone), true, epoch).unwrap();
                 }
-                assert_eq!(
-                    table(&spilled.take_before().unwrap()),
-                    table(&kept.take_before().unwrap()),
-                    "rows before epoch {epoch}, {case}"
-                );
-                assert_eq!(
-                    table(&spilled.evaluate(keys.iter()).unwrap()),
-                    table(&kept.evaluate(keys.iter()).unwrap()),
-                    "epoch {epoch}, {case}"
+                same_epoch(
+                    &mut spilled,
+                    &mut kept,
+                    &keys,
+                    &format!("epoch {epoch}, {case}"),
                 );
                 spilled.spill_cold(epoch).unwrap();
                 most_on_disk = most_on_disk.max(spilled.spilled());
@@ -648,16 +664,7 @@ fn distinct_values_through_moves(fail_at: Option<u64>) {
         let v: Vec<Option<i64>> = added.iter().map(|(_, v)| *v).collect();
         let keys = spilled.apply(&rows(&k, &v), false, epoch).unwrap();
         kept.apply(&rows(&k, &v), false, epoch).unwrap();
-        assert_eq!(
-            table(&spilled.take_before().unwrap()),
-            table(&kept.take_before().unwrap()),
-            "rows before epoch {epoch}"
-        );
-        assert_eq!(
-            table(&spilled.evaluate(keys.iter()).unwrap()),
-            table(&kept.evaluate(keys.iter()).unwrap()),
-            "epoch {epoch}"
-        );
+        same_epoch(&mut spilled, &mut kept, &keys, &format!("epoch {epoch}"));
         if fail_at == Some(epoch) {
             let on_disk = spilled.spilled_values();
             assert!(on_disk > 500, "{on_disk} values on disk before the failure");

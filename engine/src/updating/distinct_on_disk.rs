@@ -85,7 +85,9 @@ pub(super) struct ValuesOnDisk {
 impl ValuesOnDisk {
     pub(super) fn create() -> Result<Self> {
         Ok(ValuesOnDisk {
-            store: SpilledGroups::create()?,
+            // Runs are read by set, never asked one by one: the values'
+            // own filter is the one that answers.
+            store: SpilledGroups::create_unfiltered()?,
             filter: KeyFilter::default(),
             values: 0,
             run: 0,

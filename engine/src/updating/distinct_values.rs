@@ -269,9 +269,11 @@ impl DistinctFamily {
             if batch.is_empty() || (in_batch < MOVE_BATCH && slot < slots) {
                 continue;
             }
-            let slot_of: hashbrown::HashMap<u64, usize> =
-                batch.iter().map(|(slot, (id, _))| (*id, *slot)).collect();
-            let mut runs: Vec<Run> = batch.iter_mut().map(|(_, r)| std::mem::take(r)).collect();
+            // The ids stay in `batch`, for a failed write to find the sets.
+            let mut runs: Vec<Run> = batch
+                .iter_mut()
+                .map(|(_, (id, values))| (*id, std::mem::take(values)))
+                .collect();
             #[cfg(test)]
             let failed = self.fail_writes_after.as_mut().is_some_and(|n| {
                 *n = n.saturating_sub(1);
@@ -286,6 +288,8 @@ impl DistinctFamily {
             };
             if let Err(e) = written {
                 tracing::warn!("distinct values come back into memory and stay there: {e}");
+                let slot_of: hashbrown::HashMap<u64, usize> =
+                    batch.iter().map(|(slot, (id, _))| (*id, *slot)).collect();
                 self.bring_back(runs, &slot_of, &mut before)?;
                 return Ok(self.changed(before));
             }

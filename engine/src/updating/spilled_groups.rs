@@ -43,7 +43,9 @@ static FILES: AtomicU64 = AtomicU64::new(0);
 pub(super) struct SpilledGroups {
     db: Database,
     path: PathBuf,
-    filter: KeyFilter,
+    /// Which keys may be on disk; none for a store whose keys are looked
+    /// up by prefix only (distinct values' runs).
+    filter: Option<KeyFilter>,
     len: usize,
     lazy_commits: u32,
 }
@@ -59,6 +61,15 @@ impl SpilledGroups {
     /// (`/tmp` on Lambda). Files left by processes that are gone are
     /// removed first.
     pub(super) fn create() -> Result<Self> {
+        Self::open(Some(KeyFilter::default()))
+    }
+
+    /// The same without a key filter, for keys never asked one by one.
+    pub(super) fn create_unfiltered() -> Result<Self> {
+        Self::open(None)
+    }
+
+    fn open(filter: Option<KeyFilter>) -> Result<Self> {
         let root = std::env::temp_dir().join("skein-groups");
         remove_orphans(&root);
         let dir = root.join(std::process::id().to_string());
@@ -74,7 +85,7 @@ impl SpilledGroups {
         Ok(SpilledGroups {
             db,
             path,
-            filter: KeyFilter::default(),
+            filter,
             len: 0,
             lazy_commits: 0,
         })
@@ -92,7 +103,7 @@ impl SpilledGroups {
 
     /// Whether `key` may be on disk (false: it is not).
     pub(super) fn may_hold(&self, key: &[u8]) -> bool {
-        self.len > 0 && self.filter.may_hold(key)
+        self.len > 0 && self.filter.as_ref().is_none_or(|f| f.may_hold(key))
     }
 
     /// Keep `entries` (none of which is on disk already), best in key
@@ -108,8 +119,10 @@ impl SpilledGroups {
             }
             Ok(())
         })?;
-        for (key, _) in entries {
-            self.filter.insert(key.as_ref());
+        if let Some(filter) = &mut self.filter {
+            for (key, _) in entries {
+                filter.insert(key.as_ref());
+            }
         }
         self.len += n;
         Ok(())
@@ -170,8 +183,10 @@ impl SpilledGroups {
             }
             Ok(())
         })?;
-        for key in &added {
-            self.filter.insert(key);
+        if let Some(filter) = &mut self.filter {
+            for key in &added {
+                filter.insert(key);
+            }
         }
         self.len = self.len + added.len() - gone;
         Ok(())
@@ -278,7 +293,9 @@ impl SpilledGroups {
             Ok(())
         })?;
         self.len = 0;
-        self.filter = KeyFilter::default();
+        if let Some(filter) = &mut self.filter {
+            *filter = KeyFilter::default();
+        }
         Ok(())
     }
 
