@@ -121,3 +121,78 @@ fn without_group_size_the_group_is_sized_from_the_measured_work() {
     assert_eq!(per_epoch(&fixed_cost, &fixed), 2 + 2 * 3, "{fixed}");
     assert_eq!(per_epoch(&sized_cost, &sized), 2 + 2 * expected, "{sized}");
 }
+
+#[test]
+fn a_day_with_a_peak_is_priced_under_a_fixed_and_an_elastic_group() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "cost",
+            "queries/cost/ysb.sql",
+            "--rate",
+            "5000",
+            "--seconds",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        skein(&args)
+    };
+    // The fixed group is the deployment's --group-size, all day.
+    let (ok, stdout, stderr) = run(&[
+        "--peak",
+        "4",
+        "--peak-hours",
+        "6",
+        "--group-size",
+        "3",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let day: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let (fixed, elastic) = (&day["fixed"], &day["elastic"]);
+    let sizes = |p: &serde_json::Value| {
+        (
+            p["trough_group_size"].as_u64(),
+            p["peak_group_size"].as_u64(),
+        )
+    };
+    assert_eq!(sizes(fixed), (Some(3), Some(3)), "{day}");
+    // 5,000 events/s and 20,000 are a few milliseconds of work an epoch:
+    // one member each, so the elastic group never changes size.
+    assert_eq!(sizes(elastic), (Some(1), Some(1)), "{day}");
+    assert_eq!(fixed["rescales_per_day"].as_u64(), Some(0), "{day}");
+    assert_eq!(elastic["rescales_per_day"].as_u64(), Some(0), "{day}");
+    // A day is 18 hours of the trough and 6 of the peak, each at its hour's price.
+    for p in [fixed, elastic] {
+        let f = |k: &str| p[k].as_f64().unwrap();
+        let day_usd = 18.0 * f("trough_usd_per_hour") + 6.0 * f("peak_usd_per_hour");
+        assert!((f("usd_per_day") - day_usd).abs() < 1e-9 * day_usd, "{day}");
+        let events = 3600.0 * (18.0 * 5000.0 + 6.0 * 20_000.0);
+        assert!(
+            (f("usd_per_million_events") - day_usd / events * 1e6).abs() < 1e-12,
+            "{day}"
+        );
+    }
+    // The fixed group pays two members more all day (their invocations
+    // every epoch).
+    let usd = |p: &serde_json::Value, k: &str| p[k].as_f64().unwrap();
+    for hour in ["trough_usd_per_hour", "peak_usd_per_hour"] {
+        assert!(usd(elastic, hour) < usd(fixed, hour), "{hour}: {day}");
+    }
+    let ratio = usd(elastic, "usd_per_day") / usd(fixed, "usd_per_day");
+    assert!(
+        (day["elastic_over_fixed"].as_f64().unwrap() - ratio).abs() < 1e-9,
+        "{day}"
+    );
+    assert!(ratio < 1.0, "{day}");
+
+    for (bad, expect) in [
+        (vec!["--peak", "0.5"], "--peak must be at least 1"),
+        (vec!["--peak", "4", "--peak-hours", "24"], "--peak-hours"),
+        (vec!["--peak-hours", "3"], "--peak"),
+    ] {
+        let (ok, _, stderr) = run(&bad);
+        assert!(!ok, "{bad:?} succeeded");
+        assert!(stderr.contains(expect), "{bad:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{bad:?}: {stderr}");
+    }
+}

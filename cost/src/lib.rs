@@ -4,10 +4,12 @@
 //! Apache Flink. Prices live in one table ([`Prices`]) with their date and
 //! source, overridable by a JSON file. docs/cost.md explains the model.
 
+mod day;
 mod estimate;
 mod exchange;
 mod prices;
 
+pub use day::{DayCost, DayPlan, LoadCurve, PricedPart, price_day};
 pub use estimate::{
     Arch, CostReport, LambdaCost, Measured, ModelOptions, ObjectStore, ServerCost, estimate,
 };

@@ -7,6 +7,7 @@
 //! The cost section every report carries is [`report`]; the sweep over
 //! epoch and checkpoint intervals is `sweep.rs`.
 
+mod day;
 pub mod report;
 mod sweep;
 
@@ -34,7 +35,7 @@ use crate::args::CommonRunArgs;
 use crate::lambda::{Backend, LambdaArgs};
 use crate::registry::registries;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct CostArgs {
     /// A SQL file whose tables are generators (STORED AS NEXMARK or YSB):
     /// their 'events' and 'rate' options are set to what is measured.
@@ -68,6 +69,14 @@ pub struct CostArgs {
     /// epoch).
     #[arg(long, value_enum, default_value = "kafka")]
     pub input: sweep::Input,
+    /// Price a day instead: --rate most of it, and a peak of this many
+    /// times --rate for --peak-hours, under a fixed group (sized for the
+    /// peak) and an elastic one (sized for each part's load).
+    #[arg(long, value_name = "TIMES")]
+    pub peak: Option<f64>,
+    /// Hours of the day at the peak.
+    #[arg(long, default_value_t = 4.0, requires = "peak")]
+    pub peak_hours: f64,
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
@@ -144,6 +153,9 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     if args.interval.is_zero() {
         bail!("--interval must be longer than zero");
     }
+    if let Some(peak) = args.peak {
+        return day::cost_day(&sql, &name, &args, peak).await;
+    }
     let k = args.checkpoint_interval();
     // Without --group-size, the group is sized from the query's work: a
     // probe at one member per group, in-process.
@@ -202,7 +214,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
 
 /// How busy a member may be in an epoch, as a share of the interval: the
 /// rest is headroom for bursts and for the epoch's own latency.
-const BUSY_SHARE: f64 = 0.5;
+pub(super) const BUSY_SHARE: f64 = 0.5;
 
 /// A group size chosen from measured work.
 #[derive(Debug, Clone, Copy)]
@@ -218,7 +230,7 @@ struct GroupSizing {
 /// (sources included, so this errs towards more members). Every member
 /// is invoked by every source member each epoch, so a member more than
 /// the work needs costs requests for nothing.
-fn members_for(busy_ms: f64, interval: Duration) -> usize {
+pub(super) fn members_for(busy_ms: f64, interval: Duration) -> usize {
     let budget_ms = interval.as_secs_f64() * 1000.0 * BUSY_SHARE;
     ((busy_ms / budget_ms).ceil() as usize).max(1)
 }
@@ -331,7 +343,7 @@ fn print_cost(
 /// Run the query in-process over `seconds` of generated input at the
 /// rate, one epoch per `interval`, committing every `k` epochs to a
 /// scratch directory, as a standing query does.
-async fn measure_local(
+pub(super) async fn measure_local(
     sql: &str,
     name: &str,
     args: &CostArgs,
