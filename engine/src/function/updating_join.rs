@@ -2,7 +2,8 @@
 //! `crate::updating::join`): each epoch's changed rows meet the other
 //! side's rows of their keys, and an outer join's padding is worked out
 //! again only for the keys whose other side went from no rows to some or
-//! back.
+//! back; a semi or anti join's old rows are run again only for the keys
+//! where whether they have a match may have changed.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use crate::error::{EngineError, Result};
 use crate::exec::StageInput;
 use crate::payload::{Arrived, batches_of};
 use crate::updating::UpdatingState;
-use crate::updating::join::IncrementalJoin;
+use crate::updating::join::{ExistsSide, IncrementalJoin};
 use crate::updating::keyed::{Key, concat};
 
 /// An epoch's output rows of a join, by kind.
@@ -38,13 +39,9 @@ impl UpdatingStep {
         join: &IncrementalJoin,
         edges: BTreeMap<u32, Vec<Arrived>>,
     ) -> Result<(RecordBatch, RecordBatch)> {
-        // Each edge's rows of the epoch, as one batch.
-        let mut new: BTreeMap<u32, RecordBatch> = BTreeMap::new();
-        for (edge, arrived) in edges {
-            let batches = batches_of(arrived);
-            if let Some(first) = batches.first() {
-                new.insert(edge, concat(&first.schema(), &batches)?);
-            }
+        let mut new = epoch_rows(edges)?;
+        if let Some(side) = &join.exists {
+            return self.exists_changes(f, core, side, new).await;
         }
         // P: the side an outer join pads (the left of an inner one); O: the other.
         let (p, o) = match &join.outer {
@@ -128,6 +125,75 @@ impl UpdatingStep {
             concat(&schema, &out.insert)?,
         ))
     }
+}
+
+impl UpdatingStep {
+    /// [`Self::join_changes`] of a semi or anti join: `ΔP` against the
+    /// other side as it is now, and the old `P` rows again only where
+    /// whether they have a match may have changed.
+    async fn exists_changes(
+        &mut self,
+        f: &StageFunction,
+        core: &Arc<dyn ExecutionPlan>,
+        side: &ExistsSide,
+        mut new: BTreeMap<u32, RecordBatch>,
+    ) -> Result<(RecordBatch, RecordBatch)> {
+        let (p, o) = (side.preserved, side.other);
+        let u = &mut self.state;
+        let o_keys = match new.get(&o) {
+            Some(batch) if f.edge_updates(o) => u.keys_in(o, &changelog::strip(batch)?)?,
+            Some(batch) => u.keys_in(o, batch)?,
+            None => HashSet::new(),
+        };
+        let had: HashSet<Key> = match side.filtered {
+            false => o_keys.iter().filter(|k| u.holds(o, k)).cloned().collect(),
+            true => HashSet::new(),
+        };
+        let (o_out, o_in) = take(f, u, new.remove(&o), o)?;
+        // The keys whose P rows may now come out differently.
+        let flipped: HashSet<Key> = o_keys
+            .into_iter()
+            .filter(|k| side.filtered || u.holds(o, k) != had.contains(k))
+            .collect();
+        // P as it was (ΔP is taken below), for those keys.
+        let p_was = u.rows_of(p, &flipped)?;
+        let (p_out, p_in) = take(f, u, new.remove(&p), p)?;
+        let mut p_keys = u.keys_in(p, &p_out)?;
+        p_keys.extend(u.keys_in(p, &p_in)?);
+        let o_now = u.rows_of(o, &p_keys)?;
+
+        // A run with no O rows still has output: an anti join's P rows.
+        let run = |p_rows, o_rows| join_run(f, core, core, (p, o), p_rows, o_rows, true);
+        let schema = core.schema();
+        let mut retract = run(p_out, o_now.clone()).await?;
+        let mut insert = run(p_in, o_now).await?;
+        if p_was.num_rows() > 0 {
+            let o_is = u.rows_of(o, &flipped)?;
+            let o_was = o_as_it_was(u, o, &flipped, &o_is, &o_out, &o_in)?;
+            let before = run(p_was.clone(), o_was).await?;
+            let after = run(p_was, o_is).await?;
+            let (gone, came) = changelog::diff::diff(
+                &RowEncoder::whole(&schema)?,
+                &concat(&schema, &before)?,
+                &concat(&schema, &after)?,
+            )?;
+            retract.push(gone);
+            insert.push(came);
+        }
+        Ok((concat(&schema, &retract)?, concat(&schema, &insert)?))
+    }
+}
+
+/// Each edge's rows of the epoch, as one batch.
+fn epoch_rows(edges: BTreeMap<u32, Vec<Arrived>>) -> Result<BTreeMap<u32, RecordBatch>> {
+    let mut new = BTreeMap::new();
+    for (edge, arrived) in edges {
+        let batches = batches_of(arrived);
+        if let Some(first) = batches.first() {
+            new.insert(edge, concat(&first.schema(), &batches)?);
+        }
+    }
+    Ok(new)
 }
 
 /// `edge`'s rows of `keys` before this epoch: as they are now, plus those

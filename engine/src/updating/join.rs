@@ -16,7 +16,18 @@
 //! beyond its keys): for those keys alone it is worked out whole, from
 //! both versions of their `O` rows.
 //!
-//! Either way the stage keeps both sides' rows by key, and nothing of what
+//! Semi or anti, with `P` the side whose rows come out (kept where the
+//! other side `O` has a match, or where it has none) and `O` the other: the
+//! result is a function of each `P` row and the `O` rows of its key, one
+//! row at a time in `P`, so the change is `ΔP ⋉ (O + ΔO)` plus, for the old
+//! `P` rows of the keys where whether a match exists may have changed,
+//! `P ⋉ (O + ΔO) - P ⋉ O` worked out whole for those keys alone. Without a
+//! filter beyond the keys those are the keys whose `O` rows went from none
+//! to some or back; with one, every key `ΔO` touched. A null-aware anti
+//! join (`NOT IN`) is not key by key (one null on `O` empties the result)
+//! and is not run this way.
+//!
+//! Every way the stage keeps both sides' rows by key, and nothing of what
 //! it emitted.
 
 use std::sync::Arc;
@@ -42,6 +53,22 @@ pub struct IncrementalJoin {
     pub retracts: bool,
     /// A left or right outer join: which side is padded, and how.
     pub outer: Option<OuterSide>,
+    /// A semi or anti join: which side's rows come out.
+    pub exists: Option<ExistsSide>,
+}
+
+/// What a semi or anti join needs beyond an inner one.
+#[derive(Debug, Clone)]
+pub struct ExistsSide {
+    /// The edge whose rows come out, kept or dropped by the other's.
+    pub preserved: u32,
+    /// The other edge.
+    pub other: u32,
+    /// The join has a filter beyond its keys, so whether a row has a
+    /// match can change while its key keeps rows on the other side.
+    pub filtered: bool,
+    /// Anti (rows without a match) rather than semi.
+    pub anti: bool,
 }
 
 /// What an outer join needs beyond an inner one.
@@ -60,9 +87,9 @@ pub struct OuterSide {
 
 impl IncrementalJoin {
     /// The join `core` is, if it is a hash join (under operators that
-    /// reshape rows one at a time) of two edges: inner, or left or right
-    /// outer when `outer` allows.
-    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge], outer: bool) -> Option<Self> {
+    /// reshape rows one at a time) of two edges: inner, or when `others`
+    /// allows left or right outer, semi or anti (not null-aware).
+    pub fn of(core: &Arc<dyn ExecutionPlan>, edges: &[InputEdge], others: bool) -> Option<Self> {
         let [a, b] = edges else { return None };
         if a.shuffle_id == b.shuffle_id {
             return None;
@@ -77,10 +104,27 @@ impl IncrementalJoin {
         if left == right {
             return None;
         }
-        let (preserved, other) = match join.join_type() {
-            JoinType::Inner => (None, None),
-            JoinType::Left if outer => (Some(left), Some(right)),
-            JoinType::Right if outer => (Some(right), Some(left)),
+        let filtered = join.filter().is_some();
+        let exists = |preserved, other, anti| {
+            Some(ExistsSide {
+                preserved,
+                other,
+                filtered,
+                anti,
+            })
+        };
+        let (preserved, other, exists) = match join.join_type() {
+            JoinType::Inner => (None, None, None),
+            JoinType::Left if others => (Some(left), Some(right), None),
+            JoinType::Right if others => (Some(right), Some(left), None),
+            JoinType::LeftSemi if others => (None, None, exists(left, right, false)),
+            JoinType::RightSemi if others => (None, None, exists(right, left, false)),
+            JoinType::LeftAnti if others && !join.null_aware => {
+                (None, None, exists(left, right, true))
+            }
+            JoinType::RightAnti if others && !join.null_aware => {
+                (None, None, exists(right, left, true))
+            }
             _ => return None,
         };
         let outer = match (preserved, other) {
@@ -88,7 +132,7 @@ impl IncrementalJoin {
                 preserved,
                 other,
                 pairs_only: made_inner(core)?,
-                filtered: join.filter().is_some(),
+                filtered,
             }),
             _ => None,
         };
@@ -97,7 +141,23 @@ impl IncrementalJoin {
             right,
             retracts: a.updating || b.updating,
             outer,
+            exists,
         })
+    }
+}
+
+impl IncrementalJoin {
+    /// The stage keeps its sides' rows under one key (its edges carry
+    /// none): whether the other side holds rows of it says nothing of
+    /// whether a row has a match, so every change of the other side is
+    /// worked out as if the join had a filter.
+    pub fn one_key(&mut self) {
+        if let Some(side) = &mut self.outer {
+            side.filtered = true;
+        }
+        if let Some(side) = &mut self.exists {
+            side.filtered = true;
+        }
     }
 }
 

@@ -100,7 +100,9 @@ impl UpdatingPlan {
                 core,
                 above,
                 Some(out),
-                keys.into_iter().map(|(e, k)| (e, Some(k))).collect(),
+                keys.into_iter()
+                    .map(|(e, k)| (e, Some(k)))
+                    .collect::<BTreeMap<_, _>>(),
             ),
             _ => (
                 top,
@@ -137,7 +139,12 @@ impl UpdatingPlan {
                 .and_then(|s| TopN::of(&core, edges, s.fields().len())),
             _ => None,
         };
-        let join = IncrementalJoin::of(&core, edges, true);
+        let mut join = IncrementalJoin::of(&core, edges, true);
+        if edge_keys.values().any(|k: &Option<Vec<usize>>| k.is_none())
+            && let Some(join) = &mut join
+        {
+            join.one_key();
+        }
         Ok(UpdatingPlan {
             core,
             tail,
@@ -177,10 +184,11 @@ impl UpdatingPlan {
                 },
             )
         } else if let Some(join) = &self.join {
-            let kind = if join.outer.is_some() {
-                "outer join"
-            } else {
-                "inner join"
+            let kind = match (&join.outer, &join.exists) {
+                (Some(_), _) => "outer join",
+                (_, Some(side)) if side.anti => "anti join",
+                (_, Some(_)) => "semi join",
+                _ => "inner join",
             };
             let operator = if join.retracts {
                 format!("{kind} over a changelog: joins each epoch's changed rows, retractions too")
@@ -296,6 +304,9 @@ pub(super) fn trace(plan: &Arc<dyn ExecutionPlan>, j: usize) -> Option<(u32, usi
             JoinType::Inner => trace(h.right(), jj - left),
             JoinType::Left | JoinType::LeftMark if jj < left => trace(h.left(), jj),
             JoinType::Right if jj >= left => trace(h.right(), jj - left),
+            // A null-aware anti join (NOT IN) is not key by key: one null
+            // on the other side empties the result.
+            JoinType::LeftAnti | JoinType::RightAnti if h.null_aware => None,
             JoinType::LeftSemi | JoinType::LeftAnti => trace(h.left(), jj),
             JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => trace(h.right(), jj),
             // Null-padded on this side, or on both (a full join).
