@@ -63,10 +63,13 @@ impl Variant {
         }
     }
 
+    /// Members per stage: several in one epoch, one across epochs (an
+    /// updating stage then keeps its input under no key: a path of its
+    /// own), two through kills.
     fn group_size(self) -> usize {
         match self {
-            Variant::OneEpoch => 1,
-            Variant::Split => 3,
+            Variant::OneEpoch => 3,
+            Variant::Split => 1,
             Variant::Killed => 2,
         }
     }
