@@ -4,7 +4,7 @@
 //! group size: the trough at the fixed group's size and at the size its
 //! own work needs, and the peak.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -15,12 +15,6 @@ use super::sweep::LocalRun;
 use super::{BUSY_SHARE, CostArgs, measure_local, members_for};
 use crate::lambda::Backend;
 
-/// A run at one rate and group size, and that size.
-struct Part {
-    run: LocalRun,
-    group_size: usize,
-}
-
 /// Measure and print the day.
 pub(super) async fn cost_day(sql: &str, name: &str, args: &CostArgs, peak: f64) -> Result<()> {
     if args.lambda.backend == Backend::Lambda {
@@ -28,46 +22,35 @@ pub(super) async fn cost_day(sql: &str, name: &str, args: &CostArgs, peak: f64) 
     }
     let curve = LoadCurve::new(args.rate, peak, args.peak_hours).context("the load curve")?;
     let k = args.checkpoint_interval();
-    let progress = |what: &str| tracing::info!("skein cost --peak: measuring {what}");
+    let rate = |at_peak: bool| if at_peak { curve.peak_rate() } else { curve.trough_rate };
 
     // One run per (part of the day, group size), each measured once: the
     // probes at one member say what each part's work needs.
-    let mut runs: Vec<(bool, Part)> = vec![];
-    for (peak_part, rate) in [(false, curve.trough_rate), (true, curve.peak_rate())] {
-        progress(&format!("{rate} events/s at one member per group"));
-        runs.push((peak_part, measure(sql, name, args, rate, 1, k).await?));
+    let mut runs: BTreeMap<(bool, usize), LocalRun> = BTreeMap::new();
+    for at_peak in [false, true] {
+        runs.insert((at_peak, 1), measure(sql, name, args, rate(at_peak), 1, k).await?);
     }
-    let needs = |peak_part: bool| {
-        let probe = &runs.iter().find(|(p, r)| *p == peak_part && r.group_size == 1);
-        sized(&probe.expect("probed").1, args.interval)
-    };
-    let (trough_needs, peak_needs) = (needs(false), needs(true));
+    let needs = |at_peak: bool| members_for(runs[&(at_peak, 1)].busy_ms_per_epoch(), args.interval);
     // The fixed group is what a deployment for the peak has all day:
     // --group-size when given, else the size the peak's work needs. The
     // elastic one has, in each part, the size that part's work needs.
-    let fixed = args.plan.group_size.unwrap_or(peak_needs);
-    let wanted = [(false, fixed), (true, fixed), (false, trough_needs), (true, peak_needs)];
-    for (peak_part, size) in wanted {
-        if !runs.iter().any(|(p, r)| *p == peak_part && r.group_size == size) {
-            let rate = if peak_part { curve.peak_rate() } else { curve.trough_rate };
-            progress(&format!("{rate} events/s at {size} members per group"));
-            runs.push((peak_part, measure(sql, name, args, rate, size, k).await?));
+    let fixed = args.plan.group_size.unwrap_or(needs(true));
+    let wanted = [(false, fixed), (true, fixed), (false, needs(false)), (true, needs(true))];
+    for (at_peak, size) in wanted {
+        if !runs.contains_key(&(at_peak, size)) {
+            let run = measure(sql, name, args, rate(at_peak), size, k).await?;
+            runs.insert((at_peak, size), run);
         }
     }
 
     let prices = args.model.prices()?;
     let mut costs = vec![];
-    for (peak_part, size) in wanted {
-        let (_, part) = runs
-            .iter()
-            .find(|(p, r)| *p == peak_part && r.group_size == size)
-            .expect("measured above");
-        let m = part.run.steady(k);
+    for (at_peak, size) in wanted {
+        let m = runs[&(at_peak, size)].steady(k);
         if m.events == 0 {
             bail!("{name}: the measured run read no events, so there is nothing to price");
         }
-        let rate = if peak_part { curve.peak_rate() } else { curve.trough_rate };
-        costs.push((estimate(&m, &prices, &args.model.options(Some(rate))), size));
+        costs.push((estimate(&m, &prices, &args.model.options(Some(rate(at_peak)))), size));
     }
     let part = |i: usize| PricedPart {
         cost: &costs[i].0,
@@ -97,21 +80,14 @@ async fn measure(
     rate: f64,
     group_size: usize,
     k: u64,
-) -> Result<Part> {
+) -> Result<LocalRun> {
+    tracing::info!("skein cost --peak: measuring {rate} events/s at {group_size} members per group");
     let mut at = args.clone();
     at.rate = rate;
     at.plan.group_size = Some(group_size);
-    let run = measure_local(sql, name, &at, at.interval, at.seconds, k)
+    measure_local(sql, name, &at, at.interval, at.seconds, k)
         .await
-        .with_context(|| format!("measuring {rate} events/s at {group_size} members per group"))?;
-    Ok(Part { run, group_size })
-}
-
-/// The members a probe at one member per group says its work needs
-/// (the rule of `skein cost` without --group-size).
-fn sized(probe: &Part, interval: Duration) -> usize {
-    let busy_ms = probe.run.measured.billed_ms as f64 / probe.run.epochs.max(1) as f64;
-    members_for(busy_ms, interval)
+        .with_context(|| format!("measuring {rate} events/s at {group_size} members per group"))
 }
 
 fn table(name: &str, day: &DayCost, prices: &str) -> String {

@@ -164,7 +164,7 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     if args.plan.group_size.is_none() {
         args.plan.group_size = Some(1);
         let run = measure_local(&sql, &name, &args, args.interval, args.seconds, k).await?;
-        let busy_ms = run.measured.billed_ms as f64 / run.epochs.max(1) as f64;
+        let busy_ms = run.busy_ms_per_epoch();
         let members = members_for(busy_ms, args.interval);
         args.plan.group_size = Some(members);
         sized = Some(GroupSizing { members, busy_ms });

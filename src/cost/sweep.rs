@@ -61,6 +61,12 @@ fn commits(epochs: u64, k: u64) -> u64 {
 }
 
 impl LocalRun {
+    /// Billed milliseconds of all functions per epoch: at one member per
+    /// group, an upper bound on what any one member does.
+    pub fn busy_ms_per_epoch(&self) -> f64 {
+        self.measured.billed_ms as f64 / self.epochs.max(1) as f64
+    }
+
     /// Checkpoint writes per epoch of a standing query committing every `k` epochs.
     pub fn puts_per_epoch(&self, k: u64) -> f64 {
         let epochs = self.epochs.max(1) as f64;

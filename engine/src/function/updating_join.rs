@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -49,26 +50,14 @@ impl UpdatingStep {
             None => (join.left, join.right),
         };
         let u = &mut self.state;
-        let o_keys = match new.get(&o) {
-            Some(batch) if f.edge_updates(o) => u.keys_in(o, &changelog::strip(batch)?)?,
-            Some(batch) => u.keys_in(o, batch)?,
-            None => HashSet::new(),
-        };
-        // Which of those keys had O rows: an outer join's padding changes
-        // where that changes.
-        let had: HashSet<Key> = match &join.outer {
-            Some(side) if !side.filtered => {
-                o_keys.iter().filter(|k| u.holds(o, k)).cloned().collect()
-            }
-            _ => HashSet::new(),
-        };
+        // An inner join's pairs need no padding: no key's match is watched.
+        let filtered = join.outer.as_ref().is_none_or(|side| side.filtered);
+        let o_keys = OtherKeys::before(f, u, &new, o, filtered)?;
         let (o_out, o_in) = take(f, u, new.remove(&o), o)?;
         // P as it was (ΔP is taken below), for the keys ΔO touched.
-        let p_old = u.rows_of(p, &o_keys)?;
+        let p_old = u.rows_of(p, &o_keys.touched)?;
         let (p_out, p_in) = take(f, u, new.remove(&p), p)?;
-        let mut p_keys = u.keys_in(p, &p_out)?;
-        p_keys.extend(u.keys_in(p, &p_in)?);
-        let o_now = u.rows_of(o, &p_keys)?;
+        let o_now = u.rows_of(o, &keys_of_both(u, p, &p_out, &p_in)?)?;
 
         let pads = join.outer.is_some();
         let pairs_only = join.outer.as_ref().map_or(core, |side| &side.pairs_only);
@@ -85,11 +74,8 @@ impl UpdatingStep {
         out.retract
             .extend(run(pairs_only, p_old.clone(), o_out.clone(), false).await?);
 
-        if let Some(side) = &join.outer {
-            let flipped: HashSet<Key> = o_keys
-                .into_iter()
-                .filter(|k| side.filtered || u.holds(o, k) != had.contains(k))
-                .collect();
+        if join.outer.is_some() {
+            let flipped = o_keys.flipped(u, o);
             let p_was = match flipped.is_empty() {
                 true => RecordBatch::new_empty(p_old.schema()),
                 false => u.rows_with_keys(p, &p_old, &flipped)?,
@@ -109,12 +95,7 @@ impl UpdatingStep {
                     .retract
                     .extend(run(pairs_only, p_was.clone(), o_is, false).await?);
                 padding.retract.extend(run(core, p_was, o_was, true).await?);
-                let schema = core.schema();
-                let (retract, insert) = changelog::diff::diff(
-                    &RowEncoder::whole(&schema)?,
-                    &concat(&schema, &padding.retract)?,
-                    &concat(&schema, &padding.insert)?,
-                )?;
+                let (retract, insert) = changed(&core.schema(), &padding.retract, &padding.insert)?;
                 out.retract.push(retract);
                 out.insert.push(insert);
             }
@@ -125,9 +106,7 @@ impl UpdatingStep {
             concat(&schema, &out.insert)?,
         ))
     }
-}
 
-impl UpdatingStep {
     /// [`Self::join_changes`] of a semi or anti join: `ΔP` against the
     /// other side as it is now, and the old `P` rows again only where
     /// whether they have a match may have changed.
@@ -140,27 +119,14 @@ impl UpdatingStep {
     ) -> Result<(RecordBatch, RecordBatch)> {
         let (p, o) = (side.preserved, side.other);
         let u = &mut self.state;
-        let o_keys = match new.get(&o) {
-            Some(batch) if f.edge_updates(o) => u.keys_in(o, &changelog::strip(batch)?)?,
-            Some(batch) => u.keys_in(o, batch)?,
-            None => HashSet::new(),
-        };
-        let had: HashSet<Key> = match side.filtered {
-            false => o_keys.iter().filter(|k| u.holds(o, k)).cloned().collect(),
-            true => HashSet::new(),
-        };
+        let o_keys = OtherKeys::before(f, u, &new, o, side.filtered)?;
         let (o_out, o_in) = take(f, u, new.remove(&o), o)?;
-        // The keys whose P rows may now come out differently.
-        let flipped: HashSet<Key> = o_keys
-            .into_iter()
-            .filter(|k| side.filtered || u.holds(o, k) != had.contains(k))
-            .collect();
-        // P as it was (ΔP is taken below), for those keys.
+        // The keys whose P rows may now come out differently, and their P
+        // rows as they were (ΔP is taken below).
+        let flipped = o_keys.flipped(u, o);
         let p_was = u.rows_of(p, &flipped)?;
         let (p_out, p_in) = take(f, u, new.remove(&p), p)?;
-        let mut p_keys = u.keys_in(p, &p_out)?;
-        p_keys.extend(u.keys_in(p, &p_in)?);
-        let o_now = u.rows_of(o, &p_keys)?;
+        let o_now = u.rows_of(o, &keys_of_both(u, p, &p_out, &p_in)?)?;
 
         // A run with no O rows still has output: an anti join's P rows.
         let run = |p_rows, o_rows| join_run(f, core, core, (p, o), p_rows, o_rows, true);
@@ -172,16 +138,85 @@ impl UpdatingStep {
             let o_was = o_as_it_was(u, o, &flipped, &o_is, &o_out, &o_in)?;
             let before = run(p_was.clone(), o_was).await?;
             let after = run(p_was, o_is).await?;
-            let (gone, came) = changelog::diff::diff(
-                &RowEncoder::whole(&schema)?,
-                &concat(&schema, &before)?,
-                &concat(&schema, &after)?,
-            )?;
+            let (gone, came) = changed(&schema, &before, &after)?;
             retract.push(gone);
             insert.push(came);
         }
         Ok((concat(&schema, &retract)?, concat(&schema, &insert)?))
     }
+}
+
+/// The keys an epoch's rows of the other side touch, and which of them
+/// held rows before it, where that tells whether a row's match changed:
+/// not with a filter beyond the keys, nor where the rows are all kept
+/// under one key (then any change may flip any row).
+struct OtherKeys {
+    touched: HashSet<Key>,
+    had: Option<HashSet<Key>>,
+}
+
+impl OtherKeys {
+    /// Before `edge`'s rows of the epoch (in `new`) are taken.
+    fn before(
+        f: &StageFunction,
+        u: &UpdatingState,
+        new: &BTreeMap<u32, RecordBatch>,
+        edge: u32,
+        filtered: bool,
+    ) -> Result<Self> {
+        let touched = match new.get(&edge) {
+            Some(batch) if f.edge_updates(edge) => u.keys_in(edge, &changelog::strip(batch)?)?,
+            Some(batch) => u.keys_in(edge, batch)?,
+            None => HashSet::new(),
+        };
+        let had = (!filtered && u.by_key(edge)).then(|| {
+            touched
+                .iter()
+                .filter(|k| u.holds(edge, k))
+                .cloned()
+                .collect()
+        });
+        Ok(OtherKeys { touched, had })
+    }
+
+    /// After they are taken: the keys whose rows on the other side may
+    /// now match differently (those that went from none to some or back;
+    /// with a filter, every key touched).
+    fn flipped(self, u: &UpdatingState, edge: u32) -> HashSet<Key> {
+        match self.had {
+            None => self.touched,
+            Some(had) => self
+                .touched
+                .into_iter()
+                .filter(|k| u.holds(edge, k) != had.contains(k))
+                .collect(),
+        }
+    }
+}
+
+/// The keys of `edge`'s rows taken back and added this epoch.
+fn keys_of_both(
+    u: &UpdatingState,
+    edge: u32,
+    out: &RecordBatch,
+    came: &RecordBatch,
+) -> Result<HashSet<Key>> {
+    let mut keys = u.keys_in(edge, out)?;
+    keys.extend(u.keys_in(edge, came)?);
+    Ok(keys)
+}
+
+/// `after` less `before` as `(retractions, inserts)`, rows of `schema`.
+fn changed(
+    schema: &SchemaRef,
+    before: &[RecordBatch],
+    after: &[RecordBatch],
+) -> Result<(RecordBatch, RecordBatch)> {
+    changelog::diff::diff(
+        &RowEncoder::whole(schema)?,
+        &concat(schema, before)?,
+        &concat(schema, after)?,
+    )
 }
 
 /// Each edge's rows of the epoch, as one batch.

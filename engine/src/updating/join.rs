@@ -27,6 +27,11 @@
 //! join (`NOT IN`) is not key by key (one null on `O` empties the result)
 //! and is not run this way.
 //!
+//! Where a stage keeps each side's rows under one key rather than by join
+//! key (a stage of one member gets its input gathered), whether that key
+//! has rows says nothing of a row's match: padding and matches are worked
+//! out again for every change of `O`, as with a filter.
+//!
 //! Every way the stage keeps both sides' rows by key, and nothing of what
 //! it emitted.
 
@@ -143,21 +148,6 @@ impl IncrementalJoin {
             outer,
             exists,
         })
-    }
-}
-
-impl IncrementalJoin {
-    /// The stage keeps its sides' rows under one key (its edges carry
-    /// none): whether the other side holds rows of it says nothing of
-    /// whether a row has a match, so every change of the other side is
-    /// worked out as if the join had a filter.
-    pub fn one_key(&mut self) {
-        if let Some(side) = &mut self.outer {
-            side.filtered = true;
-        }
-        if let Some(side) = &mut self.exists {
-            side.filtered = true;
-        }
     }
 }
 

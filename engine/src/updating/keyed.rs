@@ -120,6 +120,11 @@ impl KeyedRows {
         Ok(())
     }
 
+    /// Whether rows are kept under their own keys (not all under one).
+    pub fn by_key(&self) -> bool {
+        self.keys.is_some()
+    }
+
     /// Whether a row of `key` is kept.
     pub fn has_key(&self, key: &Key) -> bool {
         self.index.contains_key(key)

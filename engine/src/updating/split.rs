@@ -100,9 +100,7 @@ impl UpdatingPlan {
                 core,
                 above,
                 Some(out),
-                keys.into_iter()
-                    .map(|(e, k)| (e, Some(k)))
-                    .collect::<BTreeMap<_, _>>(),
+                keys.into_iter().map(|(e, k)| (e, Some(k))).collect(),
             ),
             _ => (
                 top,
@@ -139,12 +137,7 @@ impl UpdatingPlan {
                 .and_then(|s| TopN::of(&core, edges, s.fields().len())),
             _ => None,
         };
-        let mut join = IncrementalJoin::of(&core, edges, true);
-        if edge_keys.values().any(|k: &Option<Vec<usize>>| k.is_none())
-            && let Some(join) = &mut join
-        {
-            join.one_key();
-        }
+        let join = IncrementalJoin::of(&core, edges, true);
         Ok(UpdatingPlan {
             core,
             tail,

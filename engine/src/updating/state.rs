@@ -454,6 +454,13 @@ impl UpdatingState {
         }
     }
 
+    /// Whether `edge` keeps its rows under their keys; without keys (a
+    /// stage of one member gets its input gathered, not partitioned) every
+    /// row is under one.
+    pub fn by_key(&self, edge: u32) -> bool {
+        self.edges.get(&edge).is_some_and(KeyedRows::by_key)
+    }
+
     /// Whether `edge` holds a row of `key`.
     pub fn holds(&self, edge: u32, key: &Key) -> bool {
         self.edges.get(&edge).is_some_and(|r| r.has_key(key))
