@@ -26,6 +26,7 @@ cli_modules! {
     pub mod lambda;
     pub mod preview;
     pub mod report;
+    pub mod rescale;
     pub mod run;
     pub mod status;
     pub mod ui;

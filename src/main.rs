@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use skein::{PlanArgs, bench, cost, r#gen, lambda, preview, run, status, ui, ysb};
+use skein::{PlanArgs, bench, cost, r#gen, lambda, preview, rescale, run, status, ui, ysb};
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +51,9 @@ enum Command {
     /// A query's progress (lag, watermark, epochs, state), locally or on
     /// Lambda; without a query, the queries deployed on Lambda.
     Status(status::StatusArgs),
+    /// Change a function group's size while its query runs: whole key
+    /// groups move between members after the next commit.
+    Rescale(rescale::RescaleArgs),
     /// A web page of the queries: stage graph, rates, lag, watermarks,
     /// checkpoints and cost (no authentication; binds 127.0.0.1).
     Ui(ui::UiArgs),
@@ -100,6 +103,7 @@ async fn cli() -> Result<()> {
         Command::Stop(args) => lambda::deploy::set_running(args, false).await,
         Command::Start(args) => lambda::deploy::set_running(args, true).await,
         Command::Status(args) => status::status(args).await,
+        Command::Rescale(args) => rescale::rescale(args).await,
         Command::Ui(args) => ui::ui(args).await,
         Command::Package(args) => lambda::deploy::package(args),
         Command::Nexmark(args) => run::nexmark(args).await,

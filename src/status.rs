@@ -69,20 +69,31 @@ async fn plan_sql(sql: &str, plan: &PlanArgs, catalog: &Catalog) -> Result<Query
 }
 
 async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
+    let (plan, store, name) = local_store(query, args.checkpoint_dir.as_ref(), &args.plan).await?;
+    let status = query_status(&plan, &store, &registries().catalog).await?;
+    Ok((status, json!({ "name": name })))
+}
+
+/// A local query's plan, its checkpoint store (which must exist) and its
+/// name, from its SQL file.
+pub(crate) async fn local_store(
+    query: &str,
+    checkpoint_dir: Option<&PathBuf>,
+    plan_args: &PlanArgs,
+) -> Result<(QueryPlan, CheckpointStore, Option<String>)> {
     if !Path::new(query).is_file() {
         bail!("{query}: no such SQL file (a query code needs --backend lambda)");
     }
     let sql = read_sql(Path::new(query))?;
     let mut catalog = registries().catalog;
     let request = crate::run::checkpoint_dir::Request {
-        dir: args.checkpoint_dir.clone(),
+        dir: checkpoint_dir.cloned(),
         off: false,
     };
     crate::run::checkpoint_dir::pin_sources(&mut catalog, &sql, &request)?;
-    let plan = plan_sql(&sql, &args.plan, &catalog).await?;
-    let dir = args
-        .checkpoint_dir
-        .clone()
+    let plan = plan_sql(&sql, plan_args, &catalog).await?;
+    let dir = checkpoint_dir
+        .cloned()
         .unwrap_or_else(|| crate::run::checkpoint_dir::root().join(&plan.query_code));
     if !dir.join("manifest.json").is_file() {
         let root = crate::run::checkpoint_dir::root();
@@ -103,14 +114,23 @@ async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
             dir.display()
         );
     }
-    let name = std::fs::read(dir.join("manifest.json"))
+    let described = std::fs::read(dir.join("manifest.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<skein_engine::checkpoint::Manifest>(&b).ok())
-        .and_then(|m| m.described)
-        .and_then(|d| d.name);
+        .and_then(|m| m.described);
+    // Without --group-size, the size the query was first run with: its
+    // groups and key groups as they are.
+    let plan = match described.as_ref().map(|d| d.group_size) {
+        Some(size) if plan_args.group_size.is_none() && size != plan_args.group_size() => {
+            let mut first = plan_args.clone();
+            first.group_size = Some(size);
+            plan_sql(&sql, &first, &catalog).await?
+        }
+        _ => plan,
+    };
+    let name = described.and_then(|d| d.name);
     let store = CheckpointStore::attach_dir(dir, &plan.query_code, "");
-    let status = query_status(&plan, &store, &registries().catalog).await?;
-    Ok((status, json!({ "name": name })))
+    Ok((plan, store, name))
 }
 
 async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
@@ -187,6 +207,20 @@ fn render(s: &QueryStatus, platform: &Value) {
         at(s.store.committed_ms)
     );
     println!("  state {} bytes", s.store.state_bytes);
+    if !s.groups.is_empty() {
+        let groups: Vec<String> = s
+            .groups
+            .iter()
+            .map(|(stage, members)| format!("stage {stage}: {members}"))
+            .collect();
+        println!("  group members {}", groups.join(", "));
+    }
+    if let Some(r) = &s.rescale_asked {
+        println!(
+            "  rescale asked: stage {} to {} members (after the next commit)",
+            r.stage, r.members
+        );
+    }
     println!(
         "  since start: {} dead letters, {} late rows, {} sink errors",
         s.since_start.dead_letters, s.since_start.late_rows, s.since_start.sink_errors

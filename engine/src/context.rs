@@ -143,6 +143,12 @@ pub struct CloudContext {
     pub member: u32,
     /// How many functions run this stage.
     pub members: u32,
+    /// The key groups its hash-partitioned inputs are cut into (the
+    /// partitions every sender hashes to): fixed for the query's life, so
+    /// a group can change size by moving whole key groups between members.
+    /// 0 in contexts written before: then as many as `members`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key_groups: u32,
     /// When the stage runs: each epoch, or on closed windows.
     pub mode: StageMode,
     /// The stage's sub-plan, serialized with datafusion-proto.
@@ -290,6 +296,10 @@ mod b64_bytes {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,6 +312,7 @@ mod tests {
             stage: 2,
             member: 5,
             members: 8,
+            key_groups: 8,
             mode: StageMode::Accumulate,
             plan,
             inputs: vec![InputEdge {

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{CheckpointStore, Layout};
 use crate::context::function_name;
 use crate::epochs::{EpochLog, EpochRuntime, not_committed, run_epochs};
 use crate::error::{EngineError, Result};
@@ -220,12 +220,27 @@ pub async fn run_local_until(
 pub async fn run_local_drained_by<'a>(
     plan: &'a QueryPlan,
     runtime: &'a Arc<LocalRuntime>,
-    options: &PlanOptions,
+    options: &'a PlanOptions,
     stop: StopAfter,
     on_epoch: impl FnMut(u64, u64),
     drain: Option<&'a mut (dyn DrainCheck + 'a)>,
 ) -> Result<RunReport> {
     let store = runtime.store();
+    // Groups keep the size the last commit ran them at (a rescale survives
+    // a restart).
+    let plan = match runtime.checkpoints() {
+        Some(cs) => match cs.committed_in().await? {
+            // A rescale after that commit records the layout the epochs
+            // after it ran in: they run in it again.
+            Some((commit, layout)) => match cs.layout_from(commit.epoch + 1).await? {
+                Some(after) => plan.with_layout(&after)?,
+                None => plan.with_layout(&layout)?,
+            },
+            None => plan.clone(),
+        },
+        None => plan.clone(),
+    };
+    let plan = &plan;
     runtime.set_bound(BoundNow {
         deadline: match &stop {
             StopAfter::Duration { duration, .. } => Some(Instant::now() + *duration),
@@ -254,11 +269,15 @@ pub async fn run_local_drained_by<'a>(
         runtime.checkpoints(),
         options.checkpoint.as_ref().map_or(1, |c| c.interval),
     );
+    let bounded = stop.bounded();
     let local = LocalEpochs {
         shape: plan.shape(),
         runtime,
         failed_before: runtime.dead_letters().len(),
         drain: drain.map(tokio::sync::Mutex::new),
+        plan: std::sync::Mutex::new(plan.clone()),
+        options,
+        epochs: bounded,
     };
     let run = run_epochs(&local, &log, stop, on_epoch).await?;
     let elapsed = start.elapsed().as_secs_f64();
@@ -317,6 +336,76 @@ struct LocalEpochs<'a> {
     /// Async invocations that had failed before the run.
     failed_before: usize,
     drain: Option<tokio::sync::Mutex<&'a mut (dyn DrainCheck + 'a)>>,
+    /// The plan as deployed now: its groups' sizes change with a rescale.
+    plan: std::sync::Mutex<QueryPlan>,
+    options: &'a PlanOptions,
+    /// Epochs of a bounded run (the functions' contexts carry it).
+    epochs: Option<u64>,
+}
+
+impl LocalEpochs<'_> {
+    /// Carry out a rescale `skein rescale` left in the store, right after
+    /// a commit: nothing runs, and every member's state is in the commit.
+    /// The stage's functions are deployed at the new size with those of
+    /// its neighbours (their contexts name its size); the cold instances
+    /// take their key groups' state from the commit. A request that cannot
+    /// be carried out is refused in the log and dropped; the run goes on.
+    async fn rescale_if_asked(&self, epoch: u64) -> Result<()> {
+        let Some(cs) = self.runtime.checkpoints() else {
+            return Ok(());
+        };
+        let Some(ask) = cs.rescale_request().await? else {
+            return Ok(());
+        };
+        let current = self.plan.lock().expect("plan").clone();
+        let before = current
+            .layout()
+            .get(&ask.stage)
+            .copied()
+            .unwrap_or_default();
+        // Carried out, and the commit just made ran at the new size: done.
+        // (Dropped only now, so that a crash between the rescale and that
+        // commit, which resumes at the old size, carries it out again.)
+        if before == ask.members {
+            cs.rescale_done().await?;
+            return Ok(());
+        }
+        let next = match current.with_layout(&Layout::from([(ask.stage, ask.members)])) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(epoch, error = %crate::error::one_line(&e), "rescale refused");
+                cs.rescale_done().await?;
+                return Ok(());
+            }
+        };
+        let started = Instant::now();
+        cs.put_layout_from(epoch + 1, &next.layout()).await?;
+        let store = self.runtime.store();
+        deploy(
+            &next,
+            self.runtime.as_ref(),
+            &store,
+            self.options,
+            self.epochs,
+            &BTreeMap::new(),
+        )
+        .await?;
+        for member in ask.members..before {
+            let name = function_name(&next.query_code, ask.stage, member);
+            self.runtime.delete(&name).await?;
+        }
+        *self.plan.lock().expect("plan") = next;
+        crate::metrics::rescale(ask.stage, ask.members);
+        tracing::info!(
+            epoch,
+            stage = ask.stage,
+            from = before,
+            to = ask.members,
+            ms = started.elapsed().as_millis() as u64,
+            "group rescaled after the commit; its members take their key groups from it"
+        );
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -358,11 +447,16 @@ impl EpochRuntime for LocalEpochs<'_> {
         }
     }
 
-    async fn committed(&self, epoch: u64) {
+    async fn committed(&self, epoch: u64) -> Result<()> {
         let recycled = self.runtime.recycle_some().await;
         if recycled > 0 {
             tracing::debug!(epoch, recycled, "fault injection: instances recycled");
         }
+        self.rescale_if_asked(epoch).await
+    }
+
+    fn layout(&self) -> Layout {
+        self.plan.lock().expect("plan").layout()
     }
 
     async fn drained(&self, epoch: u64, outcome: EpochOutcome) -> Result<bool> {

@@ -34,6 +34,7 @@ pub mod interval;
 pub mod invoke;
 pub mod ipc_decode;
 pub mod ipc_schema;
+pub mod key_groups;
 pub mod local;
 pub mod lookup;
 pub mod metrics;

@@ -143,3 +143,9 @@ pub fn epoch(took: Duration, events: u64) {
     counter!("skein_epochs_total").increment(1);
     counter!("skein_events_total").increment(events);
 }
+
+/// A function group's size, set when it changes.
+pub fn rescale(stage: u32, members: u32) {
+    metrics::gauge!("skein_group_members", "stage" => stage.to_string()).set(f64::from(members));
+    metrics::counter!("skein_rescales_total", "stage" => stage.to_string()).increment(1);
+}

@@ -62,6 +62,14 @@ pub struct QueryStatus {
     /// Each sink member that has ever failed, as it last reported: failing
     /// now (`consecutive_failures` > 0) or written again since.
     pub sinks: Vec<SinkHealthReport>,
+    /// Every function group's size, by stage id, as of the last commit
+    /// (the plan's before the first).
+    #[serde(default)]
+    pub groups: crate::checkpoint::Layout,
+    /// A rescale `skein rescale` asked for that the driver has not
+    /// carried out yet.
+    #[serde(default)]
+    pub rescale_asked: Option<crate::checkpoint::RescaleRequest>,
 }
 
 fn now_ms() -> i64 {
@@ -80,6 +88,11 @@ pub async fn query_status(
 ) -> Result<QueryStatus> {
     let summary = store.summary().await?;
     let since_start = store.tally().await?;
+    let mut groups = plan.layout();
+    if let Some((_, layout)) = store.committed_in().await? {
+        groups.extend(layout);
+    }
+    let rescale_asked = store.rescale_request().await?;
     let sinks = store.sink_health().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
@@ -148,5 +161,7 @@ pub async fn query_status(
         since_start,
         problems,
         sinks,
+        groups,
+        rescale_asked,
     })
 }

@@ -264,3 +264,70 @@ async fn recycled_members_resume_from_the_checkpoint() {
         assert!(cmp.equal, "{sql}\n{cmp:#?}\n{}", plan.explain());
     }
 }
+
+/// A group rescaled after random commits (to random sizes within its key
+/// groups, its instances recycled at random too) gives the rows the query
+/// gives in one process: each new member takes its key groups' share of
+/// every old member's state. Windowed and updating queries, aggregates
+/// and a join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_rescaled_after_commits_give_the_same_rows() {
+    use rand::{Rng, SeedableRng};
+    use skein_engine::checkpoint::RescaleRequest;
+    let seed: u64 = rand::random();
+    eprintln!("rescale seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut h = harness(4, 20_000);
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    for (i, sql) in [
+        "SELECT tumble(date_time, INTERVAL '10' SECOND) AS w, auction, count(*) AS n, \
+         sum(price) AS s FROM bid GROUP BY 1, 2",
+        "SELECT auction, max(price) AS m, count(*) AS n FROM bid GROUP BY auction",
+        "SELECT b.auction, a.category, count(*) AS n FROM bid b JOIN auction a ON b.auction = a.id \
+         GROUP BY 1, 2",
+        "SELECT bidder, count(DISTINCT auction) AS auctions FROM bid GROUP BY bidder",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let plan = plan_query(&h.ctx, sql, &h.options).await.unwrap();
+        checkpoint_and_recycle(&mut h, store.clone(), &format!("r{i}"), &plan, 0.2).await;
+        let stages: Vec<u32> = plan
+            .layout()
+            .into_keys()
+            .filter(|s| plan.check_rescale(*s, 1).is_ok())
+            .collect();
+        assert!(!stages.is_empty(), "no group of {sql} may change size");
+        let cs = h.runtime.checkpoints().expect("a checkpoint store");
+        let epochs = 14;
+        let mut asked: BTreeMap<u32, u32> = BTreeMap::new();
+        run_local(&plan, &h.runtime, &h.options, epochs, |epoch, _| {
+            if epoch % 3 == 1 && epoch + 3 < epochs {
+                let stage = stages[rng.random_range(0..stages.len())];
+                let members = rng.random_range(1..=4);
+                asked.insert(stage, members);
+                let ask = RescaleRequest { stage, members };
+                futures::executor::block_on(cs.ask_rescale(ask)).unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("run {sql}: {e}"));
+        let (_, layout) = cs.committed_in().await.unwrap().unwrap();
+        for (stage, members) in &asked {
+            assert_eq!(
+                layout.get(stage),
+                Some(members),
+                "{sql}: stage {stage} {layout:?}"
+            );
+        }
+        let got = results(&h, &plan).await;
+        let expected = single_process(&h.ctx, &plan).await.unwrap();
+        let cmp = compare(&expected, &got, plan.ordered).unwrap();
+        assert!(cmp.expected_rows > 0);
+        assert!(
+            cmp.equal,
+            "{sql} (seed {seed})\n{cmp:#?}\n{}",
+            plan.explain()
+        );
+    }
+}

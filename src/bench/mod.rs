@@ -7,6 +7,7 @@ pub mod codec;
 mod formats;
 pub mod measure;
 pub mod nexmark;
+pub mod rescale;
 pub mod state;
 
 use anyhow::Result;
@@ -28,6 +29,10 @@ pub enum BenchCommand {
     /// Durable state: NEXMark q5, q7, q8 with checkpoints off and on (cost
     /// ratio, checkpoint bytes per epoch).
     State(StateBenchArgs),
+    /// Rescaling: the epochs that change a group's size while an updating
+    /// aggregate holds about a million keys, against the same epochs
+    /// without a rescale.
+    Rescale(rescale::RescaleBenchArgs),
     /// Lambda backend: query launch time and per-hop invocation overhead,
     /// or (--exchange) payloads vs S3 between two functions.
     Lambda(crate::lambda::bench::BenchLambdaArgs),
@@ -39,6 +44,7 @@ pub async fn bench(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Nexmark(args) => nexmark::nexmark(args).await,
         BenchCommand::Lambda(args) => crate::lambda::bench::bench(args).await,
         BenchCommand::State(args) => state::state(args).await,
+        BenchCommand::Rescale(args) => rescale::rescale(args).await,
     }
 }
 

@@ -53,12 +53,21 @@ pub struct EpochRecord {
     pub ms: u64,
 }
 
+/// Members per function group, by stage id, as a commit records them: a
+/// member restoring from that commit reads the states of the members its
+/// stage had then. Empty in commits written before groups could change
+/// size (then every group has the size its context says).
+pub type Layout = std::collections::BTreeMap<u32, u32>;
+
 /// `commit.json`.
 #[derive(Debug, Serialize, Deserialize)]
 struct CommitObject {
     /// The commit and the driver's progress up to it.
     #[serde(flatten)]
     record: CommitRecord,
+    /// The size of every function group the epochs up to it ran in.
+    #[serde(default, skip_serializing_if = "Layout::is_empty")]
+    layout: Layout,
     /// The decisions for the epochs after the commit, when made with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     decided: Option<Decided>,
@@ -95,6 +104,14 @@ impl CheckpointStore {
     /// The last committed epoch, if any.
     pub async fn committed(&self) -> Result<Option<Commit>> {
         Ok(self.commit_record().await?.map(|r| r.commit))
+    }
+
+    /// The last commit and the group sizes it was made in.
+    pub async fn committed_in(&self) -> Result<Option<(Commit, Layout)>> {
+        Ok(self
+            .get_json::<CommitObject>(&self.key(&["commit.json"]))
+            .await?
+            .map(|c| (c.record.commit, c.layout)))
     }
 
     /// The last commit with the progress recorded with it, if any.
@@ -157,11 +174,25 @@ impl CheckpointStore {
         epochs: Vec<EpochRecord>,
         progress: &Progress,
     ) -> Result<()> {
+        self.commit_in(commit, decided, epochs, progress, &Layout::new())
+            .await
+    }
+
+    /// [`Self::commit`], recording the size of every function group.
+    pub async fn commit_in(
+        &self,
+        commit: Commit,
+        decided: Option<Decided>,
+        epochs: Vec<EpochRecord>,
+        progress: &Progress,
+        layout: &Layout,
+    ) -> Result<()> {
         let object = CommitObject {
             record: CommitRecord {
                 commit,
                 progress: progress.clone(),
             },
+            layout: layout.clone(),
             decided,
             epochs,
         };

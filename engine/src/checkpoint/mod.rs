@@ -39,6 +39,7 @@ mod forget;
 mod io;
 mod member;
 mod progress;
+mod rescale;
 mod segments;
 mod sink_reports;
 mod snapshot;
@@ -58,11 +59,12 @@ use crate::error::{EngineError, Result};
 use crate::payload::SourceOffset;
 use crate::watermark::ClockState;
 
-pub use driver_log::{Commit, Decided, DriverLog, EpochRecord};
+pub use driver_log::{Commit, Decided, DriverLog, EpochRecord, Layout};
 pub use member::{MemberObject, MemberRead, StateKind};
 pub use progress::{
     BUCKET_MS, CheckpointFigures, CommitRecord, EpochFigures, Failure, Point, Progress, Totals,
 };
+pub use rescale::RescaleRequest;
 pub use snapshot::{
     MemberChanges, MemberState, Snapshot, decode_state, encode_changes, encode_state,
 };

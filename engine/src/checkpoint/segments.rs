@@ -138,6 +138,12 @@ impl SegmentDir {
         self.dir.join(LOG)
     }
 
+    /// A file beside the log, for what another process leaves for the one
+    /// that writes the log (it owns the segments and their index).
+    pub(crate) fn side_file(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
     fn segment_path(&self, n: u64) -> PathBuf {
         self.log_dir().join(format!("{n:020}{SUFFIX}"))
     }

@@ -37,6 +37,8 @@ struct LogState {
     committed: Option<u64>,
     /// The progress the commit object carries for `skein ui`.
     tracking: Tracking,
+    /// The group sizes the epochs since the last commit ran in.
+    layout: crate::checkpoint::Layout,
 }
 
 impl LogState {
@@ -179,6 +181,7 @@ impl EpochLog {
     /// to go out, if any.
     pub(super) async fn decide(
         &self,
+        runtime: &dyn EpochRuntime,
         epoch: u64,
         last_wanted: bool,
         checkpoint_wanted: bool,
@@ -200,7 +203,12 @@ impl EpochLog {
             None => {
                 let decided = self.ahead_from(epoch, ahead, last_wanted);
                 match state.pending.take() {
-                    Some(commit) => write_commit(cs, &mut state, commit, Some(decided)).await?,
+                    Some(commit) => {
+                        write_commit(cs, &mut state, commit, Some(decided)).await?;
+                        // Nothing runs between the commit and this epoch:
+                        // the runtime's moment to change a group's size.
+                        runtime.committed(commit.epoch).await?;
+                    }
                     None => {
                         cs.decide(decided).await?;
                         state.decided.push(decided);
@@ -239,6 +247,7 @@ impl EpochLog {
         if !fire.checkpoint {
             return Ok(());
         }
+        state.layout = runtime.layout();
         // An epoch that lost an invocation or left a member waiting is not
         // complete: it is run again after the last commit. Checked only
         // here: a member left waiting earlier is still waiting now.
@@ -266,7 +275,7 @@ impl EpochLog {
         };
         write_commit(cs, &mut state, commit, decided).await?;
         drop(state);
-        runtime.committed(fire.epoch).await;
+        runtime.committed(fire.epoch).await?;
         Ok(())
     }
 
@@ -281,7 +290,7 @@ impl EpochLog {
         };
         write_commit(cs, &mut state, commit, None).await?;
         drop(state);
-        runtime.committed(commit.epoch).await;
+        runtime.committed(commit.epoch).await?;
         Ok(())
     }
 
@@ -335,8 +344,14 @@ async fn write_commit(
 ) -> Result<()> {
     let started = std::time::Instant::now();
     let records = std::mem::take(&mut state.records);
-    cs.commit(commit, decided, records, &state.tracking.progress)
-        .await?;
+    cs.commit_in(
+        commit,
+        decided,
+        records,
+        &state.tracking.progress,
+        &state.layout,
+    )
+    .await?;
     // Every path to a commit comes here: alone, with the next decisions, or
     // flushed at the end.
     crate::metrics::commit(started.elapsed());

@@ -103,7 +103,7 @@ pub async fn run_epochs(
                 StopAfter::Signalled { .. } => log.store.is_none() && stop_asked,
             };
         // A stop is answered by committing the next epoch, whatever the interval.
-        let fire = log.decide(epoch, last, stop_asked, ahead).await?;
+        let fire = log.decide(runtime, epoch, last, stop_asked, ahead).await?;
         let fired = Instant::now();
         let attempt = async {
             let outcome = runtime.run_epoch(fire).await?;

@@ -60,8 +60,17 @@ pub trait EpochRuntime: Send + Sync {
     /// failed and nobody waits for input.
     async fn check_complete(&self, epoch: u64) -> Result<()>;
 
-    /// After `epoch` was committed.
-    async fn committed(&self, _epoch: u64) {}
+    /// After `epoch` was committed: the runtime may change a group's size
+    /// here, before the next epoch fires.
+    async fn committed(&self, _epoch: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// The size of every function group now, by stage id: a commit
+    /// records it. Empty: every group has the size it was deployed with.
+    fn layout(&self) -> crate::checkpoint::Layout {
+        crate::checkpoint::Layout::new()
+    }
 
     /// The smallest size of the fixed windows the query closes, ms: an
     /// epoch fires when event time should reach the next multiple of it

@@ -127,6 +127,13 @@ fn source_stage(ctx: &CloudContext, env: &FunctionEnv) -> Result<SourceStage> {
     Ok(SourceStage::new(readers, clocks))
 }
 
+/// Whether the rows on `edge` are a changelog.
+fn updates(ctx: &CloudContext, edge: u32) -> bool {
+    ctx.inputs
+        .iter()
+        .any(|e| e.shuffle_id == edge && e.updating)
+}
+
 /// A stage fed by payloads, with the step its mode runs.
 fn payload_stage(
     ctx: &CloudContext,
@@ -134,29 +141,44 @@ fn payload_stage(
     name: &str,
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Result<PayloadStage> {
-    let input_schemas = crate::updating::leaf_schemas(plan);
-    let updates = |edge: u32| {
-        ctx.inputs
-            .iter()
-            .any(|e| e.shuffle_id == edge && e.updating)
-    };
-    let wire_schemas = input_schemas
+    let wire_schemas = crate::updating::leaf_schemas(plan)
         .iter()
         .map(|(edge, schema)| {
-            let wire = match updates(*edge) {
+            let wire = match updates(ctx, *edge) {
                 true => crate::changelog::with_op(schema),
                 false => schema.clone(),
             };
             (*edge, wire)
         })
         .collect();
-    let step = match ctx.mode {
+    let step = epoch_step(ctx, env, name, plan)?;
+    let inputs = ctx.inputs.iter().map(|e| e.shuffle_id).collect();
+    Ok(PayloadStage::new(name, inputs, wire_schemas, step))
+}
+
+impl StageFunction {
+    /// An empty step of this member's stage, as a cold start builds it: a
+    /// rescaled member restores each old member's state into one.
+    pub(super) fn empty_step(&self) -> Result<EpochStep> {
+        epoch_step(&self.ctx, &self.env, &self.name, &self.outputs[0].plan)
+    }
+}
+
+/// The step a payload stage's mode runs, with its state empty.
+fn epoch_step(
+    ctx: &CloudContext,
+    env: &FunctionEnv,
+    name: &str,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Result<EpochStep> {
+    let input_schemas = crate::updating::leaf_schemas(plan);
+    Ok(match ctx.mode {
         StageMode::Stream => EpochStep::Stream,
         StageMode::Updating => {
             // Partial rows that a retraction may name must stay as they came.
             let compactors = Compactor::for_plan(plan)
                 .into_iter()
-                .filter(|(edge, _)| !updates(*edge))
+                .filter(|(edge, _)| !updates(ctx, *edge))
                 .collect();
             EpochStep::Updating(Box::new(updating_step(
                 ctx,
@@ -179,9 +201,7 @@ fn payload_stage(
                 input_schemas,
             )))
         }
-    };
-    let inputs = ctx.inputs.iter().map(|e| e.shuffle_id).collect();
-    Ok(PayloadStage::new(name, inputs, wire_schemas, step))
+    })
 }
 
 /// An updating stage's plan split to compute changes, and its empty state

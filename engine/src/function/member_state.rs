@@ -87,24 +87,24 @@ impl StageFunction {
             .and(self.env.checkpoints.as_ref())
     }
 
-    /// This member's state for `epoch`, of `kind` when it is known.
+    /// Member `member`'s state for `epoch`, of `kind` when it is known.
     async fn read_state(
         &self,
         cs: &CheckpointStore,
-        commit: u64,
+        (member, commit): (u32, u64),
         epoch: u64,
         kind: Option<StateKind>,
         schemas: &BTreeMap<u32, SchemaRef>,
     ) -> Result<ReadState> {
-        let (stage, member) = (self.ctx.stage, self.ctx.member);
+        let stage = self.ctx.stage;
         let read = match kind {
             Some(kind) => cs.member_state_of(stage, member, epoch, kind).await?,
             None => cs.member_state(stage, member, epoch).await?,
         };
         let read = read.ok_or_else(|| {
             EngineError::Context(format!(
-                "{}: epoch {commit} is committed but this member's state for epoch {epoch} \
-                 is not in the checkpoint store {}",
+                "{}: epoch {commit} is committed but the state of member {member} for epoch \
+                 {epoch} is not in the checkpoint store {}",
                 self.name,
                 cs.root()
             ))
@@ -126,7 +126,20 @@ impl StageFunction {
         commit: u64,
         schemas: &BTreeMap<u32, SchemaRef>,
     ) -> Result<Vec<ReadState>> {
-        let newest = self.read_state(cs, commit, commit, None, schemas).await?;
+        self.read_chain_of(cs, self.ctx.member, commit, schemas)
+            .await
+    }
+
+    /// [`Self::read_chain`] of member `member` of this stage.
+    pub(super) async fn read_chain_of(
+        &self,
+        cs: &CheckpointStore,
+        member: u32,
+        commit: u64,
+        schemas: &BTreeMap<u32, SchemaRef>,
+    ) -> Result<Vec<ReadState>> {
+        let at = (member, commit);
+        let newest = self.read_state(cs, at, commit, None, schemas).await?;
         let listed = match &newest.snapshot {
             Snapshot::Whole(_) => return Ok(vec![newest]),
             Snapshot::Changes(c) => c.chain.clone(),
@@ -149,7 +162,7 @@ impl StageFunction {
                     } else {
                         StateKind::Changes
                     };
-                    self.read_state(cs, commit, epoch, Some(kind), schemas)
+                    self.read_state(cs, at, epoch, Some(kind), schemas)
                 });
                 reads.extend(futures::future::try_join_all(batch).await?);
             }
@@ -169,7 +182,7 @@ impl StageFunction {
                     "the state of epoch {epoch} builds on epoch {base}, not one before it"
                 )));
             }
-            chain.push(self.read_state(cs, commit, base, None, schemas).await?);
+            chain.push(self.read_state(cs, at, base, None, schemas).await?);
         }
     }
 
@@ -209,18 +222,28 @@ impl PayloadState {
         let Some(cs) = f.checkpoints() else {
             return Ok(());
         };
-        let commit = cs.committed().await?;
+        let commit = cs.committed_in().await?;
         if self.step.keeps_state() {
             self.step.keep_changes();
-            cs.drop_states_after(f.ctx.stage, f.ctx.member, commit.map(|c| c.epoch))
-                .await?;
+            cs.drop_states_after(
+                f.ctx.stage,
+                f.ctx.member,
+                commit.as_ref().map(|c| c.0.epoch),
+            )
+            .await?;
         }
-        let Some(commit) = commit else {
+        let Some((commit, layout)) = commit else {
             return Ok(());
         };
         self.next_epoch = commit.epoch + 1;
         if !self.step.keeps_state() {
             return Ok(());
+        }
+        // The group had another size when the commit was made: this
+        // member's state is its key groups' share of the old members'.
+        let was = layout.get(&f.ctx.stage).copied().unwrap_or(f.ctx.members);
+        if was != f.ctx.members {
+            return self.restore_rescaled(f, cs, commit.epoch, was).await;
         }
         let schemas = self.step.checkpoint_schemas();
         let read = f.read_chain(cs, commit.epoch, &schemas).await?;
@@ -273,7 +296,7 @@ impl PayloadState {
 /// A chain read newest first as its whole state, the changes on it in
 /// order, and what the next checkpoint builds on; an error names a chain
 /// this member does not write.
-fn ordered_chain(
+pub(super) fn ordered_chain(
     name: &str,
     commit: u64,
     mut read: Vec<ReadState>,
@@ -352,7 +375,7 @@ impl EpochStep {
     }
 
     /// The schema of each edge's rows in this member's checkpoints.
-    fn checkpoint_schemas(&self) -> BTreeMap<u32, SchemaRef> {
+    pub(super) fn checkpoint_schemas(&self) -> BTreeMap<u32, SchemaRef> {
         match self {
             EpochStep::Stream => BTreeMap::new(),
             EpochStep::Windowed(w) => w.schemas.clone(),
@@ -361,7 +384,7 @@ impl EpochStep {
     }
 
     /// The whole state, encoded.
-    fn encode_whole(
+    pub(super) fn encode_whole(
         &mut self,
         epoch: u64,
         watermark: Watermark,
@@ -385,7 +408,7 @@ impl EpochStep {
     }
 
     /// Take a restored chain in; the watermark the state had.
-    fn restore(
+    pub(super) fn restore(
         &mut self,
         whole: MemberState,
         chain: Vec<MemberChanges>,

@@ -36,6 +36,7 @@ mod changes;
 mod member_state;
 mod payload_stage;
 mod pushed;
+mod rescaled;
 mod routing;
 mod sink_write;
 mod source_log;

@@ -31,6 +31,14 @@ pub(super) struct UpdatingStep {
 }
 
 impl UpdatingStep {
+    /// The key columns of the rows this state keeps beyond its input
+    /// edges' (what it emitted, an aggregate's groups): the same values,
+    /// in the same order, as the key its senders hash. `None`: the state
+    /// is one group, and its rows have no key.
+    pub(super) fn kept_keys(&self) -> Option<Vec<usize>> {
+        self.plan.state_key.clone()
+    }
+
     pub(super) fn new(
         plan: Arc<UpdatingPlan>,
         state: UpdatingState,

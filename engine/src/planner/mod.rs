@@ -43,6 +43,7 @@ mod cut;
 mod explain;
 #[cfg(feature = "sql")]
 mod insert;
+mod rescale;
 mod shape;
 mod static_join;
 mod updating;
@@ -51,6 +52,7 @@ mod window_edges;
 use classify::is_ordered;
 pub use classify::is_stateful;
 use cut::Cutter;
+pub use rescale::Layout;
 pub use shape::{PlanShape, StageShape};
 use window_edges::window_sizes;
 
@@ -497,6 +499,7 @@ impl QueryPlan {
                         stage: s.id,
                         member,
                         members: s.members,
+                        key_groups: s.key_groups().unwrap_or(0),
                         mode: s.mode,
                         plan: plan.clone(),
                         inputs: Vec::clone(&inputs),
@@ -627,9 +630,11 @@ impl QueryPlan {
     fn next_hop(&self, output: Exchange, consumer: Option<u32>) -> NextHop {
         match (output, consumer) {
             (Exchange::Sink, _) | (_, None) => NextHop::Sink(self.sink.clone()),
-            (Exchange::Hash(n), Some(c)) => NextHop::Group {
+            // The group's size, not the key groups (`n`): after a rescale
+            // they differ, and the ring maps the one onto the other.
+            (Exchange::Hash(_), Some(c)) => NextHop::Group {
                 stage: c,
-                members: n as u32,
+                members: self.stage(c).members,
             },
             (Exchange::Single, Some(c)) => NextHop::Single { stage: c },
         }

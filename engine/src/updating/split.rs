@@ -47,6 +47,11 @@ pub struct UpdatingPlan {
     pub edge_keys: BTreeMap<u32, Option<Vec<usize>>>,
     /// The key columns of the core's output (`None`: one group).
     pub out_key: Option<Vec<usize>>,
+    /// The columns of the rows the state keeps beyond its inputs' (what it
+    /// emitted, an aggregate's groups) that hold the key its senders hash,
+    /// in their order: how a rescale finds a kept row's key group. `None`
+    /// when the state is one group.
+    pub state_key: Option<Vec<usize>>,
     /// The core as accumulators, when it is an aggregate that can run so
     /// (then no input row is kept).
     pub aggregate: Option<Arc<AggregatePlan>>,
@@ -66,6 +71,7 @@ impl UpdatingPlan {
         schemas: &BTreeMap<u32, SchemaRef>,
     ) -> Result<Self> {
         let keyed = edge_keys(edges, schemas);
+        let senders_keys = keyed.clone();
         // A repartition on top makes the partitions routing needs: it stays
         // above the core whatever happens.
         let mut core = plan.clone();
@@ -138,11 +144,19 @@ impl UpdatingPlan {
             _ => None,
         };
         let join = IncrementalJoin::of(&core, edges, true);
+        // An aggregate's groups (and what it emits) are its output rows;
+        // the key is where its group columns trace to the senders' key.
+        let state_key = match (&aggregate, &senders_keys) {
+            (Some(_), Some(keys)) if out_key.is_some() => key_in_output(&core, keys),
+            (Some(_), _) => None,
+            (None, _) => out_key.clone(),
+        };
         Ok(UpdatingPlan {
             core,
             tail,
             edge_keys,
             out_key,
+            state_key,
             aggregate,
             top_n,
             join,

@@ -1,0 +1,320 @@
+//! Changing a group's size while a standing query runs (`skein rescale`):
+//! a windowed count and sum per key, and an aggregate without a window,
+//! read a 4-partition Kafka topic that records are produced into while the
+//! query runs; the stateful group is rescaled by hand to random sizes at
+//! random moments, once with a SIGKILL right after the request, and the
+//! sink then holds exactly what a reference computed here says. Each size
+//! asked for shows in `skein status --json` once carried out.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::kills::committed_epoch;
+use crate::common::rows::read_rows;
+use crate::common::windowed::{self, assert_exact};
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+const PARTITIONS: usize = 4;
+const RECORDS: usize = 40_000;
+/// Event time the records span: the 10 s windows close 25 times.
+const SPAN_MS: i64 = 250_000;
+/// Rescales asked for; the kill comes right after the one numbered KILL_AT.
+const RESCALES: usize = 5;
+const KILL_AT: usize = 2;
+/// A hang guard only; every wait is for a condition.
+const HANG_GUARD: Duration = Duration::from_secs(300);
+
+struct Query {
+    dir: PathBuf,
+    sql: PathBuf,
+}
+
+impl Query {
+    fn new(text: String) -> Self {
+        let dir = std::env::temp_dir().join(common::unique_name("skein-rescale"));
+        std::fs::create_dir_all(&dir).expect("a working directory");
+        let sql = dir.join("q.sql");
+        std::fs::write(&sql, text).expect("writing the query");
+        Query { dir, sql }
+    }
+
+    fn checkpoints(&self) -> PathBuf {
+        self.dir.join("checkpoints")
+    }
+
+    fn skein(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_skein"));
+        c.args(args)
+            .arg(self.sql.to_str().expect("utf-8 path"))
+            .arg("--checkpoint-dir")
+            .arg(self.checkpoints());
+        c
+    }
+
+    /// A standing run: an epoch every 50 ms, each committed.
+    fn spawn(&self) -> Child {
+        self.skein(&["run"])
+            .args(["--interval", "50ms", "--checkpoint-interval", "1", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting skein")
+    }
+
+    fn status(&self) -> Value {
+        let out = self
+            .skein(&["status"])
+            .arg("--json")
+            .output()
+            .expect("skein status");
+        assert!(
+            out.status.success(),
+            "skein status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status JSON")
+    }
+
+    fn rescale(&self, stage: u64, members: u32) {
+        let out = self
+            .skein(&["rescale"])
+            .args([
+                "--stage",
+                &stage.to_string(),
+                "--group-size",
+                &members.to_string(),
+            ])
+            .output()
+            .expect("skein rescale");
+        assert!(
+            out.status.success(),
+            "skein rescale: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Waits until `child` has committed `epoch`; fails if it exits first.
+    fn wait_for_commit(&self, child: &mut Child, epoch: u64) {
+        let started = Instant::now();
+        while committed_epoch(&self.checkpoints()).is_none_or(|c| c < epoch) {
+            if let Some(status) = child.try_wait().expect("waiting for skein") {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                panic!("skein exited ({status}) before committing epoch {epoch}:\n{stderr}");
+            }
+            assert!(
+                started.elapsed() < HANG_GUARD,
+                "epoch {epoch} not committed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The one stateful group's stage id and its size now.
+    fn group(&self) -> (u64, u32) {
+        let status = self.status();
+        let groups = status["groups"].as_object().expect("groups in status");
+        let (stage, members) = groups.iter().next_back().expect("a function group");
+        (
+            stage.parse().expect("a stage id"),
+            members.as_u64().expect("a size") as u32,
+        )
+    }
+
+    /// Stops a standing run with SIGTERM: it exits 0.
+    fn stop(&self, child: Child) {
+        let sent = Command::new("kill")
+            .args(["-s", "TERM", &child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(sent.success());
+        let out = common::wait_with_timeout(child, HANG_GUARD);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Query {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `query` standing while `chunks` are produced, one before each of
+/// [`RESCALES`] rescales to a random size; after the one numbered
+/// [`KILL_AT`] the process is SIGKILLed at once and started again. Every
+/// size shows in status once carried out. Returns the running child.
+fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child {
+    let seed: u64 = rand::random();
+    eprintln!("rescale seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut child = query.spawn();
+    produce(0);
+    query.wait_for_commit(&mut child, 1);
+    let (stage, mut size) = query.group();
+    let mut sizes = vec![size];
+    for round in 0..RESCALES {
+        produce(round + 1);
+        let wanted = loop {
+            let m = rng.random_range(1..=8u32);
+            if m != size {
+                break m;
+            }
+        };
+        // A few epochs in, at a random moment.
+        let at = committed_epoch(&query.checkpoints()).unwrap_or(0) + rng.random_range(1..4);
+        query.wait_for_commit(&mut child, at);
+        query.rescale(stage, wanted);
+        if round == KILL_AT {
+            // Before the driver carried it out, or while it did, or just
+            // after: a restart resumes on one side of it.
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..120)));
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaping skein");
+            child = query.spawn();
+        }
+        let started = Instant::now();
+        loop {
+            let status = query.status();
+            let now = status["groups"][stage.to_string()].as_u64();
+            if now == Some(u64::from(wanted)) && status["rescale_asked"].is_null() {
+                break;
+            }
+            assert!(
+                started.elapsed() < HANG_GUARD,
+                "stage {stage} never reached {wanted} members: {status}"
+            );
+            if let Some(exit) = child.try_wait().expect("waiting for skein") {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+                }
+                panic!("skein exited ({exit}) during a rescale to {wanted}:\n{stderr}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // It runs, and commits, at the new size.
+        let c = committed_epoch(&query.checkpoints()).expect("a commit");
+        query.wait_for_commit(&mut child, c + 2);
+        size = wanted;
+        sizes.push(size);
+    }
+    eprintln!("stage {stage} sizes {sizes:?}");
+    child
+}
+
+/// The records of `chunk` of RESCALES + 1 (in event-time order).
+fn chunk_of<T: Clone>(records: &[T], chunk: usize) -> Vec<T> {
+    let per = records.len().div_ceil(RESCALES + 1);
+    records
+        .iter()
+        .skip(chunk * per)
+        .take(per)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_windowed_query_rescaled_by_hand_while_it_runs_writes_every_window_exactly() {
+    let (records, reference) = windowed::records(RECORDS, PARTITIONS, SPAN_MS);
+    let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 500);
+    let out_dir = std::env::temp_dir().join(common::unique_name("skein-rescale-out"));
+    std::fs::create_dir_all(&out_dir).expect("an output directory");
+    let query = Query::new(windowed::query(&source, &windowed::files_sink(&out_dir)));
+    let child = rescale_while_running(&query, |chunk| {
+        windowed::produce(&topic, &chunk_of(&records, chunk));
+    });
+    query.stop(child);
+    // The last run flushes the windows still open, at the size committed.
+    let out = query
+        .skein(&["run"])
+        .args(["--until-drained", "--interval", "10ms", "--json"])
+        .output()
+        .expect("the last run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_exact(&read_rows(&out_dir, true), &reference, "after rescales");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// key -> (count, sum) of the records.
+fn totals(records: &[(usize, String)]) -> BTreeMap<String, (i64, i64)> {
+    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for (_, json) in records {
+        let v: Value = serde_json::from_str(json).expect("a record");
+        let e = out
+            .entry(v["k"].as_str().expect("k").to_string())
+            .or_default();
+        e.0 += 1;
+        e.1 += v["v"].as_i64().expect("v");
+    }
+    out
+}
+
+/// The hashes under `prefix:` as key -> (n, total).
+fn redis_counts(prefix: &str) -> BTreeMap<String, (i64, i64)> {
+    let mut con = redis::Client::open(common::redis_url())
+        .expect("a Redis URL")
+        .get_connection()
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .expect("KEYS");
+    keys.into_iter()
+        .map(|key| {
+            let h: BTreeMap<String, i64> = redis::cmd("HGETALL")
+                .arg(&key)
+                .query(&mut con)
+                .expect("HGETALL");
+            let k = key.rsplit(':').next().unwrap_or_default().to_string();
+            (k, (h["n"], h["total"]))
+        })
+        .collect()
+}
+
+#[test]
+fn an_updating_aggregate_rescaled_by_hand_while_it_runs_keeps_every_keys_row_exact() {
+    common::require_redis();
+    let (records, _) = windowed::records(RECORDS, PARTITIONS, SPAN_MS);
+    let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 500);
+    let prefix = common::unique_name("rescale");
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
+        common::redis_url()
+    );
+    let query = Query::new(format!(
+        "{source}\n{sink}\nINSERT INTO out SELECT k, count(*) AS n, sum(v) AS total FROM ev \
+         GROUP BY k;\n"
+    ));
+    let child = rescale_while_running(&query, |chunk| {
+        windowed::produce(&topic, &chunk_of(&records, chunk));
+    });
+    // Standing: the result is in the sink while the query runs.
+    let reference = totals(&records);
+    let started = Instant::now();
+    while redis_counts(&prefix) != reference {
+        assert!(
+            started.elapsed() < HANG_GUARD,
+            "the sink never held the reference: {:?}",
+            redis_counts(&prefix)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    query.stop(child);
+    assert_eq!(redis_counts(&prefix), reference, "after the stop");
+}
