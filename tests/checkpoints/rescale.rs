@@ -32,6 +32,8 @@ const HANG_GUARD: Duration = Duration::from_secs(300);
 struct Query {
     dir: PathBuf,
     sql: PathBuf,
+    /// Every run started, killed when the test ends (a failed one too).
+    started: std::sync::Mutex<Vec<u32>>,
 }
 
 impl Query {
@@ -40,7 +42,11 @@ impl Query {
         std::fs::create_dir_all(&dir).expect("a working directory");
         let sql = dir.join("q.sql");
         std::fs::write(&sql, text).expect("writing the query");
-        Query { dir, sql }
+        Query {
+            dir,
+            sql,
+            started: Default::default(),
+        }
     }
 
     fn checkpoints(&self) -> PathBuf {
@@ -58,12 +64,15 @@ impl Query {
 
     /// A standing run: an epoch every 50 ms, each committed.
     fn spawn(&self) -> Child {
-        self.skein(&["run"])
+        let child = self
+            .skein(&["run"])
             .args(["--interval", "50ms", "--checkpoint-interval", "1", "--json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("starting skein")
+            .expect("starting skein");
+        self.started.lock().expect("not poisoned").push(child.id());
+        child
     }
 
     fn status(&self) -> Value {
@@ -128,14 +137,24 @@ impl Query {
         )
     }
 
+    /// `pid` was reaped: its id may be another process's from now on.
+    fn reaped(&self, pid: u32) {
+        self.started
+            .lock()
+            .expect("not poisoned")
+            .retain(|p| *p != pid);
+    }
+
     /// Stops a standing run with SIGTERM: it exits 0.
     fn stop(&self, child: Child) {
+        let pid = child.id();
         let sent = Command::new("kill")
             .args(["-s", "TERM", &child.id().to_string()])
             .status()
             .expect("running kill");
         assert!(sent.success());
         let out = common::wait_with_timeout(child, HANG_GUARD);
+        self.reaped(pid);
         assert!(
             out.status.success(),
             "{}",
@@ -146,6 +165,13 @@ impl Query {
 
 impl Drop for Query {
     fn drop(&mut self) {
+        for pid in self.started.lock().map(|p| p.clone()).unwrap_or_default() {
+            // Only runs not reaped are listed: a failed test's, still going.
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -181,6 +207,7 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
             std::thread::sleep(Duration::from_millis(rng.random_range(0..120)));
             child.kill().expect("SIGKILL");
             child.wait().expect("reaping skein");
+            query.reaped(child.id());
             child = query.spawn();
         }
         let started = Instant::now();
