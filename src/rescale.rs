@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
-use skein_engine::checkpoint::RescaleRequest;
+use skein_engine::checkpoint::{Layout, RescaleRequest};
 
 use crate::PlanArgs;
 use crate::lambda::Backend;
@@ -56,8 +56,8 @@ pub async fn rescale(args: RescaleArgs) -> Result<()> {
     if let Some((_, committed)) = store.committed_in().await? {
         layout.extend(committed);
     }
-    let now = plan.with_layout(&layout)?;
-    now.check_rescale(args.stage, args.members)?;
+    plan.with_layout(&layout)?
+        .with_layout(&Layout::from([(args.stage, args.members)]))?;
     let request = RescaleRequest {
         stage: args.stage,
         members: args.members,

@@ -16,10 +16,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::kafka::{PartitionWriter, committed_records, create_topic};
-use common::kills::committed_epoch;
+use common::kills::{committed_epoch, wait_for_commit};
+use common::redis_counts;
 use serde_json::Value;
 use skein::report::Report;
 use skein_engine::epochs::Stopped;
@@ -142,29 +143,6 @@ impl Drop for Live {
     }
 }
 
-/// Waits (up to 5 minutes, polling) until the query has committed `epoch`;
-/// fails if `child` exits first.
-fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
-    let started = Instant::now();
-    while committed_epoch(checkpoints).is_none_or(|c| c < epoch) {
-        if let Some(status) = child.try_wait().expect("waiting for skein") {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-            }
-            panic!(
-                "skein exited ({status}) before committing epoch {epoch}; its stderr:\n{stderr}"
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "epoch {epoch} not committed within 5 minutes (at {:?})",
-            committed_epoch(checkpoints)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits until the query has committed `n` epochs past its last commit.
 fn wait_for_epochs(child: &mut Child, checkpoints: &Path, n: u64) {
     let c0 = committed_epoch(checkpoints).expect("a commit");
@@ -184,25 +162,6 @@ fn redis_hashes(prefix: &str) -> String {
          LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
         common::redis_url()
     )
-}
-
-/// The hashes under `prefix:` as key -> (n, total).
-fn redis_counts(prefix: &str) -> BTreeMap<String, (i64, i64)> {
-    let mut con = redis::Client::open(common::redis_url())
-        .unwrap()
-        .get_connection()
-        .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut con)
-        .unwrap();
-    keys.into_iter()
-        .map(|key| {
-            let h: BTreeMap<String, i64> = redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap();
-            let k = key.rsplit(':').next().unwrap_or_default().to_string();
-            (k, (h["n"], h["total"]))
-        })
-        .collect()
 }
 
 #[test]

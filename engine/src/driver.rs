@@ -370,10 +370,7 @@ impl LocalEpochs<'_> {
             cs.rescale_done().await?;
             return Ok(());
         }
-        let checked = current
-            .check_rescale(ask.stage, ask.members)
-            .and_then(|()| current.with_layout(&Layout::from([(ask.stage, ask.members)])));
-        let next = match checked {
+        let next = match current.with_layout(&Layout::from([(ask.stage, ask.members)])) {
             Ok(next) => next,
             Err(e) => {
                 tracing::warn!(epoch, error = %crate::error::one_line(&e), "rescale refused");

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::kills::committed_epoch;
+use crate::common::kills::{committed_epoch, wait_for_commit};
+use crate::common::redis_counts;
 use crate::common::rows::read_rows;
 use crate::common::windowed::{self, assert_exact};
 use rand::{Rng, SeedableRng};
@@ -107,25 +108,6 @@ impl Query {
         );
     }
 
-    /// Waits until `child` has committed `epoch`; fails if it exits first.
-    fn wait_for_commit(&self, child: &mut Child, epoch: u64) {
-        let started = Instant::now();
-        while committed_epoch(&self.checkpoints()).is_none_or(|c| c < epoch) {
-            if let Some(status) = child.try_wait().expect("waiting for skein") {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
-                panic!("skein exited ({status}) before committing epoch {epoch}:\n{stderr}");
-            }
-            assert!(
-                started.elapsed() < HANG_GUARD,
-                "epoch {epoch} not committed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
     /// The one stateful group's stage id and its size now.
     fn group(&self) -> (u64, u32) {
         let status = self.status();
@@ -186,7 +168,7 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut child = query.spawn();
     produce(0);
-    query.wait_for_commit(&mut child, 1);
+    wait_for_commit(&mut child, &query.checkpoints(), 1);
     let (stage, mut size) = query.group();
     let mut sizes = vec![size];
     for round in 0..RESCALES {
@@ -199,7 +181,7 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
         };
         // A few epochs in, at a random moment.
         let at = committed_epoch(&query.checkpoints()).unwrap_or(0) + rng.random_range(1..4);
-        query.wait_for_commit(&mut child, at);
+        wait_for_commit(&mut child, &query.checkpoints(), at);
         query.rescale(stage, wanted);
         if round == KILL_AT {
             // Before the driver carried it out, or while it did, or just
@@ -232,7 +214,7 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
         }
         // It runs, and commits, at the new size.
         let c = committed_epoch(&query.checkpoints()).expect("a commit");
-        query.wait_for_commit(&mut child, c + 2);
+        wait_for_commit(&mut child, &query.checkpoints(), c + 2);
         size = wanted;
         sizes.push(size);
     }
@@ -289,28 +271,6 @@ fn totals(records: &[(usize, String)]) -> BTreeMap<String, (i64, i64)> {
         e.1 += v["v"].as_i64().expect("v");
     }
     out
-}
-
-/// The hashes under `prefix:` as key -> (n, total).
-fn redis_counts(prefix: &str) -> BTreeMap<String, (i64, i64)> {
-    let mut con = redis::Client::open(common::redis_url())
-        .expect("a Redis URL")
-        .get_connection()
-        .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut con)
-        .expect("KEYS");
-    keys.into_iter()
-        .map(|key| {
-            let h: BTreeMap<String, i64> = redis::cmd("HGETALL")
-                .arg(&key)
-                .query(&mut con)
-                .expect("HGETALL");
-            let k = key.rsplit(':').next().unwrap_or_default().to_string();
-            (k, (h["n"], h["total"]))
-        })
-        .collect()
 }
 
 #[test]

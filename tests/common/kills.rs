@@ -220,3 +220,26 @@ pub fn bootstraps(wanted: impl Fn(&str) -> bool) -> Vec<i32> {
         })
         .collect()
 }
+
+/// Waits (up to 5 minutes, polling) until the query has committed `epoch`;
+/// fails if `child` exits first.
+pub fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
+    let started = Instant::now();
+    while committed_epoch(checkpoints).is_none_or(|c| c < epoch) {
+        if let Some(status) = child.try_wait().expect("waiting for skein") {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+            }
+            panic!(
+                "skein exited ({status}) before committing epoch {epoch}; its stderr:\n{stderr}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "epoch {epoch} not committed within 5 minutes (at {:?})",
+            committed_epoch(checkpoints)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

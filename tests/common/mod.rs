@@ -471,3 +471,24 @@ pub fn typed<T: serde::de::DeserializeOwned>(json: &serde_json::Value, log: &str
     T::deserialize(json)
         .unwrap_or_else(|e| panic!("not a {} ({e}): {json}\n{log}", std::any::type_name::<T>()))
 }
+
+/// The hashes under `prefix:` as key -> (n, total): what an aggregate of
+/// a count `n` and a sum `total` per key upserts into Redis.
+pub fn redis_counts(prefix: &str) -> std::collections::BTreeMap<String, (i64, i64)> {
+    let mut con = redis::Client::open(redis_url())
+        .unwrap()
+        .get_connection()
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query(&mut con)
+        .unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let h: std::collections::BTreeMap<String, i64> =
+                redis::cmd("HGETALL").arg(&key).query(&mut con).unwrap();
+            let k = key.rsplit(':').next().unwrap_or_default().to_string();
+            (k, (h["n"], h["total"]))
+        })
+        .collect()
+}

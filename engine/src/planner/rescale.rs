@@ -31,11 +31,17 @@ impl QueryPlan {
             .collect()
     }
 
-    /// The same plan with the group sizes of `layout` (a commit's).
+    /// The same plan with the group sizes of `layout` (a commit's, or a
+    /// request's), each change checked by [`Self::check_rescale`].
     pub fn with_layout(&self, layout: &Layout) -> Result<QueryPlan> {
         let mut plan = self.clone();
         for (&id, &members) in layout {
-            if plan.stage_of(id).is_some_and(|s| s.members != members) {
+            // A group at its size now needs no check (a commit records
+            // every group, rescalable or not); anything else does.
+            let unchanged = plan
+                .stage_of(id)
+                .is_some_and(|s| s.kind == StageKind::Group && s.members == members);
+            if !unchanged {
                 plan.check_rescale(id, members)?;
                 plan.stage_mut(id).members = members;
             }
