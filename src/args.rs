@@ -61,6 +61,13 @@ pub struct CommonRunArgs {
     /// Result rows to print (text mode).
     #[arg(long, default_value_t = 20)]
     pub show: usize,
+    /// Size each stateful function group within MIN..MAX members (e.g.
+    /// 1..8) from its measured work, while the query runs: it grows when
+    /// its members are busy more than half of each epoch interval and
+    /// shrinks when they idle (docs/lambda.md, "Autoscaling"). In-process
+    /// only; the query needs its checkpoint store.
+    #[arg(long, value_name = "MIN..MAX")]
+    pub autoscale: Option<skein_engine::autoscale::AutoscaleRange>,
     /// The query's name, shown by `skein status`, the page and `--json`
     /// [default: a `-- name:` line in the SQL, else the file's stem]. Two
     /// running queries may not share one.

@@ -12,7 +12,8 @@ use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{CheckpointStore, Layout};
+use crate::autoscale::{Autoscaler, Observation};
+use crate::checkpoint::{CheckpointStore, Layout, RescaleRequest};
 use crate::context::function_name;
 use crate::epochs::{EpochLog, EpochRuntime, not_committed, run_epochs};
 use crate::error::{EngineError, Result};
@@ -278,6 +279,13 @@ pub async fn run_local_drained_by<'a>(
         plan: std::sync::Mutex::new(plan.clone()),
         options,
         epochs: bounded,
+        autoscale: options.autoscale.map(|spec| {
+            std::sync::Mutex::new(Autoscaling {
+                rule: Autoscaler::new(spec),
+                seen: BTreeMap::new(),
+                groups: None,
+            })
+        }),
     };
     let run = run_epochs(&local, &log, stop, on_epoch).await?;
     let elapsed = start.elapsed().as_secs_f64();
@@ -341,6 +349,18 @@ struct LocalEpochs<'a> {
     options: &'a PlanOptions,
     /// Epochs of a bounded run (the functions' contexts carry it).
     epochs: Option<u64>,
+    /// `--autoscale`: the sizing rule, and each group's billed time at the
+    /// last observation.
+    autoscale: Option<std::sync::Mutex<Autoscaling>>,
+}
+
+/// The state of `--autoscale` in a run.
+struct Autoscaling {
+    rule: Autoscaler,
+    /// stage -> (epoch, its members' billed ms so far) when last observed.
+    seen: BTreeMap<u32, (u64, u64)>,
+    /// Groups that can change size, worked out at the first observation.
+    groups: Option<Vec<u32>>,
 }
 
 impl LocalEpochs<'_> {
@@ -350,12 +370,13 @@ impl LocalEpochs<'_> {
     /// its neighbours (their contexts name its size); the cold instances
     /// take their key groups' state from the commit. A request that cannot
     /// be carried out is refused in the log and dropped; the run goes on.
-    async fn rescale_if_asked(&self, epoch: u64) -> Result<()> {
+    /// Whether a request was waiting (carried out now or earlier, or refused).
+    async fn rescale_if_asked(&self, epoch: u64) -> Result<bool> {
         let Some(cs) = self.runtime.checkpoints() else {
-            return Ok(());
+            return Ok(false);
         };
         let Some(ask) = cs.rescale_request().await? else {
-            return Ok(());
+            return Ok(false);
         };
         let current = self.plan.lock().expect("plan").clone();
         let before = current
@@ -368,14 +389,14 @@ impl LocalEpochs<'_> {
         // commit, which resumes at the old size, carries it out again.)
         if before == ask.members {
             cs.rescale_done().await?;
-            return Ok(());
+            return Ok(true);
         }
         let next = match current.with_layout(&Layout::from([(ask.stage, ask.members)])) {
             Ok(next) => next,
             Err(e) => {
                 tracing::warn!(epoch, error = %crate::error::one_line(&e), "rescale refused");
                 cs.rescale_done().await?;
-                return Ok(());
+                return Ok(true);
             }
         };
         let started = Instant::now();
@@ -404,6 +425,85 @@ impl LocalEpochs<'_> {
             ms = started.elapsed().as_millis() as u64,
             "group rescaled after the commit; its members take their key groups from it"
         );
+        Ok(true)
+    }
+
+    /// `--autoscale`, at a commit with no request waiting: each group's
+    /// work since the last commit is weighed, and a group whose size is
+    /// wrong gets a request, carried out at once as a hand-made one is.
+    async fn autoscale(&self, epoch: u64) -> Result<()> {
+        let (Some(scaling), Some(cs)) = (&self.autoscale, self.runtime.checkpoints()) else {
+            return Ok(());
+        };
+        let plan = self.plan.lock().expect("plan").clone();
+        let asked = {
+            let mut scaling = scaling.lock().expect("autoscaling");
+            let groups = scaling
+                .groups
+                .get_or_insert_with(|| {
+                    plan.layout()
+                        .into_keys()
+                        .filter(|&id| match plan.check_rescale(id, 1) {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::info!(error = %crate::error::one_line(&e), "--autoscale leaves this group at its size");
+                                false
+                            }
+                        })
+                        .collect()
+                })
+                .clone();
+            let mut asked = None;
+            for id in groups {
+                let Some(stage) = plan.stages.iter().find(|s| s.id == id) else {
+                    continue;
+                };
+                let billed: u64 = (0..stage.members)
+                    .map(|m| {
+                        self.runtime
+                            .billed_ms_of(&function_name(&plan.query_code, id, m))
+                    })
+                    .sum();
+                let last = scaling.seen.insert(id, (epoch, billed));
+                let Some((then, billed_then)) = last else {
+                    continue;
+                };
+                let epochs = epoch.saturating_sub(then).max(1);
+                // Functions a rescale deleted and made again bill afresh.
+                let busy = billed.saturating_sub(billed_then) as f64 / epochs as f64;
+                let observed = Observation {
+                    members: stage.members,
+                    key_groups: stage.key_groups().unwrap_or(stage.members),
+                    busy_ms_per_epoch: busy,
+                };
+                tracing::debug!(
+                    epoch,
+                    stage = id,
+                    members = stage.members,
+                    busy_ms_per_epoch = busy,
+                    "--autoscale observed the group"
+                );
+                if let Some(members) = scaling.rule.observe(id, observed) {
+                    tracing::info!(
+                        epoch,
+                        stage = id,
+                        from = stage.members,
+                        to = members,
+                        busy_ms_per_epoch = busy,
+                        interval_ms = scaling.rule.spec().interval.as_millis() as u64,
+                        "--autoscale resizes the group"
+                    );
+                    asked = Some(RescaleRequest { stage: id, members });
+                    // One group at a time: the next commit weighs the rest.
+                    break;
+                }
+            }
+            asked
+        };
+        if let Some(request) = asked {
+            cs.ask_rescale(request).await?;
+            self.rescale_if_asked(epoch).await?;
+        }
         Ok(())
     }
 }
@@ -452,7 +552,10 @@ impl EpochRuntime for LocalEpochs<'_> {
         if recycled > 0 {
             tracing::debug!(epoch, recycled, "fault injection: instances recycled");
         }
-        self.rescale_if_asked(epoch).await
+        if !self.rescale_if_asked(epoch).await? {
+            self.autoscale(epoch).await?;
+        }
+        Ok(())
     }
 
     fn layout(&self) -> Layout {

@@ -15,6 +15,7 @@
 
 pub mod admit;
 pub mod arena;
+pub mod autoscale;
 pub mod backoff;
 pub mod catalog;
 pub mod changelog;

@@ -82,6 +82,9 @@ pub struct LocalRuntime {
     catalog: Catalog,
     store: Arc<dyn object_store::ObjectStore>,
     stats: RuntimeStats,
+    /// `billed_ms` per function name, for `--autoscale` to see each
+    /// group's work.
+    billed_by_function: std::sync::Mutex<HashMap<String, u64>>,
     late: Arc<LateCounts>,
     in_flight: AtomicU64,
     idle: tokio::sync::Notify,
@@ -119,6 +122,7 @@ impl LocalRuntime {
             catalog,
             store,
             stats: RuntimeStats::default(),
+            billed_by_function: Default::default(),
             late: Arc::default(),
             in_flight: AtomicU64::new(0),
             idle: tokio::sync::Notify::new(),
@@ -127,6 +131,17 @@ impl LocalRuntime {
             queue_when_busy,
             bound: Default::default(),
         })
+    }
+
+    /// Handler time of the function `name` so far, as billed (see
+    /// [`RuntimeStats::billed_ms`]).
+    pub fn billed_ms_of(&self, name: &str) -> u64 {
+        self.billed_by_function
+            .lock()
+            .expect("billed by function")
+            .get(name)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Functions started from now on keep their state in `store`.
@@ -255,6 +270,12 @@ impl LocalRuntime {
         let response = instance.serve(request).await;
         let billed = started.elapsed().as_micros().div_ceil(1000) as u64;
         self.stats.billed_ms.fetch_add(billed, Ordering::Relaxed);
+        *self
+            .billed_by_function
+            .lock()
+            .expect("billed by function")
+            .entry(f.spec.name.clone())
+            .or_default() += billed;
         let response = response?;
         if response.status == "duplicate" {
             self.stats

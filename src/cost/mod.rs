@@ -212,9 +212,9 @@ pub async fn cost(mut args: CostArgs) -> Result<()> {
     )
 }
 
-/// How busy a member may be in an epoch, as a share of the interval: the
-/// rest is headroom for bursts and for the epoch's own latency.
-pub(super) const BUSY_SHARE: f64 = 0.5;
+/// How busy a member may be in an epoch: the share `--autoscale` sizes
+/// running groups by, so a priced size is the size a run would take.
+pub(super) use skein_engine::autoscale::BUSY_SHARE;
 
 /// A group size chosen from measured work.
 #[derive(Debug, Clone, Copy)]
@@ -500,6 +500,7 @@ async fn measure_on_lambda(sql: &str, args: &CostArgs, epochs: u64) -> Result<(M
         checkpoint_interval: Some(args.checkpoint_interval() as usize),
         json: true,
         show: 0,
+        autoscale: None,
         name: None,
         name_from_stem: false,
     };

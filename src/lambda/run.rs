@@ -28,6 +28,12 @@ pub(crate) async fn run_sql(
     common: &CommonRunArgs,
     args: &LambdaArgs,
 ) -> Result<(Report, LambdaRun)> {
+    if common.autoscale.is_some() {
+        anyhow::bail!(
+            "--autoscale resizes groups in-process only so far: on Lambda a group keeps \
+             the size it was deployed with (docs/lambda.md, \"Autoscaling\")"
+        );
+    }
     let deployment = args.connect().await?;
     let request = RunRequest {
         plan: common.plan.options(),

@@ -228,6 +228,18 @@ pub(crate) async fn run_prepared(
         Some(h) => h.attach(&runtime, &mut opts, args.checkpoint_interval(&stop)),
         None => opts.run = fresh_run(&plan.query_code),
     }
+    if let Some(range) = args.autoscale {
+        if held.is_none() {
+            bail!(
+                "--autoscale moves a group's state through the query's checkpoint store, \
+                 and this run keeps none: give it --checkpoint-dir (and no --no-checkpoint)"
+            );
+        }
+        opts.autoscale = Some(skein_engine::autoscale::AutoscaleSpec {
+            range,
+            interval: args.interval(&plan)?,
+        });
+    }
     let expected_epochs = match &stop {
         StopAfter::Epochs(n) => Some(*n),
         StopAfter::Duration { duration, interval } => {

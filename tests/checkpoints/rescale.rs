@@ -4,7 +4,9 @@
 //! query runs; the stateful group is rescaled by hand to random sizes at
 //! random moments, once with a SIGKILL right after the request, and the
 //! sink then holds exactly what a reference computed here says. Each size
-//! asked for shows in `skein status --json` once carried out.
+//! asked for shows in `skein status --json` once carried out. With
+//! `--autoscale` the group sizes itself: down when idle, up under a
+//! backlog, and down again once it has caught up.
 
 use crate::common;
 
@@ -13,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::kills::{committed_epoch, wait_for_commit};
+use crate::common::kills::{Paused, committed_epoch, wait_for_commit};
 use crate::common::redis_counts;
 use crate::common::rows::read_rows;
 use crate::common::windowed::{self, assert_exact};
@@ -65,9 +67,15 @@ impl Query {
 
     /// A standing run: an epoch every 50 ms, each committed.
     fn spawn(&self) -> Child {
+        self.spawn_with(&["--interval", "50ms"])
+    }
+
+    /// A standing run with `args`, each epoch committed.
+    fn spawn_with(&self, args: &[&str]) -> Child {
         let child = self
             .skein(&["run"])
-            .args(["--interval", "50ms", "--checkpoint-interval", "1", "--json"])
+            .args(args)
+            .args(["--checkpoint-interval", "1", "--json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -203,13 +211,7 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
                 started.elapsed() < HANG_GUARD,
                 "stage {stage} never reached {wanted} members: {status}"
             );
-            if let Some(exit) = child.try_wait().expect("waiting for skein") {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = child.stderr.take() {
-                    let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
-                }
-                panic!("skein exited ({exit}) during a rescale to {wanted}:\n{stderr}");
-            }
+            still_running(&mut child, &format!("during a rescale to {wanted}"));
             std::thread::sleep(Duration::from_millis(50));
         }
         // It runs, and commits, at the new size.
@@ -220,6 +222,17 @@ fn rescale_while_running(query: &Query, mut produce: impl FnMut(usize)) -> Child
     }
     eprintln!("stage {stage} sizes {sizes:?}");
     child
+}
+
+/// Fails with its stderr if the run has exited.
+fn still_running(child: &mut Child, when: &str) {
+    if let Some(exit) = child.try_wait().expect("waiting for skein") {
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        panic!("skein exited ({exit}) {when}:\n{stderr}");
+    }
 }
 
 /// The records of `chunk` of RESCALES + 1 (in event-time order).
@@ -273,21 +286,27 @@ fn totals(records: &[(usize, String)]) -> BTreeMap<String, (i64, i64)> {
     out
 }
 
+/// An aggregate without a window over `ev`: per key, `count` and sum(v),
+/// into Redis hashes `<prefix>:<k>`.
+fn per_key_into_redis(source: &str, prefix: &str, count: &str) -> String {
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
+        common::redis_url()
+    );
+    format!(
+        "{source}\n{sink}\nINSERT INTO out SELECT k, {count} AS n, sum(v) AS total FROM ev \
+         GROUP BY k;\n"
+    )
+}
+
 #[test]
 fn an_updating_aggregate_rescaled_by_hand_while_it_runs_keeps_every_keys_row_exact() {
     common::require_redis();
     let (records, _) = windowed::records(RECORDS, PARTITIONS, SPAN_MS);
     let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 500);
     let prefix = common::unique_name("rescale");
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
-         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
-        common::redis_url()
-    );
-    let query = Query::new(format!(
-        "{source}\n{sink}\nINSERT INTO out SELECT k, count(*) AS n, sum(v) AS total FROM ev \
-         GROUP BY k;\n"
-    ));
+    let query = Query::new(per_key_into_redis(&source, &prefix, "count(*)"));
     let child = rescale_while_running(&query, |chunk| {
         windowed::produce(&topic, &chunk_of(&records, chunk));
     });
@@ -302,6 +321,105 @@ fn an_updating_aggregate_rescaled_by_hand_while_it_runs_keeps_every_keys_row_exa
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    query.stop(child);
+    assert_eq!(redis_counts(&prefix), reference, "after the stop");
+}
+
+/// The size of `stage` in status, once it satisfies `wanted`, with every
+/// size seen on the way; fails if the run exits.
+fn wait_for_size(
+    query: &Query,
+    child: &mut Child,
+    stage: u64,
+    what: &str,
+    wanted: impl Fn(u32) -> bool,
+    seen: &mut Vec<u32>,
+) -> u32 {
+    let started = Instant::now();
+    loop {
+        let status = query.status();
+        if let Some(now) = status["groups"][stage.to_string()].as_u64() {
+            let now = now as u32;
+            if seen.last() != Some(&now) {
+                seen.push(now);
+            }
+            if wanted(now) {
+                return now;
+            }
+        }
+        assert!(
+            started.elapsed() < HANG_GUARD,
+            "stage {stage} never got {what} (sizes seen {seen:?}): {status}"
+        );
+        still_running(child, &format!("waiting for {what}"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn autoscale_shrinks_an_idle_group_grows_it_under_a_backlog_and_keeps_every_key_exact() {
+    common::require_redis();
+    // count(DISTINCT) of values that never repeat: the sources cannot
+    // pre-aggregate it, so the groups do the work. Large pulls: in this
+    // (debug) build a backlog gives a member many times half of the 100 ms
+    // interval per epoch, and idle epochs a few milliseconds.
+    let records = windowed::records(300_000, PARTITIONS, SPAN_MS).0;
+    let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 25_000);
+    let prefix = common::unique_name("autoscale");
+    let query = Query::new(per_key_into_redis(&source, &prefix, "count(DISTINCT v)"));
+    let mut child = query.spawn_with(&[
+        "--interval",
+        "100ms",
+        "--group-size",
+        "4",
+        "--autoscale",
+        "1..4",
+    ]);
+    wait_for_commit(&mut child, &query.checkpoints(), 1);
+    let (stage, planned) = query.group();
+    assert_eq!(planned, 4, "planned at --group-size 4");
+    let mut seen = vec![planned];
+    // Idle: nothing to do, so one member.
+    wait_for_size(
+        &query,
+        &mut child,
+        stage,
+        "1 member when idle",
+        |m| m == 1,
+        &mut seen,
+    );
+    // The run is paused while the backlog is written, so that it meets all
+    // of it at once rather than keeping up with the producer.
+    let paused = Paused::stop(&child);
+    windowed::produce(&topic, &records);
+    drop(paused);
+    let grown = wait_for_size(
+        &query,
+        &mut child,
+        stage,
+        "more members under the backlog",
+        |m| m > 1,
+        &mut seen,
+    );
+    // Caught up, and idle again.
+    let reference = totals(&records);
+    let started = Instant::now();
+    while redis_counts(&prefix) != reference {
+        assert!(
+            started.elapsed() < HANG_GUARD,
+            "the sink never held the reference (sizes seen {seen:?})"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for_size(
+        &query,
+        &mut child,
+        stage,
+        "1 member once caught up",
+        |m| m == 1,
+        &mut seen,
+    );
+    eprintln!("stage {stage} sizes {seen:?} (grew to {grown})");
     query.stop(child);
     assert_eq!(redis_counts(&prefix), reference, "after the stop");
 }

@@ -243,3 +243,32 @@ pub fn wait_for_commit(child: &mut Child, checkpoints: &Path, epoch: u64) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A process held with SIGSTOP until dropped (SIGCONT), also when the test
+/// fails while it is held.
+pub struct Paused(u32);
+
+impl Paused {
+    pub fn stop(child: &Child) -> Paused {
+        signal(child.id(), "STOP");
+        Paused(child.id())
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        // Not asserted: the process may have died meanwhile, and a panic
+        // here during a failing test's unwinding would abort.
+        let _ = Command::new("kill")
+            .args(["-s", "CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .args(["-s", name, &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(sent.success(), "kill -s {name} {pid} failed");
+}

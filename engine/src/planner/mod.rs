@@ -200,6 +200,8 @@ pub struct PlanOptions {
     /// `--state-memory`: bytes of an aggregate's groups each member keeps
     /// in memory before the cold ones go to local disk; `None`, all.
     pub state_memory: Option<u64>,
+    /// `--autoscale`: a standing run sizes its groups from their work.
+    pub autoscale: Option<crate::autoscale::AutoscaleSpec>,
 }
 
 impl Default for PlanOptions {
@@ -215,6 +217,7 @@ impl Default for PlanOptions {
             interval: None,
             state_ttl: None,
             state_memory: Some(DEFAULT_STATE_MEMORY),
+            autoscale: None,
         }
     }
 }

@@ -1,0 +1,244 @@
+//! `--autoscale MIN..MAX`: the driver sizes each stateful group from how
+//! busy its members were, observed at every commit, and asks for a rescale
+//! (the same request `skein rescale` leaves) when the size is wrong.
+//!
+//! The rule is the one `skein cost` sizes groups with: a group needs
+//! `ceil(busy / (interval * BUSY_SHARE))` members, where `busy` is the
+//! handler time its members took per epoch, summed. Hysteresis keeps it
+//! from flapping: it grows only after [`GROW_AFTER`] observations in a row
+//! say so, shrinks only after [`SHRINK_AFTER`] in a row find it could be
+//! smaller even at [`SHRINK_SHARE`] of the interval per member, and the
+//! observation right after a rescale (which moves state) is not counted.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How busy a member may be in an epoch, as a share of the interval: the
+/// rest is headroom for bursts and for the epoch's own latency.
+pub const BUSY_SHARE: f64 = 0.5;
+/// A group shrinks only to a size whose members would be busy at most
+/// this share of the interval: between it and [`BUSY_SHARE`] it stays.
+pub const SHRINK_SHARE: f64 = 0.3;
+/// Observations in a row that must find a group short of members.
+pub const GROW_AFTER: u32 = 2;
+/// Observations in a row that must find a group with members to spare.
+pub const SHRINK_AFTER: u32 = 5;
+
+/// The bounds a query's groups are sized within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AutoscaleRange {
+    /// Fewest members.
+    pub min: u32,
+    /// Most members (and at most the group's key groups).
+    pub max: u32,
+}
+
+impl FromStr for AutoscaleRange {
+    type Err = String;
+
+    /// `MIN..MAX`, e.g. `1..8`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (min, max) = s
+            .split_once("..")
+            .ok_or_else(|| format!("{s:?} is not MIN..MAX (e.g. 1..8)"))?;
+        let parse = |what: &str, v: &str| {
+            v.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("{what} {v:?} of {s:?} is not a whole number"))
+        };
+        let (min, max) = (parse("MIN", min)?, parse("MAX", max)?);
+        if min == 0 {
+            return Err(format!("{s:?}: a group has at least 1 member"));
+        }
+        if min > max {
+            return Err(format!("{s:?}: MIN is more than MAX"));
+        }
+        Ok(AutoscaleRange { min, max })
+    }
+}
+
+/// What the driver needs to size groups: the bounds and the epoch interval
+/// the busy time is measured against.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AutoscaleSpec {
+    /// The sizes allowed.
+    pub range: AutoscaleRange,
+    /// The run's epoch interval.
+    pub interval: Duration,
+}
+
+/// One group as observed at a commit.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation {
+    /// Members now.
+    pub members: u32,
+    /// The most members it can have: its key groups.
+    pub key_groups: u32,
+    /// Its members' handler time per epoch since the last observation, summed.
+    pub busy_ms_per_epoch: f64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Streaks {
+    short: u32,
+    spare: u32,
+    /// The next observation follows a rescale: it is not counted.
+    settling: bool,
+}
+
+/// The sizing rule with its memory of earlier observations, per stage.
+#[derive(Debug)]
+pub struct Autoscaler {
+    spec: AutoscaleSpec,
+    streaks: BTreeMap<u32, Streaks>,
+}
+
+impl Autoscaler {
+    /// The rule for `spec`, with nothing observed yet.
+    pub fn new(spec: AutoscaleSpec) -> Self {
+        Autoscaler {
+            spec,
+            streaks: BTreeMap::new(),
+        }
+    }
+
+    /// What it was made with.
+    pub fn spec(&self) -> AutoscaleSpec {
+        self.spec
+    }
+
+    /// Members a group busy `busy_ms` per epoch needs so that none is busy
+    /// more than `share` of the interval.
+    fn needed(&self, busy_ms: f64, share: f64) -> u32 {
+        let budget = self.spec.interval.as_secs_f64() * 1000.0 * share;
+        if budget <= 0.0 {
+            return u32::MAX;
+        }
+        (busy_ms / budget).ceil().clamp(1.0, f64::from(u32::MAX)) as u32
+    }
+
+    /// The size `stage` should have, if not the one it has.
+    pub fn observe(&mut self, stage: u32, o: Observation) -> Option<u32> {
+        let max = self.spec.range.max.min(o.key_groups).max(1);
+        let min = self.spec.range.min.min(max);
+        let s = self.streaks.entry(stage).or_default();
+        // Outside the bounds (the size it was planned or committed at): at once.
+        if o.members < min || o.members > max {
+            *s = Streaks {
+                settling: true,
+                ..Default::default()
+            };
+            return Some(o.members.clamp(min, max));
+        }
+        if std::mem::take(&mut s.settling) {
+            return None;
+        }
+        let grow_to = self.needed(o.busy_ms_per_epoch, BUSY_SHARE).min(max);
+        let shrink_to = self.needed(o.busy_ms_per_epoch, SHRINK_SHARE).max(min);
+        let s = self.streaks.get_mut(&stage).expect("inserted above");
+        s.short = if grow_to > o.members { s.short + 1 } else { 0 };
+        s.spare = if shrink_to < o.members {
+            s.spare + 1
+        } else {
+            0
+        };
+        let target = if s.short >= GROW_AFTER {
+            grow_to
+        } else if s.spare >= SHRINK_AFTER {
+            shrink_to
+        } else {
+            return None;
+        };
+        *s = Streaks {
+            settling: true,
+            ..Default::default()
+        };
+        Some(target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scaler(min: u32, max: u32) -> Autoscaler {
+        Autoscaler::new(AutoscaleSpec {
+            range: AutoscaleRange { min, max },
+            interval: Duration::from_millis(1000),
+        })
+    }
+
+    fn at(members: u32, busy: f64) -> Observation {
+        Observation {
+            members,
+            key_groups: 8,
+            busy_ms_per_epoch: busy,
+        }
+    }
+
+    #[test]
+    fn parses_ranges_and_refuses_bad_ones() {
+        assert_eq!(
+            "1..8".parse::<AutoscaleRange>(),
+            Ok(AutoscaleRange { min: 1, max: 8 })
+        );
+        for bad in ["8", "0..4", "5..2", "a..3", "1..-2"] {
+            assert!(bad.parse::<AutoscaleRange>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn grows_after_two_busy_observations_to_what_the_work_needs() {
+        let mut a = scaler(1, 8);
+        // 1 member, 1.7 s of work per 1 s epoch: 0.5 s a member -> 4.
+        assert_eq!(a.observe(2, at(1, 1700.0)), None);
+        assert_eq!(a.observe(2, at(1, 1700.0)), Some(4));
+        // The observation after a rescale moved state is not counted.
+        assert_eq!(a.observe(2, at(4, 9000.0)), None);
+        assert_eq!(a.observe(2, at(4, 9000.0)), None);
+        // Capped at MAX.
+        assert_eq!(a.observe(2, at(4, 9000.0)), Some(8));
+    }
+
+    #[test]
+    fn shrinks_only_after_five_idle_observations_and_not_inside_the_band() {
+        let mut a = scaler(1, 8);
+        // 4 members at 1.0 s of work: needs 2 at 50 %, 4 at 30 %: stays.
+        for _ in 0..20 {
+            assert_eq!(a.observe(2, at(4, 1000.0)), None);
+        }
+        // Idle: 1 member does it at 30 %.
+        for _ in 0..4 {
+            assert_eq!(a.observe(2, at(4, 20.0)), None);
+        }
+        assert_eq!(a.observe(2, at(4, 20.0)), Some(1));
+        // One busy observation breaks a streak.
+        let mut b = scaler(2, 8);
+        for _ in 0..4 {
+            assert_eq!(b.observe(2, at(6, 20.0)), None);
+        }
+        assert_eq!(b.observe(2, at(6, 5000.0)), None);
+        for _ in 0..4 {
+            assert_eq!(b.observe(2, at(6, 20.0)), None);
+        }
+        // And MIN holds.
+        assert_eq!(b.observe(2, at(6, 20.0)), Some(2));
+    }
+
+    #[test]
+    fn a_size_outside_the_bounds_moves_in_at_once_and_max_is_the_key_groups() {
+        let mut a = scaler(2, 16);
+        assert_eq!(a.observe(1, at(1, 0.0)), Some(2));
+        let mut b = scaler(1, 16);
+        let o = Observation {
+            members: 4,
+            key_groups: 4,
+            busy_ms_per_epoch: 1e9,
+        };
+        assert_eq!(b.observe(1, o), None);
+        assert_eq!(b.observe(1, o), None, "already at its key groups");
+        let mut c = scaler(1, 3);
+        assert_eq!(c.observe(1, at(8, 0.0)), Some(3));
+    }
+}
