@@ -207,13 +207,18 @@ fn render(s: &QueryStatus, platform: &Value) {
         at(s.store.committed_ms)
     );
     println!("  state {} bytes", s.store.state_bytes);
-    if !s.groups.is_empty() {
-        let groups: Vec<String> = s
-            .groups
+    let sizes = |groups: &skein_engine::checkpoint::Layout| {
+        groups
             .iter()
             .map(|(stage, members)| format!("stage {stage}: {members}"))
-            .collect();
-        println!("  group members {}", groups.join(", "));
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !s.groups.is_empty() {
+        println!("  group members {}", sizes(&s.groups));
+    }
+    for r in &s.resized {
+        println!("  resized from epoch {}: {}", r.from_epoch, sizes(&r.groups));
     }
     if let Some(r) = &s.rescale_asked {
         println!(

@@ -70,6 +70,23 @@ pub struct QueryStatus {
     /// carried out yet.
     #[serde(default)]
     pub rescale_asked: Option<crate::checkpoint::RescaleRequest>,
+    /// The last [`RESIZES_SHOWN`] rescales (by hand or `--autoscale`),
+    /// oldest first: the first epoch run at the new sizes, and every
+    /// group's size from then on.
+    #[serde(default)]
+    pub resized: Vec<Resized>,
+}
+
+/// Rescales `skein status` lists.
+pub const RESIZES_SHOWN: usize = 20;
+
+/// One rescale, as its layout record says.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resized {
+    /// The first epoch run at these sizes.
+    pub from_epoch: u64,
+    /// Every group's size, by stage id.
+    pub groups: crate::checkpoint::Layout,
 }
 
 fn now_ms() -> i64 {
@@ -93,6 +110,12 @@ pub async fn query_status(
         groups.extend(layout);
     }
     let rescale_asked = store.rescale_request().await?;
+    let resized = store
+        .layouts(RESIZES_SHOWN)
+        .await?
+        .into_iter()
+        .map(|(from_epoch, groups)| Resized { from_epoch, groups })
+        .collect();
     let sinks = store.sink_health().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
@@ -163,5 +186,6 @@ pub async fn query_status(
         sinks,
         groups,
         rescale_asked,
+        resized,
     })
 }

@@ -420,6 +420,22 @@ fn autoscale_shrinks_an_idle_group_grows_it_under_a_backlog_and_keeps_every_key_
         &mut seen,
     );
     eprintln!("stage {stage} sizes {seen:?} (grew to {grown})");
+    // Status keeps the history: down, up, down again.
+    let status = query.status();
+    let mut history: Vec<u64> = status["resized"]
+        .as_array()
+        .expect("resized in status")
+        .iter()
+        .filter_map(|r| r["groups"][stage.to_string()].as_u64())
+        .collect();
+    history.dedup();
+    let down = history.iter().position(|m| *m == 1);
+    let up = down.and_then(|d| history[d..].iter().position(|m| *m > 1).map(|u| d + u));
+    let again = up.and_then(|u| history[u..].iter().position(|m| *m == 1));
+    assert!(
+        again.is_some(),
+        "status's rescales of stage {stage} are not down, up, down: {history:?}"
+    );
     query.stop(child);
     assert_eq!(redis_counts(&prefix), reference, "after the stop");
 }

@@ -2,6 +2,7 @@
 //! partitions, and reading a topic's end offsets, first records and
 //! committed records.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -167,11 +168,39 @@ pub type Record = (i32, Option<Vec<u8>>, Vec<u8>);
 /// offset order. It reads to each partition's end rather than to a count
 /// from the watermarks: transaction markers take offsets too.
 pub fn committed_records(brokers: &str, topic: &str) -> Vec<Record> {
+    records_as(brokers, topic, "read_committed")
+}
+
+/// Records per partition of `topic` as a read_committed reader sees them,
+/// as a read_uncommitted one does, and its end offset: what to print when
+/// committed rows are missing (an open transaction holds back what
+/// read_committed readers see; an aborted one's rows are only uncommitted).
+pub fn partition_counts(brokers: &str, topic: &str) -> Vec<(i32, usize, usize, i64)> {
+    let count = |isolation| {
+        let mut n = BTreeMap::<i32, usize>::new();
+        for (p, _, _) in records_as(brokers, topic, isolation) {
+            *n.entry(p).or_default() += 1;
+        }
+        n
+    };
+    let (committed, all) = (count("read_committed"), count("read_uncommitted"));
+    end_offsets(brokers, topic)
+        .into_iter()
+        .enumerate()
+        .map(|(p, end)| {
+            let p = p as i32;
+            let get = |m: &BTreeMap<i32, usize>| m.get(&p).copied().unwrap_or(0);
+            (p, get(&committed), get(&all), end)
+        })
+        .collect()
+}
+
+fn records_as(brokers: &str, topic: &str, isolation: &str) -> Vec<Record> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", super::unique_name("skein-tests"))
         .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("enable.partition.eof", "true")
         // The end is known by a fetch that finds nothing: not held 500 ms.
         .set("fetch.wait.max.ms", "10")

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::io::Backend;
-use super::{CheckpointStore, Kind, Layout, corrupt, epoch_name};
+use super::{CheckpointStore, Kind, Layout, corrupt, epoch_name, epoch_of};
 use crate::error::{EngineError, Result};
 
 /// What `skein rescale` asks of a running query.
@@ -77,6 +77,26 @@ impl CheckpointStore {
     pub async fn layout_from(&self, epoch: u64) -> Result<Option<Layout>> {
         let name = format!("{}.json", epoch_name(epoch));
         self.get_json(&self.key(&["layouts", &name])).await
+    }
+
+    /// The last `n` layouts rescales recorded, oldest first: (the first
+    /// epoch run in it, every group's size then).
+    pub async fn layouts(&self, n: usize) -> Result<Vec<(u64, Layout)>> {
+        let mut epochs: Vec<u64> = self
+            .backend
+            .list(&self.key(&["layouts"]))
+            .await?
+            .iter()
+            .filter_map(|o| epoch_of(&o.key))
+            .collect();
+        epochs.sort_unstable();
+        let mut out = vec![];
+        for epoch in epochs.iter().skip(epochs.len().saturating_sub(n)) {
+            if let Some(layout) = self.layout_from(*epoch).await? {
+                out.push((*epoch, layout));
+            }
+        }
+        Ok(out)
     }
 
     /// The request was carried out (or refused): it goes.

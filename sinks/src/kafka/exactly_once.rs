@@ -102,9 +102,16 @@ impl ExactlyOnce {
         ));
         let producer = writer.producer.clone();
         let topic = sink.topic.as_str();
-        producer
-            .begin_transaction()
-            .map_err(|e| sink_error(topic, ConnectorError::kafka("begin_transaction", e)))?;
+        if let Err(e) = producer.begin_transaction() {
+            // E.g. an attempt cut off mid-transaction left this producer in
+            // it: a new one fences it, aborting what it left open, rather
+            // than every later write failing the same way.
+            *slot = None;
+            return Err(sink_error(
+                topic,
+                ConnectorError::kafka("begin_transaction", e),
+            ));
+        }
         let outcome = async {
             send_rows(&producer, topic, &sink.encoder, &write.rows).await?;
             let mut pending = vec![];
