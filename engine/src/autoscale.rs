@@ -6,9 +6,10 @@
 //! `ceil(busy / (interval * BUSY_SHARE))` members, where `busy` is the
 //! handler time its members took per epoch, summed. Hysteresis keeps it
 //! from flapping: it grows only after [`GROW_AFTER`] observations in a row
-//! say so, shrinks only after [`SHRINK_AFTER`] in a row find it could be
-//! smaller even at [`SHRINK_SHARE`] of the interval per member, and the
-//! observation right after a rescale (which moves state) is not counted.
+//! say so, and shrinks only after [`SHRINK_AFTER`] in a row find it could
+//! be smaller even at [`SHRINK_SHARE`] of the interval per member. The
+//! caller observes a group only over epochs run at one size, so the epochs
+//! that moved state in a rescale are never weighed.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
@@ -83,8 +84,6 @@ pub struct Observation {
 struct Streaks {
     short: u32,
     spare: u32,
-    /// The next observation follows a rescale: it is not counted.
-    settling: bool,
 }
 
 /// The sizing rule with its memory of earlier observations, per stage.
@@ -122,21 +121,14 @@ impl Autoscaler {
     pub fn observe(&mut self, stage: u32, o: Observation) -> Option<u32> {
         let max = self.spec.range.max.min(o.key_groups).max(1);
         let min = self.spec.range.min.min(max);
-        let s = self.streaks.entry(stage).or_default();
         // Outside the bounds (the size it was planned or committed at): at once.
         if o.members < min || o.members > max {
-            *s = Streaks {
-                settling: true,
-                ..Default::default()
-            };
+            self.streaks.remove(&stage);
             return Some(o.members.clamp(min, max));
-        }
-        if std::mem::take(&mut s.settling) {
-            return None;
         }
         let grow_to = self.needed(o.busy_ms_per_epoch, BUSY_SHARE).min(max);
         let shrink_to = self.needed(o.busy_ms_per_epoch, SHRINK_SHARE).max(min);
-        let s = self.streaks.get_mut(&stage).expect("inserted above");
+        let s = self.streaks.entry(stage).or_default();
         s.short = if grow_to > o.members { s.short + 1 } else { 0 };
         s.spare = if shrink_to < o.members {
             s.spare + 1
@@ -150,10 +142,7 @@ impl Autoscaler {
         } else {
             return None;
         };
-        *s = Streaks {
-            settling: true,
-            ..Default::default()
-        };
+        self.streaks.remove(&stage);
         Some(target)
     }
 }
@@ -194,8 +183,7 @@ mod tests {
         // 1 member, 1.7 s of work per 1 s epoch: 0.5 s a member -> 4.
         assert_eq!(a.observe(2, at(1, 1700.0)), None);
         assert_eq!(a.observe(2, at(1, 1700.0)), Some(4));
-        // The observation after a rescale moved state is not counted.
-        assert_eq!(a.observe(2, at(4, 9000.0)), None);
+        // A rescale starts the count again.
         assert_eq!(a.observe(2, at(4, 9000.0)), None);
         // Capped at MAX.
         assert_eq!(a.observe(2, at(4, 9000.0)), Some(8));

@@ -357,8 +357,8 @@ struct LocalEpochs<'a> {
 /// The state of `--autoscale` in a run.
 struct Autoscaling {
     rule: Autoscaler,
-    /// stage -> (epoch, its members' billed ms so far) when last observed.
-    seen: BTreeMap<u32, (u64, u64)>,
+    /// stage -> (epoch, members, their billed ms so far) when last observed.
+    seen: BTreeMap<u32, (u64, u32, u64)>,
     /// Groups that can change size, worked out at the first observation.
     groups: Option<Vec<u32>>,
 }
@@ -370,7 +370,8 @@ impl LocalEpochs<'_> {
     /// its neighbours (their contexts name its size); the cold instances
     /// take their key groups' state from the commit. A request that cannot
     /// be carried out is refused in the log and dropped; the run goes on.
-    /// Whether a request was waiting (carried out now or earlier, or refused).
+    /// Returns whether a request was waiting (carried out now or before,
+    /// or refused).
     async fn rescale_if_asked(&self, epoch: u64) -> Result<bool> {
         let Some(cs) = self.runtime.checkpoints() else {
             return Ok(false);
@@ -464,12 +465,15 @@ impl LocalEpochs<'_> {
                             .billed_ms_of(&function_name(&plan.query_code, id, m))
                     })
                     .sum();
-                let last = scaling.seen.insert(id, (epoch, billed));
-                let Some((then, billed_then)) = last else {
+                let last = scaling.seen.insert(id, (epoch, stage.members, billed));
+                // Across a rescale (this rule's or one by hand) the members
+                // summed are another set: only a new baseline.
+                let Some((then, _, billed_then)) =
+                    last.filter(|(_, members, _)| *members == stage.members)
+                else {
                     continue;
                 };
                 let epochs = epoch.saturating_sub(then).max(1);
-                // Functions a rescale deleted and made again bill afresh.
                 let busy = billed.saturating_sub(billed_then) as f64 / epochs as f64;
                 let observed = Observation {
                     members: stage.members,
