@@ -263,6 +263,13 @@ fn the_page_shows_a_running_local_query_and_then_that_it_stopped() {
         "three points of history",
         "return document.querySelector('#chart-events polyline')?.points.numberOfItems >= 3",
     );
+    // The windowed query's one group, at --group-size 2, over time.
+    browser.wait_for(
+        60,
+        "the group's members charted",
+        "return document.querySelector('#chart-members polyline') !== null \
+         && document.querySelector('#chart-members text.last')?.textContent === 'now 2'",
+    );
     browser.screenshot(&screenshot_dir().join("query-local.png"));
     browser.goto(&format!("http://127.0.0.1:{port}/#/"));
     browser.wait_for(

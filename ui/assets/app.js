@@ -144,6 +144,7 @@ function renderQuery(d) {
           <div class="card"><h2>Events per second</h2><svg id="chart-events" class="chart"></svg></div>
           <div class="card"><h2>Lag (records)</h2><svg id="chart-lag" class="chart"></svg></div>
           <div class="card"><h2>Epoch duration</h2><svg id="chart-epoch" class="chart"></svg></div>
+          <div class="card"><h2>Group members (all groups)</h2><svg id="chart-members" class="chart"></svg></div>
         </div>
         <div class="card" style="margin-top:14px"><h2>Stages, measured</h2><div id="stages"></div></div>
         <div class="grid">
@@ -185,6 +186,7 @@ function renderQuery(d) {
   drawChart(document.getElementById("chart-events"), d.series.map((p) => [p.t, p.events_per_s]), (v) => num(v, 1));
   drawChart(document.getElementById("chart-lag"), d.series.map((p) => [p.t, p.lag]), (v) => num(v));
   drawChart(document.getElementById("chart-epoch"), d.series.map((p) => [p.t, p.epoch_ms]), ms);
+  drawChart(document.getElementById("chart-members"), d.series.map((p) => [p.t, p.members]), (v) => num(v));
   document.getElementById("stages").innerHTML = d.graph ? table(
     ["stage", "kind", "functions", "invocations", "p50", "p99", "retries", "state", "watermark", "behind now", "epoch"],
     d.graph.nodes.filter((n) => n.id !== "sink").map((n) => [

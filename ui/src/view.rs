@@ -54,6 +54,8 @@ pub struct SeriesPoint {
     pub lag: Option<u64>,
     /// The mean epoch duration in the bucket, ms.
     pub epoch_ms: f64,
+    /// Members of all function groups at the bucket's last epoch.
+    pub members: Option<u32>,
 }
 
 /// What one query's page shows.
@@ -194,6 +196,7 @@ pub fn series(progress: &Progress) -> Vec<SeriesPoint> {
                 t: p.t,
                 events_per_s: p.events as f64 * 1000.0 / span_ms as f64,
                 lag: p.lag,
+                members: p.members,
                 epoch_ms: if p.epochs > 0 {
                     p.epoch_ms / f64::from(p.epochs)
                 } else {

@@ -89,6 +89,10 @@ pub struct Point {
     pub epoch_ms: f64,
     /// The lag after its last epoch.
     pub lag: Option<u64>,
+    /// Members of all function groups after its last epoch (they change
+    /// with a rescale).
+    #[serde(default)]
+    pub members: Option<u32>,
 }
 
 /// One checkpoint: the epoch committed and what committing it cost.
@@ -130,6 +134,8 @@ pub struct EpochFigures {
     pub watermark_ms: Option<i64>,
     /// What the functions used in it.
     pub usage: Usage,
+    /// Members of all function groups it ran with.
+    pub members: Option<u32>,
 }
 
 impl Progress {
@@ -154,6 +160,7 @@ impl Progress {
                 p.epochs += 1;
                 p.epoch_ms += e.took_ms;
                 p.lag = e.lag.or(p.lag);
+                p.members = e.members.or(p.members);
             }
             _ => self.history.push(Point {
                 t,
@@ -161,6 +168,7 @@ impl Progress {
                 epochs: 1,
                 epoch_ms: e.took_ms,
                 lag: e.lag,
+                members: e.members,
             }),
         }
         let oldest = now_ms - HISTORY_MS;

@@ -147,6 +147,7 @@ impl EpochLog {
                 lag: outcome.lag,
                 watermark_ms: outcome.watermark_ms,
                 usage: used,
+                members: Some(runtime.layout().values().sum::<u32>()).filter(|m| *m > 0),
             },
         );
     }
