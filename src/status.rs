@@ -70,7 +70,8 @@ async fn plan_sql(sql: &str, plan: &PlanArgs, catalog: &Catalog) -> Result<Query
 
 async fn local(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
     let (plan, store, name) = local_store(query, args.checkpoint_dir.as_ref(), &args.plan).await?;
-    let status = query_status(&plan, &store, &registries().catalog).await?;
+    let mut status = query_status(&plan, &store, &registries().catalog).await?;
+    status.resized = skein_engine::status::resized(&store).await?;
     Ok((status, json!({ "name": name })))
 }
 
@@ -158,7 +159,8 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
     standing::route_collect(&mut plan, &spec.store);
     let (cp_store, root) = skein_lambda::checkpoints::locate(&spec.checkpoints)?;
     let store = CheckpointStore::attach(cp_store, root, &code, "");
-    let status = query_status(&plan, &store, &registries().catalog).await?;
+    let mut status = query_status(&plan, &store, &registries().catalog).await?;
+    status.resized = skein_engine::status::resized(&store).await?;
     let sdk = skein_lambda::sdk_config().await;
     let schedule = Schedules::new(&sdk).state(&schedule_name(&code)).await?;
     let (lease_store, lease_key) = standing::lease_location(&spec.checkpoints)?;

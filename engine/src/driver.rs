@@ -436,9 +436,9 @@ impl LocalEpochs<'_> {
         let (Some(scaling), Some(cs)) = (&self.autoscale, self.runtime.checkpoints()) else {
             return Ok(());
         };
-        let plan = self.plan.lock().expect("plan").clone();
         let asked = {
             let mut scaling = scaling.lock().expect("autoscaling");
+            let plan = self.plan.lock().expect("plan");
             let groups = scaling
                 .groups
                 .get_or_insert_with(|| {

@@ -270,12 +270,14 @@ impl LocalRuntime {
         let response = instance.serve(request).await;
         let billed = started.elapsed().as_micros().div_ceil(1000) as u64;
         self.stats.billed_ms.fetch_add(billed, Ordering::Relaxed);
-        *self
-            .billed_by_function
-            .lock()
-            .expect("billed by function")
-            .entry(f.spec.name.clone())
-            .or_default() += billed;
+        let mut by_function = self.billed_by_function.lock().expect("billed by function");
+        match by_function.get_mut(&f.spec.name) {
+            Some(ms) => *ms += billed,
+            None => {
+                by_function.insert(f.spec.name.clone(), billed);
+            }
+        }
+        drop(by_function);
         let response = response?;
         if response.status == "duplicate" {
             self.stats

@@ -72,7 +72,9 @@ pub struct QueryStatus {
     pub rescale_asked: Option<crate::checkpoint::RescaleRequest>,
     /// The last [`RESIZES_SHOWN`] rescales (by hand or `--autoscale`),
     /// oldest first: the first epoch run at the new sizes, and every
-    /// group's size from then on.
+    /// group's size from then on. Left empty by [`query_status`] (a list
+    /// and a read per rescale, which the page's polling need not pay);
+    /// [`resized`] reads it.
     #[serde(default)]
     pub resized: Vec<Resized>,
 }
@@ -87,6 +89,16 @@ pub struct Resized {
     pub from_epoch: u64,
     /// Every group's size, by stage id.
     pub groups: crate::checkpoint::Layout,
+}
+
+/// The last [`RESIZES_SHOWN`] rescales the store recorded, oldest first.
+pub async fn resized(store: &CheckpointStore) -> Result<Vec<Resized>> {
+    Ok(store
+        .layouts(RESIZES_SHOWN)
+        .await?
+        .into_iter()
+        .map(|(from_epoch, groups)| Resized { from_epoch, groups })
+        .collect())
 }
 
 fn now_ms() -> i64 {
@@ -110,12 +122,6 @@ pub async fn query_status(
         groups.extend(layout);
     }
     let rescale_asked = store.rescale_request().await?;
-    let resized = store
-        .layouts(RESIZES_SHOWN)
-        .await?
-        .into_iter()
-        .map(|(from_epoch, groups)| Resized { from_epoch, groups })
-        .collect();
     let sinks = store.sink_health().await?;
     let mut committed: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut watermark: Option<i64> = None;
@@ -186,6 +192,6 @@ pub async fn query_status(
         sinks,
         groups,
         rescale_asked,
-        resized,
+        resized: vec![],
     })
 }

@@ -472,17 +472,20 @@ pub fn typed<T: serde::de::DeserializeOwned>(json: &serde_json::Value, log: &str
         .unwrap_or_else(|e| panic!("not a {} ({e}): {json}\n{log}", std::any::type_name::<T>()))
 }
 
-/// The hashes under `prefix:` as key -> (n, total): what an aggregate of
-/// a count `n` and a sum `total` per key upserts into Redis.
-pub fn redis_counts(prefix: &str) -> std::collections::BTreeMap<String, (i64, i64)> {
-    let mut con = redis::Client::open(redis_url())
+/// A connection to the Redis at `url` and its keys matching `pattern`.
+pub fn redis_keys(url: &str, pattern: &str) -> (redis::Connection, Vec<String>) {
+    let mut con = redis::Client::open(url)
         .unwrap()
         .get_connection()
         .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}:*"))
-        .query(&mut con)
-        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut con).unwrap();
+    (con, keys)
+}
+
+/// The hashes under `prefix:` as key -> (n, total): what an aggregate of
+/// a count `n` and a sum `total` per key upserts into Redis.
+pub fn redis_counts(prefix: &str) -> std::collections::BTreeMap<String, (i64, i64)> {
+    let (mut con, keys) = redis_keys(&redis_url(), &format!("{prefix}:*"));
     keys.into_iter()
         .map(|key| {
             let h: std::collections::BTreeMap<String, i64> =

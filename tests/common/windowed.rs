@@ -156,15 +156,7 @@ pub fn redis_sink(url: &str, prefix: &str) -> String {
 
 /// A connection to `url` and the keys under `prefix|`.
 pub fn keys_under(url: &str, prefix: &str) -> (redis::Connection, Vec<String>) {
-    let mut con = redis::Client::open(url)
-        .unwrap()
-        .get_connection()
-        .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}|*"))
-        .query(&mut con)
-        .unwrap();
-    (con, keys)
+    super::redis_keys(url, &format!("{prefix}|*"))
 }
 
 /// The Redis table `out` pushing each row's count `n` onto a list per
