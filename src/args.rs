@@ -64,8 +64,9 @@ pub struct CommonRunArgs {
     /// Size each stateful function group within MIN..MAX members (e.g.
     /// 1..8) from its measured work, while the query runs: it grows when
     /// its members are busy more than half of each epoch interval and
-    /// shrinks when they idle (docs/lambda.md, "Autoscaling"). In-process
-    /// only; the query needs its checkpoint store.
+    /// shrinks when they idle (docs/lambda.md, "Autoscaling"). On Lambda
+    /// it stays within the --group-size deployed. The query needs its
+    /// checkpoint store.
     #[arg(long, value_name = "MIN..MAX")]
     pub autoscale: Option<skein_engine::autoscale::AutoscaleRange>,
     /// The query's name, shown by `skein status`, the page and `--json`

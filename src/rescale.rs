@@ -2,18 +2,21 @@
 //! group's size while the query runs. The request goes into the query's
 //! checkpoint store; the running driver carries it out right after its
 //! next commit (a query not running takes it when it starts), moving whole
-//! key groups between members. `skein status` shows the sizes.
+//! key groups between members. `skein status` shows the sizes. On Lambda
+//! (`--backend lambda`, a deployed standing query) every member function
+//! of the group was deployed at its first size, so it changes size within
+//! it (lambda/src/rescale.rs).
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 use skein_engine::checkpoint::{Layout, RescaleRequest};
 
 use crate::PlanArgs;
 use crate::lambda::Backend;
-use crate::status::local_store;
+use crate::status::{lambda_store, local_store};
 
 #[derive(Args, Debug)]
 pub struct RescaleArgs {
@@ -32,26 +35,35 @@ pub struct RescaleArgs {
     /// The local checkpoint directory (default .skein/checkpoints/<query-code>).
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
+    /// The deployment's store, where a Lambda query's spec is.
+    #[arg(long, env = "SKEIN_STORE", default_value = "s3://skein")]
+    pub store: String,
     #[arg(long)]
     pub json: bool,
 }
 
 pub async fn rescale(args: RescaleArgs) -> Result<()> {
-    if args.backend == Backend::Lambda {
-        bail!(
-            "skein rescale runs in-process queries only so far; a query on Lambda keeps the \
-             size it was deployed with"
-        );
-    }
-    // Planned as the query first ran (its store's manifest says how).
-    let planning = PlanArgs {
-        group_size: None,
-        encoding: Default::default(),
-        invoke_async: false,
-        state_ttl: None,
-        state_memory: None,
+    let (plan, store) = match args.backend {
+        // Its standing spec says how it was planned; the driver on Lambda
+        // carries the request out after its next commit.
+        Backend::Lambda => {
+            let (plan, store, _) = lambda_store(&args.query, &args.store).await?;
+            (plan, store)
+        }
+        Backend::Local => {
+            // Planned as the query first ran (its store's manifest says how).
+            let planning = PlanArgs {
+                group_size: None,
+                encoding: Default::default(),
+                invoke_async: false,
+                state_ttl: None,
+                state_memory: None,
+            };
+            let (plan, store, _) =
+                local_store(&args.query, args.checkpoint_dir.as_ref(), &planning).await?;
+            (plan, store)
+        }
     };
-    let (plan, store, _) = local_store(&args.query, args.checkpoint_dir.as_ref(), &planning).await?;
     let mut layout = plan.layout();
     if let Some((_, committed)) = store.committed_in().await? {
         layout.extend(committed);

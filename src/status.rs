@@ -135,15 +135,36 @@ pub(crate) async fn local_store(
 }
 
 async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> {
+    let (plan, store, spec) = lambda_store(query, &args.store).await?;
+    let mut status = query_status(&plan, &store, &registries().catalog).await?;
+    status.resized = skein_engine::status::resized(&store).await?;
+    let sdk = skein_lambda::sdk_config().await;
+    let schedule = Schedules::new(&sdk).state(&schedule_name(&plan.query_code)).await?;
+    let (lease_store, lease_key) = standing::lease_location(&spec.checkpoints)?;
+    let lease = skein_lambda::lease::read(&lease_store, &lease_key)
+        .await?
+        .map(|(record, _)| {
+            let now = skein_lambda::lease::now_ms();
+            json!({"holder": record.holder, "held": !record.free_at(now),
+                   "expires_ms": record.expires_ms})
+        });
+    Ok((status, json!({"schedule": schedule, "lease": lease})))
+}
+
+/// A standing query on Lambda (a SQL file or a query code): its plan as
+/// deployed, its checkpoint store and its spec.
+pub(crate) async fn lambda_store(
+    query: &str,
+    store_url: &str,
+) -> Result<(QueryPlan, CheckpointStore, standing::StandingSpec)> {
     let code = query_code_arg(query)?;
-    let deployment = skein_lambda::store::open(&args.store)?;
+    let deployment = skein_lambda::store::open(store_url)?;
     let spec = standing::get_spec(&deployment, &code)
         .await?
         .with_context(|| {
             format!(
-                "query {code} is not deployed as a standing query in {} (skein deploy FILE.sql \
-             --backend lambda)",
-                args.store
+                "query {code} is not deployed as a standing query in {store_url} (skein deploy \
+                 FILE.sql --backend lambda)"
             )
         })?;
     let plan_args = PlanArgs {
@@ -159,19 +180,7 @@ async fn lambda(query: &str, args: &StatusArgs) -> Result<(QueryStatus, Value)> 
     standing::route_collect(&mut plan, &spec.store);
     let (cp_store, root) = skein_lambda::checkpoints::locate(&spec.checkpoints)?;
     let store = CheckpointStore::attach(cp_store, root, &code, "");
-    let mut status = query_status(&plan, &store, &registries().catalog).await?;
-    status.resized = skein_engine::status::resized(&store).await?;
-    let sdk = skein_lambda::sdk_config().await;
-    let schedule = Schedules::new(&sdk).state(&schedule_name(&code)).await?;
-    let (lease_store, lease_key) = standing::lease_location(&spec.checkpoints)?;
-    let lease = skein_lambda::lease::read(&lease_store, &lease_key)
-        .await?
-        .map(|(record, _)| {
-            let now = skein_lambda::lease::now_ms();
-            json!({"holder": record.holder, "held": !record.free_at(now),
-                   "expires_ms": record.expires_ms})
-        });
-    Ok((status, json!({"schedule": schedule, "lease": lease})))
+    Ok((plan, store, spec))
 }
 
 fn render(s: &QueryStatus, platform: &Value) {

@@ -27,7 +27,7 @@ pub const GROW_AFTER: u32 = 2;
 pub const SHRINK_AFTER: u32 = 5;
 
 /// The bounds a query's groups are sized within.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AutoscaleRange {
     /// Fewest members.
     pub min: u32,
@@ -144,6 +144,83 @@ impl Autoscaler {
         };
         self.streaks.remove(&stage);
         Some(target)
+    }
+}
+
+/// A group as a driver sees it at a commit.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupNow {
+    /// The group's stage id.
+    pub stage: u32,
+    /// Members now.
+    pub members: u32,
+    /// The most members it can have.
+    pub key_groups: u32,
+    /// Its members' handler time so far, summed (a running total).
+    pub billed_ms: u64,
+}
+
+/// The rule and what it saw of each group at the last commit: a driver's
+/// `--autoscale`, whatever runs its functions.
+pub struct Autoscaling {
+    rule: Autoscaler,
+    /// stage -> (epoch, members, their billed ms so far) when last observed.
+    seen: BTreeMap<u32, (u64, u32, u64)>,
+}
+
+impl Autoscaling {
+    /// Nothing seen yet.
+    pub fn new(spec: AutoscaleSpec) -> Self {
+        Autoscaling {
+            rule: Autoscaler::new(spec),
+            seen: BTreeMap::new(),
+        }
+    }
+
+    /// At the commit of `epoch`, each group's work since the last commit
+    /// is weighed: the first group whose size is wrong, and its size.
+    /// One group at a time: the next commit weighs the rest.
+    pub fn at_commit(
+        &mut self,
+        epoch: u64,
+        groups: impl IntoIterator<Item = GroupNow>,
+    ) -> Option<(u32, u32)> {
+        for g in groups {
+            let last = self.seen.insert(g.stage, (epoch, g.members, g.billed_ms));
+            // Across a rescale (this rule's or one by hand) the members
+            // summed are another set: only a new baseline.
+            let Some((then, _, billed_then)) = last.filter(|(_, members, _)| *members == g.members)
+            else {
+                continue;
+            };
+            let epochs = epoch.saturating_sub(then).max(1);
+            let busy = g.billed_ms.saturating_sub(billed_then) as f64 / epochs as f64;
+            tracing::debug!(
+                epoch,
+                stage = g.stage,
+                members = g.members,
+                busy_ms_per_epoch = busy,
+                "--autoscale observed the group"
+            );
+            let observed = Observation {
+                members: g.members,
+                key_groups: g.key_groups,
+                busy_ms_per_epoch: busy,
+            };
+            if let Some(members) = self.rule.observe(g.stage, observed) {
+                tracing::info!(
+                    epoch,
+                    stage = g.stage,
+                    from = g.members,
+                    to = members,
+                    busy_ms_per_epoch = busy,
+                    interval_ms = self.rule.spec().interval.as_millis() as u64,
+                    "--autoscale resizes the group"
+                );
+                return Some((g.stage, members));
+            }
+        }
+        None
     }
 }
 

@@ -85,6 +85,10 @@ pub struct InputEdge {
     pub shuffle_id: u32,
     /// How many upstream instances send on this edge (seq_len).
     pub senders: u32,
+    /// The stage that sends on it (a group can change size, and with it
+    /// `senders`). Absent in contexts written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_stage: Option<u32>,
     /// How rows on this edge group into windows, if they do.
     pub window: Option<EdgeWindow>,
     /// The source tables this edge's rows come from (late rows count there).
@@ -216,6 +220,33 @@ pub fn function_name(query_code: &str, stage: u32, member: u32) -> String {
 }
 
 impl CloudContext {
+    /// The same context with the group sizes of `layout` (a commit's or a
+    /// rescale's): its own stage's size, its consumers' and its senders'.
+    /// Only sizes change; a function deployed for a bigger group reads its
+    /// share of the key groups from the ring at the smaller size.
+    pub fn with_layout(mut self, layout: &crate::checkpoint::Layout) -> Self {
+        if let Some(&n) = layout.get(&self.stage) {
+            self.members = n;
+        }
+        let resize = |next: &mut NextHop| {
+            if let NextHop::Group { stage, members } = next
+                && let Some(&n) = layout.get(stage)
+            {
+                *members = n;
+            }
+        };
+        resize(&mut self.next);
+        for extra in &mut self.extra_outputs {
+            resize(&mut extra.next);
+        }
+        for edge in &mut self.inputs {
+            if let Some(&n) = edge.sender_stage.and_then(|s| layout.get(&s)) {
+                edge.senders = n;
+            }
+        }
+        self
+    }
+
     /// This function's name.
     pub fn function_name(&self) -> String {
         function_name(&self.query_code, self.stage, self.member)
@@ -318,6 +349,7 @@ mod tests {
             inputs: vec![InputEdge {
                 shuffle_id: 1,
                 senders: 2,
+                sender_stage: Some(1),
                 window: None,
                 tables: vec![],
                 late_letters: None,
@@ -334,6 +366,30 @@ mod tests {
             checkpoint: None,
             updating: None,
         }
+    }
+
+    #[test]
+    fn a_layout_resizes_the_stage_its_consumer_and_its_senders_only() {
+        let mut ctx = context(vec![]);
+        ctx.next = NextHop::Group {
+            stage: 3,
+            members: 8,
+        };
+        let layout = crate::checkpoint::Layout::from([(1, 3), (2, 4), (3, 2), (9, 1)]);
+        let resized = ctx.clone().with_layout(&layout);
+        assert_eq!((resized.member, resized.members), (5, 4));
+        assert_eq!(resized.key_groups, 8, "key groups never change");
+        assert_eq!(
+            resized.next,
+            NextHop::Group {
+                stage: 3,
+                members: 2
+            }
+        );
+        assert_eq!(resized.inputs[0].senders, 3);
+        // A context written before senders named their stage keeps its count.
+        ctx.inputs[0].sender_stage = None;
+        assert_eq!(ctx.with_layout(&layout).inputs[0].senders, 2);
     }
 
     #[tokio::test]

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
-use crate::autoscale::{Autoscaler, Observation};
+use crate::autoscale::{Autoscaling, GroupNow};
 use crate::checkpoint::{CheckpointStore, Layout, RescaleRequest};
 use crate::context::function_name;
 use crate::epochs::{EpochLog, EpochRuntime, not_committed, run_epochs};
@@ -229,14 +229,11 @@ pub async fn run_local_drained_by<'a>(
     let store = runtime.store();
     // Groups keep the size the last commit ran them at (a rescale survives
     // a restart).
+    // A rescale after that commit records the layout the epochs after it
+    // ran in: they run in it again.
     let plan = match runtime.checkpoints() {
-        Some(cs) => match cs.committed_in().await? {
-            // A rescale after that commit records the layout the epochs
-            // after it ran in: they run in it again.
-            Some((commit, layout)) => match cs.layout_from(commit.epoch + 1).await? {
-                Some(after) => plan.with_layout(&after)?,
-                None => plan.with_layout(&layout)?,
-            },
+        Some(cs) => match cs.next_layout().await? {
+            Some(layout) => plan.with_layout(&layout)?,
             None => plan.clone(),
         },
         None => plan.clone(),
@@ -280,9 +277,8 @@ pub async fn run_local_drained_by<'a>(
         options,
         epochs: bounded,
         autoscale: options.autoscale.map(|spec| {
-            std::sync::Mutex::new(Autoscaling {
-                rule: Autoscaler::new(spec),
-                seen: BTreeMap::new(),
+            std::sync::Mutex::new(LocalAutoscaling {
+                rule: Autoscaling::new(spec),
                 groups: None,
             })
         }),
@@ -351,14 +347,12 @@ struct LocalEpochs<'a> {
     epochs: Option<u64>,
     /// `--autoscale`: the sizing rule, and each group's billed time at the
     /// last observation.
-    autoscale: Option<std::sync::Mutex<Autoscaling>>,
+    autoscale: Option<std::sync::Mutex<LocalAutoscaling>>,
 }
 
 /// The state of `--autoscale` in a run.
-struct Autoscaling {
-    rule: Autoscaler,
-    /// stage -> (epoch, members, their billed ms so far) when last observed.
-    seen: BTreeMap<u32, (u64, u32, u64)>,
+struct LocalAutoscaling {
+    rule: Autoscaling,
     /// Groups that can change size, worked out at the first observation.
     groups: Option<Vec<u32>>,
 }
@@ -454,55 +448,24 @@ impl LocalEpochs<'_> {
                         .collect()
                 })
                 .clone();
-            let mut asked = None;
-            for id in groups {
-                let Some(stage) = plan.stages.iter().find(|s| s.id == id) else {
-                    continue;
-                };
-                let billed: u64 = (0..stage.members)
-                    .map(|m| {
-                        self.runtime
-                            .billed_ms_of(&function_name(&plan.query_code, id, m))
-                    })
-                    .sum();
-                let last = scaling.seen.insert(id, (epoch, stage.members, billed));
-                // Across a rescale (this rule's or one by hand) the members
-                // summed are another set: only a new baseline.
-                let Some((then, _, billed_then)) =
-                    last.filter(|(_, members, _)| *members == stage.members)
-                else {
-                    continue;
-                };
-                let epochs = epoch.saturating_sub(then).max(1);
-                let busy = billed.saturating_sub(billed_then) as f64 / epochs as f64;
-                let observed = Observation {
+            let now = groups.iter().filter_map(|&id| {
+                let stage = plan.stages.iter().find(|s| s.id == id)?;
+                Some(GroupNow {
+                    stage: id,
                     members: stage.members,
                     key_groups: stage.key_groups().unwrap_or(stage.members),
-                    busy_ms_per_epoch: busy,
-                };
-                tracing::debug!(
-                    epoch,
-                    stage = id,
-                    members = stage.members,
-                    busy_ms_per_epoch = busy,
-                    "--autoscale observed the group"
-                );
-                if let Some(members) = scaling.rule.observe(id, observed) {
-                    tracing::info!(
-                        epoch,
-                        stage = id,
-                        from = stage.members,
-                        to = members,
-                        busy_ms_per_epoch = busy,
-                        interval_ms = scaling.rule.spec().interval.as_millis() as u64,
-                        "--autoscale resizes the group"
-                    );
-                    asked = Some(RescaleRequest { stage: id, members });
-                    // One group at a time: the next commit weighs the rest.
-                    break;
-                }
-            }
-            asked
+                    billed_ms: (0..stage.members)
+                        .map(|m| {
+                            self.runtime
+                                .billed_ms_of(&function_name(&plan.query_code, id, m))
+                        })
+                        .sum(),
+                })
+            });
+            scaling
+                .rule
+                .at_commit(epoch, now)
+                .map(|(stage, members)| RescaleRequest { stage, members })
         };
         if let Some(request) = asked {
             cs.ask_rescale(request).await?;

@@ -6,7 +6,8 @@
 //! to it. A trigger's answer thus covers the chain below it, and the
 //! driver sums the answers it receives ([`MeteredInvoker`]).
 
-use std::cell::Cell;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
 
@@ -39,7 +40,7 @@ pub fn process_cpu_s() -> f64 {
 }
 
 /// Counts of one or more invocations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Usage {
     /// Invocations served (each answer counts its own and its callees').
@@ -54,6 +55,27 @@ pub struct Usage {
     pub checkpoint_puts: u64,
     /// Bytes of those objects.
     pub checkpoint_bytes: u64,
+    /// `billed_ms` by the stage of the function billed: what sizes a
+    /// group under `--autoscale`.
+    /// Pairs in JSON, not an object: records that embed it flattened
+    /// would not read numbers back from an object's keys.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", with = "stage_pairs")]
+    pub billed_ms_by_stage: BTreeMap<u32, u64>,
+}
+
+/// A map by stage as a list of `[stage, value]` pairs.
+mod stage_pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &BTreeMap<u32, u64>, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(m.iter())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u32, u64>, D::Error> {
+        Ok(Vec::<(u32, u64)>::deserialize(d)?.into_iter().collect())
+    }
 }
 
 impl Usage {
@@ -65,6 +87,9 @@ impl Usage {
         self.payload_bytes += other.payload_bytes;
         self.checkpoint_puts += other.checkpoint_puts;
         self.checkpoint_bytes += other.checkpoint_bytes;
+        for (stage, ms) in &other.billed_ms_by_stage {
+            *self.billed_ms_by_stage.entry(*stage).or_default() += ms;
+        }
     }
 
     /// What was counted since `earlier` (of the same running totals).
@@ -78,6 +103,14 @@ impl Usage {
             checkpoint_bytes: self
                 .checkpoint_bytes
                 .saturating_sub(earlier.checkpoint_bytes),
+            billed_ms_by_stage: self
+                .billed_ms_by_stage
+                .iter()
+                .map(|(stage, ms)| {
+                    let before = earlier.billed_ms_by_stage.get(stage).copied();
+                    (*stage, ms.saturating_sub(before.unwrap_or(0)))
+                })
+                .collect(),
         }
     }
 
@@ -109,16 +142,16 @@ impl Usage {
 }
 
 tokio::task_local! {
-    static CALLEES: Cell<Usage>;
+    static CALLEES: RefCell<Usage>;
 }
 
 /// Run `f`, collecting the usage of the invocations [`count_callee`] is
 /// told about inside it (the same task, joined futures included).
 pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage) {
     CALLEES
-        .scope(Cell::new(Usage::default()), async {
+        .scope(RefCell::new(Usage::default()), async {
             let out = f.await;
-            (out, CALLEES.with(Cell::get))
+            (out, CALLEES.with(|c| c.take()))
         })
         .await
 }
@@ -126,11 +159,7 @@ pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage) {
 /// A function invoked another with `payload_bytes` and got `answer` back.
 /// Outside [`collecting`] it is not counted.
 pub fn count_callee(payload_bytes: usize, answer: &[u8]) {
-    let _ = CALLEES.try_with(|c| {
-        let mut u = c.get();
-        u.add(&Usage::of_call(payload_bytes, answer));
-        c.set(u);
-    });
+    let _ = CALLEES.try_with(|c| c.borrow_mut().add(&Usage::of_call(payload_bytes, answer)));
 }
 
 /// An [`Invoker`] that sums the usage every answer reports (an answer
@@ -151,7 +180,7 @@ impl<'a> MeteredInvoker<'a> {
 
     /// What the answers so far reported.
     pub fn total(&self) -> Usage {
-        *self.total.lock().expect("usage")
+        self.total.lock().expect("usage").clone()
     }
 }
 
@@ -188,6 +217,13 @@ mod tests {
             futures::join!(a, b);
         })
         .await;
+        let by_stage = Usage {
+            billed_ms_by_stage: [(2, 5), (10, 7)].into(),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&by_stage).unwrap();
+        assert!(json.contains("[[2,5],[10,7]]"), "{json}");
+        assert_eq!(serde_json::from_str::<Usage>(&json).unwrap(), by_stage);
         assert_eq!(
             u,
             Usage {
@@ -197,6 +233,7 @@ mod tests {
                 payload_bytes: 9,
                 checkpoint_puts: 4,
                 checkpoint_bytes: 0,
+                billed_ms_by_stage: BTreeMap::new(),
             }
         );
     }

@@ -42,6 +42,8 @@ pub struct StandingOptions {
     pub checkpoint_dir: Option<PathBuf>,
     /// The role EventBridge Scheduler assumes to invoke the driver.
     pub scheduler_role: String,
+    /// `--autoscale`: the sizes the driver keeps each group within.
+    pub autoscale: Option<skein_engine::autoscale::AutoscaleRange>,
 }
 
 /// A standing query's driver, schedule and checkpoint location.
@@ -205,6 +207,7 @@ pub async fn deploy_standing(
         store: deployment.store_url.clone(),
         run_for_ms: StandingSpec::run_for(service.timeout_s).as_millis() as u64,
         shape: Some(plan.shape()),
+        autoscale: standing.autoscale,
     };
     standing::put_spec(&deployment.store, &spec).await?;
 

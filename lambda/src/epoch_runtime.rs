@@ -20,6 +20,7 @@ use skein_engine::usage::{MeteredInvoker, Usage};
 use skein_engine::{EngineError, Result};
 
 use crate::dead_letter;
+use crate::rescale::GroupSizes;
 
 /// Replaces every function instance of the query (a redeployment with a
 /// new run id): fresh instances load the last committed state.
@@ -42,9 +43,12 @@ pub struct LambdaEpochs<'a> {
     invoker: &'a dyn Invoker,
     /// The deployment's store, where dead letters are recorded.
     store: Arc<dyn ObjectStore>,
-    /// Functions that take payloads: the ones that can wait for input.
-    receivers: Vec<String>,
+    /// Functions that take payloads: the ones that can wait for input
+    /// (those of each group's size now).
+    receivers: std::sync::Mutex<Vec<String>>,
     redeploy: Option<&'a dyn Redeploy>,
+    /// A checkpointing query's group sizes, which a rescale changes.
+    sizes: Option<&'a GroupSizes>,
     /// Sums the usage the triggers' answers report, when given.
     metered: Option<&'a MeteredInvoker<'a>>,
 }
@@ -62,10 +66,19 @@ impl<'a> LambdaEpochs<'a> {
             shape,
             invoker,
             store,
-            receivers,
+            receivers: std::sync::Mutex::new(receivers),
             redeploy,
+            sizes: None,
             metered: None,
         }
+    }
+
+    /// Run the groups at `sizes`, and carry out the rescales asked of it
+    /// after each commit (which needs `redeploy`).
+    pub fn sized(mut self, sizes: &'a GroupSizes) -> Self {
+        *self.receivers.lock().expect("receivers") = sizes.shape().receivers();
+        self.sizes = Some(sizes);
+        self
     }
 
     /// Fire through `metered`, whose totals are this runtime's usage.
@@ -77,7 +90,8 @@ impl<'a> LambdaEpochs<'a> {
 
     /// What every function that takes payloads still waits for.
     pub async fn pending(&self) -> Result<Vec<String>> {
-        let probes = self.receivers.iter().map(|name| async move {
+        let receivers = self.receivers.lock().expect("receivers").clone();
+        let probes = receivers.iter().map(|name| async move {
             let answer = invoke_with_retry(
                 self.invoker,
                 name,
@@ -133,6 +147,23 @@ impl EpochRuntime for LambdaEpochs<'_> {
             return Err(not_committed(epoch, pending.join("; ")));
         }
         Ok(())
+    }
+
+    async fn committed(&self, epoch: u64) -> Result<()> {
+        let (Some(sizes), Some(redeploy)) = (self.sizes, self.redeploy) else {
+            return Ok(());
+        };
+        if !sizes.rescale_if_asked(epoch, redeploy).await? {
+            sizes
+                .autoscale(epoch, &self.usage().await, redeploy)
+                .await?;
+        }
+        *self.receivers.lock().expect("receivers") = sizes.shape().receivers();
+        Ok(())
+    }
+
+    fn layout(&self) -> skein_engine::checkpoint::Layout {
+        self.sizes.map(GroupSizes::layout).unwrap_or_default()
     }
 
     async fn usage(&self) -> Usage {

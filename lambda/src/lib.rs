@@ -40,6 +40,7 @@ pub mod invoker;
 pub mod lease;
 pub mod package;
 pub mod pushed;
+pub mod rescale;
 #[cfg(feature = "sql")]
 pub mod run;
 pub mod schedule;

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use object_store::ObjectStoreExt;
 use serde_json::Value;
+use skein_engine::autoscale::{AutoscaleRange, AutoscaleSpec};
 use skein_engine::checkpoint::fresh_run;
 use skein_engine::context::CheckpointSpec;
 use skein_engine::driver::Deployed;
@@ -30,6 +31,7 @@ use crate::deployment::{Deployment, pushed_sources};
 use crate::epoch_runtime::{LambdaEpochs, Redeploy};
 use crate::error::{LambdaError, Result};
 use crate::lease::KeptLease;
+use crate::rescale::GroupSizes;
 use crate::{LambdaInvoker, ServiceOptions, dead_letter};
 
 /// How one run goes.
@@ -45,6 +47,8 @@ pub struct RunRequest {
     pub checkpoint_interval: Option<u64>,
     /// Compare the rows with single-process DataFusion.
     pub verify: bool,
+    /// `--autoscale`: the sizes the driver keeps each group within.
+    pub autoscale: Option<AutoscaleRange>,
 }
 
 /// What a run on Lambda did.
@@ -224,8 +228,31 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
     let redeploy = checkpoints
         .is_some()
         .then_some(&redeployment as &dyn Redeploy);
-    let lambda = LambdaEpochs::new(plan.shape(), &invoker, deployment.store.clone(), redeploy)
+    let interval = request.bound.interval(&plan)?;
+    let sizes = match &checkpoints {
+        Some(c) => Some(
+            GroupSizes::open(c.store.clone(), plan.shape())
+                .await
+                .map_err(|e| LambdaError::refused(skein_engine::error::one_line(&e)))?
+                .autoscaled(
+                    request
+                        .autoscale
+                        .map(|range| AutoscaleSpec { range, interval }),
+                ),
+        ),
+        None if request.autoscale.is_some() => {
+            return Err(LambdaError::refused(
+                "--autoscale moves state between members through the checkpoint store: this \
+                 query has none (drop --no-checkpoint)",
+            ));
+        }
+        None => None,
+    };
+    let mut lambda = LambdaEpochs::new(plan.shape(), &invoker, deployment.store.clone(), redeploy)
         .metered(&invoker);
+    if let Some(sizes) = &sizes {
+        lambda = lambda.sized(sizes);
+    }
     let start = Instant::now();
     let epochs_run = run_epochs(&lambda, &log, stop, |_, _| {}).await;
     // Given back only after a clean run: after a failure it expires, and

@@ -13,6 +13,7 @@ use std::time::Duration;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
+use skein_engine::autoscale::{AutoscaleRange, AutoscaleSpec};
 use skein_engine::epochs::{EpochLog, StopAfter, run_epochs, stop_signal};
 use skein_engine::payload::Encoding;
 use skein_engine::planner::{PlanShape, QueryPlan};
@@ -21,6 +22,7 @@ use skein_sinks::results;
 
 use crate::epoch_runtime::{LambdaEpochs, Redeploy};
 use crate::lease::{LEASE_FILE, Lease, LeaseError};
+use crate::rescale::GroupSizes;
 use crate::{LambdaFunctionService, LambdaInvoker, RUN_ENV};
 
 /// Set on a driver function: the query code it drives (it serves no other).
@@ -82,6 +84,9 @@ pub struct StandingSpec {
     /// Absent from specs deployed before it was written (deploy again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<PlanShape>,
+    /// `--autoscale`: the sizes the driver keeps each group within.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleRange>,
 }
 
 impl StandingSpec {
@@ -279,8 +284,16 @@ pub async fn tick(
         })
     };
     let metered = MeteredInvoker::new(&invoker);
+    let sizes = GroupSizes::open(checkpoints.clone(), shape.clone())
+        .await
+        .map_err(engine)?
+        .autoscaled(spec.autoscale.map(|range| AutoscaleSpec {
+            range,
+            interval: Duration::from_millis(spec.interval_ms),
+        }));
     let runtime = LambdaEpochs::new(shape.clone(), &invoker, deployment_store, Some(&refresh))
-        .metered(&metered);
+        .metered(&metered)
+        .sized(&sizes);
     let log = EpochLog::new(Some(checkpoints), spec.checkpoint_interval);
     let stop_after = StopAfter::Signalled {
         interval: Duration::from_millis(spec.interval_ms),

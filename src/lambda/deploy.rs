@@ -80,6 +80,11 @@ pub struct StandingArgs {
         default_value = "arn:aws:iam::000000000000:role/skein-scheduler"
     )]
     pub scheduler_role: String,
+    /// Resize each function group within MIN..MAX members by how busy its
+    /// members were (the driver decides at every commit); a group's
+    /// functions are deployed at its --group-size, the most it can have.
+    #[arg(long, value_name = "MIN..MAX")]
+    pub autoscale: Option<skein_engine::autoscale::AutoscaleRange>,
 }
 
 impl StandingArgs {
@@ -89,6 +94,7 @@ impl StandingArgs {
             checkpoint_interval: self.checkpoint_interval.map(|n| n as u64),
             checkpoint_dir: self.checkpoint_dir.clone(),
             scheduler_role: self.scheduler_role.clone(),
+            autoscale: self.autoscale,
         }
     }
 }

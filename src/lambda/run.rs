@@ -28,12 +28,6 @@ pub(crate) async fn run_sql(
     common: &CommonRunArgs,
     args: &LambdaArgs,
 ) -> Result<(Report, LambdaRun)> {
-    if common.autoscale.is_some() {
-        anyhow::bail!(
-            "--autoscale resizes groups in-process only so far: on Lambda a group keeps \
-             the size it was deployed with (docs/lambda.md, \"Autoscaling\")"
-        );
-    }
     let deployment = args.connect().await?;
     let request = RunRequest {
         plan: common.plan.options(),
@@ -41,6 +35,7 @@ pub(crate) async fn run_sql(
         checkpoint: common.checkpoint_request(),
         checkpoint_interval: common.checkpoint_interval.map(|n| n as u64),
         verify: common.verify,
+        autoscale: common.autoscale,
     };
     let run = skein_lambda::run::run(&deployment, sql, &request).await?;
     let report = report(&run, common.plan.invoke_async)?;

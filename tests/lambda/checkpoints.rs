@@ -43,10 +43,15 @@ struct Setup {
     query_code: String,
     /// The functions of the stateful group stage.
     group: Vec<String>,
+    group_size: usize,
 }
 
 impl Setup {
     fn new() -> Self {
+        Self::with_group_size(2)
+    }
+
+    fn with_group_size(group_size: usize) -> Self {
         common::require_aws();
         let n = std::env::var("SKEIN_LAMBDA_CP_RECORDS")
             .ok()
@@ -57,7 +62,8 @@ impl Setup {
         let (out, sink) = windowed::kafka_sink();
         let sql = std::env::temp_dir().join(format!("{}.sql", common::unique_name("lambda-cp")));
         std::fs::write(&sql, windowed::query(&source, &sink)).expect("writing the query");
-        let explained = skein(&["explain", path(&sql), "--group-size", "2", "--json"]);
+        let size = group_size.to_string();
+        let explained = skein(&["explain", path(&sql), "--group-size", &size, "--json"]);
         let plan: Value = serde_json::from_str(&explained).expect("explain --json");
         let group: Vec<String> = plan["stages"]
             .as_array()
@@ -67,7 +73,10 @@ impl Setup {
             .flat_map(|s| s["functions"].as_array().cloned().unwrap_or_default())
             .filter_map(|f| f.as_str().map(String::from))
             .collect();
-        assert!(group.len() >= 2, "no group of 2 in the plan: {plan}");
+        assert!(
+            group.len() >= group_size,
+            "no group of {group_size} in the plan: {plan}"
+        );
         Setup {
             sql,
             out,
@@ -75,6 +84,7 @@ impl Setup {
             bucket: common::unique_name("skein-lambda-cp"),
             query_code: plan["query_code"].as_str().expect("query_code").into(),
             group,
+            group_size,
         }
     }
 
@@ -87,7 +97,8 @@ impl Setup {
         let (id, secret) = common::aws_credentials();
         Command::new(env!("CARGO_BIN_EXE_skein"))
             .args(["run", path(&self.sql), "--backend", "lambda"])
-            .args(["--group-size", "2", "--until-drained", "--interval", "10ms"])
+            .args(["--group-size", &self.group_size.to_string()])
+            .args(["--until-drained", "--interval", "10ms"])
             .arg("--json")
             .args(extra)
             .env("AWS_ENDPOINT_URL", common::aws_endpoint())
@@ -118,6 +129,38 @@ impl Setup {
             let bytes = object.body.collect().await.ok()?.into_bytes();
             serde_json::from_slice::<Value>(&bytes).ok()
         })
+    }
+
+    /// The group sizes rescales recorded, by the first epoch run in them.
+    fn layouts(&self, runtime: &tokio::runtime::Runtime) -> Vec<(String, Value)> {
+        let prefix = format!("skein/checkpoints/{}/layouts/", self.query_code);
+        let keys: Vec<String> = runtime.block_on(async {
+            let s3 = common::s3_client().await;
+            // Before the run has made its bucket: nothing yet.
+            let Ok(listed) = s3
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&prefix)
+                .send()
+                .await
+            else {
+                return vec![];
+            };
+            listed
+                .contents()
+                .iter()
+                .filter_map(|o| o.key().map(String::from))
+                .collect()
+        });
+        let mut out: Vec<(String, Value)> = keys
+            .iter()
+            .filter_map(|k| {
+                let rel = k.strip_prefix(&format!("skein/checkpoints/{}/", self.query_code))?;
+                Some((rel.to_string(), self.checkpoint_object(runtime, rel)?))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// The last committed epoch.
@@ -186,7 +229,11 @@ fn while_running<T>(child: &mut Child, what: &str, mut ready: impl FnMut() -> Op
             return value;
         }
         if let Some(status) = child.try_wait().expect("waiting for skein") {
-            panic!("skein ended ({status}) before {what}");
+            let mut stderr = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+            }
+            panic!("skein ended ({status}) before {what}:\n{stderr}");
         }
         assert!(
             started.elapsed() < Duration::from_secs(300),
@@ -301,4 +348,50 @@ fn a_member_killed_between_commits_is_caught_up_by_replacing_every_instance() {
         report.lambda.as_ref().map(|l| l.recoveries) >= Some(1),
         "the driver replaced every instance: {report:?}"
     );
+}
+
+/// `--autoscale` on Lambda: a group deployed at 4 members is kept within
+/// 1..2 by the first run (it shrinks after its second commit, and the
+/// run is then SIGKILLed), and within 3..4 by a second run, which resumes
+/// at 2 members and grows. Each rescale records the sizes, replaces every
+/// instance, and the new members take their key groups' state from the
+/// commit; the sink ends with exactly the reference.
+#[test]
+fn autoscale_on_lambda_shrinks_a_group_and_a_resumed_run_grows_it_keeping_every_window_exact() {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let setup = Setup::with_group_size(4);
+    let mut child = setup.spawn_with(&["--autoscale", "1..2"]);
+    let shrunk = while_running(&mut child, "a rescale record", || {
+        setup.layouts(&runtime).into_iter().next()
+    });
+    let at = setup.wait_for_commit_after(&runtime, &mut child, None);
+    let at = setup.wait_for_commit_after(&runtime, &mut child, Some(at));
+    let (landed, status) = common::kills::sigkill(&mut child);
+    assert!(
+        landed,
+        "the first run was still running when killed: {status}"
+    );
+    let sizes = |v: &Value| -> Vec<u64> {
+        v.as_object()
+            .map(|o| o.values().filter_map(Value::as_u64).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        sizes(&shrunk.1),
+        [2],
+        "shrunk to the top of 1..2: {shrunk:?}"
+    );
+
+    let report = setup.finish(setup.spawn_with(&["--autoscale", "3..4"]));
+    assert!(
+        report.resumed_after.is_some_and(|r| r >= at),
+        "the second run resumed after commit {at}: {report:?}"
+    );
+    let layouts = setup.layouts(&runtime);
+    eprintln!("layouts: {layouts:?}");
+    assert!(
+        layouts.iter().any(|(_, l)| sizes(l) == [3]),
+        "the second run grew the group to the bottom of 3..4: {layouts:?}"
+    );
+    setup.assert_exact(&report);
 }

@@ -1,10 +1,15 @@
 //! A standing query on Lambda with no local process (ministack, real Kafka
 //! and Redis, our real `bootstrap`): `skein deploy` creates the schedule
 //! that invokes the driver function; events are published for
-//! `SKEIN_STANDING_SECS` (default 180) while every `bootstrap` process of
-//! the query is SIGKILLed once; Redis ends with exactly the reference
-//! result (a list per window and key, so a doubled write shows) and `skein status --json` shows the lag at 0. Then stop, start
-//! (state kept), and destroy --purge (nothing left).
+//! `SKEIN_STANDING_SECS` (default 180). The group is deployed at 4 members
+//! with `--autoscale 1..3`: the driver moves it into that range by itself;
+//! halfway, `skein rescale --backend lambda` changes its size by hand, and
+//! once the driver has carried that out every `bootstrap` process of the
+//! query is SIGKILLed, while the new members are taking their key groups'
+//! state. Redis ends with exactly the reference result (a list per window
+//! and key, so a doubled write shows), `skein status --json` lists both
+//! rescales and shows the lag at 0. Then stop, start (state kept), and
+//! destroy --purge (nothing left).
 
 use crate::common;
 
@@ -46,6 +51,44 @@ fn eventually<T>(secs: u64, what: &str, mut ready: impl FnMut() -> Option<T>) ->
     }
 }
 
+/// `skein status --backend lambda --json`'s rescale history.
+fn status_resized(store: &str, code: &str) -> Vec<skein_engine::status::Resized> {
+    status(store, code).0.resized
+}
+
+/// Once the driver has moved the group into its `--autoscale` range, asks
+/// for another size within it by hand and waits until the driver has
+/// carried it out: (the group's stage, its new size).
+fn rescale_by_hand(store: &str, code: &str) -> (u32, u32) {
+    let (stage, now) = eventually(180, "the group moved into 1..3 by --autoscale", || {
+        let last = status_resized(store, code).pop()?;
+        last.groups.into_iter().find(|&(_, n)| n <= 3)
+    });
+    let size = if now == 3 { 2 } else { 3 };
+    skein_aws(
+        store,
+        &[
+            "rescale",
+            code,
+            "--backend",
+            "lambda",
+            "--stage",
+            &stage.to_string(),
+            "--group-size",
+            &size.to_string(),
+        ],
+    );
+    eventually(180, "the rescale by hand carried out", || {
+        let (s, _) = status(store, code);
+        (s.rescale_asked.is_none()
+            && status_resized(store, code)
+                .last()
+                .is_some_and(|r| r.groups.get(&stage) == Some(&size)))
+        .then_some(())
+    });
+    (stage, size)
+}
+
 #[test]
 fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     common::require_aws();
@@ -74,7 +117,9 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
                 "--backend",
                 "lambda",
                 "--group-size",
-                "2",
+                "4",
+                "--autoscale",
+                "1..3",
                 "--json",
             ],
         )
@@ -96,12 +141,15 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     let per_chunk = records.len().div_ceil(chunks);
     let started = Instant::now();
     let mut killed = vec![];
+    let mut rescaled = None;
     for (i, chunk) in records.chunks(per_chunk).enumerate() {
         windowed::produce(&topic, chunk);
         std::thread::sleep(Duration::from_secs(secs) / chunks as u32);
-        // Halfway, once a tick has committed: kill every bootstrap once.
+        // Halfway, once a tick has committed: a rescale by hand, then
+        // every bootstrap killed once.
         if killed.is_empty() && i >= chunks / 2 && status(&store, &code).0.store.committed.is_some()
         {
+            rescaled = Some(rescale_by_hand(&store, &code));
             let wanted = format!("{code}-");
             for pid in common::kills::bootstraps(|f| f.starts_with(&wanted)) {
                 let _ = std::process::Command::new("kill")
@@ -117,7 +165,8 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
         .collect();
     windowed::produce(&topic, &closing);
     eprintln!(
-        "published in {:.0} s; killed {} bootstraps: {killed:?}",
+        "published in {:.0} s; rescaled by hand (stage, size): {rescaled:?}; killed {} \
+         bootstraps: {killed:?}",
         started.elapsed().as_secs_f64(),
         killed.len()
     );
@@ -144,6 +193,15 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
         "{lag0_platform}"
     );
     let committed = lag0.store.committed.map(|c| c.epoch).expect("a commit");
+    let (stage, size) = rescaled.expect("rescaled by hand");
+    let history: Vec<u32> = status_resized(&store, &code)
+        .iter()
+        .filter_map(|r| r.groups.get(&stage).copied())
+        .collect();
+    assert!(
+        history.first().is_some_and(|&n| n <= 3) && history.contains(&size),
+        "the driver moved the group from 4 into 1..3, then to {size} by hand: {history:?}"
+    );
 
     // Stop: the schedule is disabled, the state kept; start resumes.
     skein_aws(&store, &["stop", &code]);

@@ -63,7 +63,7 @@ pub struct Progress {
 }
 
 /// Everything the query did since its store was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Totals {
     /// Source records, each epoch counted once.
@@ -122,7 +122,7 @@ pub struct Failure {
 }
 
 /// What one epoch did, as [`Progress::epoch`] takes it.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct EpochFigures {
     /// Source records.
     pub events: u64,

@@ -79,6 +79,18 @@ impl CheckpointStore {
         self.get_json(&self.key(&["layouts", &name])).await
     }
 
+    /// The group sizes the epochs after the last commit run in: a rescale's
+    /// after that commit, else the commit's own. `None` before any commit
+    /// (every group has its planned size). Two GETs.
+    pub async fn next_layout(&self) -> Result<Option<Layout>> {
+        let Some((commit, layout)) = self.committed_in().await? else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.layout_from(commit.epoch + 1).await?.unwrap_or(layout),
+        ))
+    }
+
     /// The last `n` layouts rescales recorded, oldest first: (the first
     /// epoch run in it, every group's size then).
     pub async fn layouts(&self, n: usize) -> Result<Vec<(u64, Layout)>> {

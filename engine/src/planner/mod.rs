@@ -557,6 +557,7 @@ impl QueryPlan {
                 InputEdge {
                     shuffle_id: *up,
                     senders: self.sender(*up).members,
+                    sender_stage: Some(self.sender(*up).id),
                     window: s.windows.get(i).cloned().flatten(),
                     tables: tables.into_iter().map(|t| t.table).collect(),
                     late_letters,

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{QueryPlan, StageKind};
+use crate::checkpoint::Layout;
 use crate::context::{EdgeWindow, function_name};
 
 /// A plan's stages as its driver sees them.
@@ -34,6 +35,11 @@ pub struct StageShape {
     pub reads_sources: bool,
     /// It takes payloads from upstream stages, so it can wait for input.
     pub takes_payloads: bool,
+    /// A group that can change size: the most members it can have (its
+    /// key groups). Absent for every other stage, and in specs written
+    /// before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_members: Option<u32>,
 }
 
 impl PlanShape {
@@ -59,6 +65,26 @@ impl PlanShape {
         self.functions_of(|s| s.reads_sources).collect()
     }
 
+    /// The size of every group that can change size, by stage id.
+    pub fn layout(&self) -> Layout {
+        self.stages
+            .iter()
+            .filter(|s| s.max_members.is_some())
+            .map(|s| (s.id, s.members))
+            .collect()
+    }
+
+    /// The same shape with the group sizes of `layout`.
+    pub fn with_layout(&self, layout: &Layout) -> PlanShape {
+        let mut shape = self.clone();
+        for s in &mut shape.stages {
+            if let Some(&n) = layout.get(&s.id) {
+                s.members = n;
+            }
+        }
+        shape
+    }
+
     /// The functions that take payloads (the ones a probe asks what they
     /// wait for).
     pub fn receivers(&self) -> Vec<String> {
@@ -81,6 +107,10 @@ impl QueryPlan {
                     members: s.members,
                     reads_sources: s.kind == StageKind::Source,
                     takes_payloads: !s.inputs.is_empty(),
+                    max_members: self
+                        .check_rescale(s.id, 1)
+                        .is_ok()
+                        .then(|| s.key_groups().unwrap_or(s.members)),
                 })
                 .collect(),
             window_step_ms: self
@@ -111,12 +141,14 @@ mod tests {
                     members: 2,
                     reads_sources: true,
                     takes_payloads: false,
+                    max_members: None,
                 },
                 StageShape {
                     id: 1,
                     members: 1,
                     reads_sources: false,
                     takes_payloads: true,
+                    max_members: Some(4),
                 },
             ],
         };
@@ -126,6 +158,11 @@ mod tests {
             [(0, "q-00-00".to_string()), (0, "q-00-01".to_string())]
         );
         assert_eq!(shape.receivers(), ["q-01-00"]);
+        assert_eq!(shape.layout(), Layout::from([(1, 1)]));
+        assert_eq!(
+            shape.with_layout(&Layout::from([(1, 3)])).receivers(),
+            ["q-01-00", "q-01-01", "q-01-02"]
+        );
         let json = serde_json::to_string(&shape).unwrap();
         assert_eq!(serde_json::from_str::<PlanShape>(&json).unwrap(), shape);
     }

@@ -42,6 +42,7 @@ fn edge(updating: bool) -> InputEdge {
     InputEdge {
         shuffle_id: 1,
         senders: 1,
+        sender_stage: None,
         window: None,
         tables: vec![],
         late_letters: None,

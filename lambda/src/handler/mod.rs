@@ -127,9 +127,16 @@ impl OwnUsage {
             .get("usage")
             .and_then(|u| serde_json::from_value(u.clone()).ok())
             .unwrap_or_default();
+        let billed_ms = self.started.elapsed().as_micros().div_ceil(1000) as u64;
         usage.add(&Usage {
             invocations: 1,
-            billed_ms: self.started.elapsed().as_micros().div_ceil(1000) as u64,
+            billed_ms,
+            // A probe of an instance that has not built its stage yet is
+            // nobody's work.
+            billed_ms_by_stage: stage
+                .get()
+                .map(|s| [(s.context().stage, billed_ms)].into())
+                .unwrap_or_default(),
             cpu_ms: ((process_cpu_s() - self.cpu_s).max(0.0) * 1000.0).round() as u64,
             payload_bytes: 0,
             checkpoint_puts: checkpoint_written(stage).0.saturating_sub(self.written.0),
@@ -330,6 +337,15 @@ async fn build_stage(catalog: &Catalog) -> Result<StageFunction, EngineError> {
     let checkpoints = crate::checkpoints::attach_from_env(&ctx)
         .map_err(|e| EngineError::Context(e.to_string()))?
         .map(Arc::new);
+    // Group sizes are the store's, not the deployment's: a rescale
+    // records them and replaces every instance (lambda/src/rescale.rs).
+    let ctx = match &checkpoints {
+        Some(cs) => match cs.next_layout().await? {
+            Some(layout) => ctx.with_layout(&layout),
+            None => ctx,
+        },
+        None => ctx,
+    };
     let sdk = crate::sdk_config().await;
     let env = FunctionEnv {
         catalog: catalog.clone(),
