@@ -10,7 +10,6 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::common::kills::{Paused, committed_epoch, wait_for_commit};
 use crate::common::redis_counts;
 use crate::common::rows::read_rows;
-use crate::common::windowed::{self, assert_exact};
+use crate::common::windowed::{self, assert_exact, per_key_into_redis, totals};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
@@ -270,34 +269,6 @@ fn a_windowed_query_rescaled_by_hand_while_it_runs_writes_every_window_exactly()
     );
     assert_exact(&read_rows(&out_dir, true), &reference, "after rescales");
     let _ = std::fs::remove_dir_all(&out_dir);
-}
-
-/// key -> (count, sum) of the records.
-fn totals(records: &[(usize, String)]) -> BTreeMap<String, (i64, i64)> {
-    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-    for (_, json) in records {
-        let v: Value = serde_json::from_str(json).expect("a record");
-        let e = out
-            .entry(v["k"].as_str().expect("k").to_string())
-            .or_default();
-        e.0 += 1;
-        e.1 += v["v"].as_i64().expect("v");
-    }
-    out
-}
-
-/// An aggregate without a window over `ev`: per key, `count` and sum(v),
-/// into Redis hashes `<prefix>:<k>`.
-fn per_key_into_redis(source: &str, prefix: &str, count: &str) -> String {
-    let sink = format!(
-        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
-         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
-        common::redis_url()
-    );
-    format!(
-        "{source}\n{sink}\nINSERT INTO out SELECT k, {count} AS n, sum(v) AS total FROM ev \
-         GROUP BY k;\n"
-    )
 }
 
 #[test]

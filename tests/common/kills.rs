@@ -198,6 +198,19 @@ pub fn run_through_kills(
     }
 }
 
+/// SIGKILLs every `bootstrap` process of query `code`'s functions (its
+/// driver's too): their pids.
+pub fn kill_query_bootstraps(code: &str) -> Vec<i32> {
+    let wanted = format!("{code}-");
+    let pids = bootstraps(|f| f.starts_with(&wanted));
+    for pid in &pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    pids
+}
+
 /// The `bootstrap` processes ministack runs for the functions `wanted`
 /// picks: their command is the unpacked `bootstrap`, their environment
 /// names the function (`AWS_LAMBDA_FUNCTION_NAME`).

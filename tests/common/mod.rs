@@ -300,6 +300,28 @@ pub fn skein_on_aws(store: Option<&str>, args: &[&str]) -> (bool, String, String
     )
 }
 
+/// `skein ARGS` on the AWS stand-in deploying to `store`: its stdout, or
+/// the test fails with what it printed.
+pub fn skein_on_aws_ok(store: &str, args: &[&str]) -> String {
+    let (ok, stdout, stderr) = skein_on_aws(Some(store), args);
+    assert!(ok, "skein {args:?} failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
+/// `skein deploy SQL --backend lambda ARGS --json` to `store`: the query
+/// code, and the whole answer.
+pub fn deploy_on_aws(store: &str, sql: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let mut all = vec!["deploy", sql, "--backend", "lambda", "--json"];
+    all.extend_from_slice(args);
+    let out = skein_on_aws_ok(store, &all);
+    let deployed: serde_json::Value = serde_json::from_str(out.trim()).expect("deploy --json");
+    let code = deployed["query_code"]
+        .as_str()
+        .expect("query_code")
+        .to_string();
+    (code, deployed)
+}
+
 /// Puts `entries` on `stream` (at most 500, one PutRecords call); fails the
 /// test unless every record was taken. Returns where each record went.
 pub async fn put_records(

@@ -232,3 +232,31 @@ pub fn redis_rows(url: &str, prefix: &str) -> Vec<Map<String, Value>> {
         })
         .collect()
 }
+
+/// key -> (count, sum) of the records.
+pub fn totals(records: &[(usize, String)]) -> BTreeMap<String, (i64, i64)> {
+    let mut out: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for (_, json) in records {
+        let v: Value = serde_json::from_str(json).expect("a record");
+        let e = out
+            .entry(v["k"].as_str().expect("k").to_string())
+            .or_default();
+        e.0 += 1;
+        e.1 += v["v"].as_i64().expect("v");
+    }
+    out
+}
+
+/// An aggregate without a window over `ev`: per key, `count` and sum(v),
+/// into Redis hashes `<prefix>:<k>`.
+pub fn per_key_into_redis(source: &str, prefix: &str, count: &str) -> String {
+    let sink = format!(
+        "CREATE EXTERNAL TABLE out (k VARCHAR, n BIGINT, total BIGINT) STORED AS REDIS \
+         LOCATION '{}' OPTIONS ('layout' 'hash', 'key' '{prefix}:{{k}}');",
+        super::redis_url()
+    );
+    format!(
+        "{source}\n{sink}\nINSERT INTO out SELECT k, {count} AS n, sum(v) AS total FROM ev \
+         GROUP BY k;\n"
+    )
+}

@@ -16,44 +16,13 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use crate::common::windowed::{self, BASE_MS, WINDOW_MS};
-use serde_json::Value;
-use skein_engine::status::QueryStatus;
+use crate::{eventually, lambda_status};
 
 const PARTITIONS: usize = 2;
 
-fn skein_aws(store: &str, args: &[&str]) -> String {
-    let (ok, stdout, stderr) = common::skein_on_aws(Some(store), args);
-    assert!(ok, "skein {args:?} failed:\n{stdout}\n{stderr}");
-    stdout
-}
-
-/// `skein status CODE --backend lambda --json`: the query's status, typed,
-/// and the whole object for what only Lambda adds (its schedule and lease,
-/// an object of their own: src/status.rs).
-fn status(store: &str, code: &str) -> (QueryStatus, Value) {
-    let out = skein_aws(store, &["status", code, "--backend", "lambda", "--json"]);
-    let v: Value = serde_json::from_str(out.trim()).expect("status --json");
-    (common::typed(&v, &out), v)
-}
-
-/// Polls `ready` every 2 s for up to `secs`.
-fn eventually<T>(secs: u64, what: &str, mut ready: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = ready() {
-            return v;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(secs),
-            "no {what} in {secs} s"
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
-}
-
 /// `skein status --backend lambda --json`'s rescale history.
 fn status_resized(store: &str, code: &str) -> Vec<skein_engine::status::Resized> {
-    status(store, code).0.resized
+    lambda_status(store, code).0.resized
 }
 
 /// Once the driver has moved the group into its `--autoscale` range, asks
@@ -65,7 +34,7 @@ fn rescale_by_hand(store: &str, code: &str) -> (u32, u32) {
         last.groups.into_iter().find(|&(_, n)| n <= 3)
     });
     let size = if now == 3 { 2 } else { 3 };
-    skein_aws(
+    common::skein_on_aws_ok(
         store,
         &[
             "rescale",
@@ -79,7 +48,7 @@ fn rescale_by_hand(store: &str, code: &str) -> (u32, u32) {
         ],
     );
     eventually(180, "the rescale by hand carried out", || {
-        let (s, _) = status(store, code);
+        let (s, _) = lambda_status(store, code);
         (s.rescale_asked.is_none()
             && status_resized(store, code)
                 .last()
@@ -108,28 +77,11 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     let sql_path = sql.to_str().expect("utf-8");
     let store = format!("s3://{}", common::unique_name("skein-standing"));
 
-    let deployed: Value = serde_json::from_str(
-        skein_aws(
-            &store,
-            &[
-                "deploy",
-                sql_path,
-                "--backend",
-                "lambda",
-                "--group-size",
-                "4",
-                "--autoscale",
-                "1..3",
-                "--json",
-            ],
-        )
-        .trim(),
-    )
-    .expect("deploy --json");
-    let code = deployed["query_code"]
-        .as_str()
-        .expect("query_code")
-        .to_string();
+    let (code, deployed) = common::deploy_on_aws(
+        &store,
+        sql_path,
+        &["--group-size", "4", "--autoscale", "1..3"],
+    );
     assert!(
         deployed["standing"]["schedule"].is_string(),
         "a checkpointing query gets a schedule: {deployed}"
@@ -147,16 +99,12 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
         std::thread::sleep(Duration::from_secs(secs) / chunks as u32);
         // Halfway, once a tick has committed: a rescale by hand, then
         // every bootstrap killed once.
-        if killed.is_empty() && i >= chunks / 2 && status(&store, &code).0.store.committed.is_some()
+        if killed.is_empty()
+            && i >= chunks / 2
+            && lambda_status(&store, &code).0.store.committed.is_some()
         {
             rescaled = Some(rescale_by_hand(&store, &code));
-            let wanted = format!("{code}-");
-            for pid in common::kills::bootstraps(|f| f.starts_with(&wanted)) {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &pid.to_string()])
-                    .status();
-                killed.push(pid);
-            }
+            killed = common::kills::kill_query_bootstraps(&code);
         }
     }
     let close = BASE_MS + span_ms + 3 * WINDOW_MS;
@@ -184,7 +132,7 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     });
     windowed::assert_lists_exact(&url, &prefix, &reference, &["end"]);
     let (lag0, lag0_platform) = eventually(180, "lag 0 in skein status", || {
-        let (s, platform) = status(&store, &code);
+        let (s, platform) = lambda_status(&store, &code);
         (s.lag == 0).then_some((s, platform))
     });
     assert_eq!(lag0_platform["schedule"], "ENABLED", "{lag0_platform}");
@@ -204,10 +152,10 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     );
 
     // Stop: the schedule is disabled, the state kept; start resumes.
-    skein_aws(&store, &["stop", &code]);
-    assert_eq!(status(&store, &code).1["schedule"], "DISABLED");
-    skein_aws(&store, &["start", &code]);
-    let (after, after_platform) = status(&store, &code);
+    common::skein_on_aws_ok(&store, &["stop", &code]);
+    assert_eq!(lambda_status(&store, &code).1["schedule"], "DISABLED");
+    common::skein_on_aws_ok(&store, &["start", &code]);
+    let (after, after_platform) = lambda_status(&store, &code);
     assert_eq!(after_platform["schedule"], "ENABLED");
     assert!(
         after.store.committed.map(|c| c.epoch) >= Some(committed),
@@ -215,11 +163,11 @@ fn a_deployed_query_runs_on_its_own_through_kills_and_stop_start() {
     );
 
     // destroy --purge leaves no function, schedule or checkpoint.
-    skein_aws(&store, &["destroy", &code, "--purge"]);
+    common::skein_on_aws_ok(&store, &["destroy", &code, "--purge"]);
     let (ok, _, stderr) =
         common::skein_on_aws(Some(&store), &["status", &code, "--backend", "lambda"]);
     assert!(!ok && stderr.contains("not deployed"), "{stderr}");
-    let listed = skein_aws(&store, &["status", "--json"]);
+    let listed = common::skein_on_aws_ok(&store, &["status", "--json"]);
     assert!(!listed.contains(&code), "functions left: {listed}");
     let _ = std::fs::remove_file(&sql);
 }

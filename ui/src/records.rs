@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use skein_engine::checkpoint::{
-    CheckpointStore, CommitRecord, Description, Failure, MemberRecord, StoreSummary,
+    CheckpointStore, CommitRecord, Description, Failure, Layout, MemberRecord, StoreSummary,
 };
 
 use crate::error::UiError;
@@ -16,6 +16,9 @@ use crate::error::UiError;
 pub struct Records {
     /// The last commit and the driver's progress up to it.
     pub commit: Option<CommitRecord>,
+    /// The group sizes of that commit, by stage id (a rescale changes
+    /// them; empty before the first commit).
+    pub layout: Layout,
     /// The last epoch that failed.
     pub failure: Option<Failure>,
     /// Every member's record, by (stage, member).
@@ -47,11 +50,17 @@ pub fn open_url(url: &str, query_code: &str) -> Result<CheckpointStore, UiError>
 /// Read what the page shows of `store`.
 pub async fn read(store: &CheckpointStore) -> Result<Records, UiError> {
     let at = || store.root().to_string();
+    let (commit, layout) = match store
+        .commit_record_in()
+        .await
+        .map_err(|e| UiError::store(at(), e))?
+    {
+        Some((commit, layout)) => (Some(commit), layout),
+        None => (None, Layout::default()),
+    };
     Ok(Records {
-        commit: store
-            .commit_record()
-            .await
-            .map_err(|e| UiError::store(at(), e))?,
+        commit,
+        layout,
         failure: store.failure().await.map_err(|e| UiError::store(at(), e))?,
         members: store
             .member_records()

@@ -247,9 +247,13 @@ pub fn detail(found: &Found, records: &Records, live: Live, now_ms: i64) -> Deta
     Detail {
         sql: found.sql.as_ref().map(|(s, _)| s.clone()),
         explain: plan.as_ref().map(|p| p.explain()),
-        graph: plan
-            .as_ref()
-            .map(|p| crate::graph::graph(p, &records.members, now_ms)),
+        // The boxes list the members of each group's size now.
+        graph: plan.as_ref().map(|p| {
+            let now = p
+                .with_layout(&records.layout)
+                .unwrap_or_else(|_| p.as_ref().clone());
+            crate::graph::graph(&now, &records.members, now_ms)
+        }),
         // Lambda: the schedule; local: the process (stop only).
         controls: found.spec.is_some() || (found.backend == Backend::Local && found.pid.is_some()),
         schedule: live.schedule,

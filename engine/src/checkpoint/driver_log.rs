@@ -116,10 +116,15 @@ impl CheckpointStore {
 
     /// The last commit with the progress recorded with it, if any.
     pub async fn commit_record(&self) -> Result<Option<CommitRecord>> {
+        Ok(self.commit_record_in().await?.map(|(r, _)| r))
+    }
+
+    /// [`Self::commit_record`] and the group sizes the commit was made in.
+    pub async fn commit_record_in(&self) -> Result<Option<(CommitRecord, Layout)>> {
         Ok(self
             .get_json::<CommitObject>(&self.key(&["commit.json"]))
             .await?
-            .map(|c| c.record))
+            .map(|c| (c.record, c.layout)))
     }
 
     /// Record a failed epoch (the last one is kept): rare, and possibly

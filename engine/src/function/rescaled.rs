@@ -1,9 +1,10 @@
 //! A member of a group whose size changed since the commit it restores
-//! from: its state is its key groups' share of every old member's state.
-//! Each old member's chain is read and rebuilt as that member would have
-//! (a whole state and the changes on it), then cut by the key group of
-//! each row; the new member's first checkpoint is whole, so its chain
-//! never builds on an object of the old layout.
+//! from: its state is its key groups' share of the old members' state.
+//! Each old member that held one of its key groups has its chain read and
+//! rebuilt as that member would have (a whole state and the changes on
+//! it), then cut by the key group of each row; the new member's first
+//! checkpoint is whole, so its chain never builds on an object of the old
+//! layout.
 
 use std::collections::BTreeMap;
 
@@ -40,7 +41,7 @@ impl PayloadState {
         };
         let mut watermark = WatermarkMin::default();
         let mut kept = 0usize;
-        for old in 0..was {
+        for old in old_members_to_read(groups, was, ctx.members, ctx.member) {
             let read = f.read_chain_of(cs, old, commit, &schemas).await?;
             let (whole, chain, _) = ordered_chain(&f.name, commit, read)?;
             let mut step = f.empty_step()?;
@@ -93,6 +94,24 @@ impl PayloadState {
     }
 }
 
+/// The old members whose state holds some of `member`'s key groups now:
+/// a member only ever holds its own key groups, so the others need not be
+/// read. A member that owns no key group (the ring can leave one without)
+/// still reads one, for the watermark every member shares.
+fn old_members_to_read(groups: u32, was: u32, members: u32, member: u32) -> Vec<u32> {
+    let (now, then) = (HashRing::new(members as usize), HashRing::new(was as usize));
+    let mut old: Vec<u32> = (0..groups.max(1) as usize)
+        .filter(|&g| now.member_for(g) == member as usize)
+        .map(|g| then.member_for(g) as u32)
+        .collect();
+    old.sort_unstable();
+    old.dedup();
+    if old.is_empty() {
+        old.push(member.min(was.saturating_sub(1)));
+    }
+    old
+}
+
 /// The key columns of every kind of row the step's state keeps, by the
 /// edge (or pseudo edge) they travel under in a checkpoint.
 fn split_keys(f: &StageFunction, step: &EpochStep) -> Result<BTreeMap<u32, Vec<usize>>> {
@@ -113,4 +132,50 @@ fn split_keys(f: &StageFunction, step: &EpochStep) -> Result<BTreeMap<u32, Vec<u
         keys.insert(GROUPS, kept);
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_member_reads_only_the_old_members_that_held_its_key_groups() {
+        for (groups, was, members) in [(8, 4, 2), (8, 2, 4), (8, 8, 3), (4, 1, 4), (8, 3, 8)] {
+            let (now, then) = (HashRing::new(members as usize), HashRing::new(was as usize));
+            let mut read_in_all = 0;
+            for member in 0..members {
+                let old = old_members_to_read(groups, was, members, member);
+                read_in_all += old.len();
+                assert!(old.iter().all(|&o| o < was), "{old:?} of {was}");
+                for g in 0..groups as usize {
+                    if now.member_for(g) == member as usize {
+                        let from = then.member_for(g) as u32;
+                        assert!(
+                            old.contains(&from),
+                            "key group {g} comes from member {from}"
+                        );
+                    }
+                }
+            }
+            assert!(
+                read_in_all <= (members * was).max(members) as usize,
+                "{groups} key groups, {was} -> {members}: {read_in_all} chains read"
+            );
+        }
+        // 4 -> 2 and 2 -> 4 read fewer chains than every member reading all.
+        let all = |was: u32, members: u32| {
+            (0..members)
+                .map(|m| old_members_to_read(8, was, members, m).len())
+                .sum::<usize>()
+        };
+        eprintln!(
+            "chains read, 8 key groups: 4 -> 2: {}, 2 -> 4: {}, 8 -> 3: {}, 3 -> 8: {}",
+            all(4, 2),
+            all(2, 4),
+            all(8, 3),
+            all(3, 8)
+        );
+        assert!(all(4, 2) < 8, "4 -> 2: {}", all(4, 2));
+        assert!(all(2, 4) < 8, "2 -> 4: {}", all(2, 4));
+    }
 }
