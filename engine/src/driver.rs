@@ -276,12 +276,9 @@ pub async fn run_local_drained_by<'a>(
         plan: std::sync::Mutex::new(plan.clone()),
         options,
         epochs: bounded,
-        autoscale: options.autoscale.map(|spec| {
-            std::sync::Mutex::new(LocalAutoscaling {
-                rule: Autoscaling::new(spec),
-                groups: None,
-            })
-        }),
+        autoscale: options
+            .autoscale
+            .map(|spec| std::sync::Mutex::new(Autoscaling::new(spec))),
     };
     let run = run_epochs(&local, &log, stop, on_epoch).await?;
     let elapsed = start.elapsed().as_secs_f64();
@@ -347,14 +344,7 @@ struct LocalEpochs<'a> {
     epochs: Option<u64>,
     /// `--autoscale`: the sizing rule, and each group's billed time at the
     /// last observation.
-    autoscale: Option<std::sync::Mutex<LocalAutoscaling>>,
-}
-
-/// The state of `--autoscale` in a run.
-struct LocalAutoscaling {
-    rule: Autoscaling,
-    /// Groups that can change size, worked out at the first observation.
-    groups: Option<Vec<u32>>,
+    autoscale: Option<std::sync::Mutex<Autoscaling>>,
 }
 
 impl LocalEpochs<'_> {
@@ -431,39 +421,27 @@ impl LocalEpochs<'_> {
             return Ok(());
         };
         let asked = {
-            let mut scaling = scaling.lock().expect("autoscaling");
             let plan = self.plan.lock().expect("plan");
-            let groups = scaling
-                .groups
-                .get_or_insert_with(|| {
-                    plan.layout()
-                        .into_keys()
-                        .filter(|&id| match plan.check_rescale(id, 1) {
-                            Ok(()) => true,
-                            Err(e) => {
-                                tracing::info!(error = %crate::error::one_line(&e), "--autoscale leaves this group at its size");
-                                false
-                            }
-                        })
-                        .collect()
-                })
-                .clone();
-            let now = groups.iter().filter_map(|&id| {
-                let stage = plan.stages.iter().find(|s| s.id == id)?;
+            // The groups that can change size, and their most members, are
+            // the planned shape's; their members now are the plan's.
+            let now = self.shape.stages.iter().filter_map(|s| {
+                let most = s.max_members?;
+                let members = plan.stages.iter().find(|p| p.id == s.id)?.members;
                 Some(GroupNow {
-                    stage: id,
-                    members: stage.members,
-                    key_groups: stage.key_groups().unwrap_or(stage.members),
-                    billed_ms: (0..stage.members)
+                    stage: s.id,
+                    members,
+                    key_groups: most,
+                    billed_ms: (0..members)
                         .map(|m| {
                             self.runtime
-                                .billed_ms_of(&function_name(&plan.query_code, id, m))
+                                .billed_ms_of(&function_name(&plan.query_code, s.id, m))
                         })
                         .sum(),
                 })
             });
             scaling
-                .rule
+                .lock()
+                .expect("autoscaling")
                 .at_commit(epoch, now)
                 .map(|(stage, members)| RescaleRequest { stage, members })
         };

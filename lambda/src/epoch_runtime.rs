@@ -153,12 +153,15 @@ impl EpochRuntime for LambdaEpochs<'_> {
         let (Some(sizes), Some(redeploy)) = (self.sizes, self.redeploy) else {
             return Ok(());
         };
+        let before = sizes.layout();
         if !sizes.rescale_if_asked(epoch, redeploy).await? {
             sizes
                 .autoscale(epoch, &self.usage().await, redeploy)
                 .await?;
         }
-        *self.receivers.lock().expect("receivers") = sizes.shape().receivers();
+        if sizes.layout() != before {
+            *self.receivers.lock().expect("receivers") = sizes.shape().receivers();
+        }
         Ok(())
     }
 

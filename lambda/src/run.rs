@@ -229,9 +229,10 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
         .is_some()
         .then_some(&redeployment as &dyn Redeploy);
     let interval = request.bound.interval(&plan)?;
+    let shape = plan.shape();
     let sizes = match &checkpoints {
         Some(c) => Some(
-            GroupSizes::open(c.store.clone(), plan.shape())
+            GroupSizes::open(c.store.clone(), shape.clone())
                 .await
                 .map_err(|e| LambdaError::refused(skein_engine::error::one_line(&e)))?
                 .autoscaled(
@@ -248,8 +249,8 @@ pub async fn run(deployment: &Deployment, sql: &str, request: &RunRequest) -> Re
         }
         None => None,
     };
-    let mut lambda = LambdaEpochs::new(plan.shape(), &invoker, deployment.store.clone(), redeploy)
-        .metered(&invoker);
+    let mut lambda =
+        LambdaEpochs::new(shape, &invoker, deployment.store.clone(), redeploy).metered(&invoker);
     if let Some(sizes) = &sizes {
         lambda = lambda.sized(sizes);
     }

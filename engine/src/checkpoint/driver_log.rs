@@ -109,9 +109,9 @@ impl CheckpointStore {
     /// The last commit and the group sizes it was made in.
     pub async fn committed_in(&self) -> Result<Option<(Commit, Layout)>> {
         Ok(self
-            .get_json::<CommitObject>(&self.key(&["commit.json"]))
+            .commit_record_in()
             .await?
-            .map(|c| (c.record.commit, c.layout)))
+            .map(|(record, layout)| (record.commit, layout)))
     }
 
     /// The last commit with the progress recorded with it, if any.
