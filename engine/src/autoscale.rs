@@ -10,10 +10,20 @@
 //! be smaller even at [`SHRINK_SHARE`] of the interval per member. The
 //! caller observes a group only over epochs run at one size, so the epochs
 //! that moved state in a rescale are never weighed.
+//!
+//! Lag is the second input: a query falling behind (its sources' lag grew
+//! since the last commit and is more than one epoch's read) never shrinks,
+//! and after [`LAG_GROW_AFTER`] such commits in a row a group whose
+//! members are each busy at least [`SHRINK_SHARE`] of the interval grows
+//! by at least one member, though its busy time alone would not say so: a
+//! rate the members only just keep up with in busy time can still leave
+//! the sources further behind at every epoch.
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
+
+use crate::epochs::EpochOutcome;
 
 /// How busy a member may be in an epoch, as a share of the interval: the
 /// rest is headroom for bursts and for the epoch's own latency.
@@ -25,6 +35,9 @@ pub const SHRINK_SHARE: f64 = 0.3;
 pub const GROW_AFTER: u32 = 2;
 /// Observations in a row that must find a group with members to spare.
 pub const SHRINK_AFTER: u32 = 5;
+/// Observations in a row that must find the query falling behind for a
+/// busy group to grow on lag alone.
+pub const LAG_GROW_AFTER: u32 = 3;
 
 /// The bounds a query's groups are sized within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -78,12 +91,16 @@ pub struct Observation {
     pub key_groups: u32,
     /// Its members' handler time per epoch since the last observation, summed.
     pub busy_ms_per_epoch: f64,
+    /// The query's sources are falling behind: their lag grew since the
+    /// last observation and is more than one epoch's read.
+    pub falling_behind: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Streaks {
     short: u32,
     spare: u32,
+    behind: u32,
 }
 
 /// The sizing rule with its memory of earlier observations, per stage.
@@ -128,15 +145,27 @@ impl Autoscaler {
         }
         let grow_to = self.needed(o.busy_ms_per_epoch, BUSY_SHARE).min(max);
         let shrink_to = self.needed(o.busy_ms_per_epoch, SHRINK_SHARE).max(min);
+        // Busy enough that more members could make the epochs faster.
+        let busy_share = o.busy_ms_per_epoch
+            / f64::from(o.members.max(1))
+            / (self.spec.interval.as_secs_f64() * 1000.0);
+        let lag_to = grow_to.max(o.members + 1).min(max);
         let s = self.streaks.entry(stage).or_default();
         s.short = if grow_to > o.members { s.short + 1 } else { 0 };
-        s.spare = if shrink_to < o.members {
+        s.spare = if shrink_to < o.members && !o.falling_behind {
             s.spare + 1
+        } else {
+            0
+        };
+        s.behind = if o.falling_behind && busy_share >= SHRINK_SHARE && lag_to > o.members {
+            s.behind + 1
         } else {
             0
         };
         let target = if s.short >= GROW_AFTER {
             grow_to
+        } else if s.behind >= LAG_GROW_AFTER {
+            lag_to
         } else if s.spare >= SHRINK_AFTER {
             shrink_to
         } else {
@@ -166,6 +195,8 @@ pub struct Autoscaling {
     rule: Autoscaler,
     /// stage -> (epoch, members, their billed ms so far) when last observed.
     seen: BTreeMap<u32, (u64, u32, u64)>,
+    /// The sources' lag at the last commit, where they report one.
+    lag: Option<u64>,
 }
 
 impl Autoscaling {
@@ -174,17 +205,25 @@ impl Autoscaling {
         Autoscaling {
             rule: Autoscaler::new(spec),
             seen: BTreeMap::new(),
+            lag: None,
         }
     }
 
     /// At the commit of `epoch`, each group's work since the last commit
-    /// is weighed: the first group whose size is wrong, and its size.
+    /// is weighed, with the sources' lag after the last epoch run
+    /// (`last_ran`): the first group whose size is wrong, and its size.
     /// One group at a time: the next commit weighs the rest.
     pub fn at_commit(
         &mut self,
         epoch: u64,
+        last_ran: &EpochOutcome,
         groups: impl IntoIterator<Item = GroupNow>,
     ) -> Option<(u32, u32)> {
+        let falling_behind = match (self.lag, last_ran.lag) {
+            (Some(then), Some(now)) => now > then && now > last_ran.events,
+            _ => false,
+        };
+        self.lag = last_ran.lag;
         for g in groups {
             let last = self.seen.insert(g.stage, (epoch, g.members, g.billed_ms));
             // Across a rescale (this rule's or one by hand) the members
@@ -200,12 +239,15 @@ impl Autoscaling {
                 stage = g.stage,
                 members = g.members,
                 busy_ms_per_epoch = busy,
+                lag = last_ran.lag,
+                falling_behind,
                 "--autoscale observed the group"
             );
             let observed = Observation {
                 members: g.members,
                 key_groups: g.key_groups,
                 busy_ms_per_epoch: busy,
+                falling_behind,
             };
             if let Some(members) = self.rule.observe(g.stage, observed) {
                 tracing::info!(
@@ -214,6 +256,7 @@ impl Autoscaling {
                     from = g.members,
                     to = members,
                     busy_ms_per_epoch = busy,
+                    lag = last_ran.lag,
                     interval_ms = self.rule.spec().interval.as_millis() as u64,
                     "--autoscale resizes the group"
                 );
@@ -240,6 +283,14 @@ mod tests {
             members,
             key_groups: 8,
             busy_ms_per_epoch: busy,
+            falling_behind: false,
+        }
+    }
+
+    fn behind(members: u32, busy: f64) -> Observation {
+        Observation {
+            falling_behind: true,
+            ..at(members, busy)
         }
     }
 
@@ -300,10 +351,71 @@ mod tests {
             members: 4,
             key_groups: 4,
             busy_ms_per_epoch: 1e9,
+            falling_behind: true,
         };
         assert_eq!(b.observe(1, o), None);
         assert_eq!(b.observe(1, o), None, "already at its key groups");
         let mut c = scaler(1, 3);
         assert_eq!(c.observe(1, at(8, 0.0)), Some(3));
+    }
+
+    #[test]
+    fn a_query_falling_behind_never_shrinks_and_its_busy_groups_grow_by_one() {
+        let mut a = scaler(1, 8);
+        // 4 members each 40 % busy: inside the band on busy time alone.
+        for _ in 0..2 {
+            assert_eq!(a.observe(2, behind(4, 1600.0)), None);
+        }
+        assert_eq!(a.observe(2, behind(4, 1600.0)), Some(5));
+        // Catching up again resets the streak.
+        for _ in 0..2 {
+            assert_eq!(a.observe(2, behind(5, 2000.0)), None);
+        }
+        assert_eq!(a.observe(2, at(5, 2000.0)), None);
+        assert_eq!(a.observe(2, behind(5, 2000.0)), None);
+        // Idle members do not grow on lag (a slow source or sink is not
+        // theirs to fix), nor do they shrink while the query falls behind.
+        let mut b = scaler(1, 8);
+        for _ in 0..20 {
+            assert_eq!(b.observe(2, behind(4, 20.0)), None);
+        }
+        assert_eq!(b.observe(2, at(4, 20.0)), None);
+        // At MAX it stays.
+        let mut c = scaler(1, 4);
+        for _ in 0..10 {
+            assert_eq!(c.observe(2, behind(4, 1600.0)), None);
+        }
+    }
+
+    #[test]
+    fn falling_behind_is_a_lag_that_grew_past_one_epochs_read() {
+        let mut a = Autoscaling::new(AutoscaleSpec {
+            range: AutoscaleRange { min: 1, max: 8 },
+            interval: Duration::from_millis(1000),
+        });
+        let ran = |lag: u64, events: u64| EpochOutcome {
+            lag: Some(lag),
+            events,
+            ..Default::default()
+        };
+        let mut billed = 0;
+        let mut group = |busy_ms: u64| {
+            billed += busy_ms;
+            [GroupNow {
+                stage: 2,
+                members: 4,
+                key_groups: 8,
+                billed_ms: billed,
+            }]
+        };
+        assert_eq!(a.at_commit(1, &ran(0, 100), group(1600)), None);
+        // Growing, but within one epoch's read: keeping up.
+        for (e, lag) in [(2, 50), (3, 80), (4, 90), (5, 95)] {
+            assert_eq!(a.at_commit(e, &ran(lag, 100), group(1600)), None);
+        }
+        // Further behind at each commit.
+        assert_eq!(a.at_commit(6, &ran(500, 100), group(1600)), None);
+        assert_eq!(a.at_commit(7, &ran(900, 100), group(1600)), None);
+        assert_eq!(a.at_commit(8, &ran(1300, 100), group(1600)), Some((2, 5)));
     }
 }

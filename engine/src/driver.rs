@@ -416,7 +416,7 @@ impl LocalEpochs<'_> {
     /// `--autoscale`, at a commit with no request waiting: each group's
     /// work since the last commit is weighed, and a group whose size is
     /// wrong gets a request, carried out at once as a hand-made one is.
-    async fn autoscale(&self, epoch: u64) -> Result<()> {
+    async fn autoscale(&self, epoch: u64, last_ran: &EpochOutcome) -> Result<()> {
         let (Some(scaling), Some(cs)) = (&self.autoscale, self.runtime.checkpoints()) else {
             return Ok(());
         };
@@ -442,7 +442,7 @@ impl LocalEpochs<'_> {
             scaling
                 .lock()
                 .expect("autoscaling")
-                .at_commit(epoch, now)
+                .at_commit(epoch, last_ran, now)
                 .map(|(stage, members)| RescaleRequest { stage, members })
         };
         if let Some(request) = asked {
@@ -492,13 +492,13 @@ impl EpochRuntime for LocalEpochs<'_> {
         }
     }
 
-    async fn committed(&self, epoch: u64) -> Result<()> {
+    async fn committed(&self, epoch: u64, last_ran: &EpochOutcome) -> Result<()> {
         let recycled = self.runtime.recycle_some().await;
         if recycled > 0 {
             tracing::debug!(epoch, recycled, "fault injection: instances recycled");
         }
         if !self.rescale_if_asked(epoch).await? {
-            self.autoscale(epoch).await?;
+            self.autoscale(epoch, last_ran).await?;
         }
         Ok(())
     }

@@ -149,14 +149,14 @@ impl EpochRuntime for LambdaEpochs<'_> {
         Ok(())
     }
 
-    async fn committed(&self, epoch: u64) -> Result<()> {
+    async fn committed(&self, epoch: u64, last_ran: &EpochOutcome) -> Result<()> {
         let (Some(sizes), Some(redeploy)) = (self.sizes, self.redeploy) else {
             return Ok(());
         };
         let before = sizes.layout();
         if !sizes.rescale_if_asked(epoch, redeploy).await? {
             sizes
-                .autoscale(epoch, &self.usage().await, redeploy)
+                .autoscale(epoch, &self.usage().await, last_ran, redeploy)
                 .await?;
         }
         if sizes.layout() != before {

@@ -16,6 +16,7 @@ use std::time::Instant;
 use skein_engine::Result;
 use skein_engine::autoscale::{AutoscaleSpec, Autoscaling, GroupNow};
 use skein_engine::checkpoint::{CheckpointStore, Layout, RescaleRequest};
+use skein_engine::epochs::EpochOutcome;
 use skein_engine::error::EngineError;
 use skein_engine::planner::PlanShape;
 use skein_engine::usage::Usage;
@@ -72,7 +73,13 @@ impl GroupSizes {
     /// billed time so far (`usage`, what the functions' answers reported)
     /// is weighed, and a group whose size is wrong gets a request, carried
     /// out at once as a hand-made one is.
-    pub async fn autoscale(&self, epoch: u64, usage: &Usage, replace: &dyn Redeploy) -> Result<()> {
+    pub async fn autoscale(
+        &self,
+        epoch: u64,
+        usage: &Usage,
+        last_ran: &EpochOutcome,
+        replace: &dyn Redeploy,
+    ) -> Result<()> {
         let Some(rule) = &self.autoscale else {
             return Ok(());
         };
@@ -86,7 +93,9 @@ impl GroupSizes {
                     billed_ms: usage.billed_ms_by_stage.get(&s.id).copied().unwrap_or(0),
                 })
             });
-            rule.lock().expect("autoscaling").at_commit(epoch, groups)
+            rule.lock()
+                .expect("autoscaling")
+                .at_commit(epoch, last_ran, groups)
         };
         if let Some((stage, members)) = asked {
             self.checkpoints

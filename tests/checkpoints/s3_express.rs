@@ -107,7 +107,7 @@ async fn the_checkpoint_store_works_on_a_directory_bucket() {
     assert_eq!(log.last_at(4), Some(false));
     // One batched delete: the states before the newest whole one and the
     // entries before the commit.
-    assert_eq!(cs.forget_now(2).await.unwrap(), 4);
+    assert_eq!(cs.forget_now(2, &Default::default()).await.unwrap(), 4);
     assert_eq!(
         cs.member_state(1, 0, 2).await.unwrap().unwrap().state,
         vec![2; 4]

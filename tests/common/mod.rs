@@ -322,6 +322,20 @@ pub fn deploy_on_aws(store: &str, sql: &str, args: &[&str]) -> (String, serde_js
     (code, deployed)
 }
 
+/// A query deployed on the AWS stand-in, destroyed with its checkpoints
+/// when dropped: a test that fails leaves no schedule ticking to slow the
+/// tests after it.
+pub struct DestroyOnDrop {
+    pub store: String,
+    pub code: String,
+}
+
+impl Drop for DestroyOnDrop {
+    fn drop(&mut self) {
+        let _ = skein_on_aws(Some(&self.store), &["destroy", &self.code, "--purge"]);
+    }
+}
+
 /// Puts `entries` on `stream` (at most 500, one PutRecords call); fails the
 /// test unless every record was taken. Returns where each record went.
 pub async fn put_records(

@@ -39,6 +39,9 @@ struct LogState {
     tracking: Tracking,
     /// The group sizes the epochs since the last commit ran in.
     layout: crate::checkpoint::Layout,
+    /// What the sources said of the last epoch run: a commit passes it to
+    /// the runtime (`--autoscale` reads the lag from it).
+    last_ran: EpochOutcome,
 }
 
 impl LogState {
@@ -135,6 +138,7 @@ impl EpochLog {
         }
         let usage = runtime.usage().await;
         let mut state = self.state.lock().await;
+        state.last_ran = *outcome;
         let t = &mut state.tracking;
         let used = usage.since(&t.usage);
         t.usage = usage;
@@ -208,7 +212,7 @@ impl EpochLog {
                         write_commit(cs, &mut state, commit, Some(decided)).await?;
                         // Nothing runs between the commit and this epoch:
                         // the runtime's moment to change a group's size.
-                        runtime.committed(commit.epoch).await?;
+                        runtime.committed(commit.epoch, &state.last_ran).await?;
                     }
                     None => {
                         cs.decide(decided).await?;
@@ -275,8 +279,9 @@ impl EpochLog {
             }
         };
         write_commit(cs, &mut state, commit, decided).await?;
+        let last_ran = state.last_ran;
         drop(state);
-        runtime.committed(fire.epoch).await?;
+        runtime.committed(fire.epoch, &last_ran).await?;
         Ok(())
     }
 
@@ -290,8 +295,9 @@ impl EpochLog {
             return Ok(());
         };
         write_commit(cs, &mut state, commit, None).await?;
+        let last_ran = state.last_ran;
         drop(state);
-        runtime.committed(commit.epoch).await?;
+        runtime.committed(commit.epoch, &last_ran).await?;
         Ok(())
     }
 
@@ -360,7 +366,7 @@ async fn write_commit(
     state.decided.retain(|d| d.through > commit.epoch);
     state.decided.extend(decided);
     state.committed = Some(commit.epoch);
-    cs.forget_before(commit.epoch).await?;
+    cs.forget_before(commit.epoch, &state.layout).await?;
     Ok(())
 }
 

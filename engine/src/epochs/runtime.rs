@@ -60,9 +60,10 @@ pub trait EpochRuntime: Send + Sync {
     /// failed and nobody waits for input.
     async fn check_complete(&self, epoch: u64) -> Result<()>;
 
-    /// After `epoch` was committed: the runtime may change a group's size
-    /// here, before the next epoch fires.
-    async fn committed(&self, _epoch: u64) -> Result<()> {
+    /// After `epoch` was committed (`last_ran`: what the sources said of
+    /// the last epoch run): the runtime may change a group's size here,
+    /// before the next epoch fires.
+    async fn committed(&self, _epoch: u64, _last_ran: &EpochOutcome) -> Result<()> {
         Ok(())
     }
 

@@ -233,7 +233,7 @@ impl StageFunction {
             .await?;
         let commit = Commit { epoch, last: false };
         cs.commit(commit, None, vec![], &Default::default()).await?;
-        cs.forget_before(epoch).await?;
+        cs.forget_before(epoch, &Default::default()).await?;
         Ok(rows_out)
     }
 
