@@ -4,13 +4,18 @@
 //! per key into a Redis list per window, so a doubled write shows) and an
 //! updating one (`count(DISTINCT v)` and `sum(v)` per key into Redis
 //! hashes). `DISTINCT` keeps sources from pre-aggregating, so the groups do
-//! the work. The produced rate goes low (nothing) -> high (a 300,000-record
-//! backlog) -> low: idle, each query's driver shrinks a group to 1; the
-//! backlog makes it grow; once it is read the group shrinks again. As soon
-//! as a query has grown and its new members have started, every `bootstrap`
-//! process of that query is SIGKILLed (the driver's too), while the new
-//! members take their key groups' state. `skein status --json` records the
-//! sizes; Redis holds exactly the references computed here.
+//! the work. The produced rate goes low (nothing) -> high (a 600,000-record
+//! backlog) -> low: idle, each query's driver shrinks a group (to 1, or to
+//! 2 on a loaded machine, where an idle member's own overhead is a larger
+//! share of the 100 ms interval). The backlog makes the updating query's
+//! group grow past that, and once it is read the group shrinks again; the
+//! windowed query's group stays small (its members' busy time stays under
+//! half the interval, so the rule keeps it). As soon as the updating query
+//! has grown and its new members have started, every `bootstrap` process of
+//! both queries is SIGKILLed (the drivers' too), while the new members take
+//! their key groups' state and the windowed query reads the backlog.
+//! `skein status --json` records the sizes; Redis holds exactly the
+//! references computed here.
 
 use std::collections::BTreeMap;
 
@@ -21,31 +26,35 @@ use crate::{eventually, lambda_status};
 
 const PARTITIONS: usize = 2;
 const SPAN_MS: i64 = 250_000;
+const DEPLOYED: u32 = 8;
 
-/// Each group's sizes in status's rescale history, repeats merged.
-fn histories(store: &str, code: &str) -> BTreeMap<u32, Vec<u32>> {
-    let mut out: BTreeMap<u32, Vec<u32>> = Default::default();
+/// Each group's sizes in status's rescale history (the last 20 rescales),
+/// repeats merged: (the first epoch at the size, the size).
+fn histories(store: &str, code: &str) -> BTreeMap<u32, Vec<(u64, u32)>> {
+    let mut out: BTreeMap<u32, Vec<(u64, u32)>> = Default::default();
     for r in lambda_status(store, code).0.resized {
         for (stage, n) in r.groups {
             let h = out.entry(stage).or_default();
-            if h.last() != Some(&n) {
-                h.push(n);
+            if h.last().map(|&(_, m)| m) != Some(n) {
+                h.push((r.from_epoch, n));
             }
         }
     }
     out
 }
 
-/// Where `h` first went up after being down to 1.
-fn grew_after_shrinking(h: &[u32]) -> Option<usize> {
-    let down = h.iter().position(|&m| m == 1)?;
-    let up = h[down..].iter().position(|&m| m > 1)?;
-    Some(down + up)
+/// The sizes alone.
+fn sizes(h: &[(u64, u32)]) -> Vec<u32> {
+    h.iter().map(|&(_, m)| m).collect()
 }
 
-/// Whether `h` goes down to 1, up, and down to 1 again.
-fn down_up_down(h: &[u32]) -> bool {
-    grew_after_shrinking(h).is_some_and(|up| h[up..].contains(&1))
+/// Whether sizes `after` (since the backlog landed, at `from` then) went
+/// up and then down again.
+fn up_down(from: u32, after: &[u32]) -> bool {
+    let Some(up) = after.iter().position(|&m| m > from) else {
+        return false;
+    };
+    after[up + 1..].iter().any(|&m| m < after[up])
 }
 
 /// One standing query of the test: where it keeps its checkpoints, its code.
@@ -53,6 +62,9 @@ struct Standing {
     what: &'static str,
     deployed: common::DestroyOnDrop,
     killed: Vec<i32>,
+    /// The last rescale's first epoch when the backlog landed, and every
+    /// group's size then.
+    at_backlog: (u64, BTreeMap<u32, u32>),
 }
 
 impl Standing {
@@ -66,9 +78,9 @@ impl Standing {
             sql.to_str().expect("utf-8"),
             &[
                 "--group-size",
-                "8",
+                &DEPLOYED.to_string(),
                 "--autoscale",
-                "1..8",
+                &format!("1..{DEPLOYED}"),
                 "--interval",
                 "100ms",
                 "--checkpoint-interval",
@@ -80,16 +92,48 @@ impl Standing {
             what,
             deployed: common::DestroyOnDrop { store, code },
             killed: vec![],
+            at_backlog: Default::default(),
         }
     }
 
-    fn histories(&self) -> BTreeMap<u32, Vec<u32>> {
+    fn histories(&self) -> BTreeMap<u32, Vec<(u64, u32)>> {
         histories(&self.deployed.store, &self.deployed.code)
     }
 
-    /// Whether some group has shrunk to one member.
-    fn shrunk(&self) -> bool {
-        self.histories().values().any(|h| h.contains(&1))
+    /// Whether some group has shrunk to `most` members or fewer.
+    fn shrunk_to(&self, most: u32) -> bool {
+        self.histories()
+            .values()
+            .any(|h| h.last().is_some_and(|&(_, m)| m <= most))
+    }
+
+    /// The backlog lands: every group's size now.
+    fn backlog_lands(&mut self) {
+        let h = self.histories();
+        let last = h.values().flatten().map(|&(e, _)| e).max().unwrap_or(0);
+        let now = h
+            .into_iter()
+            .map(|(stage, h)| (stage, h.last().map_or(DEPLOYED, |&(_, m)| m)))
+            .collect();
+        self.at_backlog = (last, now);
+    }
+
+    /// Per group: its size when the backlog landed, its sizes since.
+    fn since_backlog(&self) -> BTreeMap<u32, (u32, Vec<u32>)> {
+        let (last, then) = &self.at_backlog;
+        self.histories()
+            .into_iter()
+            .map(|(stage, h)| {
+                let after = h.iter().filter(|&&(e, _)| e > *last).map(|&(_, m)| m);
+                (
+                    stage,
+                    (
+                        then.get(&stage).copied().unwrap_or(DEPLOYED),
+                        after.collect(),
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// Once a group has grown after shrinking and more than one of its
@@ -101,9 +145,9 @@ impl Standing {
         }
         let code = &self.deployed.code;
         let grown = self
-            .histories()
+            .since_backlog()
             .into_iter()
-            .filter(|(_, h)| grew_after_shrinking(h).is_some())
+            .filter(|(_, (from, after))| after.iter().any(|m| m > from))
             .map(|(stage, _)| format!("{code}-{stage:02}-"));
         for members in grown {
             if common::kills::bootstraps(|f| f.starts_with(&members)).len() > 1 {
@@ -115,9 +159,42 @@ impl Standing {
         false
     }
 
-    /// A group that went down to 1, up and down to 1 again: (stage, sizes).
-    fn went_down_up_down(&self) -> Option<(u32, Vec<u32>)> {
-        self.histories().into_iter().find(|(_, h)| down_up_down(h))
+    /// A group that grew under the backlog and shrank again: (stage, its
+    /// whole history).
+    fn went_up_and_down(&self) -> Option<(u32, Vec<u32>)> {
+        let (stage, _) = self
+            .since_backlog()
+            .into_iter()
+            .find(|(_, (from, after))| up_down(*from, after))?;
+        Some((
+            stage,
+            sizes(&self.histories().remove(&stage).unwrap_or_default()),
+        ))
+    }
+}
+
+/// Polls every second until `ready` holds for every query; fails naming
+/// `what` and every group's sizes if `secs` pass first.
+fn until_all(
+    secs: u64,
+    what: &str,
+    queries: &mut [Standing],
+    mut ready: impl FnMut(&mut Standing) -> bool,
+) {
+    let started = std::time::Instant::now();
+    loop {
+        let mut all = true;
+        for q in queries.iter_mut() {
+            all &= ready(q);
+        }
+        if all {
+            return;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(secs) {
+            let seen: Vec<_> = queries.iter().map(|q| (q.what, q.histories())).collect();
+            panic!("no {what} in {secs} s; (epoch, size) per group: {seen:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 
@@ -125,7 +202,7 @@ impl Standing {
 fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
     common::require_aws();
     let url = common::require_redis();
-    let (backlog, windows) = windowed::records(300_000, PARTITIONS, SPAN_MS);
+    let (backlog, windows) = windowed::records(600_000, PARTITIONS, SPAN_MS);
     let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 25_000);
     let lists = common::unique_name("autoscale-windows");
     let hashes = common::unique_name("autoscale-keys");
@@ -144,23 +221,39 @@ fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
         ),
     ];
 
-    // Low: nothing produced, the drivers' ticks shrink a group to 1.
-    for q in &queries {
-        eventually(
-            300,
-            &format!("{}: a group shrunk to 1 idle", q.what),
-            || q.shrunk().then_some(()),
-        );
+    // Low: nothing produced, the drivers' ticks shrink a group, to 1 if
+    // they get there in another two minutes.
+    until_all(
+        420,
+        "group of each query shrunk to 2 idle",
+        &mut queries,
+        |q| q.shrunk_to(2),
+    );
+    let more = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::time::Instant::now() < more && !queries.iter().all(|q| q.shrunk_to(1)) {
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
     // High: the backlog. Each query killed as soon as it has grown.
+    for q in &mut queries {
+        q.backlog_lands();
+    }
     windowed::produce(&topic, &backlog);
-    eventually(300, "both queries grown and killed", || {
-        let mut all = true;
-        for q in &mut queries {
-            all &= q.killed_once_grown();
-        }
-        all.then_some(())
-    });
+    // The updating query's group grows (the windowed one's work stays
+    // under half the interval: it keeps its size, as the rule says). As
+    // soon as it has, every bootstrap of both queries is killed, the
+    // windowed one's in the middle of the backlog.
+    let [windowed_query, updating_query] = &mut queries;
+    until_all(
+        420,
+        "updating query grown and killed",
+        std::slice::from_mut(updating_query),
+        |q| q.killed_once_grown(),
+    );
+    windowed_query.killed = common::kills::kill_query_bootstraps(&windowed_query.deployed.code);
+    assert!(
+        !windowed_query.killed.is_empty(),
+        "no bootstrap of the windowed query to kill"
+    );
     // Low again: one record per partition, far enough ahead in event time
     // to close every window (distinct `v`s, so the per-key count counts
     // both).
@@ -182,16 +275,19 @@ fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
     eventually(600, "every window in Redis", || {
         (written() >= windows.len()).then_some(())
     });
-    for q in &queries {
-        let (stage, sizes) = eventually(300, &format!("{}: down, up, down", q.what), || {
-            q.went_down_up_down()
-        });
-        eprintln!(
-            "{}: stage {stage} sizes {sizes:?}; killed {} bootstraps once it grew",
-            q.what,
-            q.killed.len()
-        );
-    }
+    until_all(
+        300,
+        "group grown and shrunk again",
+        std::slice::from_mut(&mut queries[1]),
+        |q| q.went_up_and_down().is_some(),
+    );
+    let (stage, sizes) = queries[1].went_up_and_down().expect("seen above");
+    eprintln!(
+        "updating: stage {stage} sizes {sizes:?}; windowed: {:?}; killed {} and {} bootstraps",
+        queries[0].histories(),
+        queries[1].killed.len(),
+        queries[0].killed.len()
+    );
     // Still exact, with both queries running on.
     windowed::assert_lists_exact(&url, &lists, &windows, &["end"]);
     assert_eq!(common::redis_counts(&hashes), per_key);
