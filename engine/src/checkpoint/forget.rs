@@ -93,11 +93,9 @@ impl CheckpointStore {
     }
 }
 
-/// The (stage, member) a member object's directory names (`SS-MM`).
+/// The (stage, member) whose directory holds a member object.
 fn member_of(key: &Path) -> Option<(u32, u32)> {
-    let dir = parent(key);
-    let (stage, member) = dir.rsplit('/').next()?.split_once('-')?;
-    Some((stage.parse().ok()?, member.parse().ok()?))
+    CheckpointStore::member_of_dir(parent(key).rsplit('/').next()?)
 }
 
 /// The directory part of a key.

@@ -434,6 +434,12 @@ impl CheckpointStore {
         format!("{stage:02}-{member:02}")
     }
 
+    /// The (stage, member) a directory named by [`Self::member_dir`] is for.
+    fn member_of_dir(dir: &str) -> Option<(u32, u32)> {
+        let (stage, member) = dir.split_once('-')?;
+        Some((stage.parse().ok()?, member.parse().ok()?))
+    }
+
     /// The objects under a directory whose names start with an epoch, with
     /// that epoch and their size.
     async fn list_epochs(&self, parts: &[&str]) -> Result<Vec<(Path, u64, u64)>> {
