@@ -4,7 +4,8 @@
 //!
 //! The rule is the one `skein cost` sizes groups with: a group needs
 //! `ceil(busy / (interval * BUSY_SHARE))` members, where `busy` is the
-//! handler time its members took per epoch, summed. Hysteresis keeps it
+//! handler time its members took per epoch, summed, less the time they
+//! waited on the next stage's answers (that work is the next group's). Hysteresis keeps it
 //! from flapping: it grows only after [`GROW_AFTER`] observations in a row
 //! say so, and shrinks only after [`SHRINK_AFTER`] in a row find it could
 //! be smaller even at [`SHRINK_SHARE`] of the interval per member. The
@@ -185,15 +186,16 @@ pub struct GroupNow {
     pub members: u32,
     /// The most members it can have.
     pub key_groups: u32,
-    /// Its members' handler time so far, summed (a running total).
-    pub billed_ms: u64,
+    /// Its members' own work so far (handler time less waits on
+    /// synchronous callees), summed: a running total.
+    pub busy_ms: u64,
 }
 
 /// The rule and what it saw of each group at the last commit: a driver's
 /// `--autoscale`, whatever runs its functions.
 pub struct Autoscaling {
     rule: Autoscaler,
-    /// stage -> (epoch, members, their billed ms so far) when last observed.
+    /// stage -> (epoch, members, their busy ms so far) when last observed.
     seen: BTreeMap<u32, (u64, u32, u64)>,
     /// The sources' lag at the last commit, where they report one.
     lag: Option<u64>,
@@ -225,15 +227,15 @@ impl Autoscaling {
         };
         self.lag = last_ran.lag;
         for g in groups {
-            let last = self.seen.insert(g.stage, (epoch, g.members, g.billed_ms));
+            let last = self.seen.insert(g.stage, (epoch, g.members, g.busy_ms));
             // Across a rescale (this rule's or one by hand) the members
             // summed are another set: only a new baseline.
-            let Some((then, _, billed_then)) = last.filter(|(_, members, _)| *members == g.members)
+            let Some((then, _, busy_then)) = last.filter(|(_, members, _)| *members == g.members)
             else {
                 continue;
             };
             let epochs = epoch.saturating_sub(then).max(1);
-            let busy = g.billed_ms.saturating_sub(billed_then) as f64 / epochs as f64;
+            let busy = g.busy_ms.saturating_sub(busy_then) as f64 / epochs as f64;
             tracing::debug!(
                 epoch,
                 stage = g.stage,
@@ -398,14 +400,14 @@ mod tests {
             events,
             ..Default::default()
         };
-        let mut billed = 0;
+        let mut total = 0;
         let mut group = |busy_ms: u64| {
-            billed += busy_ms;
+            total += busy_ms;
             [GroupNow {
                 stage: 2,
                 members: 4,
                 key_groups: 8,
-                billed_ms: billed,
+                busy_ms: total,
             }]
         };
         assert_eq!(a.at_commit(1, &ran(0, 100), group(1600)), None);

@@ -431,10 +431,10 @@ impl LocalEpochs<'_> {
                     stage: s.id,
                     members,
                     key_groups: most,
-                    billed_ms: (0..members)
+                    busy_ms: (0..members)
                         .map(|m| {
                             self.runtime
-                                .billed_ms_of(&function_name(&plan.query_code, s.id, m))
+                                .busy_ms_of(&function_name(&plan.query_code, s.id, m))
                         })
                         .sum(),
                 })

@@ -82,9 +82,9 @@ pub struct LocalRuntime {
     catalog: Catalog,
     store: Arc<dyn object_store::ObjectStore>,
     stats: RuntimeStats,
-    /// `billed_ms` per function name, for `--autoscale` to see each
-    /// group's work.
-    billed_by_function: std::sync::Mutex<HashMap<String, u64>>,
+    /// Own work (handler time less waits on synchronous callees) per
+    /// function name, for `--autoscale` to see each group's work.
+    busy_by_function: std::sync::Mutex<HashMap<String, u64>>,
     late: Arc<LateCounts>,
     in_flight: AtomicU64,
     idle: tokio::sync::Notify,
@@ -122,7 +122,7 @@ impl LocalRuntime {
             catalog,
             store,
             stats: RuntimeStats::default(),
-            billed_by_function: Default::default(),
+            busy_by_function: Default::default(),
             late: Arc::default(),
             in_flight: AtomicU64::new(0),
             idle: tokio::sync::Notify::new(),
@@ -133,12 +133,12 @@ impl LocalRuntime {
         })
     }
 
-    /// Handler time of the function `name` so far, as billed (see
-    /// [`RuntimeStats::billed_ms`]).
-    pub fn billed_ms_of(&self, name: &str) -> u64 {
-        self.billed_by_function
+    /// The own work of the function `name` so far, in ms: its handler
+    /// time less what it waited on synchronous callees.
+    pub fn busy_ms_of(&self, name: &str) -> u64 {
+        self.busy_by_function
             .lock()
-            .expect("billed by function")
+            .expect("busy by function")
             .get(name)
             .copied()
             .unwrap_or(0)
@@ -270,15 +270,17 @@ impl LocalRuntime {
         let response = instance.serve(request).await;
         let billed = started.elapsed().as_micros().div_ceil(1000) as u64;
         self.stats.billed_ms.fetch_add(billed, Ordering::Relaxed);
-        let mut by_function = self.billed_by_function.lock().expect("billed by function");
-        match by_function.get_mut(&f.spec.name) {
-            Some(ms) => *ms += billed,
-            None => {
-                by_function.insert(f.spec.name.clone(), billed);
-            }
-        }
-        drop(by_function);
         let response = response?;
+        // Its own work, without its synchronous callees' (see `Usage`).
+        let stage = instance.context().stage;
+        if let Some(&busy) = response.usage.busy_ms_by_stage.get(&stage) {
+            *self
+                .busy_by_function
+                .lock()
+                .expect("busy by function")
+                .entry(f.spec.name.clone())
+                .or_default() += busy;
+        }
         if response.status == "duplicate" {
             self.stats
                 .duplicates_dropped

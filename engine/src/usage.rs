@@ -10,6 +10,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -55,12 +56,14 @@ pub struct Usage {
     pub checkpoint_puts: u64,
     /// Bytes of those objects.
     pub checkpoint_bytes: u64,
-    /// `billed_ms` by the stage of the function billed: what sizes a
-    /// group under `--autoscale`.
+    /// Each invocation's own work by its stage: its handler time less
+    /// what it spent waiting on synchronous callees (whose work is theirs),
+    /// rounded up to 1 ms, summed. What sizes a group under `--autoscale`:
+    /// a stage whose callees are slow is not itself short of members.
     /// Pairs in JSON, not an object: records that embed it flattened
     /// would not read numbers back from an object's keys.
     #[serde(skip_serializing_if = "BTreeMap::is_empty", with = "stage_pairs")]
-    pub billed_ms_by_stage: BTreeMap<u32, u64>,
+    pub busy_ms_by_stage: BTreeMap<u32, u64>,
 }
 
 /// A map by stage as a list of `[stage, value]` pairs.
@@ -87,8 +90,8 @@ impl Usage {
         self.payload_bytes += other.payload_bytes;
         self.checkpoint_puts += other.checkpoint_puts;
         self.checkpoint_bytes += other.checkpoint_bytes;
-        for (stage, ms) in &other.billed_ms_by_stage {
-            *self.billed_ms_by_stage.entry(*stage).or_default() += ms;
+        for (stage, ms) in &other.busy_ms_by_stage {
+            *self.busy_ms_by_stage.entry(*stage).or_default() += ms;
         }
     }
 
@@ -103,11 +106,11 @@ impl Usage {
             checkpoint_bytes: self
                 .checkpoint_bytes
                 .saturating_sub(earlier.checkpoint_bytes),
-            billed_ms_by_stage: self
-                .billed_ms_by_stage
+            busy_ms_by_stage: self
+                .busy_ms_by_stage
                 .iter()
                 .map(|(stage, ms)| {
-                    let before = earlier.billed_ms_by_stage.get(stage).copied();
+                    let before = earlier.busy_ms_by_stage.get(stage).copied();
                     (*stage, ms.saturating_sub(before.unwrap_or(0)))
                 })
                 .collect(),
@@ -141,17 +144,30 @@ impl Usage {
     }
 }
 
+/// What one invocation's callees cost, and how long it waited on them.
+#[derive(Default)]
+struct Callees {
+    usage: Usage,
+    /// Synchronous calls outstanding now, and since when one has been.
+    outstanding: u32,
+    since: Option<Instant>,
+    /// Time with at least one synchronous call outstanding.
+    waited: Duration,
+}
+
 tokio::task_local! {
-    static CALLEES: RefCell<Usage>;
+    static CALLEES: RefCell<Callees>;
 }
 
 /// Run `f`, collecting the usage of the invocations [`count_callee`] is
-/// told about inside it (the same task, joined futures included).
-pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage) {
+/// told about inside it (the same task, joined futures included), and the
+/// time it spent in [`waiting_on_callee`].
+pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage, Duration) {
     CALLEES
-        .scope(RefCell::new(Usage::default()), async {
+        .scope(RefCell::new(Callees::default()), async {
             let out = f.await;
-            (out, CALLEES.with(|c| c.take()))
+            let c = CALLEES.with(|c| c.take());
+            (out, c.usage, c.waited)
         })
         .await
 }
@@ -159,7 +175,41 @@ pub async fn collecting<F: Future>(f: F) -> (F::Output, Usage) {
 /// A function invoked another with `payload_bytes` and got `answer` back.
 /// Outside [`collecting`] it is not counted.
 pub fn count_callee(payload_bytes: usize, answer: &[u8]) {
-    let _ = CALLEES.try_with(|c| c.borrow_mut().add(&Usage::of_call(payload_bytes, answer)));
+    let _ = CALLEES.try_with(|c| {
+        c.borrow_mut()
+            .usage
+            .add(&Usage::of_call(payload_bytes, answer))
+    });
+}
+
+/// Await `call`, a synchronous invocation of another function: inside
+/// [`collecting`], the time it is outstanding counts as waiting (calls that
+/// overlap count once), not as the caller's own work.
+pub async fn waiting_on_callee<F: Future>(call: F) -> F::Output {
+    struct Outstanding;
+    impl Drop for Outstanding {
+        // Also when the call is cancelled: the count must come down.
+        fn drop(&mut self) {
+            let _ = CALLEES.try_with(|c| {
+                let mut c = c.borrow_mut();
+                c.outstanding = c.outstanding.saturating_sub(1);
+                if c.outstanding == 0
+                    && let Some(since) = c.since.take()
+                {
+                    c.waited += since.elapsed();
+                }
+            });
+        }
+    }
+    let _ = CALLEES.try_with(|c| {
+        let mut c = c.borrow_mut();
+        if c.outstanding == 0 {
+            c.since = Some(Instant::now());
+        }
+        c.outstanding += 1;
+    });
+    let _outstanding = Outstanding;
+    call.await
 }
 
 /// An [`Invoker`] that sums the usage every answer reports (an answer
@@ -211,14 +261,14 @@ mod tests {
     #[tokio::test]
     async fn callees_are_summed_within_their_scope_only() {
         count_callee(10, br#"{"usage":{"invocations":1}}"#);
-        let ((), u) = collecting(async {
+        let ((), u, _) = collecting(async {
             let a = async { count_callee(5, br#"{"status":"ran","usage":{"invocations":2,"billed_ms":7,"cpu_ms":3,"payload_bytes":1,"checkpoint_puts":4}}"#) };
             let b = async { count_callee(3, b"") };
             futures::join!(a, b);
         })
         .await;
         let by_stage = Usage {
-            billed_ms_by_stage: [(2, 5), (10, 7)].into(),
+            busy_ms_by_stage: [(2, 5), (10, 7)].into(),
             ..Default::default()
         };
         let json = serde_json::to_string(&by_stage).unwrap();
@@ -233,8 +283,33 @@ mod tests {
                 payload_bytes: 9,
                 checkpoint_puts: 4,
                 checkpoint_bytes: 0,
-                billed_ms_by_stage: BTreeMap::new(),
+                busy_ms_by_stage: BTreeMap::new(),
             }
         );
+    }
+
+    #[tokio::test]
+    async fn waiting_on_callees_counts_overlapping_calls_once() {
+        let sleep = |ms| waiting_on_callee(tokio::time::sleep(Duration::from_millis(ms)));
+        let started = Instant::now();
+        let ((), _, waited) = collecting(async {
+            // Two calls at once, then one cut off by a faster branch.
+            futures::join!(sleep(30), sleep(30));
+            tokio::select! {
+                _ = sleep(10_000) => {}
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            // A count left up by the cancelled call would keep timing.
+            std::thread::sleep(Duration::from_millis(20));
+        })
+        .await;
+        let elapsed = started.elapsed();
+        assert!(waited >= Duration::from_millis(35), "{waited:?}");
+        assert!(
+            waited + Duration::from_millis(20) <= elapsed,
+            "waited {waited:?} of {elapsed:?}: counted twice, or after the cancel"
+        );
+        // Outside a scope it is only a call.
+        sleep(1).await;
     }
 }

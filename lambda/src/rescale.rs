@@ -70,7 +70,7 @@ impl GroupSizes {
     }
 
     /// `--autoscale`, at a commit with no request waiting: each group's
-    /// billed time so far (`usage`, what the functions' answers reported)
+    /// own work so far (`usage`, what the functions' answers reported)
     /// is weighed, and a group whose size is wrong gets a request, carried
     /// out at once as a hand-made one is.
     pub async fn autoscale(
@@ -90,7 +90,7 @@ impl GroupSizes {
                     stage: s.id,
                     members: *layout.get(&s.id)?,
                     key_groups: s.max_members?.min(s.members),
-                    billed_ms: usage.billed_ms_by_stage.get(&s.id).copied().unwrap_or(0),
+                    busy_ms: usage.busy_ms_by_stage.get(&s.id).copied().unwrap_or(0),
                 })
             });
             rule.lock()

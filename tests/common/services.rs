@@ -14,6 +14,31 @@ pub struct PrivateBroker {
 }
 
 impl PrivateBroker {
+    /// A failed test's broker log (since its last start) kept beside its
+    /// state, which goes, with its warnings and transaction lines printed:
+    /// what tells a client's fault from the broker's.
+    fn keep_log(&self) {
+        let log = self.state.join("kafka-outage").join("log");
+        let Ok(text) = std::fs::read_to_string(&log) else {
+            return;
+        };
+        let kept = self.state.with_extension("broker.log");
+        let _ = std::fs::write(&kept, &text);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("ransaction"))
+            .collect();
+        eprintln!(
+            "the private broker's log since its last start: {} (last 60 of its {} warnings \
+             and transaction lines below)",
+            kept.display(),
+            lines.len()
+        );
+        for l in &lines[lines.len().saturating_sub(60)..] {
+            eprintln!("  {l}");
+        }
+    }
+
     /// Starts it, keeping its state under `state`.
     pub fn start(state: PathBuf) -> PrivateBroker {
         let broker = PrivateBroker {
@@ -58,6 +83,9 @@ impl PrivateBroker {
 
 impl Drop for PrivateBroker {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.keep_log();
+        }
         // Also when the test fails: no broker is left behind.
         let _ = Command::new(super::repo_path("scripts/services.sh"))
             .args(["stop", "kafka-outage"])

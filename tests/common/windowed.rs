@@ -53,6 +53,48 @@ pub fn query_counting(source: &str, sink: &str, count: &str) -> String {
     )
 }
 
+/// Sliding windows of `size_ms` every `slide_ms` (each record in
+/// `size_ms / slide_ms` of them) per key: `count` and sum(v) into Redis
+/// lists `<prefix>|<window start>|<k>`, as [`redis_list_sink`] keeps them.
+pub fn hop_into_redis_lists(
+    source: &str,
+    url: &str,
+    prefix: &str,
+    count: &str,
+    slide_ms: i64,
+    size_ms: i64,
+) -> String {
+    format!(
+        "{source}\n\
+         CREATE EXTERNAL TABLE out (window_start TIMESTAMP, k VARCHAR, n BIGINT, s BIGINT) \
+           STORED AS REDIS LOCATION '{url}' \
+           OPTIONS ('layout' 'list', 'key' '{prefix}|{{window_start}}|{{k}}', 'value' 'n');\n\
+         INSERT INTO out WITH h AS (\
+           SELECT unnest(hop(ts, INTERVAL '{slide_ms}' MILLISECOND, INTERVAL '{size_ms}' MILLISECOND)) \
+             AS window_start, k, v FROM ev) \
+         SELECT window_start, k, {count} AS n, sum(v) AS s FROM h GROUP BY window_start, k;\n"
+    )
+}
+
+/// The reference of [`hop_into_redis_lists`] over `records`.
+pub fn hop_reference(records: &[(usize, String)], slide_ms: i64, size_ms: i64) -> Reference {
+    let mut reference = Reference::new();
+    for (_, json) in records {
+        let r: Value = serde_json::from_str(json).expect("a record");
+        let (k, v, ts) = (
+            r["k"].as_str().expect("k"),
+            r["v"].as_i64().expect("v"),
+            r["ts"].as_i64().expect("ts"),
+        );
+        for w in super::event_time::hop_starts(ts, slide_ms, size_ms) {
+            let e = reference.entry((w, k.to_string())).or_default();
+            e.0 += 1;
+            e.1 += v;
+        }
+    }
+    reference
+}
+
 /// The rows written equal the reference: none missing, doubled or wrong.
 pub fn assert_exact(rows: &[Map<String, Value>], reference: &Reference, what: &str) {
     let mut got = Reference::new();

@@ -1,19 +1,18 @@
 //! `--autoscale 1..8` of standing queries on Lambda (ministack, real Kafka
 //! and Redis, our real `bootstrap`). Two queries read one topic, each
-//! deployed at 8 members: a windowed one (a tumbling `count(DISTINCT v)`
-//! per key into a Redis list per window, so a doubled write shows) and an
-//! updating one (`count(DISTINCT v)` and `sum(v)` per key into Redis
-//! hashes). `DISTINCT` keeps sources from pre-aggregating, so the groups do
-//! the work. The produced rate goes low (nothing) -> high (a 600,000-record
-//! backlog) -> low: idle, each query's driver shrinks a group (to 1, or to
-//! 2 on a loaded machine, where an idle member's own overhead is a larger
-//! share of the 100 ms interval). The backlog makes the updating query's
-//! group grow past that, and once it is read the group shrinks again; the
-//! windowed query's group stays small (its members' busy time stays under
-//! half the interval, so the rule keeps it). As soon as the updating query
-//! has grown and its new members have started, every `bootstrap` process of
-//! both queries is SIGKILLed (the drivers' too), while the new members take
-//! their key groups' state and the windowed query reads the backlog.
+//! deployed at 8 members: a windowed one (sliding 10 s windows every 2 s,
+//! `count(DISTINCT v)` per key into a Redis list per window, so a doubled
+//! write shows) and an updating one (`count(DISTINCT v)` and `sum(v)` per
+//! key into Redis hashes). `DISTINCT` keeps sources from pre-aggregating, so
+//! the groups do the work; the sliding windows put each record in five
+//! windows, so the windowed group has work to grow for. The produced rate
+//! goes low (nothing) -> high (a 600,000-record backlog) -> low: idle, each
+//! query's driver shrinks a group (to 1, or to 2 on a loaded machine, where
+//! an idle member's own overhead is a larger share of the 100 ms interval).
+//! The backlog makes each query's group grow past that, and once it is read
+//! the group shrinks again. As soon as a query has grown and its new members
+//! have started, every `bootstrap` process of that query is SIGKILLed (the
+//! driver's too), while the new members take their key groups' state.
 //! `skein status --json` records the sizes; Redis holds exactly the
 //! references computed here.
 
@@ -27,6 +26,9 @@ use crate::{eventually, lambda_status};
 const PARTITIONS: usize = 2;
 const SPAN_MS: i64 = 250_000;
 const DEPLOYED: u32 = 8;
+/// The windowed query's sliding windows.
+const SLIDE_MS: i64 = 2_000;
+const SIZE_MS: i64 = 10_000;
 
 /// Each group's sizes in status's rescale history (the last 20 rescales),
 /// repeats merged: (the first epoch at the size, the size).
@@ -202,17 +204,21 @@ fn until_all(
 fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
     common::require_aws();
     let url = common::require_redis();
-    let (backlog, windows) = windowed::records(600_000, PARTITIONS, SPAN_MS);
+    let (backlog, _) = windowed::records(600_000, PARTITIONS, SPAN_MS);
+    let windows = windowed::hop_reference(&backlog, SLIDE_MS, SIZE_MS);
     let (topic, source) = windowed::empty_kafka_table(PARTITIONS, 25_000);
     let lists = common::unique_name("autoscale-windows");
     let hashes = common::unique_name("autoscale-keys");
     let mut queries = [
         Standing::deploy(
             "windowed",
-            &windowed::query_counting(
+            &windowed::hop_into_redis_lists(
                 &source,
-                &windowed::redis_list_sink(&url, &lists),
+                &url,
+                &lists,
                 "count(DISTINCT v)",
+                SLIDE_MS,
+                SIZE_MS,
             ),
         ),
         Standing::deploy(
@@ -233,27 +239,15 @@ fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
     while std::time::Instant::now() < more && !queries.iter().all(|q| q.shrunk_to(1)) {
         std::thread::sleep(std::time::Duration::from_secs(1));
     }
-    // High: the backlog. Each query killed as soon as it has grown.
+    // High: the backlog. Each query's group grows; as soon as it has, every
+    // bootstrap of that query is killed, in the middle of the backlog.
     for q in &mut queries {
         q.backlog_lands();
     }
     windowed::produce(&topic, &backlog);
-    // The updating query's group grows (the windowed one's work stays
-    // under half the interval: it keeps its size, as the rule says). As
-    // soon as it has, every bootstrap of both queries is killed, the
-    // windowed one's in the middle of the backlog.
-    let [windowed_query, updating_query] = &mut queries;
-    until_all(
-        420,
-        "updating query grown and killed",
-        std::slice::from_mut(updating_query),
-        |q| q.killed_once_grown(),
-    );
-    windowed_query.killed = common::kills::kill_query_bootstraps(&windowed_query.deployed.code);
-    assert!(
-        !windowed_query.killed.is_empty(),
-        "no bootstrap of the windowed query to kill"
-    );
+    until_all(420, "group grown and killed", &mut queries, |q| {
+        q.killed_once_grown()
+    });
     // Low again: one record per partition, far enough ahead in event time
     // to close every window (distinct `v`s, so the per-key count counts
     // both).
@@ -275,19 +269,17 @@ fn standing_queries_on_lambda_grow_and_shrink_with_the_load_exactly() {
     eventually(600, "every window in Redis", || {
         (written() >= windows.len()).then_some(())
     });
-    until_all(
-        300,
-        "group grown and shrunk again",
-        std::slice::from_mut(&mut queries[1]),
-        |q| q.went_up_and_down().is_some(),
-    );
-    let (stage, sizes) = queries[1].went_up_and_down().expect("seen above");
-    eprintln!(
-        "updating: stage {stage} sizes {sizes:?}; windowed: {:?}; killed {} and {} bootstraps",
-        queries[0].histories(),
-        queries[1].killed.len(),
-        queries[0].killed.len()
-    );
+    until_all(300, "group grown and shrunk again", &mut queries, |q| {
+        q.went_up_and_down().is_some()
+    });
+    for q in &queries {
+        let (stage, sizes) = q.went_up_and_down().expect("seen above");
+        eprintln!(
+            "{}: stage {stage} sizes {sizes:?}; killed {} bootstraps",
+            q.what,
+            q.killed.len()
+        );
+    }
     // Still exact, with both queries running on.
     windowed::assert_lists_exact(&url, &lists, &windows, &["end"]);
     assert_eq!(common::redis_counts(&hashes), per_key);

@@ -202,7 +202,7 @@ impl StageFunction {
     /// Serve one parsed request: a trigger or a data payload.
     pub async fn serve(&self, request: Request) -> Result<Response> {
         let started = std::time::Instant::now();
-        let (response, callees) = crate::usage::collecting(async {
+        let (response, callees, waited) = crate::usage::collecting(async {
             match request {
                 Request::Trigger(t) => self.trigger(t).await,
                 Request::Data(p) => match &self.stage {
@@ -227,8 +227,12 @@ impl StageFunction {
             }
         });
         self.save_tally().await;
+        // Its own work: the time its callees took is theirs.
+        let busy = started.elapsed().saturating_sub(waited);
         response.map(|mut r| {
             r.usage.add(&callees);
+            *r.usage.busy_ms_by_stage.entry(self.ctx.stage).or_default() +=
+                busy.as_micros().div_ceil(1000) as u64;
             r
         })
     }

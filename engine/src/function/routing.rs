@@ -149,15 +149,18 @@ impl StageFunction {
             let bytes = p.to_json();
             let sent = bytes.len();
             crate::metrics::invocation(stage, sent);
-            let (answer, retries) = invoke_counting_retries(
+            let call = invoke_counting_retries(
                 self.env.invoker.as_ref(),
                 &target,
                 bytes,
                 kind,
                 self.env.max_backoff,
                 50,
-            )
-            .await?;
+            );
+            let (answer, retries) = match kind {
+                InvocationType::Sync => crate::usage::waiting_on_callee(call).await?,
+                InvocationType::Async => call.await?,
+            };
             crate::usage::count_callee(sent, &answer);
             self.tally.measure(|l| {
                 l.bytes_out += sent as u64;

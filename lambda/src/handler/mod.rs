@@ -131,16 +131,13 @@ impl OwnUsage {
         usage.add(&Usage {
             invocations: 1,
             billed_ms,
-            // A probe of an instance that has not built its stage yet is
-            // nobody's work.
-            billed_ms_by_stage: stage
-                .get()
-                .map(|s| [(s.context().stage, billed_ms)].into())
-                .unwrap_or_default(),
             cpu_ms: ((process_cpu_s() - self.cpu_s).max(0.0) * 1000.0).round() as u64,
             payload_bytes: 0,
             checkpoint_puts: checkpoint_written(stage).0.saturating_sub(self.written.0),
             checkpoint_bytes: checkpoint_written(stage).1.saturating_sub(self.written.1),
+            // The stage's own work is in the answer already: the function
+            // measured it without its waits on callees.
+            busy_ms_by_stage: Default::default(),
         });
         if let Ok(u) = serde_json::to_value(usage) {
             fields.insert("usage".into(), u);
