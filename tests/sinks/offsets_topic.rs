@@ -67,3 +67,35 @@ fn an_aborted_transaction_at_the_end_of_the_offsets_topic_holds_nothing_back() {
         started.elapsed()
     );
 }
+
+#[test]
+fn another_writers_open_transaction_is_waited_for_and_what_came_after_is_read() {
+    let brokers = common::require_kafka();
+    let topic = common::unique_name("offsets-open-middle");
+    common::kafka::create_topic(&brokers, &topic, 1);
+    let open = transactional(&brokers, &common::unique_name("offsets-open"));
+    open.begin_transaction().expect("begin_transaction");
+    open.send(BaseRecord::to(&topic).key("cp/src/1").payload("3"))
+        .map_err(|(e, _)| e)
+        .expect("send");
+    open.flush(Duration::from_secs(30)).expect("flush");
+    // Committed after the open transaction began: past the last stable
+    // offset until it ends, and still to be read.
+    let later = transactional(&brokers, &common::unique_name("offsets-later"));
+    write(&later, &topic, "cp/src/0", "5", true);
+    let reader = {
+        let (brokers, topic) = (brokers.clone(), topic.clone());
+        std::thread::spawn(move || {
+            skein_sinks::kafka::stored_offsets(&brokers, &topic, "cp", "src")
+        })
+    };
+    open.commit_transaction(Duration::from_secs(30))
+        .expect("commit_transaction");
+    assert_eq!(
+        reader
+            .join()
+            .expect("the reader")
+            .expect("the offsets read back"),
+        [(0, 5), (1, 3)].into()
+    );
+}

@@ -82,11 +82,22 @@ pub(super) fn read_latest(
         .map_err(|e| ConnectorError::kafka(format!("assigning {offsets_topic}"), e))?;
     let deadline = Instant::now() + wait;
     let mut done = BTreeSet::new();
+    // partition -> where the reader is, for the error that says how far.
+    let mut at_now: BTreeMap<i32, i64> = BTreeMap::new();
     while done.len() < ends.len() {
         if Instant::now() > deadline {
+            let short: Vec<String> = ends
+                .iter()
+                .filter(|(p, _)| !done.contains(*p))
+                .map(|(p, end)| match at_now.get(p) {
+                    Some(at) => format!("partition {p} at {at} of {end}"),
+                    None => format!("partition {p} not yet read, its end {end}"),
+                })
+                .collect();
             return Err(ConnectorError::Other(format!(
-                "reading {offsets_topic}: not at its end after {wait:?} \
-                 (a transaction left open holds it back until it times out)"
+                "reading {offsets_topic}: not at its end after {wait:?} ({}; a transaction \
+                 left open holds a read_committed reader back until it ends or times out)",
+                short.join(", ")
             )));
         }
         match consumer.poll(Duration::from_millis(100)) {
@@ -111,10 +122,11 @@ pub(super) fn read_latest(
             .position()
             .map_err(|e| ConnectorError::kafka(format!("reading {offsets_topic}"), e))?;
         for e in position.elements() {
-            if let (Offset::Offset(at), Some(end)) = (e.offset(), ends.get(&e.partition()))
-                && at >= *end
-            {
-                done.insert(e.partition());
+            if let (Offset::Offset(at), Some(end)) = (e.offset(), ends.get(&e.partition())) {
+                at_now.insert(e.partition(), at);
+                if at >= *end {
+                    done.insert(e.partition());
+                }
             }
         }
     }
