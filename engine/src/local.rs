@@ -274,12 +274,14 @@ impl LocalRuntime {
         // Its own work, without its synchronous callees' (see `Usage`).
         let stage = instance.context().stage;
         if let Some(&busy) = response.usage.busy_ms_by_stage.get(&stage) {
-            *self
-                .busy_by_function
-                .lock()
-                .expect("busy by function")
-                .entry(f.spec.name.clone())
-                .or_default() += busy;
+            let mut by_function = self.busy_by_function.lock().expect("busy by function");
+            // The name is copied once per function, not per invocation.
+            match by_function.get_mut(&f.spec.name) {
+                Some(ms) => *ms += busy,
+                None => {
+                    by_function.insert(f.spec.name.clone(), busy);
+                }
+            }
         }
         if response.status == "duplicate" {
             self.stats

@@ -128,13 +128,14 @@ impl OwnUsage {
             .and_then(|u| serde_json::from_value(u.clone()).ok())
             .unwrap_or_default();
         let billed_ms = self.started.elapsed().as_micros().div_ceil(1000) as u64;
+        let (puts, bytes) = checkpoint_written(stage);
         usage.add(&Usage {
             invocations: 1,
             billed_ms,
             cpu_ms: ((process_cpu_s() - self.cpu_s).max(0.0) * 1000.0).round() as u64,
             payload_bytes: 0,
-            checkpoint_puts: checkpoint_written(stage).0.saturating_sub(self.written.0),
-            checkpoint_bytes: checkpoint_written(stage).1.saturating_sub(self.written.1),
+            checkpoint_puts: puts.saturating_sub(self.written.0),
+            checkpoint_bytes: bytes.saturating_sub(self.written.1),
             // The stage's own work is in the answer already: the function
             // measured it without its waits on callees.
             busy_ms_by_stage: Default::default(),
